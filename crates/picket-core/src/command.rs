@@ -1,0 +1,117 @@
+//! What can be applied to the state machine.
+
+use crate::types::{SessionId, Wait};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One entry of the replicated log: a command and the proposer's clock reading.
+///
+/// `now_ms` is read by the leader from its monotonic clock when it proposes the command. The
+/// state machine never reads a clock of its own, so every replica that applies the same inputs
+/// reaches the same state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Input {
+    /// The proposer's clock, in milliseconds. Only differences between readings of one leader
+    /// matter; [`Command::Refresh`] starts a new leader's readings.
+    pub now_ms: u64,
+    /// What to do.
+    pub command: Command,
+}
+
+/// A change to the lock state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Command {
+    /// Opens a session that lives `ttl_ms` past its last keepalive.
+    OpenSession {
+        /// How long the session lives without a keepalive.
+        ttl_ms: u64,
+        /// After this session expires or is revoked, its locks stay ungrantable this long.
+        lock_delay_ms: u64,
+    },
+    /// Gives one session a full TTL from now.
+    KeepAlive {
+        /// The session.
+        session: SessionId,
+    },
+    /// Ends a session at its client's request: its locks are released, its waits cancelled.
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// Ends a session at an operator's request, as an expiry would (lock-delay applies).
+    RevokeSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// Asks for a lock.
+    Acquire {
+        /// The session that will hold it.
+        session: SessionId,
+        /// The lock.
+        name: String,
+        /// Whether, and how long, to wait in the queue.
+        wait: Wait,
+    },
+    /// Leaves a lock's queue.
+    Cancel {
+        /// The waiting session.
+        session: SessionId,
+        /// The lock.
+        name: String,
+    },
+    /// Gives a lock up; the token must be that of the session's current grant.
+    Release {
+        /// The holding session.
+        session: SessionId,
+        /// The lock.
+        name: String,
+        /// The token of the grant being released.
+        token: u64,
+    },
+    /// Advances time: renews the listed sessions, then expires sessions past their deadline,
+    /// times out waits past theirs, and ends lock-delays that are over.
+    ///
+    /// Keepalives reach the leader many times a second; it batches them into the next tick
+    /// instead of writing one log entry each.
+    Tick {
+        /// Sessions that sent a keepalive since the last tick. Unknown ids are skipped: the
+        /// session may have ended since.
+        renew: Vec<SessionId>,
+    },
+    /// Starts a new leader's clock: every session gets a full TTL, every bounded wait its full
+    /// wait and every lock-delay its full delay, measured from this command's `now_ms`.
+    ///
+    /// A new leader proposes this first, so no session can expire early because the new leader's
+    /// clock reads differently from the old one's.
+    Refresh,
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OpenSession { ttl_ms, lock_delay_ms } => {
+                write!(f, "open_session(ttl_ms={ttl_ms}, lock_delay_ms={lock_delay_ms})")
+            }
+            Self::KeepAlive { session } => write!(f, "keep_alive({session})"),
+            Self::CloseSession { session } => write!(f, "close_session({session})"),
+            Self::RevokeSession { session } => write!(f, "revoke_session({session})"),
+            Self::Acquire { session, name, wait } => {
+                write!(f, "acquire({session}, {name:?}, {wait:?})")
+            }
+            Self::Cancel { session, name } => write!(f, "cancel({session}, {name:?})"),
+            Self::Release { session, name, token } => {
+                write!(f, "release({session}, {name:?}, token={token})")
+            }
+            Self::Tick { renew } => write!(f, "tick(renew={})", renew.len()),
+            Self::Refresh => write!(f, "refresh"),
+        }
+    }
+}
+
+impl fmt::Display for Input {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "@{}ms {}", self.now_ms, self.command)
+    }
+}

@@ -1,0 +1,199 @@
+//! Why the state machine refused a command.
+//!
+//! A refused command changes nothing: not the state, not the revision. Every variant names
+//! what was wrong and, in its message, what the caller can do about it. [`CommandError::code`]
+//! gives a stable machine-readable code that the APIs put on the wire.
+
+use crate::types::SessionId;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why a lock name was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The name has no characters.
+    #[error("the lock name is empty: give the lock a name such as \"jobs/report\"")]
+    Empty,
+    /// The name is longer than the limit.
+    #[error(
+        "the lock name is {len_bytes} bytes long, over the limit of {max_bytes} bytes: use a shorter name"
+    )]
+    TooLong {
+        /// Length of the refused name.
+        len_bytes: usize,
+        /// The limit.
+        max_bytes: usize,
+    },
+    /// The name contains a control character.
+    #[error(
+        "the lock name contains a control character at byte {index_bytes}: use printable characters only"
+    )]
+    ControlCharacter {
+        /// Where the first control character starts.
+        index_bytes: usize,
+    },
+}
+
+/// Why a command was refused. The state is unchanged after any of these.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The session does not exist: it never did, it was closed, or it expired.
+    #[error("session {session} does not exist (it expired or was closed): open a new session")]
+    UnknownSession {
+        /// The session named by the command.
+        session: SessionId,
+    },
+    /// The lock name breaks a naming rule.
+    #[error("invalid lock name: {0}")]
+    InvalidName(NameError),
+    /// The requested TTL is outside the allowed range.
+    #[error(
+        "a session TTL of {ttl_ms} ms is out of range: choose between {min_ttl_ms} and {max_ttl_ms} ms"
+    )]
+    TtlOutOfRange {
+        /// The requested TTL.
+        ttl_ms: u64,
+        /// Shortest allowed.
+        min_ttl_ms: u64,
+        /// Longest allowed.
+        max_ttl_ms: u64,
+    },
+    /// The requested lock-delay is longer than allowed.
+    #[error(
+        "a lock-delay of {lock_delay_ms} ms is too long: choose at most {max_lock_delay_ms} ms"
+    )]
+    LockDelayOutOfRange {
+        /// The requested lock-delay.
+        lock_delay_ms: u64,
+        /// Longest allowed.
+        max_lock_delay_ms: u64,
+    },
+    /// The requested wait is longer than allowed.
+    #[error(
+        "a wait of {wait_ms} ms is too long: wait at most {max_wait_ms} ms, or wait without a deadline"
+    )]
+    WaitOutOfRange {
+        /// The requested wait.
+        wait_ms: u64,
+        /// Longest allowed.
+        max_wait_ms: u64,
+    },
+    /// The service already has as many sessions as it allows.
+    #[error(
+        "the service already has {max_sessions} sessions, its limit: close unused sessions or retry later"
+    )]
+    TooManySessions {
+        /// The limit.
+        max_sessions: usize,
+    },
+    /// The session already holds or waits for as many locks as it may.
+    #[error(
+        "session {session} already holds or waits for {max_locks} locks, its limit: release some first"
+    )]
+    TooManyLocksForSession {
+        /// The session.
+        session: SessionId,
+        /// The limit.
+        max_locks: usize,
+    },
+    /// The lock's queue is full.
+    #[error("lock {name:?} already has {max_waiters} waiters, its limit: retry later")]
+    TooManyWaiters {
+        /// The lock.
+        name: String,
+        /// The limit.
+        max_waiters: usize,
+    },
+    /// A try-acquire found the lock held by another session.
+    #[error(
+        "lock {name:?} is held by another session with token {holder_token}: wait for it, or retry later"
+    )]
+    LockBusy {
+        /// The lock.
+        name: String,
+        /// Token of the current grant.
+        holder_token: u64,
+    },
+    /// A try-acquire found the lock free but inside its lock-delay after an expiry.
+    #[error(
+        "lock {name:?} is in its lock-delay after its holder's session ended, until {until_ms} ms: retry after that or wait"
+    )]
+    LockDelayed {
+        /// The lock.
+        name: String,
+        /// When the delay ends, on the state machine's clock.
+        until_ms: u64,
+    },
+    /// The session does not hold the lock it tried to release.
+    #[error("session {session} does not hold lock {name:?}{}: it may have been released or lost with an expired session", holder_suffix(*.holder_token))]
+    NotHeld {
+        /// The lock.
+        name: String,
+        /// The session that tried.
+        session: SessionId,
+        /// Token of the current grant, if anyone holds the lock.
+        holder_token: Option<u64>,
+    },
+    /// The session holds the lock, but under another token than the one presented.
+    #[error(
+        "lock {name:?} is held under token {current_token}, not {presented_token}: release with the token of the current grant"
+    )]
+    TokenMismatch {
+        /// The lock.
+        name: String,
+        /// The token in the command.
+        presented_token: u64,
+        /// The token of the current grant.
+        current_token: u64,
+    },
+    /// The session is not waiting for the lock it tried to cancel.
+    #[error(
+        "session {session} is not waiting for lock {name:?}: it may already have been granted it or timed out"
+    )]
+    NotWaiting {
+        /// The lock.
+        name: String,
+        /// The session.
+        session: SessionId,
+    },
+    /// A tick tried to renew more sessions than allowed.
+    #[error("a tick tried to renew {count} sessions, over the limit of {max}: split the renewals")]
+    TooManyRenewals {
+        /// Renewals in the tick.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+fn holder_suffix(holder_token: Option<u64>) -> String {
+    match holder_token {
+        Some(token) => format!(" (it is held under token {token})"),
+        None => " (nobody holds it)".to_owned(),
+    }
+}
+
+impl CommandError {
+    /// A stable code for the wire: clients match on it, people read the message.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownSession { .. } => "unknown_session",
+            Self::InvalidName(_) => "invalid_name",
+            Self::TtlOutOfRange { .. } => "ttl_out_of_range",
+            Self::LockDelayOutOfRange { .. } => "lock_delay_out_of_range",
+            Self::WaitOutOfRange { .. } => "wait_out_of_range",
+            Self::TooManySessions { .. } => "too_many_sessions",
+            Self::TooManyLocksForSession { .. } => "too_many_locks_for_session",
+            Self::TooManyWaiters { .. } => "too_many_waiters",
+            Self::LockBusy { .. } => "lock_busy",
+            Self::LockDelayed { .. } => "lock_delayed",
+            Self::NotHeld { .. } => "not_held",
+            Self::TokenMismatch { .. } => "token_mismatch",
+            Self::NotWaiting { .. } => "not_waiting",
+            Self::TooManyRenewals { .. } => "too_many_renewals",
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Picket's lock state machine: sessions with leases, exclusive locks with FIFO queues, and
+//! fencing tokens.
+//!
+//! The crate is pure and deterministic. [`StateMachine::apply`] takes an [`Input`] (a
+//! [`Command`] and the proposer's clock reading) and returns an [`Applied`]: the response and
+//! the [`Event`]s for watchers. It never reads a clock, never does I/O and never draws a random
+//! number, so every replica that applies the same inputs in the same order holds the same state,
+//! byte for byte ([`StateMachine::snapshot`]).
+//!
+//! ```
+//! use picket_core::{Command, Input, Limits, Response, StateMachine, Wait};
+//!
+//! let mut machine = StateMachine::new(Limits::default());
+//! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0 } };
+//! let Ok(Response::SessionOpened { session: a, .. }) = machine.apply(&open(0)).result else { panic!() };
+//! let Ok(Response::SessionOpened { session: b, .. }) = machine.apply(&open(0)).result else { panic!() };
+//!
+//! // A takes the lock; B queues behind it.
+//! let acquire = |session| Command::Acquire { session, name: "report".into(), wait: Wait::Forever };
+//! let first = machine.apply(&Input { now_ms: 10, command: acquire(a) });
+//! let Ok(Response::Granted { token: token_a, .. }) = first.result else { panic!() };
+//! machine.apply(&Input { now_ms: 20, command: acquire(b) });
+//!
+//! // A stops keeping its session alive; a tick past its deadline expires it and grants B.
+//! machine.apply(&Input { now_ms: 2_500, command: Command::Tick { renew: vec![b] } });
+//! let holder = machine.lock("report").unwrap().holder.unwrap();
+//! assert_eq!(holder.session, b);
+//! assert!(holder.token > token_a);
+//! ```
+
+mod command;
+mod error;
+mod limits;
+mod machine;
+mod name;
+mod outcome;
+mod query;
+mod record;
+mod sequencer;
+mod types;
+
+pub use command::{Command, Input};
+pub use error::{CommandError, NameError};
+pub use limits::Limits;
+pub use machine::{RestoreError, StateMachine};
+pub use name::validate_name;
+pub use outcome::{Applied, Event, Response};
+pub use query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo};
+pub use sequencer::{MAX_SEQUENCER_BYTES, Sequencer, SequencerError};
+pub use types::{CancelCause, ReleaseCause, SessionEnd, SessionId, Wait};

@@ -1,0 +1,75 @@
+//! Bounds on every input the state machine accepts.
+//!
+//! The limits are part of the replicated state: every replica must refuse exactly the same
+//! commands, so a node cannot take its limits from its own configuration file. They are fixed
+//! when the state is created (at cluster bootstrap) and travel inside every snapshot.
+
+use serde::{Deserialize, Serialize};
+
+/// Bounds on names, TTLs, counts and listings. See [`Limits::default`] for the values.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Longest lock name, in UTF-8 bytes.
+    pub max_name_bytes: usize,
+    /// Shortest session TTL a client may ask for.
+    pub min_ttl_ms: u64,
+    /// Longest session TTL a client may ask for.
+    pub max_ttl_ms: u64,
+    /// Longest lock-delay a session may ask for.
+    pub max_lock_delay_ms: u64,
+    /// Longest bounded wait of an acquire.
+    pub max_wait_ms: u64,
+    /// Most sessions alive at once.
+    pub max_sessions: usize,
+    /// Most locks one session may hold or wait for at once.
+    pub max_locks_per_session: usize,
+    /// Most sessions queued behind one lock.
+    pub max_waiters_per_lock: usize,
+    /// Most entries one listing returns.
+    pub max_list: usize,
+    /// Most session ids one tick may renew.
+    pub max_renewals_per_tick: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_name_bytes: 256,
+            min_ttl_ms: 1_000,
+            max_ttl_ms: 3_600_000,
+            max_lock_delay_ms: 60_000,
+            max_wait_ms: 3_600_000,
+            max_sessions: 200_000,
+            max_locks_per_session: 1_000,
+            max_waiters_per_lock: 10_000,
+            max_list: 1_000,
+            max_renewals_per_tick: 200_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks that the limits themselves make sense; a state machine refuses to start otherwise.
+    ///
+    /// # Errors
+    /// A sentence naming the first limit that is out of place.
+    pub fn validate(&self) -> Result<(), String> {
+        let checks: [(bool, &str); 8] = [
+            (self.max_name_bytes > 0, "max_name_bytes must be at least 1"),
+            (self.min_ttl_ms > 0, "min_ttl_ms must be at least 1"),
+            (self.min_ttl_ms <= self.max_ttl_ms, "min_ttl_ms must not exceed max_ttl_ms"),
+            (self.max_sessions > 0, "max_sessions must be at least 1"),
+            (self.max_locks_per_session > 0, "max_locks_per_session must be at least 1"),
+            (self.max_waiters_per_lock > 0, "max_waiters_per_lock must be at least 1"),
+            (self.max_list > 0, "max_list must be at least 1"),
+            (
+                self.max_renewals_per_tick >= self.max_sessions,
+                "max_renewals_per_tick must allow renewing every session in one tick",
+            ),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, message)) => Err((*message).to_owned()),
+            None => Ok(()),
+        }
+    }
+}

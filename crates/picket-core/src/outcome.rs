@@ -1,0 +1,154 @@
+//! What applying a command produces: a response for the proposer and events for watchers.
+
+use crate::error::CommandError;
+use crate::types::{CancelCause, ReleaseCause, SessionEnd, SessionId};
+use serde::{Deserialize, Serialize};
+
+/// The result of applying one [`crate::Input`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The state's revision after the command. A refused command leaves it unchanged; an
+    /// accepted one advances it by exactly one.
+    pub revision: u64,
+    /// The answer to the proposer.
+    pub result: Result<Response, CommandError>,
+    /// What changed, in the order it happened, for watchers and for waiting acquires. Empty
+    /// when the command was refused.
+    pub events: Vec<Event>,
+}
+
+/// The answer to an accepted command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Response {
+    /// A session was opened.
+    SessionOpened {
+        /// Its id.
+        session: SessionId,
+        /// Its TTL.
+        ttl_ms: u64,
+        /// When it expires without a keepalive, on the state machine's clock.
+        deadline_ms: u64,
+    },
+    /// A session got a full TTL.
+    KeptAlive {
+        /// The session.
+        session: SessionId,
+        /// Its new deadline.
+        deadline_ms: u64,
+    },
+    /// A session was closed or revoked.
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+    },
+    /// The lock is held by the session under `token`.
+    Granted {
+        /// The lock.
+        name: String,
+        /// The token of the grant.
+        token: u64,
+        /// True when the session already held the lock: this is the same grant, not a new one.
+        already_held: bool,
+    },
+    /// The session waits in the lock's queue.
+    Queued {
+        /// The lock.
+        name: String,
+        /// How many waiters are ahead, 0 for the head of the queue.
+        position: usize,
+    },
+    /// The lock was released.
+    Released {
+        /// The lock.
+        name: String,
+    },
+    /// The wait was cancelled.
+    Cancelled {
+        /// The lock.
+        name: String,
+    },
+    /// A tick was applied.
+    Ticked,
+    /// Every session, wait and lock-delay got its full duration again.
+    Refreshed,
+}
+
+/// A change a watcher can see.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Event {
+    /// A session now holds a lock.
+    Granted {
+        /// The lock.
+        name: String,
+        /// The new holder.
+        session: SessionId,
+        /// The grant's token.
+        token: u64,
+    },
+    /// A grant ended.
+    Released {
+        /// The lock.
+        name: String,
+        /// The former holder.
+        session: SessionId,
+        /// The ended grant's token.
+        token: u64,
+        /// Why it ended.
+        cause: ReleaseCause,
+    },
+    /// A session joined a lock's queue.
+    Queued {
+        /// The lock.
+        name: String,
+        /// The waiter.
+        session: SessionId,
+        /// Waiters ahead of it.
+        position: usize,
+    },
+    /// A waiter left a lock's queue without a grant.
+    Cancelled {
+        /// The lock.
+        name: String,
+        /// The waiter.
+        session: SessionId,
+        /// Why.
+        cause: CancelCause,
+    },
+    /// A session ended; its grants and waits ended just before, each with its own event.
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+        /// How.
+        cause: SessionEnd,
+    },
+}
+
+impl Event {
+    /// The lock this event is about, if any.
+    #[must_use]
+    pub fn lock_name(&self) -> Option<&str> {
+        match self {
+            Self::Granted { name, .. }
+            | Self::Released { name, .. }
+            | Self::Queued { name, .. }
+            | Self::Cancelled { name, .. } => Some(name),
+            Self::SessionEnded { .. } => None,
+        }
+    }
+
+    /// The session this event is about.
+    #[must_use]
+    pub fn session(&self) -> SessionId {
+        match self {
+            Self::Granted { session, .. }
+            | Self::Released { session, .. }
+            | Self::Queued { session, .. }
+            | Self::Cancelled { session, .. }
+            | Self::SessionEnded { session, .. } => *session,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Read-only views of the state, as the APIs return them.
+
+use crate::types::SessionId;
+use serde::{Deserialize, Serialize};
+
+/// The state of one lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The lock.
+    pub name: String,
+    /// The current grant, if any.
+    pub holder: Option<HolderInfo>,
+    /// The queue, head first.
+    pub waiters: Vec<SessionId>,
+    /// When a lock-delay in force ends, on the state machine's clock.
+    pub delayed_until_ms: Option<u64>,
+}
+
+/// A current grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    /// The holding session.
+    pub session: SessionId,
+    /// The grant's token.
+    pub token: u64,
+}
+
+/// The state of one session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// The session.
+    pub session: SessionId,
+    /// Its TTL.
+    pub ttl_ms: u64,
+    /// Its lock-delay.
+    pub lock_delay_ms: u64,
+    /// When it expires without a keepalive, on the state machine's clock.
+    pub deadline_ms: u64,
+    /// Locks it holds.
+    pub held: Vec<String>,
+    /// Locks it waits for.
+    pub waiting: Vec<String>,
+}
+
+/// Whether a sequencer names the current grant of its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CheckOutcome {
+    /// The sequencer's token is the lock's current grant.
+    Current {
+        /// The holding session.
+        session: SessionId,
+    },
+    /// The lock is held under another token, or by nobody; the sequencer's grant is over.
+    Superseded {
+        /// The current grant's token, if anyone holds the lock.
+        current_token: Option<u64>,
+    },
+    /// No such lock is held, awaited or delayed: any grant of it is over.
+    UnknownLock,
+}
+
+impl CheckOutcome {
+    /// True only for the current grant.
+    #[must_use]
+    pub fn is_current(&self) -> bool {
+        matches!(self, Self::Current { .. })
+    }
+}

@@ -1,0 +1,96 @@
+//! Small value types shared by commands, responses and queries.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Identifies a session. It is the revision at which the session was opened, so ids are unique
+/// for the life of the state, never reused, and carry no randomness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionId(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How long an acquire may wait for a lock that is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Wait {
+    /// Never wait: grant now or refuse with [`crate::CommandError::LockBusy`].
+    Try,
+    /// Wait in the queue at most this long, then time out.
+    For {
+        /// The longest wait.
+        wait_ms: u64,
+    },
+    /// Wait in the queue until granted, cancelled or the session ends.
+    Forever,
+}
+
+/// Why a holder's grant ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseCause {
+    /// The holder released it.
+    Released,
+    /// The holder closed its session.
+    SessionClosed,
+    /// The holder's session expired.
+    SessionExpired,
+    /// An operator revoked the holder's session.
+    SessionRevoked,
+}
+
+/// Why a waiter left a queue without being granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelCause {
+    /// The waiter cancelled.
+    Requested,
+    /// Its bounded wait ran out.
+    TimedOut,
+    /// The waiter closed its session.
+    SessionClosed,
+    /// The waiter's session expired.
+    SessionExpired,
+    /// An operator revoked the waiter's session.
+    SessionRevoked,
+}
+
+/// How a session ended. Expiry and revocation apply the session's lock-delay; a close by the
+/// session's own client does not, because that client knows it has stopped writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionEnd {
+    /// Its client closed it.
+    Closed,
+    /// It was not kept alive.
+    Expired,
+    /// An operator revoked it.
+    Revoked,
+}
+
+impl SessionEnd {
+    pub(crate) fn release_cause(self) -> ReleaseCause {
+        match self {
+            Self::Closed => ReleaseCause::SessionClosed,
+            Self::Expired => ReleaseCause::SessionExpired,
+            Self::Revoked => ReleaseCause::SessionRevoked,
+        }
+    }
+
+    pub(crate) fn cancel_cause(self) -> CancelCause {
+        match self {
+            Self::Closed => CancelCause::SessionClosed,
+            Self::Expired => CancelCause::SessionExpired,
+            Self::Revoked => CancelCause::SessionRevoked,
+        }
+    }
+
+    pub(crate) fn applies_lock_delay(self) -> bool {
+        !matches!(self, Self::Closed)
+    }
+}

@@ -1,0 +1,533 @@
+//! Property tests: random command sequences applied to the state machine and to a deliberately
+//! naive reference model, compared after every step.
+//!
+//! The model keeps plain vectors and rescans everything on every command; it has no indices and
+//! no incremental promotion. Where the two disagree on a response, an error code or the visible
+//! state, the state machine is wrong (or the model is, which is as good to know). On top of the
+//! comparison, every step checks the invariants a user relies on: one holder per lock, tokens of
+//! a lock always greater than any earlier token of that lock (across dropped records, name reuse
+//! and snapshot restores), FIFO grants, nothing held or awaited by an ended session, lock-delay
+//! honoured, and refused commands changing nothing.
+
+use picket_core::{
+    Applied, Command, Event, HolderInfo, Input, Limits, LockInfo, Response, SessionId, SessionInfo,
+    StateMachine, Wait, validate_name,
+};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+const NAMES: [&str; 5] = ["a", "b", "jobs/x", "jobs/y", ""];
+const TTLS_MS: [u64; 3] = [1_000, 1_500, 3_000];
+const DELAYS_MS: [u64; 3] = [0, 0, 500];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Open { ttl: usize, delay: usize },
+    KeepAlive { who: usize },
+    Close { who: usize },
+    Revoke { who: usize },
+    Acquire { who: usize, name: usize, wait: Wait },
+    Cancel { who: usize, name: usize },
+    Release { who: usize, name: usize, right_token: bool },
+    Tick { renew: Vec<usize> },
+    Refresh { clock_ms: u64 },
+}
+
+#[derive(Clone, Debug)]
+struct Step {
+    /// How far the proposer's clock moved; a reading behind the state's clock is also possible.
+    advance_ms: u64,
+    reads_behind: bool,
+    op: Op,
+}
+
+fn wait_strategy() -> impl Strategy<Value = Wait> {
+    prop_oneof![
+        Just(Wait::Try),
+        Just(Wait::Forever),
+        Just(Wait::For { wait_ms: 0 }),
+        (1u64..1_500).prop_map(|wait_ms| Wait::For { wait_ms }),
+        Just(Wait::For { wait_ms: 500 }),
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let who = 0usize..8;
+    let name = 0..NAMES.len();
+    prop_oneof![
+        3 => (0..TTLS_MS.len(), 0..DELAYS_MS.len()).prop_map(|(ttl, delay)| Op::Open { ttl, delay }),
+        1 => who.clone().prop_map(|who| Op::KeepAlive { who }),
+        1 => who.clone().prop_map(|who| Op::Close { who }),
+        1 => who.clone().prop_map(|who| Op::Revoke { who }),
+        8 => (who.clone(), name.clone(), wait_strategy())
+            .prop_map(|(who, name, wait)| Op::Acquire { who, name, wait }),
+        1 => (who.clone(), name.clone()).prop_map(|(who, name)| Op::Cancel { who, name }),
+        5 => (who.clone(), name, proptest::bool::weighted(0.85))
+            .prop_map(|(who, name, right_token)| Op::Release { who, name, right_token }),
+        4 => proptest::collection::vec(who, 0..4).prop_map(|renew| Op::Tick { renew }),
+        1 => (0u64..10_000).prop_map(|clock_ms| Op::Refresh { clock_ms }),
+    ]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    // Clock steps that are multiples of the TTLs, plus single milliseconds, make deadlines land
+    // exactly on `now` and one either side of it, where off-by-one mistakes live.
+    let advance_ms = prop_oneof![
+        2 => 0u64..700,
+        1 => prop::sample::select(vec![0u64, 1, 250, 500, 1_000]),
+    ];
+    (advance_ms, proptest::bool::weighted(0.05), op_strategy())
+        .prop_map(|(advance_ms, reads_behind, op)| Step { advance_ms, reads_behind, op })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference model.
+
+#[derive(Clone, Debug)]
+struct ModelSession {
+    id: SessionId,
+    ttl_ms: u64,
+    lock_delay_ms: u64,
+    deadline_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+struct ModelWaiter {
+    session: SessionId,
+    wait_ms: Option<u64>,
+    deadline_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct ModelLock {
+    holder: Option<HolderInfo>,
+    queue: Vec<ModelWaiter>,
+    /// (until, length)
+    delay: Option<(u64, u64)>,
+}
+
+#[derive(Clone, Debug)]
+struct Model {
+    limits: Limits,
+    revision: u64,
+    now_ms: u64,
+    sessions: Vec<ModelSession>,
+    locks: BTreeMap<String, ModelLock>,
+}
+
+/// What the model expects: an accepted command's response, or a refusal's error code.
+type Expected = Result<Response, &'static str>;
+
+impl Model {
+    fn new(limits: Limits) -> Self {
+        Self { limits, revision: 0, now_ms: 0, sessions: Vec::new(), locks: BTreeMap::new() }
+    }
+
+    fn session(&self, id: SessionId) -> Option<&ModelSession> {
+        self.sessions.iter().find(|session| session.id == id)
+    }
+
+    fn held_by(&self, id: SessionId) -> usize {
+        self.locks.values().filter(|lock| lock.holder.is_some_and(|h| h.session == id)).count()
+    }
+
+    fn waits_of(&self, id: SessionId) -> usize {
+        self.locks.values().filter(|lock| lock.queue.iter().any(|w| w.session == id)).count()
+    }
+
+    fn accept(&mut self, now_ms: u64) {
+        self.revision += 1;
+        self.now_ms = now_ms;
+    }
+
+    fn apply(&mut self, input: &Input) -> Expected {
+        let now_ms = match input.command {
+            Command::Refresh => input.now_ms,
+            _ => self.now_ms.max(input.now_ms),
+        };
+        match &input.command {
+            Command::OpenSession { ttl_ms, lock_delay_ms } => {
+                if *ttl_ms < self.limits.min_ttl_ms || *ttl_ms > self.limits.max_ttl_ms {
+                    return Err("ttl_out_of_range");
+                }
+                if *lock_delay_ms > self.limits.max_lock_delay_ms {
+                    return Err("lock_delay_out_of_range");
+                }
+                if self.sessions.len() >= self.limits.max_sessions {
+                    return Err("too_many_sessions");
+                }
+                self.accept(now_ms);
+                let id = SessionId(self.revision);
+                let deadline_ms = now_ms + ttl_ms;
+                self.sessions.push(ModelSession {
+                    id,
+                    ttl_ms: *ttl_ms,
+                    lock_delay_ms: *lock_delay_ms,
+                    deadline_ms,
+                });
+                Ok(Response::SessionOpened { session: id, ttl_ms: *ttl_ms, deadline_ms })
+            }
+            Command::KeepAlive { session } => {
+                let Some(found) = self.session(*session) else { return Err("unknown_session") };
+                let deadline_ms = now_ms + found.ttl_ms;
+                self.accept(now_ms);
+                self.sessions.iter_mut().find(|s| s.id == *session).unwrap().deadline_ms =
+                    deadline_ms;
+                Ok(Response::KeptAlive { session: *session, deadline_ms })
+            }
+            Command::CloseSession { session } | Command::RevokeSession { session } => {
+                if self.session(*session).is_none() {
+                    return Err("unknown_session");
+                }
+                self.accept(now_ms);
+                let delay = matches!(input.command, Command::RevokeSession { .. });
+                self.end(&[*session], delay);
+                self.promote_everything();
+                Ok(Response::SessionEnded { session: *session })
+            }
+            Command::Acquire { session, name, wait } => self.acquire(*session, name, *wait, now_ms),
+            Command::Cancel { session, name } => {
+                if validate_name(name, &self.limits).is_err() {
+                    return Err("invalid_name");
+                }
+                if self.session(*session).is_none() {
+                    return Err("unknown_session");
+                }
+                let queued = self
+                    .locks
+                    .get(name)
+                    .is_some_and(|l| l.queue.iter().any(|w| w.session == *session));
+                if !queued {
+                    return Err("not_waiting");
+                }
+                self.accept(now_ms);
+                self.locks.get_mut(name).unwrap().queue.retain(|w| w.session != *session);
+                self.promote_everything();
+                Ok(Response::Cancelled { name: name.clone() })
+            }
+            Command::Release { session, name, token } => {
+                if validate_name(name, &self.limits).is_err() {
+                    return Err("invalid_name");
+                }
+                if self.session(*session).is_none() {
+                    return Err("unknown_session");
+                }
+                match self.locks.get(name).and_then(|l| l.holder) {
+                    Some(h) if h.session == *session && h.token == *token => {}
+                    Some(h) if h.session == *session => return Err("token_mismatch"),
+                    _ => return Err("not_held"),
+                }
+                self.accept(now_ms);
+                self.locks.get_mut(name).unwrap().holder = None;
+                self.promote_everything();
+                Ok(Response::Released { name: name.clone() })
+            }
+            Command::Tick { renew } => {
+                if renew.len() > self.limits.max_renewals_per_tick {
+                    return Err("too_many_renewals");
+                }
+                self.accept(now_ms);
+                for session in self.sessions.iter_mut().filter(|s| renew.contains(&s.id)) {
+                    session.deadline_ms = now_ms + session.ttl_ms;
+                }
+                let expired: Vec<SessionId> =
+                    self.sessions.iter().filter(|s| s.deadline_ms < now_ms).map(|s| s.id).collect();
+                self.end(&expired, true);
+                for lock in self.locks.values_mut() {
+                    lock.queue.retain(|w| w.deadline_ms.is_none_or(|d| d >= now_ms));
+                    if lock.delay.is_some_and(|(until, _)| until <= now_ms) {
+                        lock.delay = None;
+                    }
+                }
+                self.promote_everything();
+                Ok(Response::Ticked)
+            }
+            Command::Refresh => {
+                self.accept(now_ms);
+                for session in &mut self.sessions {
+                    session.deadline_ms = now_ms + session.ttl_ms;
+                }
+                for lock in self.locks.values_mut() {
+                    for waiter in &mut lock.queue {
+                        waiter.deadline_ms = waiter.wait_ms.map(|w| now_ms + w);
+                    }
+                    if let Some((until, length)) = &mut lock.delay {
+                        *until = now_ms + *length;
+                    }
+                }
+                Ok(Response::Refreshed)
+            }
+            other => panic!("the model does not know {other}"),
+        }
+    }
+
+    fn acquire(&mut self, session: SessionId, name: &str, wait: Wait, now_ms: u64) -> Expected {
+        if validate_name(name, &self.limits).is_err() {
+            return Err("invalid_name");
+        }
+        let wait = if wait == (Wait::For { wait_ms: 0 }) { Wait::Try } else { wait };
+        let wait_ms = match wait {
+            Wait::For { wait_ms } if wait_ms > self.limits.max_wait_ms => {
+                return Err("wait_out_of_range");
+            }
+            Wait::For { wait_ms } => Some(wait_ms),
+            _ => None,
+        };
+        if self.session(session).is_none() {
+            return Err("unknown_session");
+        }
+        let lock = self.locks.get(name).cloned().unwrap_or_default();
+        if let Some(holder) = lock.holder.filter(|h| h.session == session) {
+            self.accept(now_ms);
+            return Ok(Response::Granted {
+                name: name.into(),
+                token: holder.token,
+                already_held: true,
+            });
+        }
+        let free = lock.holder.is_none() && lock.delay.is_none();
+        let waiting = lock.queue.iter().position(|w| w.session == session);
+        let room =
+            self.held_by(session) + self.waits_of(session) < self.limits.max_locks_per_session;
+        if wait == Wait::Try {
+            if !free {
+                return Err(if lock.holder.is_some() { "lock_busy" } else { "lock_delayed" });
+            }
+            if !room {
+                return Err("too_many_locks_for_session");
+            }
+        } else if let Some(position) = waiting {
+            self.accept(now_ms);
+            let waiter = &mut self.locks.get_mut(name).unwrap().queue[position];
+            waiter.wait_ms = wait_ms;
+            waiter.deadline_ms = wait_ms.map(|w| now_ms + w);
+            return Ok(Response::Queued { name: name.into(), position });
+        } else if !room {
+            return Err("too_many_locks_for_session");
+        } else if !free && lock.queue.len() >= self.limits.max_waiters_per_lock {
+            return Err("too_many_waiters");
+        }
+        self.accept(now_ms);
+        let token = self.revision;
+        let entry = self.locks.entry(name.to_owned()).or_default();
+        if free {
+            entry.holder = Some(HolderInfo { session, token });
+            Ok(Response::Granted { name: name.into(), token, already_held: false })
+        } else {
+            entry.queue.push(ModelWaiter {
+                session,
+                wait_ms,
+                deadline_ms: wait_ms.map(|w| now_ms + w),
+            });
+            Ok(Response::Queued { name: name.into(), position: entry.queue.len() - 1 })
+        }
+    }
+
+    fn end(&mut self, ended: &[SessionId], with_delay: bool) {
+        for id in ended {
+            let session = self.session(*id).unwrap().clone();
+            self.sessions.retain(|s| s.id != *id);
+            for lock in self.locks.values_mut() {
+                lock.queue.retain(|w| w.session != *id);
+                if lock.holder.is_some_and(|h| h.session == *id) {
+                    lock.holder = None;
+                    if with_delay && session.lock_delay_ms > 0 {
+                        lock.delay =
+                            Some((self.now_ms + session.lock_delay_ms, session.lock_delay_ms));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Grants every free lock to the head of its queue and forgets idle locks.
+    fn promote_everything(&mut self) {
+        let token = self.revision;
+        for lock in self.locks.values_mut() {
+            if lock.holder.is_none() && lock.delay.is_none() && !lock.queue.is_empty() {
+                let head = lock.queue.remove(0);
+                lock.holder = Some(HolderInfo { session: head.session, token });
+            }
+        }
+        self.locks.retain(|_, lock| {
+            lock.holder.is_some() || !lock.queue.is_empty() || lock.delay.is_some()
+        });
+    }
+
+    fn lock_infos(&self) -> Vec<LockInfo> {
+        self.locks
+            .iter()
+            .map(|(name, lock)| LockInfo {
+                name: name.clone(),
+                holder: lock.holder,
+                waiters: lock.queue.iter().map(|w| w.session).collect(),
+                delayed_until_ms: lock.delay.map(|(until, _)| until),
+            })
+            .collect()
+    }
+
+    fn session_deadlines(&self) -> Vec<(SessionId, u64)> {
+        let mut deadlines: Vec<_> = self.sessions.iter().map(|s| (s.id, s.deadline_ms)).collect();
+        deadlines.sort_unstable();
+        deadlines
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driving both and checking.
+
+/// Everything the test learned from events, kept across dropped records and restores.
+#[derive(Default)]
+struct History {
+    /// Highest token ever granted per lock name.
+    max_token: BTreeMap<String, u64>,
+    /// Sessions that ended.
+    ended: Vec<SessionId>,
+}
+
+fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
+    let who = |index: usize| opened.get(index).copied().unwrap_or(SessionId(9_999));
+    let now_ms = if step.reads_behind {
+        model.now_ms.saturating_sub(step.advance_ms)
+    } else {
+        model.now_ms + step.advance_ms
+    };
+    let name = |index: usize| NAMES[index].to_owned();
+    let command = match &step.op {
+        Op::Open { ttl, delay } => {
+            Command::OpenSession { ttl_ms: TTLS_MS[*ttl], lock_delay_ms: DELAYS_MS[*delay] }
+        }
+        Op::KeepAlive { who: w } => Command::KeepAlive { session: who(*w) },
+        Op::Close { who: w } => Command::CloseSession { session: who(*w) },
+        Op::Revoke { who: w } => Command::RevokeSession { session: who(*w) },
+        Op::Acquire { who: w, name: n, wait } => {
+            Command::Acquire { session: who(*w), name: name(*n), wait: *wait }
+        }
+        Op::Cancel { who: w, name: n } => Command::Cancel { session: who(*w), name: name(*n) },
+        Op::Release { who: w, name: n, right_token } => {
+            let holder_token = model.locks.get(NAMES[*n]).and_then(|l| l.holder).map(|h| h.token);
+            let token = match (holder_token, right_token) {
+                (Some(token), true) => token,
+                (Some(token), false) => token + 1,
+                (None, _) => 1,
+            };
+            Command::Release { session: who(*w), name: name(*n), token }
+        }
+        Op::Tick { renew } => Command::Tick { renew: renew.iter().map(|w| who(*w)).collect() },
+        Op::Refresh { clock_ms } => {
+            return Input { now_ms: *clock_ms, command: Command::Refresh };
+        }
+    };
+    Input { now_ms, command }
+}
+
+fn check_step(
+    machine: &StateMachine,
+    model: &Model,
+    input: &Input,
+    applied: &Applied,
+    expected: &Expected,
+    history: &mut History,
+) -> Result<(), TestCaseError> {
+    match (&applied.result, expected) {
+        (Ok(actual), Ok(expected)) => prop_assert_eq!(actual, expected, "response to {}", input),
+        (Err(error), Err(code)) => prop_assert_eq!(error.code(), *code, "refusal of {}", input),
+        (actual, expected) => {
+            prop_assert!(
+                false,
+                "{}: machine said {:?}, model expected {:?}",
+                input,
+                actual,
+                expected
+            )
+        }
+    }
+    machine.check_invariants().map_err(TestCaseError::fail)?;
+    prop_assert_eq!(machine.revision(), model.revision);
+    prop_assert_eq!(machine.now_ms(), model.now_ms);
+    prop_assert_eq!(machine.locks("", None, usize::MAX), model.lock_infos());
+    let sessions: Vec<SessionInfo> = machine.sessions(None, usize::MAX);
+    let deadlines: Vec<(SessionId, u64)> =
+        sessions.iter().map(|s| (s.session, s.deadline_ms)).collect();
+    prop_assert_eq!(deadlines, model.session_deadlines());
+
+    for event in &applied.events {
+        match event {
+            Event::Granted { name, token, .. } => {
+                let previous = history.max_token.get(name).copied().unwrap_or(0);
+                prop_assert!(
+                    *token > previous,
+                    "token {} of {:?} not above earlier {}",
+                    token,
+                    name,
+                    previous
+                );
+                history.max_token.insert(name.clone(), *token);
+                prop_assert_eq!(*token, machine.revision());
+            }
+            Event::SessionEnded { session, .. } => history.ended.push(*session),
+            _ => {}
+        }
+    }
+    // An ended session holds nothing and waits for nothing.
+    for lock in machine.locks("", None, usize::MAX) {
+        for ended in &history.ended {
+            prop_assert!(lock.holder.is_none_or(|h| h.session != *ended));
+            prop_assert!(!lock.waiters.contains(ended));
+        }
+        // Lock-delay honoured: nobody holds a lock while its delay is in force.
+        prop_assert!(lock.holder.is_none() || lock.delayed_until_ms.is_none());
+    }
+    Ok(())
+}
+
+fn run_sequence(steps: &[Step], restore_at: Option<usize>) -> Result<Vec<u8>, TestCaseError> {
+    let limits = Limits {
+        max_locks_per_session: 3,
+        max_waiters_per_lock: 3,
+        max_sessions: 6,
+        ..Limits::default()
+    };
+    let mut machine = StateMachine::new(limits.clone());
+    let mut model = Model::new(limits);
+    let mut opened: Vec<SessionId> = Vec::new();
+    let mut history = History::default();
+    for (index, step) in steps.iter().enumerate() {
+        if restore_at == Some(index) {
+            machine = StateMachine::restore(&machine.snapshot())
+                .map_err(|error| TestCaseError::fail(error.to_string()))?;
+        }
+        let input = to_input(step, &model, &opened);
+        let before = machine.snapshot();
+        let applied = machine.apply(&input);
+        let expected = model.apply(&input);
+        if applied.result.is_err() {
+            prop_assert_eq!(&before, &machine.snapshot(), "refused {} changed the state", input);
+            prop_assert!(applied.events.is_empty());
+        }
+        if let Ok(Response::SessionOpened { session, .. }) = &applied.result {
+            opened.push(*session);
+        }
+        check_step(&machine, &model, &input, &applied, &expected, &mut history)?;
+    }
+    Ok(machine.snapshot())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// The state machine agrees with the model at every step, every invariant holds throughout,
+    /// and a snapshot taken and restored midway changes nothing: the run ends in the same bytes
+    /// as an uninterrupted run of the same commands.
+    #[test]
+    fn state_machine_matches_the_reference_model(
+        steps in proptest::collection::vec(step_strategy(), 1..120),
+        restore_fraction in 0.0f64..1.0,
+    ) {
+        let uninterrupted = run_sequence(&steps, None)?;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        let restore_at = (restore_fraction * steps.len() as f64) as usize;
+        let restored = run_sequence(&steps, Some(restore_at))?;
+        prop_assert_eq!(uninterrupted, restored, "same commands, same bytes");
+    }
+}

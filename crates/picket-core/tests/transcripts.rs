@@ -1,0 +1,545 @@
+//! Transcript tests: each drives the state machine through a story and compares what it printed
+//! with the expected transcript, line by line, so a reader sees the whole behaviour at once.
+
+use picket_core::{
+    Applied, CheckOutcome, Command, CommandError, Event, Input, Limits, NameError, Response,
+    Sequencer, SessionId, StateMachine, Wait,
+};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Drives a state machine with sessions named by letters and records a transcript.
+struct Story {
+    machine: StateMachine,
+    names: BTreeMap<String, SessionId>,
+    transcript: String,
+}
+
+impl Story {
+    fn new() -> Self {
+        Self::with_limits(Limits::default())
+    }
+
+    fn with_limits(limits: Limits) -> Self {
+        Self {
+            machine: StateMachine::new(limits),
+            names: BTreeMap::new(),
+            transcript: String::new(),
+        }
+    }
+
+    fn id(&self, who: &str) -> SessionId {
+        self.names[who]
+    }
+
+    fn who(&self, session: SessionId) -> String {
+        self.names
+            .iter()
+            .find(|(_, id)| **id == session)
+            .map_or_else(|| session.to_string(), |(name, _)| name.clone())
+    }
+
+    fn run(&mut self, now_ms: u64, command: Command) -> Applied {
+        let before = self.machine.snapshot();
+        let line = self.describe(&command);
+        let applied = self.machine.apply(&Input { now_ms, command });
+        self.machine.check_invariants().expect("invariants hold after every step");
+        if applied.result.is_err() {
+            assert_eq!(before, self.machine.snapshot(), "a refused command changes nothing");
+        }
+        let outcome = match &applied.result {
+            Ok(response) => self.describe_response(response),
+            Err(error) => format!("refused {}", error.code()),
+        };
+        writeln!(self.transcript, "t={now_ms} {line} -> {outcome}").unwrap();
+        for event in &applied.events {
+            let event = self.describe_event(event);
+            writeln!(self.transcript, "    {event}").unwrap();
+        }
+        applied
+    }
+
+    fn open(&mut self, now_ms: u64, who: &str, ttl_ms: u64, lock_delay_ms: u64) -> SessionId {
+        let applied = self.run(now_ms, Command::OpenSession { ttl_ms, lock_delay_ms });
+        let Ok(Response::SessionOpened { session, .. }) = applied.result else {
+            panic!("open failed: {:?}", applied.result)
+        };
+        self.names.insert(who.to_owned(), session);
+        // Re-render the line with the session's letter now that it is known.
+        let last = self.transcript.lines().count() - 1;
+        let lines: Vec<String> = self.transcript.lines().map(str::to_owned).collect();
+        self.transcript = lines[..last].iter().map(|line| format!("{line}\n")).collect();
+        writeln!(self.transcript, "t={now_ms} open {who} ttl={ttl_ms} delay={lock_delay_ms}")
+            .unwrap();
+        session
+    }
+
+    fn acquire(&mut self, now_ms: u64, who: &str, name: &str, wait: Wait) -> Applied {
+        let session = self.id(who);
+        self.run(now_ms, Command::Acquire { session, name: name.to_owned(), wait })
+    }
+
+    fn release(&mut self, now_ms: u64, who: &str, name: &str, token: u64) -> Applied {
+        let session = self.id(who);
+        self.run(now_ms, Command::Release { session, name: name.to_owned(), token })
+    }
+
+    fn tick(&mut self, now_ms: u64, renew: &[&str]) -> Applied {
+        let renew = renew.iter().map(|who| self.id(who)).collect();
+        self.run(now_ms, Command::Tick { renew })
+    }
+
+    fn describe(&self, command: &Command) -> String {
+        match command {
+            Command::OpenSession { ttl_ms, lock_delay_ms } => {
+                format!("open ttl={ttl_ms} delay={lock_delay_ms}")
+            }
+            Command::KeepAlive { session } => format!("keepalive {}", self.who(*session)),
+            Command::CloseSession { session } => format!("close {}", self.who(*session)),
+            Command::RevokeSession { session } => format!("revoke {}", self.who(*session)),
+            Command::Acquire { session, name, wait } => {
+                format!("acquire {} {name:?} {wait:?}", self.who(*session))
+            }
+            Command::Cancel { session, name } => format!("cancel {} {name:?}", self.who(*session)),
+            Command::Release { session, name, token } => {
+                format!("release {} {name:?} token={token}", self.who(*session))
+            }
+            Command::Tick { renew } => {
+                let renew: Vec<String> = renew.iter().map(|id| self.who(*id)).collect();
+                format!("tick renew=[{}]", renew.join(","))
+            }
+            Command::Refresh => "refresh".to_owned(),
+            other => format!("{other}"),
+        }
+    }
+
+    fn describe_response(&self, response: &Response) -> String {
+        match response {
+            Response::Granted { token, already_held, .. } => {
+                format!(
+                    "granted token={token}{}",
+                    if *already_held { " (already held)" } else { "" }
+                )
+            }
+            Response::Queued { position, .. } => format!("queued position={position}"),
+            Response::KeptAlive { deadline_ms, .. } => format!("deadline={deadline_ms}"),
+            Response::SessionOpened { .. } => "opened".to_owned(),
+            Response::SessionEnded { .. } => "ended".to_owned(),
+            Response::Released { .. } => "released".to_owned(),
+            Response::Cancelled { .. } => "cancelled".to_owned(),
+            Response::Ticked => "ok".to_owned(),
+            Response::Refreshed => "refreshed".to_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    fn describe_event(&self, event: &Event) -> String {
+        match event {
+            Event::Granted { name, session, token } => {
+                format!("granted {name:?} to {} token={token}", self.who(*session))
+            }
+            Event::Released { name, session, token, cause } => {
+                format!("released {name:?} by {} token={token} ({cause:?})", self.who(*session))
+            }
+            Event::Queued { name, session, position } => {
+                format!("queued {} for {name:?} at {position}", self.who(*session))
+            }
+            Event::Cancelled { name, session, cause } => {
+                format!("cancelled {} for {name:?} ({cause:?})", self.who(*session))
+            }
+            Event::SessionEnded { session, cause } => {
+                format!("session {} ended ({cause:?})", self.who(*session))
+            }
+            other => format!("{other:?}"),
+        }
+    }
+
+    fn assert_transcript(&self, expected: &str) {
+        let normalize = |text: &str| -> Vec<String> {
+            text.lines().map(str::trim).filter(|line| !line.is_empty()).map(str::to_owned).collect()
+        };
+        assert_eq!(
+            normalize(&self.transcript),
+            normalize(expected),
+            "\nactual transcript:\n{}",
+            self.transcript
+        );
+    }
+}
+
+fn error_of(applied: &Applied) -> CommandError {
+    applied.result.clone().expect_err("the command should be refused")
+}
+
+/// The seeds' canonical race, as the lock service sees it: A holds token t, pauses, its session
+/// expires, B is granted t' > t, and A's sequencer is no longer current.
+#[test]
+fn canonical_trace_expired_holder_is_superseded_by_a_greater_token() {
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 0);
+    story.open(0, "B", 2_000, 0);
+    let granted = story.acquire(10, "A", "res", Wait::Try);
+    let Ok(Response::Granted { token: token_a, .. }) = granted.result else { panic!() };
+    story.acquire(20, "B", "res", Wait::Forever);
+    // A is paused: only B's keepalives reach the service.
+    story.tick(1_000, &["B"]);
+    story.tick(2_001, &["B"]);
+    story.assert_transcript(
+        "
+        t=0 open A ttl=2000 delay=0
+        t=0 open B ttl=2000 delay=0
+        t=10 acquire A \"res\" Try -> granted token=3
+            granted \"res\" to A token=3
+        t=20 acquire B \"res\" Forever -> queued position=0
+            queued B for \"res\" at 0
+        t=1000 tick renew=[B] -> ok
+        t=2001 tick renew=[B] -> ok
+            released \"res\" by A token=3 (SessionExpired)
+            session A ended (Expired)
+            granted \"res\" to B token=6
+        ",
+    );
+    let holder = story.machine.lock("res").unwrap().holder.unwrap();
+    assert!(holder.token > token_a);
+    assert_eq!(
+        story.machine.check(&Sequencer::new("res", token_a)),
+        CheckOutcome::Superseded { current_token: Some(holder.token) }
+    );
+    assert_eq!(
+        story.machine.check(&Sequencer::new("res", holder.token)),
+        CheckOutcome::Current { session: story.id("B") }
+    );
+}
+
+/// Waiters are granted strictly in arrival order, and each grant's token exceeds the last.
+#[test]
+fn waiters_are_granted_in_fifo_order_with_growing_tokens() {
+    let mut story = Story::new();
+    for who in ["A", "B", "C", "D"] {
+        story.open(0, who, 5_000, 0);
+    }
+    story.acquire(1, "A", "q", Wait::Forever);
+    story.acquire(2, "C", "q", Wait::Forever);
+    story.acquire(3, "B", "q", Wait::For { wait_ms: 1_000 });
+    story.acquire(4, "D", "q", Wait::Forever);
+    let info = story.machine.lock("q").unwrap();
+    assert_eq!(info.waiters, vec![story.id("C"), story.id("B"), story.id("D")]);
+    let mut last_token = info.holder.unwrap().token;
+    let mut order = Vec::new();
+    for (now_ms, _) in (10..).zip(0..4) {
+        let holder = story.machine.lock("q").unwrap().holder.unwrap();
+        order.push(story.who(holder.session));
+        let who = story.who(holder.session);
+        story.release(now_ms, &who, "q", holder.token);
+        if let Some(next) = story.machine.lock("q").and_then(|info| info.holder) {
+            assert!(next.token > last_token);
+            last_token = next.token;
+        }
+    }
+    assert_eq!(order, ["A", "C", "B", "D"]);
+    assert_eq!(story.machine.lock("q"), None, "an idle lock keeps no record");
+}
+
+/// Acquiring a lock the session already holds returns the same grant, with no re-entry count:
+/// one release frees it.
+#[test]
+fn reacquire_by_holder_returns_the_same_token() {
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(2, "A", "x", Wait::Forever);
+    story.release(3, "A", "x", 2);
+    story.assert_transcript(
+        "
+        t=0 open A ttl=2000 delay=0
+        t=1 acquire A \"x\" Try -> granted token=2
+            granted \"x\" to A token=2
+        t=2 acquire A \"x\" Forever -> granted token=2 (already held)
+        t=3 release A \"x\" token=2 -> released
+            released \"x\" by A token=2 (Released)
+        ",
+    );
+    assert_eq!(story.machine.lock("x"), None);
+}
+
+/// A bounded wait that runs out leaves the queue with a timeout event; a cancelled one too.
+#[test]
+fn bounded_waits_time_out_and_waits_can_be_cancelled() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.open(0, "C", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(2, "B", "x", Wait::For { wait_ms: 100 });
+    story.acquire(3, "C", "x", Wait::Forever);
+    story.tick(102, &[]);
+    story.tick(103, &[]);
+    let session = story.id("C");
+    story.run(104, Command::Cancel { session, name: "x".into() });
+    story.run(105, Command::Cancel { session, name: "x".into() });
+    story.assert_transcript(
+        "
+        t=0 open A ttl=10000 delay=0
+        t=0 open B ttl=10000 delay=0
+        t=0 open C ttl=10000 delay=0
+        t=1 acquire A \"x\" Try -> granted token=4
+            granted \"x\" to A token=4
+        t=2 acquire B \"x\" For { wait_ms: 100 } -> queued position=0
+            queued B for \"x\" at 0
+        t=3 acquire C \"x\" Forever -> queued position=1
+            queued C for \"x\" at 1
+        t=102 tick renew=[] -> ok
+        t=103 tick renew=[] -> ok
+            cancelled B for \"x\" (TimedOut)
+        t=104 cancel C \"x\" -> cancelled
+            cancelled C for \"x\" (Requested)
+        t=105 cancel C \"x\" -> refused not_waiting
+        ",
+    );
+}
+
+/// After a session expires, its locks stay ungrantable for its lock-delay, even to a waiter, and
+/// a try-acquire is told when the delay ends. A voluntary close applies no delay.
+#[test]
+fn lock_delay_holds_the_lock_after_expiry_but_not_after_close() {
+    let mut story = Story::new();
+    story.open(0, "A", 1_000, 500);
+    story.open(0, "B", 10_000, 0);
+    story.open(0, "C", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(2, "B", "x", Wait::Forever);
+    story.tick(1_001, &[]);
+    let delayed = story.acquire(1_100, "C", "x", Wait::Try);
+    assert_eq!(error_of(&delayed), CommandError::LockDelayed { name: "x".into(), until_ms: 1_501 });
+    story.tick(1_500, &[]);
+    assert_eq!(story.machine.lock("x").unwrap().holder, None, "still inside the delay");
+    story.tick(1_501, &[]);
+    assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().session, story.id("B"));
+
+    let mut story = Story::new();
+    story.open(0, "A", 1_000, 500);
+    story.open(0, "B", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(2, "B", "x", Wait::Forever);
+    let session = story.id("A");
+    story.run(3, Command::CloseSession { session });
+    assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().session, story.id("B"));
+}
+
+/// A new leader's refresh gives every session a full TTL on the new clock, so a session is not
+/// expired early because the new leader's clock reads far ahead of the old one's.
+#[test]
+fn refresh_gives_every_session_a_full_ttl_on_the_new_clock() {
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    // The new leader's monotonic clock reads 1,000,000 ms.
+    story.run(1_000_000, Command::Refresh);
+    story.tick(1_001_999, &[]);
+    assert!(story.machine.lock("x").is_some(), "A keeps its lock within its full TTL");
+    story.tick(1_002_001, &[]);
+    assert!(story.machine.lock("x").is_none(), "A expires a full TTL after the refresh");
+}
+
+/// Operators can revoke a session: like expiry, it releases its locks and applies lock-delay.
+#[test]
+fn revoke_releases_locks_and_applies_lock_delay() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 300);
+    story.acquire(1, "A", "x", Wait::Try);
+    let session = story.id("A");
+    story.run(2, Command::RevokeSession { session });
+    assert_eq!(story.machine.lock("x").unwrap().delayed_until_ms, Some(302));
+    story.tick(302, &[]);
+    assert_eq!(story.machine.lock("x"), None);
+}
+
+/// Releasing takes the holder's session and its current token; anything else is refused and
+/// changes nothing.
+#[test]
+fn release_with_a_wrong_token_or_by_another_session_is_refused() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    assert_eq!(
+        error_of(&story.release(2, "A", "x", 2)),
+        CommandError::TokenMismatch { name: "x".into(), presented_token: 2, current_token: 3 }
+    );
+    assert_eq!(
+        error_of(&story.release(2, "B", "x", 3)),
+        CommandError::NotHeld { name: "x".into(), session: story.id("B"), holder_token: Some(3) }
+    );
+    assert_eq!(
+        error_of(&story.release(2, "B", "y", 3)),
+        CommandError::NotHeld { name: "y".into(), session: story.id("B"), holder_token: None }
+    );
+    let unknown =
+        story.run(2, Command::Release { session: SessionId(999), name: "x".into(), token: 3 });
+    assert_eq!(error_of(&unknown), CommandError::UnknownSession { session: SessionId(999) });
+}
+
+/// Every bad input gets its own typed error and changes nothing (`Story::run` checks the
+/// snapshot is unchanged after every refusal).
+#[test]
+fn bad_input_is_refused_with_a_typed_error() {
+    let limits = Limits::default();
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 0);
+    let over_long = "n".repeat(limits.max_name_bytes + 1);
+    let cases: Vec<(Command, CommandError)> = vec![
+        (
+            Command::OpenSession { ttl_ms: 0, lock_delay_ms: 0 },
+            CommandError::TtlOutOfRange { ttl_ms: 0, min_ttl_ms: 1_000, max_ttl_ms: 3_600_000 },
+        ),
+        (
+            Command::OpenSession { ttl_ms: limits.max_ttl_ms + 1, lock_delay_ms: 0 },
+            CommandError::TtlOutOfRange {
+                ttl_ms: 3_600_001,
+                min_ttl_ms: 1_000,
+                max_ttl_ms: 3_600_000,
+            },
+        ),
+        (
+            Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: limits.max_lock_delay_ms + 1 },
+            CommandError::LockDelayOutOfRange { lock_delay_ms: 60_001, max_lock_delay_ms: 60_000 },
+        ),
+        (
+            Command::Acquire { session: story.id("A"), name: String::new(), wait: Wait::Try },
+            CommandError::InvalidName(NameError::Empty),
+        ),
+        (
+            Command::Acquire { session: story.id("A"), name: over_long, wait: Wait::Try },
+            CommandError::InvalidName(NameError::TooLong { len_bytes: 257, max_bytes: 256 }),
+        ),
+        (
+            Command::Acquire { session: story.id("A"), name: "a\u{7}b".into(), wait: Wait::Try },
+            CommandError::InvalidName(NameError::ControlCharacter { index_bytes: 1 }),
+        ),
+        (
+            Command::Acquire {
+                session: story.id("A"),
+                name: "x".into(),
+                wait: Wait::For { wait_ms: limits.max_wait_ms + 1 },
+            },
+            CommandError::WaitOutOfRange { wait_ms: 3_600_001, max_wait_ms: 3_600_000 },
+        ),
+        (
+            Command::Acquire { session: SessionId(77), name: "x".into(), wait: Wait::Try },
+            CommandError::UnknownSession { session: SessionId(77) },
+        ),
+        (
+            Command::KeepAlive { session: SessionId(77) },
+            CommandError::UnknownSession { session: SessionId(77) },
+        ),
+        (
+            Command::CloseSession { session: SessionId(77) },
+            CommandError::UnknownSession { session: SessionId(77) },
+        ),
+        (
+            Command::Cancel { session: story.id("A"), name: "x".into() },
+            CommandError::NotWaiting { name: "x".into(), session: story.id("A") },
+        ),
+    ];
+    for (command, expected) in cases {
+        let applied = story.run(5, command);
+        let error = error_of(&applied);
+        assert_eq!(error, expected);
+        assert!(!error.to_string().is_empty());
+    }
+}
+
+/// Each count limit refuses the command that would cross it.
+#[test]
+fn count_limits_are_enforced() {
+    let limits = Limits {
+        max_sessions: 3,
+        max_locks_per_session: 2,
+        max_waiters_per_lock: 1,
+        max_list: 2,
+        max_renewals_per_tick: 3,
+        ..Limits::default()
+    };
+    let mut story = Story::with_limits(limits);
+    story.open(0, "A", 2_000, 0);
+    story.open(0, "B", 2_000, 0);
+    story.open(0, "C", 2_000, 0);
+    let fourth = story.run(0, Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0 });
+    assert_eq!(error_of(&fourth), CommandError::TooManySessions { max_sessions: 3 });
+
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(1, "A", "y", Wait::Try);
+    let third = story.acquire(1, "A", "z", Wait::Try);
+    assert_eq!(
+        error_of(&third),
+        CommandError::TooManyLocksForSession { session: story.id("A"), max_locks: 2 }
+    );
+
+    story.acquire(2, "B", "x", Wait::Forever);
+    let queue_full = story.acquire(2, "C", "x", Wait::Forever);
+    assert_eq!(
+        error_of(&queue_full),
+        CommandError::TooManyWaiters { name: "x".into(), max_waiters: 1 }
+    );
+
+    assert_eq!(story.machine.locks("", None, 100).len(), 2, "listings are capped");
+    assert_eq!(story.machine.sessions(None, 100).len(), 2, "listings are capped");
+
+    let ids = vec![story.id("A"); 4];
+    let too_many = story.run(3, Command::Tick { renew: ids });
+    assert_eq!(error_of(&too_many), CommandError::TooManyRenewals { count: 4, max: 3 });
+}
+
+/// A try-acquire on a held lock is refused with the holder's token and leaves no trace.
+#[test]
+fn try_acquire_on_a_held_lock_names_the_holders_token() {
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 0);
+    story.open(0, "B", 2_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    let busy = story.acquire(2, "B", "x", Wait::Try);
+    assert_eq!(error_of(&busy), CommandError::LockBusy { name: "x".into(), holder_token: 3 });
+    let zero = story.acquire(2, "B", "x", Wait::For { wait_ms: 0 });
+    assert_eq!(error_of(&zero), CommandError::LockBusy { name: "x".into(), holder_token: 3 });
+    assert!(story.machine.lock("x").unwrap().waiters.is_empty());
+}
+
+/// Listing by prefix returns names in order and pages with `after`.
+#[test]
+fn locks_list_by_prefix_in_pages() {
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 0);
+    for name in ["jobs/a", "jobs/b", "jobs/c", "jobz", "other"] {
+        story.acquire(1, "A", name, Wait::Try);
+    }
+    let names = |infos: Vec<picket_core::LockInfo>| -> Vec<String> {
+        infos.into_iter().map(|info| info.name).collect()
+    };
+    assert_eq!(names(story.machine.locks("jobs/", None, 10)), ["jobs/a", "jobs/b", "jobs/c"]);
+    assert_eq!(names(story.machine.locks("jobs/", None, 2)), ["jobs/a", "jobs/b"]);
+    assert_eq!(names(story.machine.locks("jobs/", Some("jobs/b"), 2)), ["jobs/c"]);
+    assert_eq!(names(story.machine.locks("", Some("jobz"), 10)), ["other"]);
+    assert_eq!(story.machine.check(&Sequencer::new("nothing", 1)), CheckOutcome::UnknownLock);
+}
+
+/// A snapshot restores to an equal state, and a damaged one is refused rather than loaded.
+#[test]
+fn snapshot_restores_and_damaged_snapshots_are_refused() {
+    let mut story = Story::new();
+    story.open(0, "A", 2_000, 100);
+    story.open(0, "B", 2_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(1, "B", "x", Wait::For { wait_ms: 500 });
+    let bytes = story.machine.snapshot();
+    let restored = StateMachine::restore(&bytes).unwrap();
+    assert_eq!(restored.snapshot(), bytes);
+    assert!(StateMachine::restore(b"not json").is_err());
+    // A snapshot whose holder lists no session is inconsistent.
+    let text = String::from_utf8(bytes).unwrap();
+    let broken = text.replace("\"held\":[\"x\"]", "\"held\":[]");
+    assert_ne!(broken, text);
+    assert!(matches!(
+        StateMachine::restore(broken.as_bytes()),
+        Err(picket_core::RestoreError::Inconsistent(_))
+    ));
+}
