@@ -1,0 +1,99 @@
+//! The in-memory fence: one value guarded by one mutex, for a resource inside one process.
+
+use crate::refusal::Refusal;
+use crate::rule::{self, Admission, FenceRecord, Policy, Presented};
+use std::sync::{Mutex, MutexGuard};
+
+/// A value that only current grants may change. The admission check and the change happen under
+/// one mutex, so a refused token can never race a write.
+///
+/// The highest token lives in memory only: if the process restarts, so does the fence. Use
+/// [`crate::FencedStore`] when the resource outlives the process.
+///
+/// ```
+/// use picket_fence::{Guarded, Policy, Presented, Stamp};
+///
+/// let balance = Guarded::new("accounts/42", Policy::new("accounts"), 100_i64);
+/// let as_holder = |token| Presented { lock: "accounts".into(), stamp: Stamp { token, seq: None }, idempotency_key: None };
+/// balance.write(&as_holder(34), |value| *value -= 30).unwrap();
+/// // The paused former holder wakes up with token 33: refused, the value is untouched.
+/// assert!(balance.write(&as_holder(33), |value| *value -= 30).is_err());
+/// assert_eq!(balance.read("accounts", 34, |value| *value).unwrap(), 70);
+/// ```
+#[derive(Debug)]
+pub struct Guarded<T> {
+    resource: String,
+    policy: Policy,
+    state: Mutex<(Option<FenceRecord>, T)>,
+}
+
+/// What an admitted write returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written<R> {
+    /// How it was admitted.
+    pub admission: Admission,
+    /// The closure's result; `None` for a duplicate, whose closure did not run again.
+    pub output: Option<R>,
+}
+
+impl<T> Guarded<T> {
+    /// Guards `value` as `resource` under `policy`.
+    pub fn new(resource: impl Into<String>, policy: Policy, value: T) -> Self {
+        Self { resource: resource.into(), policy, state: Mutex::new((None, value)) }
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, (Option<FenceRecord>, T)> {
+        // A panic inside a caller's closure poisons the mutex; the fence record is only replaced
+        // after the rule admits, so the state is still consistent and can be used.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs `mutate` on the value if the rule admits `presented`. All the changes `mutate` makes
+    /// are one unit: checked once, applied together.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when the write must not land; the value is then untouched.
+    pub fn write<R>(
+        &self,
+        presented: &Presented,
+        mutate: impl FnOnce(&mut T) -> R,
+    ) -> Result<Written<R>, Refusal> {
+        let mut state = self.lock_state();
+        let (admission, record) =
+            rule::admit(&self.resource, state.0.as_ref(), &self.policy, presented)?;
+        state.0 = Some(record);
+        let output = admission.should_apply().then(|| mutate(&mut state.1));
+        Ok(Written { admission, output })
+    }
+
+    /// Fence on acquire: makes `token` the highest so older grants are refused from now on.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when `token` is stale or of another lock.
+    pub fn register(&self, lock: &str, token: u64) -> Result<(), Refusal> {
+        let mut state = self.lock_state();
+        let record = rule::register(&self.resource, state.0.as_ref(), &self.policy, lock, token)?;
+        state.0 = Some(record);
+        Ok(())
+    }
+
+    /// Reads the value if `token` is not stale.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when `token` is stale or of another lock.
+    pub fn read<R>(
+        &self,
+        lock: &str,
+        token: u64,
+        read: impl FnOnce(&T) -> R,
+    ) -> Result<R, Refusal> {
+        let state = self.lock_state();
+        rule::check_read(&self.resource, state.0.as_ref(), &self.policy, lock, token)?;
+        Ok(read(&state.1))
+    }
+
+    /// The highest token admitted or registered, 0 if none.
+    pub fn highest_token(&self) -> u64 {
+        self.lock_state().0.as_ref().map_or(0, |record| record.highest_token)
+    }
+}

@@ -1,0 +1,466 @@
+//! The admission rule: the one decision every backend makes, written once.
+//!
+//! A backend reads a resource's [`FenceRecord`], calls [`admit`] (or [`register`] or
+//! [`check_read`]), and, only if the rule admits, writes the new record and the data in the same
+//! atomic step: under one mutex, in one transaction, or in one conditional update.
+
+use crate::refusal::{Refusal, RefusalReason};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// Most idempotency keys a resource remembers. Older keys are forgotten first; a retry arriving
+/// after that many newer writes is judged by the rule like any other write.
+pub const MAX_REMEMBERED_KEYS: usize = 32;
+/// Longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
+/// Longest resource name, in bytes.
+pub const MAX_RESOURCE_BYTES: usize = 512;
+
+/// What a writer presents with a write: its grant's token and, optionally, a sequence number
+/// that orders writes made under one grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Stamp {
+    /// The grant's token.
+    pub token: u64,
+    /// Orders the writes of one grant; a repeated or lower `seq` is a replay.
+    pub seq: Option<u64>,
+}
+
+/// A write's credentials: the lock its token belongs to, the stamp, and an optional idempotency
+/// key that makes a retry return the original outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Presented {
+    /// The lock the token was granted for.
+    pub lock: String,
+    /// Token and sequence number.
+    pub stamp: Stamp,
+    /// Identifies this write across retries.
+    pub idempotency_key: Option<String>,
+}
+
+impl Presented {
+    /// Credentials from a sequencer, with no `seq` and no idempotency key.
+    #[must_use]
+    pub fn from_sequencer(sequencer: &picket_core::Sequencer) -> Self {
+        Self {
+            lock: sequencer.name.clone(),
+            stamp: Stamp { token: sequencer.token, seq: None },
+            idempotency_key: None,
+        }
+    }
+
+    /// Adds a sequence number.
+    #[must_use]
+    pub fn with_seq(mut self, seq: u64) -> Self {
+        self.stamp.seq = Some(seq);
+        self
+    }
+
+    /// Adds an idempotency key.
+    #[must_use]
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+/// How a resource is guarded: the lock it belongs to and whether it is strict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// The only lock whose tokens this resource accepts.
+    pub lock: String,
+    /// Strict mode: each grant gets exactly one admitted write (the seeds' `token <= max`
+    /// refusal taken literally).
+    pub strict: bool,
+}
+
+impl Policy {
+    /// A non-strict policy binding a resource to `lock`.
+    #[must_use]
+    pub fn new(lock: impl Into<String>) -> Self {
+        Self { lock: lock.into(), strict: false }
+    }
+
+    /// The same policy in strict mode.
+    #[must_use]
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
+        self
+    }
+}
+
+/// What a fence keeps, durably, for one resource.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceRecord {
+    /// The lock this resource is bound to. Fixed when the record is created.
+    pub lock: String,
+    /// Strict mode, fixed when the record is created.
+    pub strict: bool,
+    /// The highest token admitted or registered.
+    pub highest_token: u64,
+    /// The highest `seq` admitted under `highest_token`, if any write carried one.
+    pub last_seq: Option<u64>,
+    /// In strict mode: true once the grant of `highest_token` has had its one write. A token
+    /// registered on acquire has not.
+    pub spent: bool,
+    /// Recently admitted writes that carried an idempotency key, oldest first.
+    pub recent_keys: VecDeque<(String, Stamp)>,
+}
+
+impl FenceRecord {
+    /// The record of a resource nothing has been admitted to yet.
+    #[must_use]
+    pub fn empty(policy: &Policy) -> Self {
+        Self {
+            lock: policy.lock.clone(),
+            strict: policy.strict,
+            highest_token: 0,
+            last_seq: None,
+            spent: false,
+            recent_keys: VecDeque::new(),
+        }
+    }
+}
+
+/// How a write was admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Admission {
+    /// A newer grant: its token is now the highest.
+    Advanced {
+        /// The highest token before, 0 if none.
+        previous_token: u64,
+    },
+    /// The current grant writing again.
+    Same,
+    /// A retry of a write already admitted with the same stamp and idempotency key: report the
+    /// original success and do not apply the write again.
+    Duplicate,
+}
+
+impl Admission {
+    /// False for a duplicate, whose write must not be applied a second time.
+    #[must_use]
+    pub fn should_apply(self) -> bool {
+        !matches!(self, Self::Duplicate)
+    }
+}
+
+/// Checks the inputs common to every call: resource name, lock binding and token.
+fn check_common(
+    resource: &str,
+    record: &FenceRecord,
+    presented_lock: &str,
+    stamp: Stamp,
+) -> Result<(), Refusal> {
+    let refuse = |reason| Err(Refusal::new(resource, record, presented_lock, stamp, reason));
+    if resource.is_empty() || resource.len() > MAX_RESOURCE_BYTES {
+        return refuse(RefusalReason::InvalidResource);
+    }
+    if stamp.token == 0 {
+        return refuse(RefusalReason::InvalidToken);
+    }
+    if presented_lock != record.lock {
+        return refuse(RefusalReason::WrongLock);
+    }
+    Ok(())
+}
+
+/// Decides a write. On admission returns how, and the record to store with the write; the caller
+/// must store both atomically or neither.
+///
+/// # Errors
+/// A [`Refusal`] when the write must not land; the record is then unchanged.
+pub fn admit(
+    resource: &str,
+    current: Option<&FenceRecord>,
+    policy: &Policy,
+    presented: &Presented,
+) -> Result<(Admission, FenceRecord), Refusal> {
+    let mut record = current.cloned().unwrap_or_else(|| FenceRecord::empty(policy));
+    let stamp = presented.stamp;
+    check_common(resource, &record, &presented.lock, stamp)?;
+    let refuse = |record: &FenceRecord, reason| {
+        Err(Refusal::new(resource, record, &presented.lock, stamp, reason))
+    };
+    if let Some(key) = &presented.idempotency_key {
+        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+            return refuse(&record, RefusalReason::InvalidIdempotencyKey);
+        }
+        if let Some((_, original)) = record.recent_keys.iter().find(|(seen, _)| seen == key) {
+            if *original == stamp {
+                return Ok((Admission::Duplicate, record));
+            }
+            return refuse(&record, RefusalReason::IdempotencyKeyReused { original: *original });
+        }
+    }
+    let admission = if stamp.token < record.highest_token {
+        return refuse(&record, RefusalReason::Stale);
+    } else if stamp.token > record.highest_token {
+        let previous_token = record.highest_token;
+        record.highest_token = stamp.token;
+        record.last_seq = stamp.seq;
+        record.spent = true;
+        Admission::Advanced { previous_token }
+    } else if record.strict {
+        if record.spent {
+            return refuse(&record, RefusalReason::StrictRepeat);
+        }
+        record.spent = true;
+        record.last_seq = stamp.seq;
+        Admission::Same
+    } else {
+        if let (Some(seq), Some(last_seq)) = (stamp.seq, record.last_seq)
+            && seq <= last_seq
+        {
+            return refuse(&record, RefusalReason::Replay { last_seq });
+        }
+        record.last_seq = stamp.seq.or(record.last_seq);
+        Admission::Same
+    };
+    if let Some(key) = &presented.idempotency_key {
+        if record.recent_keys.len() == MAX_REMEMBERED_KEYS {
+            record.recent_keys.pop_front();
+        }
+        record.recent_keys.push_back((key.clone(), stamp));
+    }
+    assert!(record.highest_token >= stamp.token, "an admitted token is never above the highest");
+    assert!(record.recent_keys.len() <= MAX_REMEMBERED_KEYS);
+    Ok((admission, record))
+}
+
+/// Decides one write that spans several resources: admitted at all of them or at none. Returns
+/// the overall admission and the new record of each resource, in the order given.
+///
+/// A retry whose idempotency key any resource remembers with the same stamp is a duplicate as a
+/// whole: nothing is applied and no record changes.
+///
+/// # Errors
+/// The first [`Refusal`]; no record changes.
+pub fn admit_all(
+    resources: &[(&str, Option<&FenceRecord>, &Policy)],
+    presented: &Presented,
+) -> Result<(Admission, Vec<FenceRecord>), Refusal> {
+    let mut records = Vec::with_capacity(resources.len());
+    let mut overall = Admission::Same;
+    for (resource, current, policy) in resources {
+        let (admission, record) = admit(resource, *current, policy, presented)?;
+        overall = match (overall, admission) {
+            (Admission::Duplicate, _) | (_, Admission::Duplicate) => Admission::Duplicate,
+            (Admission::Advanced { previous_token }, _)
+            | (_, Admission::Advanced { previous_token }) => Admission::Advanced { previous_token },
+            (Admission::Same, Admission::Same) => Admission::Same,
+        };
+        records.push(record);
+    }
+    if overall == Admission::Duplicate {
+        let unchanged = resources
+            .iter()
+            .map(|(_, current, policy)| {
+                current.cloned().unwrap_or_else(|| FenceRecord::empty(policy))
+            })
+            .collect();
+        return Ok((Admission::Duplicate, unchanged));
+    }
+    Ok((overall, records))
+}
+
+/// Fence on acquire: a new holder announces its token before it reads, so the previous holder's
+/// writes stop landing at once. Registering a token that is already the highest changes nothing.
+///
+/// # Errors
+/// A [`Refusal`] when the token is stale, zero, or of another lock.
+pub fn register(
+    resource: &str,
+    current: Option<&FenceRecord>,
+    policy: &Policy,
+    lock: &str,
+    token: u64,
+) -> Result<FenceRecord, Refusal> {
+    let mut record = current.cloned().unwrap_or_else(|| FenceRecord::empty(policy));
+    let stamp = Stamp { token, seq: None };
+    check_common(resource, &record, lock, stamp)?;
+    if token < record.highest_token {
+        return Err(Refusal::new(resource, &record, lock, stamp, RefusalReason::Stale));
+    }
+    if token > record.highest_token {
+        record.highest_token = token;
+        record.last_seq = None;
+        record.spent = false;
+    }
+    Ok(record)
+}
+
+/// Checks a read's stamp: a reader whose grant was superseded is told so before it acts on what
+/// it read. Reads change nothing.
+///
+/// # Errors
+/// A [`Refusal`] when the token is stale, zero, or of another lock.
+pub fn check_read(
+    resource: &str,
+    current: Option<&FenceRecord>,
+    policy: &Policy,
+    lock: &str,
+    token: u64,
+) -> Result<(), Refusal> {
+    let empty;
+    let record = match current {
+        Some(record) => record,
+        None => {
+            empty = FenceRecord::empty(policy);
+            &empty
+        }
+    };
+    let stamp = Stamp { token, seq: None };
+    check_common(resource, record, lock, stamp)?;
+    if token < record.highest_token {
+        return Err(Refusal::new(resource, record, lock, stamp, RefusalReason::Stale));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(lock: &str, token: u64, seq: Option<u64>) -> Presented {
+        Presented { lock: lock.into(), stamp: Stamp { token, seq }, idempotency_key: None }
+    }
+
+    /// Applies a write to `record` and returns the reason if refused.
+    fn step(
+        record: &mut Option<FenceRecord>,
+        policy: &Policy,
+        presented: &Presented,
+    ) -> Result<Admission, RefusalReason> {
+        match admit("res", record.as_ref(), policy, presented) {
+            Ok((admission, next)) => {
+                *record = Some(next);
+                Ok(admission)
+            }
+            Err(refusal) => Err(refusal.reason),
+        }
+    }
+
+    /// The seeds' canonical trace at the resource: 34 lands, then the paused holder's 33 is
+    /// refused, whatever order the writes were sent in.
+    #[test]
+    fn stale_token_is_refused_after_a_newer_one_landed() {
+        let policy = Policy::new("res-lock");
+        let mut record = None;
+        assert_eq!(
+            step(&mut record, &policy, &write("res-lock", 34, None)),
+            Ok(Admission::Advanced { previous_token: 0 })
+        );
+        assert_eq!(
+            step(&mut record, &policy, &write("res-lock", 33, None)),
+            Err(RefusalReason::Stale)
+        );
+        assert_eq!(step(&mut record, &policy, &write("res-lock", 34, None)), Ok(Admission::Same));
+        assert_eq!(record.unwrap().highest_token, 34);
+    }
+
+    #[test]
+    fn tokens_of_another_lock_and_token_zero_are_refused() {
+        let policy = Policy::new("a");
+        let mut record = None;
+        assert_eq!(step(&mut record, &policy, &write("b", 5, None)), Err(RefusalReason::WrongLock));
+        assert_eq!(
+            step(&mut record, &policy, &write("a", 0, None)),
+            Err(RefusalReason::InvalidToken)
+        );
+        assert_eq!(record, None);
+    }
+
+    #[test]
+    fn same_grant_must_raise_seq() {
+        let policy = Policy::new("a");
+        let mut record = None;
+        step(&mut record, &policy, &write("a", 7, Some(1))).unwrap();
+        assert_eq!(step(&mut record, &policy, &write("a", 7, Some(2))), Ok(Admission::Same));
+        assert_eq!(
+            step(&mut record, &policy, &write("a", 7, Some(2))),
+            Err(RefusalReason::Replay { last_seq: 2 })
+        );
+        assert_eq!(
+            step(&mut record, &policy, &write("a", 7, Some(1))),
+            Err(RefusalReason::Replay { last_seq: 2 })
+        );
+        assert_eq!(step(&mut record, &policy, &write("a", 7, None)), Ok(Admission::Same));
+        assert_eq!(step(&mut record, &policy, &write("a", 8, Some(1))).map(|_| ()), Ok(()));
+    }
+
+    #[test]
+    fn strict_mode_admits_one_write_per_grant_and_registration_does_not_spend_it() {
+        let policy = Policy::new("a").strict();
+        let mut record = None;
+        step(&mut record, &policy, &write("a", 3, None)).unwrap();
+        assert_eq!(
+            step(&mut record, &policy, &write("a", 3, None)),
+            Err(RefusalReason::StrictRepeat)
+        );
+        record = Some(register("res", record.as_ref(), &policy, "a", 4).unwrap());
+        assert_eq!(step(&mut record, &policy, &write("a", 4, None)), Ok(Admission::Same));
+        assert_eq!(
+            step(&mut record, &policy, &write("a", 4, None)),
+            Err(RefusalReason::StrictRepeat)
+        );
+    }
+
+    #[test]
+    fn registration_fences_out_the_previous_holder_before_the_new_one_writes() {
+        let policy = Policy::new("a");
+        let mut record = None;
+        step(&mut record, &policy, &write("a", 10, None)).unwrap();
+        record = Some(register("res", record.as_ref(), &policy, "a", 12).unwrap());
+        assert_eq!(step(&mut record, &policy, &write("a", 10, None)), Err(RefusalReason::Stale));
+        assert!(check_read("res", record.as_ref(), &policy, "a", 10).is_err());
+        assert!(check_read("res", record.as_ref(), &policy, "a", 12).is_ok());
+        assert!(register("res", record.as_ref(), &policy, "a", 11).is_err());
+    }
+
+    #[test]
+    fn a_retry_with_the_same_key_and_stamp_gets_the_original_success() {
+        let policy = Policy::new("a").strict();
+        let mut record = None;
+        let first = write("a", 5, None).with_idempotency_key("op-1");
+        assert_eq!(
+            step(&mut record, &policy, &first),
+            Ok(Admission::Advanced { previous_token: 0 })
+        );
+        assert_eq!(step(&mut record, &policy, &first), Ok(Admission::Duplicate));
+        let other_stamp = write("a", 6, None).with_idempotency_key("op-1");
+        assert!(matches!(
+            step(&mut record, &policy, &other_stamp),
+            Err(RefusalReason::IdempotencyKeyReused { .. })
+        ));
+        // Keys are bounded: after MAX_REMEMBERED_KEYS newer keys, the first is forgotten.
+        let policy = Policy::new("a");
+        let mut record = None;
+        step(&mut record, &policy, &write("a", 5, Some(0)).with_idempotency_key("k0")).unwrap();
+        for seq in 1..=MAX_REMEMBERED_KEYS as u64 {
+            let key = format!("k{seq}");
+            step(&mut record, &policy, &write("a", 5, Some(seq)).with_idempotency_key(key))
+                .unwrap();
+        }
+        assert_eq!(record.as_ref().unwrap().recent_keys.len(), MAX_REMEMBERED_KEYS);
+        assert!(matches!(
+            step(&mut record, &policy, &write("a", 5, Some(0)).with_idempotency_key("k0")),
+            Err(RefusalReason::Replay { .. })
+        ));
+    }
+
+    #[test]
+    fn refusal_carries_what_the_client_needs() {
+        let policy = Policy::new("orders");
+        let record = admit("orders/db", None, &policy, &write("orders", 9, None)).unwrap().1;
+        let refusal =
+            admit("orders/db", Some(&record), &policy, &write("orders", 8, Some(3))).unwrap_err();
+        assert_eq!(refusal.resource, "orders/db");
+        assert_eq!(refusal.lock, "orders");
+        assert_eq!(refusal.presented, Stamp { token: 8, seq: Some(3) });
+        assert_eq!(refusal.highest_token, 9);
+        let message = refusal.to_string();
+        assert!(message.contains("token 8") && message.contains("9"), "{message}");
+    }
+}

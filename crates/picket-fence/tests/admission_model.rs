@@ -1,0 +1,183 @@
+//! Property test of the admission rule against a reference model that decides from the history
+//! of admitted writes alone, run through both backends at once: the in-memory `Guarded` and the
+//! durable `FencedStore`, which is closed and reopened at random points (restarts of the
+//! resource). All three must agree on every decision, and the stored data must contain exactly
+//! the admitted writes.
+
+use picket_fence::{
+    Admission, FencedStore, Guard, Guarded, Policy, Presented, RefusalReason, Stamp, WriteError,
+};
+use proptest::prelude::*;
+
+const LOCK: &str = "orders";
+const RESOURCE: &str = "orders/";
+const TOKENS: [u64; 5] = [3, 7, 7, 12, 20];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write { token: usize, other_lock: bool, seq: Option<u64>, key: Option<u8> },
+    Register { token: usize },
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..TOKENS.len(), proptest::bool::weighted(0.05), proptest::option::of(0u64..6), proptest::option::weighted(0.3, 0u8..4))
+            .prop_map(|(token, other_lock, seq, key)| Op::Write { token, other_lock, seq, key }),
+        2 => (0..TOKENS.len()).prop_map(|token| Op::Register { token }),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// What the model decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decision {
+    Admitted,
+    Duplicate,
+    Refused(&'static str),
+}
+
+/// Decides from the history: the admitted writes (token, seq, key) and the registered tokens.
+#[derive(Default)]
+struct Model {
+    strict: bool,
+    admitted: Vec<(u64, Option<u64>, Option<String>)>,
+    registered: Vec<u64>,
+}
+
+impl Model {
+    fn highest(&self) -> u64 {
+        let writes = self.admitted.iter().map(|(token, _, _)| *token);
+        writes.chain(self.registered.iter().copied()).max().unwrap_or(0)
+    }
+
+    fn decide(&self, lock: &str, stamp: Stamp, key: Option<&str>) -> Decision {
+        if lock != LOCK {
+            return Decision::Refused("wrong_lock");
+        }
+        if let Some(key) = key {
+            // The last 32 keyed writes are remembered.
+            let remembered: Vec<_> = self
+                .admitted
+                .iter()
+                .filter(|(_, _, k)| k.is_some())
+                .rev()
+                .take(picket_fence::rule::MAX_REMEMBERED_KEYS)
+                .collect();
+            if let Some((token, seq, _)) =
+                remembered.iter().find(|(_, _, k)| k.as_deref() == Some(key))
+            {
+                return if (*token, *seq) == (stamp.token, stamp.seq) {
+                    Decision::Duplicate
+                } else {
+                    Decision::Refused("idempotency_key_reused")
+                };
+            }
+        }
+        let highest = self.highest();
+        if stamp.token < highest {
+            return Decision::Refused("stale_token");
+        }
+        if stamp.token > highest {
+            return Decision::Admitted;
+        }
+        let same_grant: Vec<Option<u64>> = self
+            .admitted
+            .iter()
+            .filter(|(token, _, _)| *token == stamp.token)
+            .map(|(_, seq, _)| *seq)
+            .collect();
+        if self.strict {
+            return if same_grant.is_empty() {
+                Decision::Admitted
+            } else {
+                Decision::Refused("strict_repeat")
+            };
+        }
+        match (stamp.seq, same_grant.iter().flatten().max()) {
+            (Some(seq), Some(last)) if seq <= *last => Decision::Refused("replayed_seq"),
+            _ => Decision::Admitted,
+        }
+    }
+}
+
+fn decision_of<R>(result: Result<Admission, (RefusalReason, R)>) -> Decision {
+    match result {
+        Ok(Admission::Duplicate) => Decision::Duplicate,
+        Ok(_) => Decision::Admitted,
+        Err((reason, _)) => Decision::Refused(reason.code()),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn backends_agree_with_the_reference_model(ops in proptest::collection::vec(op(), 1..60), strict: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.redb");
+        let policy = if strict { Policy::new(LOCK).strict() } else { Policy::new(LOCK) };
+        let guard = Guard { resource: RESOURCE, policy: &policy };
+        let mut store = Some(FencedStore::open(&path).unwrap());
+        let memory = Guarded::new(RESOURCE, policy.clone(), Vec::<u64>::new());
+        let mut model = Model { strict, ..Model::default() };
+        for (index, op) in ops.iter().enumerate() {
+            match op {
+                Op::Restart => {
+                    drop(store.take());
+                    store = Some(FencedStore::open(&path).unwrap());
+                }
+                Op::Register { token } => {
+                    let token = TOKENS[*token];
+                    let expected = token >= model.highest();
+                    let in_memory = memory.register(LOCK, token).is_ok();
+                    let durable = store.as_ref().unwrap().register(guard, LOCK, token).is_ok();
+                    prop_assert_eq!(in_memory, expected);
+                    prop_assert_eq!(durable, expected);
+                    if expected {
+                        model.registered.push(token);
+                    }
+                }
+                Op::Write { token, other_lock, seq, key } => {
+                    let lock = if *other_lock { "other" } else { LOCK };
+                    let stamp = Stamp { token: TOKENS[*token], seq: *seq };
+                    let key = key.map(|k| format!("key-{k}"));
+                    let presented = Presented { lock: lock.into(), stamp, idempotency_key: key.clone() };
+                    let expected = model.decide(lock, stamp, key.as_deref());
+                    let write_id = index as u64;
+                    let in_memory = decision_of(
+                        memory
+                            .write(&presented, |log| log.push(write_id))
+                            .map(|written| written.admission)
+                            .map_err(|refusal| (refusal.reason, ())),
+                    );
+                    let durable = decision_of(
+                        store
+                            .as_ref()
+                            .unwrap()
+                            .write(&[guard], &presented, |unit| unit.put(&format!("orders/{write_id:04}"), b"x"))
+                            .map(|applied| applied.admission)
+                            .map_err(|error| match error {
+                                WriteError::Refused(refusal) => (refusal.reason, ()),
+                                other => panic!("storage failed: {other}"),
+                            }),
+                    );
+                    prop_assert_eq!(in_memory, expected, "memory, op {} {:?}", index, op);
+                    prop_assert_eq!(durable, expected, "store, op {} {:?}", index, op);
+                    if expected == Decision::Admitted {
+                        model.admitted.push((stamp.token, stamp.seq, key));
+                    }
+                }
+            }
+            let store_ref = store.as_ref().unwrap();
+            let highest = store_ref.record(RESOURCE).unwrap().map_or(0, |record| record.highest_token);
+            prop_assert_eq!(highest, model.highest());
+            prop_assert_eq!(memory.highest_token(), model.highest());
+        }
+        // Exactly the admitted writes landed, in both backends.
+        let landed = store.as_ref().unwrap().scan("orders/", usize::MAX).unwrap().len();
+        prop_assert_eq!(landed, model.admitted.len());
+        let in_memory_len = memory.read(LOCK, model.highest().max(1), |log| log.len());
+        prop_assert_eq!(in_memory_len.unwrap(), model.admitted.len());
+    }
+}
