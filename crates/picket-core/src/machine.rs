@@ -117,6 +117,21 @@ impl StateMachine {
         &self.limits
     }
 
+    /// The earliest clock reading at which a [`Command::Tick`] would change something: a session
+    /// expiring, a bounded wait timing out, or a lock-delay ending. `None` when nothing is
+    /// pending. The leader sleeps until then instead of ticking on a fixed period.
+    #[must_use]
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        // Sessions and waits end once the clock is past their deadline; delays once it reaches
+        // their end.
+        let session =
+            self.session_deadlines.first().map(|(deadline_ms, _)| deadline_ms.saturating_add(1));
+        let wait =
+            self.wait_deadlines.first().map(|(deadline_ms, _, _)| deadline_ms.saturating_add(1));
+        let delay = self.delay_ends.first().map(|(until_ms, _)| *until_ms);
+        [session, wait, delay].into_iter().flatten().min()
+    }
+
     /// Number of live sessions.
     #[must_use]
     pub fn session_count(&self) -> usize {

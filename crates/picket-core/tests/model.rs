@@ -443,6 +443,42 @@ fn check_step(
         }
     }
     machine.check_invariants().map_err(TestCaseError::fail)?;
+    // The next deadline is exactly the first time a tick would change something.
+    let mut probe = machine.clone();
+    match machine.next_deadline_ms() {
+        Some(due_ms) => {
+            // The deadline may already be overdue when no tick ran since.
+            let before = probe.snapshot();
+            if due_ms > machine.now_ms() {
+                let early = probe
+                    .apply(&Input { now_ms: due_ms - 1, command: Command::Tick { renew: vec![] } });
+                prop_assert!(
+                    early.events.is_empty(),
+                    "a tick before the next deadline changed something"
+                );
+            }
+            let mut probe = StateMachine::restore(&before).unwrap();
+            let due =
+                probe.apply(&Input { now_ms: due_ms, command: Command::Tick { renew: vec![] } });
+            let delay_ended = machine.locks("", None, usize::MAX).iter().any(|l| {
+                l.delayed_until_ms.is_some_and(|until| until <= due_ms.max(machine.now_ms()))
+            });
+            prop_assert!(
+                !due.events.is_empty() || delay_ended,
+                "a tick at the next deadline changed nothing"
+            );
+        }
+        None => {
+            let far = probe.apply(&Input {
+                now_ms: machine.now_ms() + 100_000_000,
+                command: Command::Tick { renew: vec![] },
+            });
+            prop_assert!(
+                far.events.is_empty(),
+                "nothing was pending, yet a tick changed something"
+            );
+        }
+    }
     prop_assert_eq!(machine.revision(), model.revision);
     prop_assert_eq!(machine.now_ms(), model.now_ms);
     prop_assert_eq!(machine.locks("", None, usize::MAX), model.lock_infos());

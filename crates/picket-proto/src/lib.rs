@@ -1,0 +1,24 @@
+//! Picket's gRPC API, generated from `proto/picket.proto`.
+//!
+//! - [`v1::picket_client`] / [`v1::picket_server`]: the client service (sessions, locks, reads,
+//!   watches, membership).
+//! - [`v1::raft_client`] / [`v1::raft_server`]: node-to-node Raft traffic. Its messages carry
+//!   openraft's own serialized requests, so the transport never has to mirror openraft's types.
+//!
+//! Errors travel as a gRPC status whose message is meant for people, plus metadata for programs:
+//! [`ERROR_CODE_KEY`] (the stable code), and where they apply [`LEADER_KEY`] and
+//! [`HOLDER_TOKEN_KEY`].
+
+#![allow(missing_docs, clippy::all, clippy::pedantic)]
+
+/// The generated types of package `picket.v1`.
+pub mod v1 {
+    tonic::include_proto!("picket.v1");
+}
+
+/// Metadata key of an error's stable code, e.g. `lock_busy`.
+pub const ERROR_CODE_KEY: &str = "picket-error-code";
+/// Metadata key of the leader's address when a follower refuses a request.
+pub const LEADER_KEY: &str = "picket-leader";
+/// Metadata key of the current holder's token when a lock is busy.
+pub const HOLDER_TOKEN_KEY: &str = "picket-holder-token";

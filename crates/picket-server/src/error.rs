@@ -1,0 +1,155 @@
+//! Errors a client of the service can see, with their stable codes and transport mappings.
+
+use crate::raft_types::NodeId;
+use picket_core::{CancelCause, CommandError};
+use thiserror::Error;
+
+/// Why a request to the lock service failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The state machine refused the command; nothing changed.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// This node is not the leader.
+    #[error("this node is not the leader{}: send the request to the leader", leader_suffix(.leader_id, .leader_addr))]
+    NotLeader {
+        /// The leader's id, if known.
+        leader_id: Option<NodeId>,
+        /// The leader's address, if known.
+        leader_addr: Option<String>,
+    },
+    /// A bounded wait ran out before the lock was granted.
+    #[error("timed out waiting for lock {name:?}{}: retry, or wait longer", holder_suffix(*.holder_token))]
+    WaitTimedOut {
+        /// The lock.
+        name: String,
+        /// The current holder's token, if the lock is held.
+        holder_token: Option<u64>,
+    },
+    /// The wait ended without a grant for another reason.
+    #[error("the wait for lock {name:?} ended without a grant ({cause:?}): {}", cancel_advice(*.cause))]
+    WaitEnded {
+        /// The lock.
+        name: String,
+        /// Why.
+        cause: CancelCause,
+    },
+    /// A newer acquire of the same lock by the same session took this wait over.
+    #[error(
+        "a newer acquire of lock {name:?} by the same session replaced this one: use the newer request's answer"
+    )]
+    WaitReplaced {
+        /// The lock.
+        name: String,
+    },
+    /// The cluster cannot serve the request now (no quorum, election in progress).
+    #[error("the cluster cannot serve this now ({0}): retry shortly")]
+    Unavailable(String),
+    /// A write may or may not have been applied (its leader lost leadership mid-way).
+    #[error("the outcome is unknown ({0}): read the state before retrying")]
+    OutcomeUnknown(String),
+    /// The request itself is malformed.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The node is shutting down or its consensus engine stopped.
+    #[error("this node has stopped serving ({0}): use another node")]
+    Stopped(String),
+}
+
+fn leader_suffix(leader_id: &Option<NodeId>, leader_addr: &Option<String>) -> String {
+    match (leader_id, leader_addr) {
+        (Some(id), Some(addr)) => format!("; the leader is node {id} at {addr}"),
+        (Some(id), None) => format!("; the leader is node {id}"),
+        _ => "; no leader is known yet, retry shortly".to_owned(),
+    }
+}
+
+fn holder_suffix(holder_token: Option<u64>) -> String {
+    holder_token.map_or_else(String::new, |token| format!(" (held under token {token})"))
+}
+
+fn cancel_advice(cause: CancelCause) -> &'static str {
+    match cause {
+        CancelCause::SessionExpired | CancelCause::SessionClosed | CancelCause::SessionRevoked => {
+            "the session is gone, open a new one"
+        }
+        _ => "acquire again if you still need the lock",
+    }
+}
+
+impl ServiceError {
+    /// The stable code on the wire.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Command(error) => error.code(),
+            Self::NotLeader { .. } => "not_leader",
+            Self::WaitTimedOut { .. } => "wait_timed_out",
+            Self::WaitEnded { .. } => "wait_ended",
+            Self::WaitReplaced { .. } => "wait_replaced",
+            Self::Unavailable(_) => "unavailable",
+            Self::OutcomeUnknown(_) => "outcome_unknown",
+            Self::BadRequest(_) => "bad_request",
+            Self::Stopped(_) => "stopped",
+        }
+    }
+
+    /// The HTTP status that fits.
+    #[must_use]
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::Command(error) => match error {
+                CommandError::UnknownSession { .. } => 404,
+                CommandError::LockBusy { .. }
+                | CommandError::LockDelayed { .. }
+                | CommandError::NotHeld { .. }
+                | CommandError::TokenMismatch { .. }
+                | CommandError::NotWaiting { .. } => 409,
+                CommandError::TooManySessions { .. }
+                | CommandError::TooManyLocksForSession { .. }
+                | CommandError::TooManyWaiters { .. } => 429,
+                _ => 400,
+            },
+            Self::WaitTimedOut { .. } | Self::WaitEnded { .. } | Self::WaitReplaced { .. } => 409,
+            Self::NotLeader { .. } => 421,
+            Self::Unavailable(_) | Self::OutcomeUnknown(_) | Self::Stopped(_) => 503,
+            Self::BadRequest(_) => 400,
+        }
+    }
+
+    /// The gRPC status code that fits.
+    #[must_use]
+    pub fn grpc_code(&self) -> tonic::Code {
+        match self.http_status() {
+            404 => tonic::Code::NotFound,
+            409 => tonic::Code::FailedPrecondition,
+            429 => tonic::Code::ResourceExhausted,
+            400 => tonic::Code::InvalidArgument,
+            _ => tonic::Code::Unavailable,
+        }
+    }
+
+    /// The current holder's token, where the error is about a taken lock.
+    #[must_use]
+    pub fn holder_token(&self) -> Option<u64> {
+        match self {
+            Self::Command(CommandError::LockBusy { holder_token, .. }) => Some(*holder_token),
+            Self::Command(CommandError::NotHeld { holder_token, .. }) => *holder_token,
+            Self::Command(CommandError::TokenMismatch { current_token, .. }) => {
+                Some(*current_token)
+            }
+            Self::WaitTimedOut { holder_token, .. } => *holder_token,
+            _ => None,
+        }
+    }
+
+    /// The leader's address, where the error is about leadership.
+    #[must_use]
+    pub fn leader_addr(&self) -> Option<&str> {
+        match self {
+            Self::NotLeader { leader_addr, .. } => leader_addr.as_deref(),
+            _ => None,
+        }
+    }
+}

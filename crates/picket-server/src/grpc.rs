@@ -1,0 +1,303 @@
+//! The gRPC client API: a thin translation between protobuf messages and [`Node`].
+
+use crate::error::ServiceError;
+use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
+use futures_util::Stream;
+use picket_core::{CheckOutcome, Event, LockInfo, SessionId, SessionInfo, Wait};
+use picket_proto::v1::{self, picket_server};
+use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY, LEADER_KEY};
+use std::pin::Pin;
+use std::sync::Arc;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+
+/// Largest client request, in bytes.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Serves [`picket_server::Picket`] from a node.
+#[derive(Clone, Debug)]
+pub struct ClientService {
+    node: Arc<Node>,
+}
+
+impl ClientService {
+    /// The tonic service for `node`.
+    #[must_use]
+    pub fn server(node: Arc<Node>) -> picket_server::PicketServer<Self> {
+        picket_server::PicketServer::new(Self { node }).max_decoding_message_size(MAX_REQUEST_BYTES)
+    }
+}
+
+/// A gRPC status for a service error: code, sentence, and metadata for programs.
+#[must_use]
+pub fn status(error: &ServiceError) -> Status {
+    let mut status = Status::new(error.grpc_code(), error.to_string());
+    let metadata = status.metadata_mut();
+    metadata.insert(ERROR_CODE_KEY, MetadataValue::from_static(error.code()));
+    if let Some(addr) = error.leader_addr().and_then(|addr| addr.parse().ok()) {
+        metadata.insert(LEADER_KEY, addr);
+    }
+    if let Some(token) = error.holder_token() {
+        metadata.insert(HOLDER_TOKEN_KEY, token.into());
+    }
+    status
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+fn respond<T>(result: Result<T, ServiceError>) -> Reply<T> {
+    result.map(Response::new).map_err(|error| status(&error))
+}
+
+fn wait_from(wait_ms: Option<u64>) -> Wait {
+    match wait_ms {
+        None => Wait::Forever,
+        Some(0) => Wait::Try,
+        Some(wait_ms) => Wait::For { wait_ms },
+    }
+}
+
+fn limit_from(limit: u32) -> usize {
+    if limit == 0 { usize::MAX } else { limit as usize }
+}
+
+pub(crate) fn lock_message(info: LockInfo) -> v1::LockInfo {
+    let holder = info.holder;
+    v1::LockInfo {
+        name: info.name,
+        holder_session_id: holder.map_or(0, |holder| holder.session.0),
+        token: holder.map_or(0, |holder| holder.token),
+        waiters: info.waiters.into_iter().map(|session| session.0).collect(),
+        delayed: info.delayed_until_ms.is_some(),
+    }
+}
+
+fn session_message(info: SessionInfo) -> v1::SessionInfo {
+    v1::SessionInfo {
+        session_id: info.session.0,
+        ttl_ms: info.ttl_ms,
+        lock_delay_ms: info.lock_delay_ms,
+        held: info.held,
+        waiting: info.waiting,
+    }
+}
+
+/// The wire names of a check outcome: status and the current grant's token (0 for none).
+#[must_use]
+pub fn check_fields(outcome: CheckOutcome, presented_token: u64) -> (&'static str, u64) {
+    match outcome {
+        CheckOutcome::Current { .. } => ("current", presented_token),
+        CheckOutcome::Superseded { current_token } => ("superseded", current_token.unwrap_or(0)),
+        CheckOutcome::UnknownLock => ("unknown_lock", 0),
+    }
+}
+
+fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
+    v1::ClusterInfo {
+        members: view
+            .members
+            .into_iter()
+            .map(|(node_id, addr, voter)| v1::Member { node_id, addr, voter })
+            .collect(),
+        leader_id: view.leader_id.unwrap_or(0),
+        leader_addr: view.leader_addr.unwrap_or_default(),
+        node_id: view.node_id,
+        role: view.role.to_owned(),
+        applied_revision: view.applied_revision,
+        applied_log_index: view.applied_log_index,
+    }
+}
+
+/// A watch item on the wire.
+#[must_use]
+pub fn watch_message(item: WatchItem) -> v1::WatchEvent {
+    let (revision, event) = match item {
+        WatchItem::Resync { revision } => {
+            return v1::WatchEvent { kind: "resync".into(), revision, ..v1::WatchEvent::default() };
+        }
+        WatchItem::Event { revision, event } => (revision, event),
+    };
+    let snake = |value: &dyn std::fmt::Debug| to_snake_case(&format!("{value:?}"));
+    let mut message =
+        v1::WatchEvent { revision, session_id: event.session().0, ..v1::WatchEvent::default() };
+    message.name = event.lock_name().unwrap_or_default().to_owned();
+    match &event {
+        Event::Granted { token, .. } => {
+            message.kind = "granted".into();
+            message.token = *token;
+        }
+        Event::Released { token, cause, .. } => {
+            message.kind = "released".into();
+            message.token = *token;
+            message.cause = snake(cause);
+        }
+        Event::Queued { .. } => message.kind = "queued".into(),
+        Event::Cancelled { cause, .. } => {
+            message.kind = "cancelled".into();
+            message.cause = snake(cause);
+        }
+        Event::SessionEnded { cause, .. } => {
+            message.kind = "session_ended".into();
+            message.cause = snake(cause);
+        }
+        _ => message.kind = "unknown".into(),
+    }
+    message
+}
+
+/// `SessionExpired` → `session_expired`.
+#[must_use]
+pub fn to_snake_case(camel: &str) -> String {
+    let mut snake = String::with_capacity(camel.len() + 4);
+    for (index, character) in camel.chars().enumerate() {
+        if character.is_ascii_uppercase() {
+            if index > 0 {
+                snake.push('_');
+            }
+            snake.push(character.to_ascii_lowercase());
+        } else {
+            snake.push(character);
+        }
+    }
+    snake
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl picket_server::Picket for ClientService {
+    async fn open_session(
+        &self,
+        request: Request<v1::OpenSessionRequest>,
+    ) -> Reply<v1::OpenSessionResponse> {
+        let request = request.into_inner();
+        let opened = self.node.open_session(request.ttl_ms, request.lock_delay_ms).await;
+        respond(
+            opened
+                .map(|(session, ttl_ms)| v1::OpenSessionResponse { session_id: session.0, ttl_ms }),
+        )
+    }
+
+    async fn keep_alive(
+        &self,
+        request: Request<v1::KeepAliveRequest>,
+    ) -> Reply<v1::KeepAliveResponse> {
+        let session_id = request.into_inner().session_id;
+        let kept = self.node.keep_alive(SessionId(session_id)).await;
+        respond(kept.map(|ttl_ms| v1::KeepAliveResponse { session_id, ttl_ms }))
+    }
+
+    async fn close_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
+        let session = SessionId(request.into_inner().session_id);
+        respond(self.node.close_session(session).await.map(|()| v1::Empty {}))
+    }
+
+    async fn revoke_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
+        let session = SessionId(request.into_inner().session_id);
+        respond(self.node.revoke_session(session).await.map(|()| v1::Empty {}))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<v1::ListSessionsRequest>,
+    ) -> Reply<v1::ListSessionsResponse> {
+        let request = request.into_inner();
+        let after = (request.after > 0).then_some(SessionId(request.after));
+        let sessions = self.node.sessions(after, limit_from(request.limit)).await;
+        respond(sessions.map(|sessions| v1::ListSessionsResponse {
+            sessions: sessions.into_iter().map(session_message).collect(),
+        }))
+    }
+
+    async fn acquire(&self, request: Request<v1::AcquireRequest>) -> Reply<v1::AcquireResponse> {
+        let request = request.into_inner();
+        let wait = wait_from(request.wait_ms);
+        let grant = self.node.acquire(SessionId(request.session_id), &request.name, wait).await;
+        respond(grant.map(|grant| v1::AcquireResponse {
+            token: grant.token,
+            sequencer: grant.sequencer(),
+            already_held: grant.already_held,
+        }))
+    }
+
+    async fn release(&self, request: Request<v1::ReleaseRequest>) -> Reply<v1::Empty> {
+        let request = request.into_inner();
+        let released =
+            self.node.release(SessionId(request.session_id), &request.name, request.token).await;
+        respond(released.map(|()| v1::Empty {}))
+    }
+
+    async fn get_lock(&self, request: Request<v1::GetLockRequest>) -> Reply<v1::LockInfo> {
+        respond(self.node.lock(&request.into_inner().name).await.map(lock_message))
+    }
+
+    async fn list_locks(
+        &self,
+        request: Request<v1::ListLocksRequest>,
+    ) -> Reply<v1::ListLocksResponse> {
+        let request = request.into_inner();
+        let after = (!request.after.is_empty()).then_some(request.after.as_str());
+        let locks = self.node.locks(&request.prefix, after, limit_from(request.limit)).await;
+        respond(locks.map(|locks| v1::ListLocksResponse {
+            locks: locks.into_iter().map(lock_message).collect(),
+        }))
+    }
+
+    async fn check(&self, request: Request<v1::CheckRequest>) -> Reply<v1::CheckResponse> {
+        let outcome = self.node.check(&request.into_inner().sequencer).await;
+        respond(outcome.map(|(outcome, presented_token)| {
+            let (status, current_token) = check_fields(outcome, presented_token);
+            v1::CheckResponse { status: status.to_owned(), current_token }
+        }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<v1::WatchRequest>) -> Reply<Self::WatchStream> {
+        let target = match request.into_inner().target {
+            Some(v1::watch_request::Target::Name(name)) => WatchTarget::Lock(name),
+            Some(v1::watch_request::Target::Prefix(prefix)) => WatchTarget::Prefix(prefix),
+            Some(v1::watch_request::Target::SessionId(session)) => {
+                WatchTarget::Session(SessionId(session))
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "say what to watch: a lock name, a prefix or a session id",
+                ));
+            }
+        };
+        let receiver = self.node.watch(target);
+        let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+            let item = receiver.recv().await?;
+            Some((item.map(watch_message).map_err(|error| status(&error)), receiver))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn cluster(&self, _request: Request<v1::Empty>) -> Reply<v1::ClusterInfo> {
+        Ok(Response::new(cluster_message(self.node.cluster())))
+    }
+
+    async fn add_member(&self, request: Request<v1::AddMemberRequest>) -> Reply<v1::ClusterInfo> {
+        let request = request.into_inner();
+        respond(self.node.add_member(request.node_id, request.addr).await.map(cluster_message))
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<v1::RemoveMemberRequest>,
+    ) -> Reply<v1::ClusterInfo> {
+        respond(self.node.remove_member(request.into_inner().node_id).await.map(cluster_message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_render_in_snake_case() {
+        assert_eq!(to_snake_case("SessionExpired"), "session_expired");
+        assert_eq!(to_snake_case("Released"), "released");
+    }
+}

@@ -1,0 +1,485 @@
+//! The HTTP/JSON API: the same operations as gRPC, so `curl` works.
+//!
+//! Errors are `{"code": "...", "message": "..."}` with a fitting status, plus `holder_token` or
+//! `leader` where they apply. Request bodies are bounded and must not carry unknown fields.
+//!
+//! Lock names go in the path as they are, `/` included (`GET /v1/locks/jobs/nightly`); other
+//! characters outside `A-Z a-z 0-9 - . _ ~ /` must be percent-encoded.
+
+use crate::error::ServiceError;
+use crate::grpc::{check_fields, to_snake_case};
+use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures_util::Stream;
+use picket_core::{Event, LockInfo, Sequencer, SessionId, SessionInfo, Wait};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// Largest request body, in bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The HTTP routes of a node.
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/sessions", post(open_session).get(list_sessions))
+        .route("/v1/sessions/{id}", delete(close_session))
+        .route("/v1/sessions/{id}/keepalive", post(keep_alive))
+        .route("/v1/sessions/{id}/revoke", post(revoke_session))
+        .route("/v1/locks", get(list_locks))
+        // A lock may be named "acquire" or "release": GET on these paths still reads the lock.
+        .route("/v1/locks/acquire", post(acquire).get(get_lock_named_acquire))
+        .route("/v1/locks/release", post(release).get(get_lock_named_release))
+        .route("/v1/locks/cancel", post(cancel).get(get_lock_named_cancel))
+        .route("/v1/locks/{*name}", get(get_lock))
+        .route("/v1/check", get(check))
+        .route("/v1/watch", get(watch))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/members", post(add_member))
+        .route("/v1/cluster/members/{id}", delete(remove_member))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(node)
+}
+
+/// An error response.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self { status, body: json!({ "code": code, "message": message.into() }) }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(error: ServiceError) -> Self {
+        let status =
+            StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut api = Self::new(status, error.code(), error.to_string());
+        if let Some(token) = error.holder_token() {
+            api.body["holder_token"] = json!(token);
+        }
+        if let Some(leader) = error.leader_addr() {
+            api.body["leader"] = json!(leader);
+        }
+        api
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// A JSON body whose rejection is answered in the API's error format.
+struct Body<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(Self(value)),
+            Err(rejection) => Err(json_rejection(&rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: &JsonRejection) -> ApiError {
+    let status = rejection.status();
+    let code =
+        if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_request" };
+    let advice = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => format!("the body is over {MAX_BODY_BYTES} bytes"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "send the body as JSON with Content-Type: application/json".to_owned()
+        }
+        _ => rejection.body_text(),
+    };
+    ApiError::new(status, code, advice)
+}
+
+/// Query parameters whose rejection is answered in the API's error format.
+struct QueryParams<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(query_rejection(&rejection)),
+        }
+    }
+}
+
+fn query_rejection(rejection: &QueryRejection) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "bad_request", rejection.body_text())
+}
+
+fn session_path(id: &str) -> Result<SessionId, ApiError> {
+    id.parse().map(SessionId).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{id:?} is not a session id (a positive number)"),
+        )
+    })
+}
+
+/// The answer to a path no route serves.
+pub async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; see the README for the HTTP API",
+    )
+}
+
+async fn healthz(State(node): State<Arc<Node>>) -> Json<Value> {
+    let view = node.cluster();
+    Json(json!({ "status": "ok", "node_id": view.node_id, "role": view.role }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenSessionBody {
+    ttl_ms: u64,
+    #[serde(default)]
+    lock_delay_ms: u64,
+}
+
+#[derive(Serialize)]
+struct SessionOpened {
+    session_id: u64,
+    ttl_ms: u64,
+}
+
+async fn open_session(
+    State(node): State<Arc<Node>>,
+    Body(body): Body<OpenSessionBody>,
+) -> ApiResult<SessionOpened> {
+    let (session, ttl_ms) = node.open_session(body.ttl_ms, body.lock_delay_ms).await?;
+    Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
+}
+
+async fn keep_alive(
+    State(node): State<Arc<Node>>,
+    Path(id): Path<String>,
+) -> ApiResult<SessionOpened> {
+    let session = session_path(&id)?;
+    let ttl_ms = node.keep_alive(session).await?;
+    Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
+}
+
+async fn close_session(State(node): State<Arc<Node>>, Path(id): Path<String>) -> ApiResult<Value> {
+    node.close_session(session_path(&id)?).await?;
+    Ok(Json(json!({})))
+}
+
+async fn revoke_session(State(node): State<Arc<Node>>, Path(id): Path<String>) -> ApiResult<Value> {
+    node.revoke_session(session_path(&id)?).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListSessionsQuery {
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct SessionJson {
+    session_id: u64,
+    ttl_ms: u64,
+    lock_delay_ms: u64,
+    held: Vec<String>,
+    waiting: Vec<String>,
+}
+
+fn session_json(info: SessionInfo) -> SessionJson {
+    SessionJson {
+        session_id: info.session.0,
+        ttl_ms: info.ttl_ms,
+        lock_delay_ms: info.lock_delay_ms,
+        held: info.held,
+        waiting: info.waiting,
+    }
+}
+
+async fn list_sessions(
+    State(node): State<Arc<Node>>,
+    QueryParams(query): QueryParams<ListSessionsQuery>,
+) -> ApiResult<Value> {
+    let sessions =
+        node.sessions(query.after.map(SessionId), query.limit.unwrap_or(usize::MAX)).await?;
+    let sessions: Vec<SessionJson> = sessions.into_iter().map(session_json).collect();
+    Ok(Json(json!({ "sessions": sessions })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    name: String,
+    session_id: u64,
+    /// Absent: wait until granted; 0: try once; N: wait at most N ms.
+    wait_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct Granted {
+    name: String,
+    token: u64,
+    sequencer: String,
+    already_held: bool,
+}
+
+async fn acquire(
+    State(node): State<Arc<Node>>,
+    Body(body): Body<AcquireBody>,
+) -> ApiResult<Granted> {
+    let wait = match body.wait_ms {
+        None => Wait::Forever,
+        Some(0) => Wait::Try,
+        Some(wait_ms) => Wait::For { wait_ms },
+    };
+    let grant = node.acquire(SessionId(body.session_id), &body.name, wait).await?;
+    let sequencer = grant.sequencer();
+    Ok(Json(Granted {
+        name: grant.name,
+        token: grant.token,
+        sequencer,
+        already_held: grant.already_held,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseBody {
+    name: String,
+    session_id: u64,
+    token: u64,
+}
+
+async fn release(State(node): State<Arc<Node>>, Body(body): Body<ReleaseBody>) -> ApiResult<Value> {
+    node.release(SessionId(body.session_id), &body.name, body.token).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    name: String,
+    session_id: u64,
+}
+
+async fn cancel(State(node): State<Arc<Node>>, Body(body): Body<CancelBody>) -> ApiResult<Value> {
+    node.cancel(SessionId(body.session_id), &body.name).await?;
+    Ok(Json(json!({})))
+}
+
+/// A lock as JSON: holder (with its sequencer), queue, and lock-delay.
+#[must_use]
+pub fn lock_json(info: &LockInfo) -> Value {
+    let holder = info.holder.map(|holder| {
+        json!({
+            "session_id": holder.session.0,
+            "token": holder.token,
+            "sequencer": Sequencer::new(info.name.clone(), holder.token).to_string(),
+        })
+    });
+    let waiters: Vec<u64> = info.waiters.iter().map(|session| session.0).collect();
+    json!({
+        "name": info.name,
+        "holder": holder,
+        "waiters": waiters,
+        "delayed": info.delayed_until_ms.is_some(),
+    })
+}
+
+async fn get_lock(State(node): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.lock(&name).await?)))
+}
+
+async fn get_lock_named_acquire(State(node): State<Arc<Node>>) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.lock("acquire").await?)))
+}
+
+async fn get_lock_named_release(State(node): State<Arc<Node>>) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.lock("release").await?)))
+}
+
+async fn get_lock_named_cancel(State(node): State<Arc<Node>>) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.lock("cancel").await?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListLocksQuery {
+    #[serde(default)]
+    prefix: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_locks(
+    State(node): State<Arc<Node>>,
+    QueryParams(query): QueryParams<ListLocksQuery>,
+) -> ApiResult<Value> {
+    let locks = node
+        .locks(&query.prefix, query.after.as_deref(), query.limit.unwrap_or(usize::MAX))
+        .await?;
+    let locks: Vec<Value> = locks.iter().map(lock_json).collect();
+    Ok(Json(json!({ "locks": locks })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckQuery {
+    sequencer: String,
+}
+
+async fn check(
+    State(node): State<Arc<Node>>,
+    QueryParams(query): QueryParams<CheckQuery>,
+) -> ApiResult<Value> {
+    let (outcome, presented_token) = node.check(&query.sequencer).await?;
+    let (status, current_token) = check_fields(outcome, presented_token);
+    let current_token = (current_token > 0).then_some(current_token);
+    Ok(Json(json!({ "status": status, "current_token": current_token })))
+}
+
+/// A cluster view as JSON.
+#[must_use]
+pub fn cluster_json(view: &ClusterView) -> Value {
+    let members: Vec<Value> = view
+        .members
+        .iter()
+        .map(|(node_id, addr, voter)| json!({ "node_id": node_id, "addr": addr, "voter": voter }))
+        .collect();
+    json!({
+        "members": members,
+        "leader_id": view.leader_id,
+        "leader_addr": view.leader_addr,
+        "node_id": view.node_id,
+        "role": view.role,
+        "applied_revision": view.applied_revision,
+        "applied_log_index": view.applied_log_index,
+    })
+}
+
+async fn cluster(State(node): State<Arc<Node>>) -> Json<Value> {
+    Json(cluster_json(&node.cluster()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddMemberBody {
+    node_id: u64,
+    addr: String,
+}
+
+async fn add_member(
+    State(node): State<Arc<Node>>,
+    Body(body): Body<AddMemberBody>,
+) -> ApiResult<Value> {
+    Ok(Json(cluster_json(&node.add_member(body.node_id, body.addr).await?)))
+}
+
+async fn remove_member(State(node): State<Arc<Node>>, Path(id): Path<u64>) -> ApiResult<Value> {
+    Ok(Json(cluster_json(&node.remove_member(id).await?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatchQuery {
+    name: Option<String>,
+    prefix: Option<String>,
+    session_id: Option<u64>,
+}
+
+/// A watch item as JSON, the same fields as the gRPC `WatchEvent`.
+#[must_use]
+pub fn watch_json(item: &WatchItem) -> Value {
+    let (revision, event) = match item {
+        WatchItem::Resync { revision } => return json!({ "kind": "resync", "revision": revision }),
+        WatchItem::Event { revision, event } => (revision, event),
+    };
+    let cause = |value: &dyn std::fmt::Debug| to_snake_case(&format!("{value:?}"));
+    let mut body = json!({ "revision": revision, "session_id": event.session().0 });
+    if let Some(name) = event.lock_name() {
+        body["name"] = json!(name);
+    }
+    match event {
+        Event::Granted { token, .. } => {
+            body["kind"] = json!("granted");
+            body["token"] = json!(token);
+        }
+        Event::Released { token, cause: why, .. } => {
+            body["kind"] = json!("released");
+            body["token"] = json!(token);
+            body["cause"] = json!(cause(why));
+        }
+        Event::Queued { position, .. } => {
+            body["kind"] = json!("queued");
+            body["position"] = json!(position);
+        }
+        Event::Cancelled { cause: why, .. } => {
+            body["kind"] = json!("cancelled");
+            body["cause"] = json!(cause(why));
+        }
+        Event::SessionEnded { cause: why, .. } => {
+            body["kind"] = json!("session_ended");
+            body["cause"] = json!(cause(why));
+        }
+        _ => body["kind"] = json!("unknown"),
+    }
+    body
+}
+
+async fn watch(
+    State(node): State<Arc<Node>>,
+    QueryParams(query): QueryParams<WatchQuery>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let target = match (query.name, query.prefix, query.session_id) {
+        (Some(name), None, None) => WatchTarget::Lock(name),
+        (None, Some(prefix), None) => WatchTarget::Prefix(prefix),
+        (None, None, Some(session)) => WatchTarget::Session(SessionId(session)),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "give exactly one of name=, prefix= or session_id=",
+            ));
+        }
+    };
+    let receiver = node.watch(target);
+    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let item = receiver.recv().await?;
+        let event = match item {
+            Ok(item) => SseEvent::default().event("event").data(watch_json(&item).to_string()),
+            Err(error) => SseEvent::default()
+                .event("error")
+                .data(json!({ "code": error.code(), "message": error.to_string() }).to_string()),
+        };
+        Some((Ok(event), receiver))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,305 @@
+//! Node-to-node Raft traffic over gRPC.
+//!
+//! Each RPC carries one openraft request serialized with serde_json (a snapshot carries its
+//! bytes raw after a JSON header), so the protobuf schema does not mirror openraft's types. Every
+//! request names the node it is meant for; a node that receives a request for another id refuses
+//! it, so a peer that moved to another address is never mistaken for the one that left.
+
+use crate::raft_types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, RaftNetworkV2};
+use picket_proto::v1::RaftPayload;
+use picket_proto::v1::raft_client::RaftClient;
+use picket_proto::v1::raft_server;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+/// Metadata key naming the node a Raft request is meant for.
+const TARGET_NODE_KEY: &str = "picket-target-node";
+/// Largest Raft message, in bytes: bounds what a peer can make this node allocate.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Creates a client per peer for openraft.
+#[derive(Clone, Debug, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient { target, addr: node.addr.clone(), client: None }
+    }
+}
+
+/// Sends Raft RPCs to one peer. Connects lazily and reconnects after a failure.
+#[derive(Debug)]
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    client: Option<RaftClient<Channel>>,
+}
+
+fn unreachable(message: impl ToString) -> Unreachable<TypeConfig> {
+    Unreachable::from_string(message)
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("raft messages always serialize")
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|error| format!("undecodable raft message: {error}"))
+}
+
+impl PeerClient {
+    fn client(&mut self) -> Result<RaftClient<Channel>, Unreachable<TypeConfig>> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
+            .map_err(|error| unreachable(format!("bad peer address {:?}: {error}", self.addr)))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let client = RaftClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    fn request(&self, data: Vec<u8>, timeout: Duration) -> Request<RaftPayload> {
+        let mut request = Request::new(RaftPayload { data, error: String::new() });
+        request.set_timeout(timeout);
+        request.metadata_mut().insert(
+            TARGET_NODE_KEY,
+            self.target.to_string().parse().expect("a number is valid metadata"),
+        );
+        request
+    }
+
+    /// Sends one RPC and decodes the answer. Transport failures drop the connection so the next
+    /// call reconnects.
+    async fn call<Resp, F, Fut>(
+        &mut self,
+        data: Vec<u8>,
+        timeout: Duration,
+        send: F,
+    ) -> Result<Resp, Unreachable<TypeConfig>>
+    where
+        Resp: DeserializeOwned,
+        F: FnOnce(RaftClient<Channel>, Request<RaftPayload>) -> Fut,
+        Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
+    {
+        let client = self.client()?;
+        let request = self.request(data, timeout);
+        let payload = match send(client, request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                self.client = None;
+                return Err(unreachable(format!(
+                    "node {} at {}: {}",
+                    self.target,
+                    self.addr,
+                    status.message()
+                )));
+            }
+        };
+        if !payload.error.is_empty() {
+            return Err(unreachable(format!("node {} refused: {}", self.target, payload.error)));
+        }
+        decode(&payload.data).map_err(unreachable)
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(encode(&rpc), option.soft_ttl(), |mut client, request| async move {
+            client.append_entries(request).await
+        })
+        .await
+        .map_err(RPCError::Unreachable)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(encode(&rpc), option.soft_ttl(), |mut client, request| async move {
+            client.vote(request).await
+        })
+        .await
+        .map_err(RPCError::Unreachable)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(encode(&rpc), option.soft_ttl(), |mut client, request| async move {
+            client.pre_vote(request).await
+        })
+        .await
+        .map_err(RPCError::Unreachable)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let data = encode_snapshot(&vote, &snapshot.meta, &snapshot.snapshot);
+        let send = self.call(data, option.hard_ttl(), |mut client, request| async move {
+            client.install_snapshot(request).await
+        });
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            result = send => result.map_err(StreamingError::Unreachable),
+        }
+    }
+}
+
+/// `[8-byte little-endian header length][JSON (vote, meta)][snapshot bytes]`: the state machine's
+/// bytes travel as they are, not as a JSON array of numbers.
+fn encode_snapshot(vote: &Vote, meta: &SnapshotMeta, data: &[u8]) -> Vec<u8> {
+    let header = encode(&(vote, meta));
+    let mut bytes = Vec::with_capacity(8 + header.len() + data.len());
+    bytes.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+fn decode_snapshot(bytes: &[u8]) -> Result<(Vote, Snapshot), String> {
+    let (length, rest) = bytes.split_at_checked(8).ok_or("snapshot message too short")?;
+    let length = usize::try_from(u64::from_le_bytes(length.try_into().expect("8 bytes")))
+        .map_err(|_| "bad snapshot header length")?;
+    let (header, data) = rest.split_at_checked(length).ok_or("truncated snapshot message")?;
+    let (vote, meta): (Vote, SnapshotMeta) = decode(header)?;
+    Ok((vote, Snapshot { meta, snapshot: data.to_vec() }))
+}
+
+/// Receives Raft RPCs from peers and hands them to the local Raft.
+#[derive(Clone)]
+pub struct RaftService {
+    raft: Raft,
+    node_id: NodeId,
+}
+
+impl std::fmt::Debug for RaftService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RaftService({})", self.node_id)
+    }
+}
+
+impl RaftService {
+    /// Serves `raft` as node `node_id`.
+    #[must_use]
+    pub fn new(raft: Raft, node_id: NodeId) -> Self {
+        Self { raft, node_id }
+    }
+
+    /// The tonic service, with message size bounds.
+    #[must_use]
+    pub fn into_server(self) -> raft_server::RaftServer<Self> {
+        raft_server::RaftServer::new(self)
+            .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+    }
+
+    fn check_target(&self, request: &Request<RaftPayload>) -> Result<(), Status> {
+        let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
+        match target.and_then(|target| target.parse::<NodeId>().ok()) {
+            Some(target) if target == self.node_id => Ok(()),
+            Some(target) => Err(Status::failed_precondition(format!(
+                "this is node {}, not node {target}: the peer list names the wrong address",
+                self.node_id
+            ))),
+            None => Err(Status::invalid_argument("raft request without a target node id")),
+        }
+    }
+}
+
+fn reply<T: Serialize, E: std::fmt::Display>(
+    result: Result<T, E>,
+) -> Result<Response<RaftPayload>, Status> {
+    Ok(Response::new(match result {
+        Ok(value) => RaftPayload { data: encode(&value), error: String::new() },
+        Err(error) => RaftPayload { data: Vec::new(), error: error.to_string() },
+    }))
+}
+
+#[tonic::async_trait]
+impl raft_server::Raft for RaftService {
+    async fn append_entries(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        self.check_target(&request)?;
+        let rpc: AppendEntriesRequest<TypeConfig> =
+            decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        reply(self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.check_target(&request)?;
+        let rpc: VoteRequest<TypeConfig> =
+            decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        reply(self.raft.vote(rpc).await)
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        self.check_target(&request)?;
+        let rpc: VoteRequest<TypeConfig> =
+            decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        reply(self.raft.pre_vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        self.check_target(&request)?;
+        let (vote, snapshot) =
+            decode_snapshot(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        reply(self.raft.install_full_snapshot(vote, snapshot).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_messages_round_trip_and_refuse_truncation() {
+        let vote = Vote::default();
+        let meta = SnapshotMeta::default();
+        let bytes = encode_snapshot(&vote, &meta, b"state");
+        let (decoded_vote, snapshot) = decode_snapshot(&bytes).unwrap();
+        assert_eq!(decoded_vote, vote);
+        assert_eq!(snapshot.snapshot, b"state");
+        assert!(decode_snapshot(&bytes[..10]).is_err());
+        assert!(decode_snapshot(&[]).is_err());
+    }
+}

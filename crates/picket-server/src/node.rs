@@ -1,0 +1,662 @@
+//! One Picket node: the operations the APIs offer, on top of Raft and the applied state.
+//!
+//! Writes become log entries stamped with the leader's clock and applied by every node. Reads
+//! are linearizable: the leader confirms its leadership with a quorum (`ReadIndex`) and waits
+//! until its state has applied everything committed before it answers. Keepalives do not become
+//! log entries: the leader remembers them and folds them into the next tick (see
+//! [`crate::driver`]).
+
+use crate::error::ServiceError;
+use crate::hub::{Batch, Hub, WaitOutcome};
+use crate::log_store::WriterStats;
+use crate::raft_types::{NodeId, Raft, Reply};
+use crate::state_machine::{Applied, StateStore};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
+use openraft::{BasicNode, ReadPolicy, ServerState};
+use picket_core::{
+    CancelCause, CheckOutcome, Command, CommandError, Event, Input, LockInfo, Response, Sequencer,
+    SessionId, SessionInfo, Wait,
+};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+
+/// Most keepalives the leader holds before it writes a tick early.
+pub const RENEWAL_FLUSH_THRESHOLD: usize = 50_000;
+/// Most items a watch stream buffers for a slow reader before it is cut off.
+pub const WATCH_STREAM_BUFFER: usize = 1_024;
+
+/// A monotonic clock in milliseconds since the node started. Only the leader's readings enter
+/// the log, and a new leader starts its readings with a `Refresh`.
+#[derive(Debug)]
+pub struct Clock {
+    origin: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self { origin: tokio::time::Instant::now() }
+    }
+
+    /// Milliseconds since the node started.
+    #[must_use]
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A lock grant as the APIs return it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The lock.
+    pub name: String,
+    /// Its token.
+    pub token: u64,
+    /// True when the session already held the lock.
+    pub already_held: bool,
+}
+
+impl Grant {
+    /// The grant's sequencer string.
+    #[must_use]
+    pub fn sequencer(&self) -> String {
+        Sequencer::new(self.name.clone(), self.token).to_string()
+    }
+}
+
+/// What a watch follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchTarget {
+    /// One lock.
+    Lock(String),
+    /// Every lock whose name starts with this.
+    Prefix(String),
+    /// Everything that happens to one session.
+    Session(SessionId),
+}
+
+impl WatchTarget {
+    fn matches(&self, event: &Event) -> bool {
+        match self {
+            Self::Lock(name) => event.lock_name() == Some(name.as_str()),
+            Self::Prefix(prefix) => {
+                event.lock_name().is_some_and(|name| name.starts_with(prefix.as_str()))
+            }
+            Self::Session(session) => event.session() == *session,
+        }
+    }
+}
+
+/// An item of a watch stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchItem {
+    /// Something happened, at `revision`.
+    Event {
+        /// The revision of the command that caused it.
+        revision: u64,
+        /// What happened.
+        event: Event,
+    },
+    /// The state jumped (a snapshot was installed): re-read what you watch.
+    Resync {
+        /// The revision of the new state.
+        revision: u64,
+    },
+}
+
+/// Membership and leadership as one node sees them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterView {
+    /// (id, address, voter) of every member.
+    pub members: Vec<(NodeId, String, bool)>,
+    /// The leader, if known.
+    pub leader_id: Option<NodeId>,
+    /// The leader's address, if known.
+    pub leader_addr: Option<String>,
+    /// This node.
+    pub node_id: NodeId,
+    /// This node's role: leader, follower, candidate, learner or shutdown.
+    pub role: &'static str,
+    /// The lock state's revision on this node.
+    pub applied_revision: u64,
+    /// The last log index applied on this node.
+    pub applied_log_index: u64,
+}
+
+/// One running node. Shared by the API front ends and the leader's background duties.
+#[derive(Debug)]
+pub struct Node {
+    id: NodeId,
+    raft: Raft,
+    store: StateStore,
+    clock: Clock,
+    renewals: Mutex<BTreeSet<SessionId>>,
+    renewals_waiting: Notify,
+    log_stats: Arc<WriterStats>,
+}
+
+fn not_leader(forward: &ForwardToLeader<crate::raft_types::TypeConfig>) -> ServiceError {
+    ServiceError::NotLeader {
+        leader_id: forward.leader_id,
+        leader_addr: forward.leader_node.as_ref().map(|node| node.addr.clone()),
+    }
+}
+
+impl Node {
+    pub(crate) fn new(
+        id: NodeId,
+        raft: Raft,
+        store: StateStore,
+        log_stats: Arc<WriterStats>,
+    ) -> Self {
+        Self {
+            id,
+            raft,
+            store,
+            clock: Clock::new(),
+            renewals: Mutex::new(BTreeSet::new()),
+            renewals_waiting: Notify::new(),
+            log_stats,
+        }
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The Raft handle.
+    #[must_use]
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The node's clock.
+    #[must_use]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Where applied events go.
+    #[must_use]
+    pub fn hub(&self) -> &Arc<Hub> {
+        self.store.hub()
+    }
+
+    /// Group-commit counters of the log writer.
+    #[must_use]
+    pub fn log_stats(&self) -> &Arc<WriterStats> {
+        &self.log_stats
+    }
+
+    /// Reads the applied state of this node, without any consistency check.
+    pub fn read_local<T>(&self, read: impl FnOnce(&Applied) -> T) -> T {
+        read(&self.store.read())
+    }
+
+    /// Proposes a command stamped with this node's clock and returns what applying it did.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotLeader`] on a follower, and the other cluster-level failures; a command
+    /// the state machine refused is *not* an error here (see [`Node::command`]).
+    pub async fn propose(&self, command: Command) -> Result<picket_core::Applied, ServiceError> {
+        let input = Input { now_ms: self.clock.now_ms(), command };
+        match self.raft.client_write(input).await {
+            Ok(response) => match response.data {
+                Reply::Applied(applied) => Ok(applied),
+                Reply::None => {
+                    Err(ServiceError::Stopped("a command was applied as a blank entry".into()))
+                }
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Err(not_leader(&forward))
+            }
+            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward))) => {
+                Err(ServiceError::OutcomeUnknown(format!(
+                    "leadership moved to {:?}",
+                    forward.leader_id
+                )))
+            }
+            Err(RaftError::APIError(other)) => Err(ServiceError::Unavailable(other.to_string())),
+            Err(RaftError::Fatal(fatal)) => Err(ServiceError::Stopped(fatal.to_string())),
+        }
+    }
+
+    /// Proposes a command and returns the state machine's response, or its refusal as an error.
+    ///
+    /// # Errors
+    /// [`ServiceError::Command`] when refused, and everything [`Node::propose`] returns.
+    pub async fn command(&self, command: Command) -> Result<Response, ServiceError> {
+        Ok(self.propose(command).await?.result?)
+    }
+
+    /// Confirms leadership with a quorum and waits until the local state has applied everything
+    /// committed before this call, then reads it. The read is linearizable.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotLeader`] on a follower, [`ServiceError::Unavailable`] without quorum.
+    pub async fn read_linearizable<T>(
+        &self,
+        read: impl FnOnce(&Applied) -> T,
+    ) -> Result<T, ServiceError> {
+        self.ensure_leader(ReadPolicy::ReadIndex).await?;
+        Ok(self.read_local(read))
+    }
+
+    async fn ensure_leader(&self, policy: ReadPolicy) -> Result<(), ServiceError> {
+        match self.raft.ensure_linearizable(policy).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                Err(not_leader(&forward))
+            }
+            Err(RaftError::APIError(other)) => Err(ServiceError::Unavailable(other.to_string())),
+            Err(RaftError::Fatal(fatal)) => Err(ServiceError::Stopped(fatal.to_string())),
+        }
+    }
+
+    /// Opens a session; returns its id and TTL.
+    ///
+    /// # Errors
+    /// A refusal (TTL out of range, too many sessions) or a cluster failure.
+    pub async fn open_session(
+        &self,
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+    ) -> Result<(SessionId, u64), ServiceError> {
+        match self.command(Command::OpenSession { ttl_ms, lock_delay_ms }).await? {
+            Response::SessionOpened { session, ttl_ms, .. } => Ok((session, ttl_ms)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Keeps a session alive: it gets a full TTL from the next tick. No log entry is written
+    /// for it; the leader batches keepalives into the tick that would otherwise expire them.
+    ///
+    /// The leader first confirms it still holds its leader lease, so a deposed leader never
+    /// confirms a keepalive the new leader will not honour.
+    ///
+    /// # Errors
+    /// [`CommandError::UnknownSession`] when the session is gone; cluster failures.
+    pub async fn keep_alive(&self, session: SessionId) -> Result<u64, ServiceError> {
+        self.ensure_leader(ReadPolicy::LeaseRead).await?;
+        let ttl_ms = self
+            .read_local(|state| state.machine.session(session).map(|info| info.ttl_ms))
+            .ok_or(CommandError::UnknownSession { session })?;
+        let pending = {
+            let mut renewals =
+                self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            renewals.insert(session);
+            renewals.len()
+        };
+        if pending >= RENEWAL_FLUSH_THRESHOLD {
+            self.renewals_waiting.notify_one();
+        }
+        Ok(ttl_ms)
+    }
+
+    /// Takes every keepalive received since the last tick.
+    pub(crate) fn take_renewals(&self) -> Vec<SessionId> {
+        let mut renewals = self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::take(&mut *renewals).into_iter().collect()
+    }
+
+    pub(crate) fn pending_renewals(&self) -> usize {
+        self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    pub(crate) fn renewals_waiting(&self) -> &Notify {
+        &self.renewals_waiting
+    }
+
+    /// Closes a session at its client's request.
+    ///
+    /// # Errors
+    /// [`CommandError::UnknownSession`]; cluster failures.
+    pub async fn close_session(&self, session: SessionId) -> Result<(), ServiceError> {
+        self.command(Command::CloseSession { session }).await.map(|_| ())
+    }
+
+    /// Ends a session as an expiry would, at an operator's request.
+    ///
+    /// # Errors
+    /// [`CommandError::UnknownSession`]; cluster failures.
+    pub async fn revoke_session(&self, session: SessionId) -> Result<(), ServiceError> {
+        self.command(Command::RevokeSession { session }).await.map(|_| ())
+    }
+
+    /// Acquires a lock, waiting as `wait` says. If the caller goes away while waiting (the
+    /// returned future is dropped), the wait is cancelled, and a grant that raced the
+    /// cancellation is released, so no ghost holder is left behind.
+    ///
+    /// # Errors
+    /// [`CommandError::LockBusy`] for a try on a taken lock, [`ServiceError::WaitTimedOut`],
+    /// [`ServiceError::WaitEnded`], refusals and cluster failures.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        session: SessionId,
+        name: &str,
+        wait: Wait,
+    ) -> Result<Grant, ServiceError> {
+        let waits = !matches!(wait, Wait::Try | Wait::For { wait_ms: 0 });
+        if !waits {
+            return self.acquire_once(session, name, wait).await;
+        }
+        let outcome = self.hub().register_waiter(session, name);
+        let mut guard = WaitGuard {
+            node: self.clone(),
+            session,
+            name: name.to_owned(),
+            started_revision: self.read_local(|state| state.machine.revision()),
+            done: false,
+        };
+        let result = self.acquire_waiting(session, name, wait, outcome).await;
+        guard.done = !matches!(
+            result,
+            Err(ServiceError::NotLeader { .. }
+                | ServiceError::Unavailable(_)
+                | ServiceError::OutcomeUnknown(_)
+                | ServiceError::Stopped(_))
+        );
+        if guard.done {
+            self.hub().forget_waiter(session, name);
+        }
+        result
+    }
+
+    async fn acquire_once(
+        &self,
+        session: SessionId,
+        name: &str,
+        wait: Wait,
+    ) -> Result<Grant, ServiceError> {
+        match self.command(Command::Acquire { session, name: name.to_owned(), wait }).await? {
+            Response::Granted { name, token, already_held } => {
+                Ok(Grant { name, token, already_held })
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn acquire_waiting(
+        &self,
+        session: SessionId,
+        name: &str,
+        wait: Wait,
+        outcome: oneshot::Receiver<WaitOutcome>,
+    ) -> Result<Grant, ServiceError> {
+        match self.command(Command::Acquire { session, name: name.to_owned(), wait }).await? {
+            Response::Granted { name, token, already_held } => {
+                return Ok(Grant { name, token, already_held });
+            }
+            Response::Queued { .. } => {}
+            other => return Err(unexpected(&other)),
+        }
+        match outcome.await {
+            Ok(WaitOutcome::Granted { token }) => {
+                Ok(Grant { name: name.to_owned(), token, already_held: false })
+            }
+            Ok(WaitOutcome::Cancelled { cause: CancelCause::TimedOut }) => {
+                Err(ServiceError::WaitTimedOut {
+                    name: name.to_owned(),
+                    holder_token: self.read_local(|state| {
+                        state
+                            .machine
+                            .lock(name)
+                            .and_then(|lock| lock.holder)
+                            .map(|holder| holder.token)
+                    }),
+                })
+            }
+            Ok(WaitOutcome::Cancelled { cause }) => {
+                Err(ServiceError::WaitEnded { name: name.to_owned(), cause })
+            }
+            Err(_) => Err(ServiceError::WaitReplaced { name: name.to_owned() }),
+        }
+    }
+
+    /// Releases a grant.
+    ///
+    /// # Errors
+    /// [`CommandError::NotHeld`] or [`CommandError::TokenMismatch`]; cluster failures.
+    pub async fn release(
+        &self,
+        session: SessionId,
+        name: &str,
+        token: u64,
+    ) -> Result<(), ServiceError> {
+        self.command(Command::Release { session, name: name.to_owned(), token }).await.map(|_| ())
+    }
+
+    /// Leaves a lock's queue.
+    ///
+    /// # Errors
+    /// [`CommandError::NotWaiting`]; cluster failures.
+    pub async fn cancel(&self, session: SessionId, name: &str) -> Result<(), ServiceError> {
+        self.command(Command::Cancel { session, name: name.to_owned() }).await.map(|_| ())
+    }
+
+    /// The state of one lock (linearizable). A lock nobody holds or waits for is reported free.
+    ///
+    /// # Errors
+    /// An invalid name; cluster failures.
+    pub async fn lock(&self, name: &str) -> Result<LockInfo, ServiceError> {
+        let limits = self.read_local(|state| state.machine.limits().clone());
+        picket_core::validate_name(name, &limits).map_err(CommandError::InvalidName)?;
+        self.read_linearizable(|state| state.machine.lock(name)).await.map(|info| {
+            info.unwrap_or(LockInfo {
+                name: name.to_owned(),
+                holder: None,
+                waiters: Vec::new(),
+                delayed_until_ms: None,
+            })
+        })
+    }
+
+    /// Locks by prefix (linearizable).
+    ///
+    /// # Errors
+    /// Cluster failures.
+    pub async fn locks(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<LockInfo>, ServiceError> {
+        self.read_linearizable(|state| state.machine.locks(prefix, after, limit)).await
+    }
+
+    /// Sessions (linearizable).
+    ///
+    /// # Errors
+    /// Cluster failures.
+    pub async fn sessions(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionInfo>, ServiceError> {
+        self.read_linearizable(|state| state.machine.sessions(after, limit)).await
+    }
+
+    /// Whether a sequencer names its lock's current grant (linearizable), and the sequencer's
+    /// token.
+    ///
+    /// # Errors
+    /// A malformed sequencer; cluster failures.
+    pub async fn check(&self, sequencer: &str) -> Result<(CheckOutcome, u64), ServiceError> {
+        let sequencer = Sequencer::parse(sequencer)
+            .map_err(|error| ServiceError::BadRequest(error.to_string()))?;
+        let outcome = self.read_linearizable(|state| state.machine.check(&sequencer)).await?;
+        Ok((outcome, sequencer.token))
+    }
+
+    /// Streams events for `target` from now on. The stream ends with an error if the reader falls
+    /// too far behind; it then has to re-read the state and watch again.
+    #[must_use]
+    pub fn watch(&self, target: WatchTarget) -> mpsc::Receiver<Result<WatchItem, ServiceError>> {
+        let (sender, receiver) = mpsc::channel(WATCH_STREAM_BUFFER);
+        let batches = self.hub().subscribe();
+        tokio::spawn(forward_watch(target, batches, sender));
+        receiver
+    }
+
+    /// Membership and leadership as this node sees them.
+    #[must_use]
+    pub fn cluster(&self) -> ClusterView {
+        let metrics = self.raft.server_metrics().borrow_watched().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members: Vec<(NodeId, String, bool)> = membership
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+            .collect();
+        let leader_addr = metrics
+            .current_leader
+            .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
+        let role = match metrics.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let (applied_revision, applied_log_index) = self.read_local(|state| {
+            (state.machine.revision(), state.last_applied.map_or(0, |log_id| log_id.index()))
+        });
+        ClusterView {
+            members,
+            leader_id: metrics.current_leader,
+            leader_addr,
+            node_id: self.id,
+            role,
+            applied_revision,
+            applied_log_index,
+        }
+    }
+
+    /// Adds a node as a voter: first as a learner until it has caught up, then as a voter.
+    ///
+    /// # Errors
+    /// On a follower, or when the membership change fails.
+    pub async fn add_member(
+        &self,
+        node_id: NodeId,
+        addr: String,
+    ) -> Result<ClusterView, ServiceError> {
+        self.raft.add_learner(node_id, BasicNode { addr }, true).await.map_err(membership_error)?;
+        let voters: BTreeSet<NodeId> = [node_id].into();
+        self.raft
+            .change_membership(openraft::ChangeMembers::AddVoterIds(voters), false)
+            .await
+            .map_err(membership_error)?;
+        Ok(self.cluster())
+    }
+
+    /// Removes a node from the cluster.
+    ///
+    /// # Errors
+    /// On a follower, or when the membership change fails.
+    pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
+        let voters: BTreeSet<NodeId> = [node_id].into();
+        self.raft
+            .change_membership(openraft::ChangeMembers::RemoveVoters(voters), false)
+            .await
+            .map_err(membership_error)?;
+        Ok(self.cluster())
+    }
+}
+
+fn membership_error(
+    error: RaftError<
+        crate::raft_types::TypeConfig,
+        ClientWriteError<crate::raft_types::TypeConfig>,
+    >,
+) -> ServiceError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
+            ServiceError::BadRequest(change.to_string())
+        }
+        RaftError::APIError(other) => ServiceError::Unavailable(other.to_string()),
+        RaftError::Fatal(fatal) => ServiceError::Stopped(fatal.to_string()),
+    }
+}
+
+fn unexpected(response: &Response) -> ServiceError {
+    ServiceError::Stopped(format!("unexpected response from the state machine: {response:?}"))
+}
+
+/// Cleans up after an acquire whose caller went away while it was queued or being proposed.
+struct WaitGuard {
+    node: Arc<Node>,
+    session: SessionId,
+    name: String,
+    /// The revision before the acquire was proposed: a grant to this session above it came from
+    /// this acquire.
+    started_revision: u64,
+    done: bool,
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let (node, session, name, started_revision) = (
+            self.node.clone(),
+            self.session,
+            std::mem::take(&mut self.name),
+            self.started_revision,
+        );
+        node.hub().forget_waiter(session, &name);
+        // Drop cannot wait; the cleanup runs on its own. It is bounded: at most two proposals.
+        tokio::spawn(async move {
+            match node.cancel(session, &name).await {
+                Err(ServiceError::Command(CommandError::NotWaiting { .. })) => {}
+                _ => return,
+            }
+            let holder =
+                node.read_local(|state| state.machine.lock(&name).and_then(|lock| lock.holder));
+            if let Some(holder) =
+                holder.filter(|holder| holder.session == session && holder.token > started_revision)
+            {
+                tracing::info!(%session, name, token = holder.token, "releasing a grant whose waiting caller went away");
+                let _ = node.release(session, &name, holder.token).await;
+            }
+        });
+    }
+}
+
+async fn forward_watch(
+    target: WatchTarget,
+    mut batches: broadcast::Receiver<Arc<Batch>>,
+    sender: mpsc::Sender<Result<WatchItem, ServiceError>>,
+) {
+    loop {
+        let batch = match batches.recv().await {
+            Ok(batch) => batch,
+            Err(broadcast::error::RecvError::Closed) => return,
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                let error = ServiceError::Unavailable(format!(
+                    "the watch fell {missed} batches behind and was stopped; re-read the state and watch again"
+                ));
+                let _ = sender.send(Err(error)).await;
+                return;
+            }
+        };
+        let items: Vec<WatchItem> = match &*batch {
+            Batch::Events { revision, events } => events
+                .iter()
+                .filter(|event| target.matches(event))
+                .map(|event| WatchItem::Event { revision: *revision, event: event.clone() })
+                .collect(),
+            Batch::Resync { revision } => vec![WatchItem::Resync { revision: *revision }],
+        };
+        for item in items {
+            if sender.send(Ok(item)).await.is_err() {
+                return;
+            }
+        }
+    }
+}

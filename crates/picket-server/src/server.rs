@@ -1,0 +1,293 @@
+//! Starting and stopping a node: storage, Raft, the leader's duties, and one port that serves
+//! gRPC (clients and peers) and HTTP/JSON.
+
+use crate::driver;
+use crate::grpc::ClientService;
+use crate::http;
+use crate::hub::Hub;
+use crate::log_store::LogStore;
+use crate::network::{Network, RaftService};
+use crate::node::Node;
+use crate::raft_types::{NodeId, Raft};
+use crate::state_machine::StateStore;
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use picket_core::Limits;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The default client and peer port.
+pub const DEFAULT_PORT: u16 = 7687;
+
+/// Raft timing and log compaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaftTuning {
+    /// Leader heartbeat period.
+    pub heartbeat_ms: u64,
+    /// Shortest election timeout.
+    pub election_timeout_min_ms: u64,
+    /// Longest election timeout.
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many log entries since the last one.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot, for followers that are only a little behind.
+    pub keep_entries_after_snapshot: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1_000,
+            snapshot_every_entries: 20_000,
+            keep_entries_after_snapshot: 1_000,
+        }
+    }
+}
+
+/// How to run one node.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// This node's id. Never reuse the id of a removed node.
+    pub node_id: NodeId,
+    /// Where to listen for clients and peers.
+    pub listen: SocketAddr,
+    /// The address peers and clients use to reach this node; defaults to the bound address.
+    pub advertise: Option<String>,
+    /// Where the log, the vote and snapshots live.
+    pub data_dir: PathBuf,
+    /// The initial voters, id to address, this node included. Empty: a one-node cluster.
+    pub peers: BTreeMap<NodeId, String>,
+    /// Start without forming a cluster, waiting to be added as a member by the leader.
+    pub join: bool,
+    /// Raft timing and compaction.
+    pub tuning: RaftTuning,
+}
+
+impl ServerConfig {
+    /// A one-node configuration with data in `data_dir`, listening on `listen`.
+    #[must_use]
+    pub fn single(data_dir: impl Into<PathBuf>, listen: SocketAddr) -> Self {
+        Self {
+            node_id: 1,
+            listen,
+            advertise: None,
+            data_dir: data_dir.into(),
+            peers: BTreeMap::new(),
+            join: false,
+            tuning: RaftTuning::default(),
+        }
+    }
+}
+
+/// Why a node could not start.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The data directory is unusable.
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The data directory belongs to another node.
+    #[error(
+        "data directory {path} belongs to node {found}, not node {configured}: point --data-dir at this node's own directory"
+    )]
+    WrongNode {
+        /// The directory.
+        path: PathBuf,
+        /// The node id stored there.
+        found: NodeId,
+        /// The node id configured.
+        configured: NodeId,
+    },
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The listen address cannot be bound.
+    #[error(
+        "cannot listen on {addr}: {source}; is another server using the port? Choose another with --listen"
+    )]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// Raft could not start.
+    #[error("the consensus engine could not start: {0}")]
+    Raft(String),
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    node: Arc<Node>,
+    shutdown: watch::Sender<bool>,
+    serving: JoinHandle<()>,
+    duties: JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// The address the node is listening on.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The node.
+    #[must_use]
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Stops serving, stops Raft and waits until both have stopped.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.serving.await;
+        let _ = self.duties.await;
+        if let Err(error) = self.node.raft().shutdown().await {
+            tracing::warn!(%error, "raft did not shut down cleanly");
+        }
+    }
+
+    /// Runs until the server stops by itself (it does not, unless it fails).
+    pub async fn wait(self) {
+        let _ = self.serving.await;
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct NodeFile {
+    node_id: NodeId,
+}
+
+fn check_data_dir(config: &ServerConfig) -> Result<(), StartError> {
+    let path = &config.data_dir;
+    let io = |source| StartError::DataDir { path: path.clone(), source };
+    std::fs::create_dir_all(path).map_err(io)?;
+    let node_file = path.join("node.json");
+    match std::fs::read(&node_file) {
+        Ok(bytes) => {
+            let stored: NodeFile = serde_json::from_slice(&bytes)
+                .map_err(|error| io(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))?;
+            if stored.node_id != config.node_id {
+                return Err(StartError::WrongNode {
+                    path: path.clone(),
+                    found: stored.node_id,
+                    configured: config.node_id,
+                });
+            }
+            Ok(())
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let bytes =
+                serde_json::to_vec(&NodeFile { node_id: config.node_id }).expect("serializes");
+            std::fs::write(&node_file, bytes).map_err(io)
+        }
+        Err(error) => Err(io(error)),
+    }
+}
+
+fn raft_config(tuning: &RaftTuning) -> Result<Arc<Config>, StartError> {
+    let config = Config {
+        cluster_name: "picket".to_owned(),
+        heartbeat_interval: tuning.heartbeat_ms,
+        election_timeout_min: tuning.election_timeout_min_ms,
+        election_timeout_max: tuning.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: tuning.keep_entries_after_snapshot,
+        ..Config::default()
+    };
+    config.validate().map(Arc::new).map_err(|error| StartError::Config(error.to_string()))
+}
+
+/// Starts a node and returns once it is serving. A fresh one-node cluster elects itself within
+/// an election timeout; use the cluster endpoint or [`Node::cluster`] to wait for a leader.
+///
+/// # Errors
+/// [`StartError`] when the data directory, the configuration or the port is unusable.
+pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
+    check_data_dir(&config)?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Listen { addr: config.listen, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr: config.listen, source })?;
+    let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let mut peers = config.peers.clone();
+    if peers.is_empty() {
+        peers.insert(config.node_id, advertise.clone());
+    }
+    if !peers.contains_key(&config.node_id) && !config.join {
+        return Err(StartError::Config(format!(
+            "--peers does not list this node ({}); list every initial voter including this one, or start with --join",
+            config.node_id
+        )));
+    }
+
+    let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
+    let hub = Arc::new(Hub::default());
+    let log = LogStore::open(&config.data_dir.join("raft.redb")).map_err(data_error)?;
+    let log_stats = log.stats();
+    let store = StateStore::open(&config.data_dir, Limits::default(), hub).map_err(data_error)?;
+    let raft = Raft::new(config.node_id, raft_config(&config.tuning)?, Network, log, store.clone())
+        .await
+        .map_err(|error| StartError::Raft(error.to_string()))?;
+    if !config.join {
+        bootstrap(&raft, &peers).await?;
+    }
+
+    let node = Arc::new(Node::new(config.node_id, raft.clone(), store, log_stats));
+    let (shutdown, shutdown_signal) = watch::channel(false);
+    let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
+    let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
+        .add_service(RaftService::new(raft, config.node_id).into_server())
+        .into_axum_router();
+    // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
+    // the HTTP API's JSON error format instead.
+    let app = grpc.merge(http::router(node.clone())).fallback(http::not_found);
+    let mut stop = shutdown_signal;
+    let serving = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+            tracing::error!(%error, "the server stopped");
+        }
+    });
+    tracing::info!(node = config.node_id, %addr, "serving");
+    Ok(ServerHandle { addr, node, shutdown, serving, duties })
+}
+
+/// Forms the cluster from the static peer list. Every initial voter does this with the same
+/// list, which openraft allows; a node that already has a log refuses, which is expected on
+/// every restart.
+async fn bootstrap(raft: &Raft, peers: &BTreeMap<NodeId, String>) -> Result<(), StartError> {
+    let initialized =
+        raft.is_initialized().await.map_err(|error| StartError::Raft(error.to_string()))?;
+    if initialized {
+        return Ok(());
+    }
+    let members: BTreeMap<NodeId, BasicNode> =
+        peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+    match raft.initialize(members).await {
+        Ok(()) => Ok(()),
+        Err(openraft::error::RaftError::APIError(
+            openraft::error::InitializeError::NotAllowed(_),
+        )) => Ok(()),
+        Err(error) => Err(StartError::Raft(error.to_string())),
+    }
+}

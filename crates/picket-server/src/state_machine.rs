@@ -1,0 +1,241 @@
+//! The replicated lock state: picket-core's state machine behind openraft's storage trait, with
+//! snapshots on disk.
+//!
+//! The state machine lives in memory. It is durable through the log plus the last snapshot: on
+//! start it is restored from the snapshot file and reports the snapshot's last log id as
+//! applied, so openraft re-applies every entry after it from the log. A snapshot is written to a
+//! temporary file, synced, and renamed over the old one, so a crash leaves either the old
+//! snapshot or the new one, never half of one.
+
+use crate::hub::Hub;
+use crate::raft_types::{
+    Entry, LogId, Reply, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
+};
+use futures_util::{Stream, StreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
+use picket_core::{Limits, StateMachine};
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+const SNAPSHOT_FILE: &str = "snapshot.bin";
+const SNAPSHOT_TMP: &str = "snapshot.tmp";
+
+/// The applied state of this node.
+#[derive(Debug)]
+pub struct Applied {
+    /// The lock state.
+    pub machine: StateMachine,
+    /// The last log entry applied.
+    pub last_applied: Option<LogId>,
+    /// The last membership applied.
+    pub membership: StoredMembership,
+}
+
+/// A snapshot: its metadata and the encoded state machine.
+#[derive(Clone, Debug)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+/// openraft's handle to the state machine. Cloning gives another handle to the same state.
+#[derive(Clone, Debug)]
+pub struct StateStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: RwLock<Applied>,
+    dir: PathBuf,
+    current: Mutex<Option<StoredSnapshot>>,
+    hub: Arc<Hub>,
+}
+
+impl StateStore {
+    /// Restores the state from the snapshot in `dir`, or starts empty with `limits`.
+    ///
+    /// # Errors
+    /// When the snapshot file exists but cannot be read or is damaged.
+    pub fn open(dir: &Path, limits: Limits, hub: Arc<Hub>) -> io::Result<Self> {
+        let stored = read_snapshot_file(&dir.join(SNAPSHOT_FILE))?;
+        let state = match &stored {
+            Some(snapshot) => Applied {
+                machine: restore_machine(&snapshot.data)?,
+                last_applied: snapshot.meta.last_log_id,
+                membership: snapshot.meta.last_membership.clone(),
+            },
+            None => Applied {
+                machine: StateMachine::new(limits),
+                last_applied: None,
+                membership: StoredMembership::default(),
+            },
+        };
+        hub.resync(&state.machine);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                state: RwLock::new(state),
+                dir: dir.to_owned(),
+                current: Mutex::new(stored),
+                hub,
+            }),
+        })
+    }
+
+    /// Reads the applied state. Hold the guard briefly: applying waits for it.
+    pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
+        self.inner.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Where applied events go.
+    #[must_use]
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.inner.hub
+    }
+
+    fn apply_entry(&self, entry: Entry) -> Reply {
+        let log_id = entry.log_id;
+        let mut state = self.inner.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert!(state.last_applied < Some(log_id), "entries are applied once, in log order");
+        state.last_applied = Some(log_id);
+        match entry.payload {
+            EntryPayload::Blank => Reply::None,
+            EntryPayload::Membership(membership) => {
+                state.membership = StoredMembership::new(Some(log_id), membership);
+                Reply::None
+            }
+            EntryPayload::Normal(input) => {
+                let mut applied = state.machine.apply(&input);
+                drop(state);
+                // Waiters and watchers get the events through the hub; the proposer needs only the
+                // response, so the events are not copied into the reply.
+                let events = std::mem::take(&mut applied.events);
+                self.inner.hub.publish(applied.revision, events);
+                Reply::Applied(applied)
+            }
+        }
+    }
+
+    fn build(&self) -> StoredSnapshot {
+        let state = self.read();
+        StoredSnapshot {
+            meta: SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.membership.clone(),
+            },
+            data: state.machine.snapshot(),
+        }
+    }
+
+    async fn persist(&self, snapshot: StoredSnapshot) -> io::Result<()> {
+        let dir = self.inner.dir.clone();
+        let to_write = snapshot.clone();
+        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &to_write))
+            .await
+            .map_err(io::Error::other)??;
+        *self.inner.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(snapshot);
+        Ok(())
+    }
+}
+
+fn restore_machine(data: &[u8]) -> io::Result<StateMachine> {
+    StateMachine::restore(data)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))
+}
+
+/// File layout: the metadata's JSON length as 8 bytes little-endian, the metadata JSON, then
+/// the state machine's snapshot bytes.
+fn write_snapshot_file(dir: &Path, snapshot: &StoredSnapshot) -> io::Result<()> {
+    let meta = serde_json::to_vec(&snapshot.meta).map_err(io::Error::other)?;
+    let tmp = dir.join(SNAPSHOT_TMP);
+    {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(&(meta.len() as u64).to_le_bytes())?;
+        file.write_all(&meta)?;
+        file.write_all(&snapshot.data)?;
+        file.sync_all()?;
+    }
+    fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
+    // The rename is durable only once the directory is synced.
+    fs::File::open(dir)?.sync_all()
+}
+
+fn read_snapshot_file(path: &Path) -> io::Result<Option<StoredSnapshot>> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let damaged = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the snapshot file {} is damaged: {what}", path.display()),
+        )
+    };
+    let (length, rest) = bytes.split_at_checked(8).ok_or_else(|| damaged("too short"))?;
+    let length = usize::try_from(u64::from_le_bytes(length.try_into().expect("8 bytes")))
+        .map_err(|_| damaged("bad length"))?;
+    let (meta, data) = rest.split_at_checked(length).ok_or_else(|| damaged("truncated"))?;
+    let meta: SnapshotMeta =
+        serde_json::from_slice(meta).map_err(|error| damaged(&error.to_string()))?;
+    Ok(Some(StoredSnapshot { meta, data: data.to_vec() }))
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateStore {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
+        let snapshot = self.build();
+        self.persist(snapshot.clone()).await?;
+        Ok(Snapshot { meta: snapshot.meta, snapshot: snapshot.data })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateStore {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
+        let state = self.read();
+        Ok((state.last_applied, state.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
+    where
+        Strm: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
+    {
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let reply = self.apply_entry(entry);
+            if let Some(responder) = responder {
+                responder.send(reply);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> io::Result<()> {
+        let machine = restore_machine(&snapshot)?;
+        self.persist(StoredSnapshot { meta: meta.clone(), data: snapshot }).await?;
+        let mut state = self.inner.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.machine = machine;
+        state.last_applied = meta.last_log_id;
+        state.membership = meta.last_membership.clone();
+        self.inner.hub.resync(&state.machine);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
+        let current =
+            self.inner.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Ok(current.map(|stored| Snapshot { meta: stored.meta, snapshot: stored.data }))
+    }
+}

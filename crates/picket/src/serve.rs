@@ -1,0 +1,140 @@
+//! `picket serve`.
+
+use anyhow::{Context, bail};
+use clap::Args;
+use picket_server::{DEFAULT_PORT, NodeId, RaftTuning, ServerConfig};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Options of `picket serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Where this node keeps its log, vote and snapshots.
+    #[arg(long, env = "PICKET_DATA_DIR", default_value = "./picket-data")]
+    data_dir: PathBuf,
+    /// Address to listen on for clients and peers (gRPC and HTTP on one port). Port 0 picks a
+    /// free port; the chosen address is printed on standard output.
+    #[arg(long, env = "PICKET_LISTEN", default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
+    listen: SocketAddr,
+    /// Address peers and clients use to reach this node, if not the listen address.
+    #[arg(long, env = "PICKET_ADVERTISE")]
+    advertise: Option<String>,
+    /// This node's id, a positive number unique in the cluster and never reused.
+    #[arg(long, env = "PICKET_NODE_ID", default_value_t = 1)]
+    node_id: NodeId,
+    /// The initial voters, this node included, as ID=HOST:PORT pairs separated by commas, e.g.
+    /// 1=127.0.0.1:7687,2=127.0.0.1:7688,3=127.0.0.1:7689. Every initial voter gets the same
+    /// list. Omit for a one-node cluster.
+    #[arg(long, env = "PICKET_PEERS", value_parser = parse_peers)]
+    peers: Option<BTreeMap<NodeId, String>>,
+    /// Start without forming a cluster, to be added later with `AddMember` on the leader.
+    #[arg(long)]
+    join: bool,
+    /// Leader heartbeat period, in milliseconds.
+    #[arg(long, default_value_t = RaftTuning::default().heartbeat_ms)]
+    heartbeat_ms: u64,
+    /// Shortest election timeout, in milliseconds (the longest is twice this).
+    #[arg(long, default_value_t = RaftTuning::default().election_timeout_min_ms)]
+    election_timeout_ms: u64,
+    /// Build a snapshot and compact the log after this many entries.
+    #[arg(long, default_value_t = RaftTuning::default().snapshot_every_entries)]
+    snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot.
+    #[arg(long, default_value_t = RaftTuning::default().keep_entries_after_snapshot)]
+    keep_entries: u64,
+}
+
+fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
+    let mut peers = BTreeMap::new();
+    for pair in text.split(',').filter(|pair| !pair.trim().is_empty()) {
+        let (id, addr) =
+            pair.split_once('=').ok_or_else(|| format!("{pair:?} is not ID=HOST:PORT"))?;
+        let id: NodeId = id.trim().parse().map_err(|_| format!("{id:?} is not a node id"))?;
+        if id == 0 {
+            return Err("node ids start at 1".to_owned());
+        }
+        if peers.insert(id, addr.trim().to_owned()).is_some() {
+            return Err(format!("node {id} is listed twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("the peer list is empty".to_owned());
+    }
+    Ok(peers)
+}
+
+/// Runs the node until interrupted.
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if args.node_id == 0 {
+        bail!("--node-id must be a positive number");
+    }
+    let tuning = RaftTuning {
+        heartbeat_ms: args.heartbeat_ms,
+        election_timeout_min_ms: args.election_timeout_ms,
+        election_timeout_max_ms: args.election_timeout_ms * 2,
+        snapshot_every_entries: args.snapshot_every,
+        keep_entries_after_snapshot: args.keep_entries,
+    };
+    let config = ServerConfig {
+        node_id: args.node_id,
+        listen: args.listen,
+        advertise: args.advertise,
+        data_dir: args.data_dir,
+        peers: args.peers.unwrap_or_default(),
+        join: args.join,
+        tuning,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let data_dir = config.data_dir.clone();
+        let handle = picket_server::start(config).await?;
+        println!(
+            "picket: node {} listening on {} (data in {})",
+            handle.node().id(),
+            handle.addr(),
+            data_dir.display()
+        );
+        std::io::stdout().flush().ok();
+        tokio::select! {
+            () = wait_for_signal() => {
+                tracing::info!("stopping");
+                handle.shutdown().await;
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn wait_for_signal() {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler works");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_refuse_nonsense() {
+        let peers = parse_peers("1=127.0.0.1:1,2=127.0.0.1:2").unwrap();
+        assert_eq!(peers.len(), 2);
+        assert!(parse_peers("1=a,1=b").is_err());
+        assert!(parse_peers("x=a").is_err());
+        assert!(parse_peers("0=a").is_err());
+        assert!(parse_peers("1").is_err());
+    }
+}
