@@ -124,7 +124,10 @@ fn percent_decode(encoded: &str) -> Option<String> {
             let hex = std::str::from_utf8(hex).ok()?;
             decoded.push(u8::from_str_radix(hex, 16).ok()?);
             index += 3;
-        } else if is_unreserved(byte) {
+        } else if !byte.is_ascii_control() {
+            // Picket writes every other byte percent-encoded, but a sequencer that went through
+            // URL query decoding arrives with its escapes already decoded. Taking printable
+            // characters as they are keeps such a sequencer valid.
             decoded.push(byte);
             index += 1;
         } else {
@@ -157,7 +160,9 @@ mod tests {
         assert_eq!(Sequencer::parse("p1.012.x"), Err(SequencerError::BadToken));
         assert_eq!(Sequencer::parse("p1.99999999999999999999.x"), Err(SequencerError::BadToken));
         assert_eq!(Sequencer::parse("p1.5."), Err(SequencerError::BadName));
-        assert_eq!(Sequencer::parse("p1.5.a b"), Err(SequencerError::BadName));
+        assert_eq!(Sequencer::parse("p1.5.a\tb"), Err(SequencerError::BadName));
+        // Escapes already decoded (by a URL query parser) are accepted as they are.
+        assert_eq!(Sequencer::parse("p1.5.a b"), Ok(Sequencer::new("a b", 5)));
         assert_eq!(Sequencer::parse("p1.5.%ZZ"), Err(SequencerError::BadName));
         assert_eq!(Sequencer::parse("p1.5.%FF"), Err(SequencerError::BadName));
         assert_eq!(Sequencer::parse("p1.5.%4"), Err(SequencerError::BadName));

@@ -36,7 +36,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
         let term = loop {
             let (state, vote) = {
                 let current = metrics.borrow_and_update();
-                (current.state, current.vote.clone())
+                (current.state, current.vote)
             };
             if state == ServerState::Leader {
                 break vote;

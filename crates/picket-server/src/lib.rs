@@ -29,3 +29,40 @@ pub use log_store::WriterStats;
 pub use node::{ClusterView, Grant, Node, WatchItem, WatchTarget};
 pub use raft_types::NodeId;
 pub use server::{DEFAULT_PORT, RaftTuning, ServerConfig, ServerHandle, StartError, start};
+
+#[cfg(test)]
+mod storage_suite {
+    //! openraft's storage conformance suite, run against the redb log store and the state
+    //! machine store as deployed.
+
+    use crate::hub::Hub;
+    use crate::log_store::LogStore;
+    use crate::raft_types::TypeConfig;
+    use crate::state_machine::StateStore;
+    use openraft::StorageError;
+    use openraft::testing::log::{StoreBuilder, Suite};
+    use std::sync::Arc;
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateStore, tempfile::TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError<TypeConfig>> {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let log = LogStore::open(&dir.path().join("raft.redb")).expect("the log opens");
+            let store = StateStore::open(
+                dir.path(),
+                picket_core::Limits::default(),
+                Arc::new(Hub::default()),
+            )
+            .expect("the state opens");
+            Ok((dir, log, store))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn log_store_and_state_machine_pass_the_openraft_suite() {
+        Suite::test_all(Builder).await.expect("the storage suite passes");
+    }
+}

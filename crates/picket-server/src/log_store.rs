@@ -276,7 +276,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
-        Ok(self.view().vote.clone())
+        Ok(self.view().vote)
     }
 }
 
@@ -297,7 +297,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        self.view().vote = Some(vote.clone());
+        self.view().vote = Some(*vote);
         let bytes = encode(vote);
         self.send_and_wait(|done| WriteOp::Vote { bytes, done }).await
     }

@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn snapshot_messages_round_trip_and_refuse_truncation() {
-        let vote = Vote::default();
+        let vote = Vote::new(3, 1);
         let meta = SnapshotMeta::default();
         let bytes = encode_snapshot(&vote, &meta, b"state");
         let (decoded_vote, snapshot) = decode_snapshot(&bytes).unwrap();

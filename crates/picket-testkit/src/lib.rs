@@ -1,0 +1,326 @@
+//! Test support shared by Picket's integration tests.
+//!
+//! - [`http`]: a minimal blocking HTTP/1.1 JSON client, so tests exercise the API as `curl`
+//!   would, without pulling a full HTTP client into the build.
+//! - [`ServerProcess`]: a `picket serve` process on a free loopback port, with its own data
+//!   directory, that can be killed with SIGKILL and restarted on the same data.
+//! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Polls `condition` every 20 ms until it returns `Some`, or panics with `what` after
+/// `timeout`.
+///
+/// # Panics
+/// When the deadline passes.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut condition: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = condition() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A loopback port that was free a moment ago. Needed where an address must be known before
+/// the server starts (a cluster's peer list); single servers listen on port 0 instead.
+///
+/// # Panics
+/// When no port can be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("an address")
+        .port()
+}
+
+/// A minimal HTTP/1.1 client speaking JSON.
+pub mod http {
+    use super::{BufRead, BufReader, Read, TcpStream, Write};
+    use serde_json::Value;
+    use std::time::Duration;
+
+    /// A response: status code and body parsed as JSON (`Null` when empty or not JSON).
+    #[derive(Debug, Clone)]
+    pub struct Reply {
+        /// The status code.
+        pub status: u16,
+        /// The body, as JSON.
+        pub body: Value,
+        /// The body, as text.
+        pub text: String,
+    }
+
+    /// Sends one request and reads the whole response. `body` is sent as JSON when present.
+    ///
+    /// # Panics
+    /// When the connection fails or the response is not HTTP.
+    #[must_use]
+    pub fn request(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Reply {
+        let raw = body.map(Value::to_string);
+        request_raw(addr, method, path, raw.as_deref().map(str::as_bytes), "application/json")
+    }
+
+    /// Sends raw bytes as the body.
+    ///
+    /// # Panics
+    /// When the connection fails or the response is not HTTP.
+    #[must_use]
+    pub fn request_raw(
+        addr: &str,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        content_type: &str,
+    ) -> Reply {
+        let mut stream =
+            TcpStream::connect(addr).unwrap_or_else(|error| panic!("connect to {addr}: {error}"));
+        stream.set_read_timeout(Some(Duration::from_secs(60))).expect("set a timeout");
+        let body = body.unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).expect("send the head");
+        // The server may answer (e.g. 413) before reading the whole body and close; ignore
+        // write errors past the head.
+        let _ = stream.write_all(body);
+        read_reply(stream)
+    }
+
+    fn read_reply(stream: TcpStream) -> Reply {
+        let mut reader = BufReader::new(stream);
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line).expect("read the status line");
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP status line: {status_line:?}"));
+        let mut content_length = None;
+        let mut chunked = false;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("read a header");
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            let lower = line.to_ascii_lowercase();
+            if let Some(value) = lower.strip_prefix("content-length:") {
+                content_length = value.trim().parse::<usize>().ok();
+            }
+            if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+                chunked = true;
+            }
+        }
+        let mut bytes = Vec::new();
+        if chunked {
+            loop {
+                let mut size = String::new();
+                reader.read_line(&mut size).expect("read a chunk size");
+                let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+                if size == 0 {
+                    break;
+                }
+                let mut chunk = vec![0; size + 2];
+                reader.read_exact(&mut chunk).expect("read a chunk");
+                bytes.extend_from_slice(&chunk[..size]);
+            }
+        } else if let Some(length) = content_length {
+            bytes.resize(length, 0);
+            reader.read_exact(&mut bytes).expect("read the body");
+        } else {
+            reader.read_to_end(&mut bytes).expect("read the body");
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Reply { status, body, text }
+    }
+
+    /// `GET path`.
+    #[must_use]
+    pub fn get(addr: &str, path: &str) -> Reply {
+        request(addr, "GET", path, None)
+    }
+
+    /// `POST path` with a JSON body.
+    #[must_use]
+    pub fn post(addr: &str, path: &str, body: &Value) -> Reply {
+        request(addr, "POST", path, Some(body))
+    }
+
+    /// Opens a server-sent events stream and returns a reader of its `data:` lines.
+    ///
+    /// # Panics
+    /// When the connection fails or the server refuses the stream.
+    #[must_use]
+    pub fn events(addr: &str, path: &str) -> EventStream {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("set a timeout");
+        let head =
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+        stream.write_all(head.as_bytes()).expect("send the head");
+        let mut reader = BufReader::new(stream);
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line).expect("read the status line");
+        assert!(status_line.contains(" 200 "), "the watch was refused: {status_line}");
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("read a header");
+            if line.trim_end().is_empty() {
+                break;
+            }
+        }
+        EventStream { reader }
+    }
+
+    /// The `data:` payloads of a server-sent events stream.
+    #[derive(Debug)]
+    pub struct EventStream {
+        reader: BufReader<TcpStream>,
+    }
+
+    impl EventStream {
+        /// The next event's data, parsed as JSON. Skips keep-alive comments and chunk framing.
+        ///
+        /// # Panics
+        /// When the stream ends or times out.
+        pub fn next_json(&mut self) -> Value {
+            loop {
+                let mut line = String::new();
+                let read = self.reader.read_line(&mut line).expect("read the event stream");
+                assert!(read > 0, "the event stream ended");
+                if let Some(data) = line.trim_end().strip_prefix("data:") {
+                    return serde_json::from_str(data.trim()).expect("event data is JSON");
+                }
+            }
+        }
+    }
+}
+
+/// A `picket serve` process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    binary: PathBuf,
+    args: Vec<String>,
+    data_dir: PathBuf,
+    child: Option<Child>,
+    /// The address it listens on.
+    pub addr: String,
+}
+
+impl ServerProcess {
+    /// Starts `binary serve --data-dir <data_dir> --listen <addr>` plus `extra` arguments and
+    /// waits until it prints its listening line.
+    ///
+    /// # Panics
+    /// When the process cannot start or does not come up within 30 s.
+    #[must_use]
+    pub fn start(binary: &Path, data_dir: &Path, listen: SocketAddr, extra: &[String]) -> Self {
+        let mut args = vec![
+            "serve".to_owned(),
+            "--data-dir".to_owned(),
+            data_dir.display().to_string(),
+            "--listen".to_owned(),
+            listen.to_string(),
+        ];
+        args.extend_from_slice(extra);
+        let mut process = Self {
+            binary: binary.to_owned(),
+            args,
+            data_dir: data_dir.to_owned(),
+            child: None,
+            addr: String::new(),
+        };
+        process.spawn();
+        process
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(&self.binary)
+            .args(&self.args)
+            .env("RUST_LOG", std::env::var("PICKET_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start picket serve");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = lines.next().and_then(Result::ok).unwrap_or_default();
+        let addr = line
+            .split(" listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("picket serve did not start: {line:?}"))
+            .to_owned();
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.addr = addr;
+        self.child = Some(child);
+    }
+
+    /// The data directory.
+    #[must_use]
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The process id, while running.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL: the process gets no chance to flush or clean up.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same data directory and address.
+    ///
+    /// # Panics
+    /// When it does not come up.
+    pub fn restart(&mut self) {
+        self.kill();
+        // Restart on the address it had, so peers and clients find it again.
+        if let Some(position) = self.args.iter().position(|arg| arg == "--listen") {
+            self.args[position + 1].clone_from(&self.addr);
+        }
+        self.spawn();
+    }
+
+    /// Sends SIGSTOP or SIGCONT.
+    pub fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill").args([signal, &pid.to_string()]).status();
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        self.kill();
+    }
+}
+
+/// A temporary directory that is removed when dropped.
+///
+/// # Panics
+/// When it cannot be created.
+#[must_use]
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}

@@ -1,0 +1,206 @@
+//! `picket serve` on one node, driven over gRPC: the lock operations, expiry with lock-delay,
+//! `check`, watches, and bad input refused with a stable code in the status metadata.
+
+use picket_proto::v1::picket_client::PicketClient;
+use picket_proto::v1::{self, watch_request::Target};
+use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY};
+use picket_testkit::{ServerProcess, temp_dir};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+async fn start() -> (tempfile::TempDir, ServerProcess, PicketClient<Channel>) {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &[],
+    );
+    let mut client = PicketClient::connect(format!("http://{}", server.addr)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.cluster(v1::Empty {}).await.unwrap().into_inner().role != "leader" {
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (dir, server, client)
+}
+
+async fn open(client: &mut PicketClient<Channel>, ttl_ms: u64, lock_delay_ms: u64) -> u64 {
+    client
+        .open_session(v1::OpenSessionRequest { ttl_ms, lock_delay_ms })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
+fn acquire_request(name: &str, session_id: u64, wait_ms: Option<u64>) -> v1::AcquireRequest {
+    v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms }
+}
+
+fn code_of(status: &Status) -> &str {
+    status.metadata().get(ERROR_CODE_KEY).and_then(|value| value.to_str().ok()).unwrap_or_default()
+}
+
+/// The full lock life cycle over gRPC, FIFO hand-off included.
+#[tokio::test]
+async fn lock_life_cycle_over_grpc() {
+    let (_dir, _server, mut client) = start().await;
+    let a = open(&mut client, 10_000, 0).await;
+    let b = open(&mut client, 10_000, 0).await;
+    let granted = client.acquire(acquire_request("jobs/x", a, Some(0))).await.unwrap().into_inner();
+    assert_eq!(granted.sequencer, format!("p1.{}.jobs/x", granted.token));
+
+    let busy = client.acquire(acquire_request("jobs/x", b, Some(0))).await.unwrap_err();
+    assert_eq!(busy.code(), Code::FailedPrecondition);
+    assert_eq!(code_of(&busy), "lock_busy");
+    assert_eq!(
+        busy.metadata().get(HOLDER_TOKEN_KEY).unwrap().to_str().unwrap(),
+        granted.token.to_string()
+    );
+
+    let timed_out = client.acquire(acquire_request("jobs/x", b, Some(200))).await.unwrap_err();
+    assert_eq!(code_of(&timed_out), "wait_timed_out");
+
+    // B waits without a deadline; A's release hands the lock over with a greater token.
+    let mut waiting_client = client.clone();
+    let waiter =
+        tokio::spawn(
+            async move { waiting_client.acquire(acquire_request("jobs/x", b, None)).await },
+        );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let lock = client
+            .get_lock(v1::GetLockRequest { name: "jobs/x".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        if lock.waiters == [b] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client
+        .release(v1::ReleaseRequest { name: "jobs/x".into(), session_id: a, token: granted.token })
+        .await
+        .unwrap();
+    let handed = waiter.await.unwrap().unwrap().into_inner();
+    assert!(handed.token > granted.token);
+
+    let check = client
+        .check(v1::CheckRequest { sequencer: granted.sequencer.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((check.status.as_str(), check.current_token), ("superseded", handed.token));
+    let check = client
+        .check(v1::CheckRequest { sequencer: handed.sequencer.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(check.status, "current");
+
+    let listed = client
+        .list_locks(v1::ListLocksRequest {
+            prefix: "jobs/".into(),
+            after: String::new(),
+            limit: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.locks.len(), 1);
+    assert_eq!(listed.locks[0].holder_session_id, b);
+}
+
+/// A session that stops keeping alive expires; its lock is granted to the waiter only after
+/// the lock-delay; the waiter's session watch and the lock watch both see it happen.
+#[tokio::test]
+async fn expiry_lock_delay_and_watch_over_grpc() {
+    let (_dir, _server, mut client) = start().await;
+    let doomed = open(&mut client, 1_000, 1_000).await;
+    let mut events = client
+        .watch(v1::WatchRequest { target: Some(Target::SessionId(doomed)) })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = client.acquire(acquire_request("r", doomed, Some(0))).await.unwrap().into_inner();
+    let patient = open(&mut client, 30_000, 0).await;
+    let started = Instant::now();
+    let granted =
+        client.acquire(acquire_request("r", patient, Some(10_000))).await.unwrap().into_inner();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_800),
+        "granted after {:?}",
+        started.elapsed()
+    );
+    assert!(granted.token > first.token);
+
+    let kinds: Vec<(String, String)> = {
+        let mut kinds = Vec::new();
+        while kinds.len() < 3 {
+            let event = events.message().await.unwrap().unwrap();
+            kinds.push((event.kind, event.cause));
+        }
+        kinds
+    };
+    assert_eq!(
+        kinds,
+        [
+            ("granted".into(), String::new()),
+            ("released".into(), "session_expired".into()),
+            ("session_ended".into(), "expired".into())
+        ]
+    );
+    let gone = client.keep_alive(v1::KeepAliveRequest { session_id: doomed }).await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+    assert_eq!(code_of(&gone), "unknown_session");
+}
+
+/// Bad input over gRPC: each refused with a status code and a stable error code; none changes
+/// the state.
+#[tokio::test]
+async fn bad_input_over_grpc_is_refused_without_changes() {
+    let (_dir, _server, mut client) = start().await;
+    let session = open(&mut client, 10_000, 0).await;
+    let token =
+        client.acquire(acquire_request("held", session, Some(0))).await.unwrap().into_inner().token;
+    let revision = client.cluster(v1::Empty {}).await.unwrap().into_inner().applied_revision;
+
+    let ttl = client
+        .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!((ttl.code(), code_of(&ttl)), (Code::InvalidArgument, "ttl_out_of_range"));
+    let name = client.acquire(acquire_request("", session, Some(0))).await.unwrap_err();
+    assert_eq!(code_of(&name), "invalid_name");
+    let control = client.acquire(acquire_request("a\nb", session, Some(0))).await.unwrap_err();
+    assert_eq!(code_of(&control), "invalid_name");
+    let unknown = client.acquire(acquire_request("held", 987_654, Some(0))).await.unwrap_err();
+    assert_eq!((unknown.code(), code_of(&unknown)), (Code::NotFound, "unknown_session"));
+    let wrong = client
+        .release(v1::ReleaseRequest { name: "held".into(), session_id: session, token: token + 1 })
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&wrong), "token_mismatch");
+    let garbled = client.check(v1::CheckRequest { sequencer: "p1.x.y".into() }).await.unwrap_err();
+    assert_eq!(code_of(&garbled), "bad_request");
+    let no_target = client.watch(v1::WatchRequest { target: None }).await.unwrap_err();
+    assert_eq!(no_target.code(), Code::InvalidArgument);
+    // A request over the size limit is refused by the decoder.
+    let huge =
+        client.acquire(acquire_request(&"n".repeat(100_000), session, Some(0))).await.unwrap_err();
+    assert!(
+        matches!(huge.code(), Code::OutOfRange | Code::ResourceExhausted | Code::InvalidArgument),
+        "{huge:?}"
+    );
+
+    let after = client.cluster(v1::Empty {}).await.unwrap().into_inner().applied_revision;
+    assert_eq!(after, revision, "a refused request changed the state");
+    let lock =
+        client.get_lock(v1::GetLockRequest { name: "held".into() }).await.unwrap().into_inner();
+    assert_eq!((lock.holder_session_id, lock.token), (session, token));
+}

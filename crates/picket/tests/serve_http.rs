@@ -1,0 +1,307 @@
+//! `picket serve` on one node, driven over HTTP/JSON as `curl` would: every lock operation a user
+//! relies on, and bad input that must be refused without changing anything.
+
+use picket_testkit::http::{self, Reply};
+use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn start() -> (tempfile::TempDir, ServerProcess) {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &[],
+    );
+    wait_until("a leader", Duration::from_secs(10), || {
+        (http::get(&server.addr, "/v1/cluster").body["role"] == "leader").then_some(())
+    });
+    (dir, server)
+}
+
+fn open_session(addr: &str, ttl_ms: u64, lock_delay_ms: u64) -> u64 {
+    let reply = http::post(
+        addr,
+        "/v1/sessions",
+        &json!({ "ttl_ms": ttl_ms, "lock_delay_ms": lock_delay_ms }),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["session_id"].as_u64().unwrap()
+}
+
+fn acquire(addr: &str, name: &str, session: u64, wait_ms: Option<u64>) -> Reply {
+    let mut body = json!({ "name": name, "session_id": session });
+    if let Some(wait_ms) = wait_ms {
+        body["wait_ms"] = json!(wait_ms);
+    }
+    http::post(addr, "/v1/locks/acquire", &body)
+}
+
+fn release(addr: &str, name: &str, session: u64, token: u64) -> Reply {
+    http::post(
+        addr,
+        "/v1/locks/release",
+        &json!({ "name": name, "session_id": session, "token": token }),
+    )
+}
+
+fn token_of(reply: &Reply) -> u64 {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["token"].as_u64().unwrap()
+}
+
+/// Acquire, read, check and release, with tokens and sequencers as the README documents them.
+#[test]
+fn acquire_check_release_over_http() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let session = open_session(addr, 10_000, 0);
+    let granted = acquire(addr, "jobs/nightly report", session, Some(0));
+    let token = token_of(&granted);
+    let sequencer = granted.body["sequencer"].as_str().unwrap().to_owned();
+    assert_eq!(sequencer, format!("p1.{token}.jobs/nightly%20report"));
+
+    let lock = http::get(addr, "/v1/locks/jobs/nightly%20report");
+    assert_eq!(lock.status, 200);
+    assert_eq!(lock.body["holder"]["session_id"], session);
+    assert_eq!(lock.body["holder"]["token"], token);
+
+    let check = http::get(addr, &format!("/v1/check?sequencer={sequencer}"));
+    assert_eq!(check.body, json!({ "status": "current", "current_token": token }));
+
+    // Acquiring again in the same session returns the same grant.
+    let again = acquire(addr, "jobs/nightly report", session, None);
+    assert_eq!(token_of(&again), token);
+    assert_eq!(again.body["already_held"], true);
+
+    assert_eq!(release(addr, "jobs/nightly report", session, token).status, 200);
+    let check = http::get(addr, &format!("/v1/check?sequencer={sequencer}"));
+    assert_eq!(check.body["status"], "unknown_lock");
+    let lock = http::get(addr, "/v1/locks/jobs/nightly%20report");
+    assert_eq!(lock.body["holder"], Value::Null);
+
+    let listed = http::get(addr, "/v1/locks?prefix=jobs/");
+    assert_eq!(listed.body["locks"], json!([]));
+    let sessions = http::get(addr, "/v1/sessions");
+    assert_eq!(sessions.body["sessions"][0]["session_id"], session);
+}
+
+/// A try on a taken lock is refused at once with the holder's token; a bounded wait times out;
+/// waiters are granted in arrival order with growing tokens.
+#[test]
+fn try_timeout_and_fifo_over_http() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let holder = open_session(&addr, 10_000, 0);
+    let first = token_of(&acquire(&addr, "q", holder, Some(0)));
+
+    let other = open_session(&addr, 10_000, 0);
+    let busy = acquire(&addr, "q", other, Some(0));
+    assert_eq!(busy.status, 409);
+    assert_eq!(busy.body["code"], "lock_busy");
+    assert_eq!(busy.body["holder_token"], first);
+
+    let started = Instant::now();
+    let timed_out = acquire(&addr, "q", other, Some(300));
+    assert_eq!(timed_out.status, 409, "{}", timed_out.text);
+    assert_eq!(timed_out.body["code"], "wait_timed_out");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    // Three waiters queue in order; each is granted after the previous one releases.
+    let waiters: Vec<u64> = (0..3).map(|_| open_session(&addr, 10_000, 0)).collect();
+    let handles: Vec<_> = waiters
+        .iter()
+        .enumerate()
+        .map(|(index, &session)| {
+            let addr = addr.clone();
+            // Queue strictly one after another: wait until the previous waiter is queued.
+            wait_until("the previous waiter to queue", Duration::from_secs(5), || {
+                let lock = http::get(&addr, "/v1/locks/q");
+                (lock.body["waiters"].as_array().unwrap().len() == index).then_some(())
+            });
+            std::thread::spawn(move || acquire(&addr, "q", session, None))
+        })
+        .collect();
+    wait_until("three waiters", Duration::from_secs(5), || {
+        (http::get(&addr, "/v1/locks/q").body["waiters"] == json!(waiters)).then_some(())
+    });
+    let mut previous = (holder, first);
+    for (handle, &session) in handles.into_iter().zip(&waiters) {
+        assert_eq!(release(&addr, "q", previous.0, previous.1).status, 200);
+        let token = token_of(&handle.join().unwrap());
+        assert!(token > previous.1, "token {token} after {}", previous.1);
+        previous = (session, token);
+    }
+}
+
+/// A session that is not kept alive expires and its lock goes to the next waiter; with
+/// lock-delay the lock stays ungrantable for the delay first. The expired grant is superseded.
+#[test]
+fn session_expiry_releases_the_lock_after_its_lock_delay() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let doomed = open_session(addr, 1_000, 1_500);
+    let doomed_token = token_of(&acquire(addr, "res", doomed, Some(0)));
+    let patient = open_session(addr, 30_000, 0);
+    let started = Instant::now();
+    // The waiter keeps its own session alive from another thread while it waits.
+    let keepalive_addr = addr.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_keepalive = stop.clone();
+    let keeper = std::thread::spawn(move || {
+        while !stop_keepalive.load(std::sync::atomic::Ordering::Relaxed) {
+            let reply = http::post(
+                &keepalive_addr,
+                &format!("/v1/sessions/{patient}/keepalive"),
+                &json!({}),
+            );
+            assert_eq!(reply.status, 200, "{}", reply.text);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let granted = acquire(addr, "res", patient, Some(20_000));
+    let waited = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    keeper.join().unwrap();
+    let token = token_of(&granted);
+    assert!(token > doomed_token);
+    // TTL (1 s) plus lock-delay (1.5 s) must pass before the grant.
+    assert!(waited >= Duration::from_millis(2_400), "granted after only {waited:?}");
+    let gone = http::post(addr, &format!("/v1/sessions/{doomed}/keepalive"), &json!({}));
+    assert_eq!(gone.status, 404);
+    assert_eq!(gone.body["code"], "unknown_session");
+    let check = http::get(addr, &format!("/v1/check?sequencer=p1.{doomed_token}.res"));
+    assert_eq!(check.body, json!({ "status": "superseded", "current_token": token }));
+}
+
+/// A waiting acquire whose client disconnects leaves no holder and no waiter behind.
+#[test]
+fn a_disconnected_waiter_leaves_no_ghost() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let holder = open_session(addr, 10_000, 0);
+    let token = token_of(&acquire(addr, "g", holder, Some(0)));
+    let waiter = open_session(addr, 10_000, 0);
+    {
+        use std::io::Write;
+        let body = json!({ "name": "g", "session_id": waiter }).to_string();
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "POST /v1/locks/acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        wait_until("the waiter to queue", Duration::from_secs(5), || {
+            (http::get(addr, "/v1/locks/g").body["waiters"] == json!([waiter])).then_some(())
+        });
+        // The connection closes here, with the acquire still waiting.
+    }
+    wait_until("the waiter to be cancelled", Duration::from_secs(5), || {
+        (http::get(addr, "/v1/locks/g").body["waiters"] == json!([])).then_some(())
+    });
+    assert_eq!(release(addr, "g", holder, token).status, 200);
+    let lock = http::get(addr, "/v1/locks/g");
+    assert_eq!(lock.body["holder"], Value::Null, "nobody holds the lock: {}", lock.text);
+}
+
+/// Watching a lock over server-sent events shows its grants and releases as they happen.
+#[test]
+fn watch_streams_grants_and_releases() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let mut events = http::events(addr, "/v1/watch?prefix=w/");
+    let session = open_session(addr, 10_000, 0);
+    let token = token_of(&acquire(addr, "w/1", session, Some(0)));
+    assert_eq!(release(addr, "w/1", session, token).status, 200);
+    let granted = events.next_json();
+    assert_eq!(
+        (granted["kind"].as_str(), granted["name"].as_str(), granted["token"].as_u64()),
+        (Some("granted"), Some("w/1"), Some(token))
+    );
+    let released = events.next_json();
+    assert_eq!(
+        (released["kind"].as_str(), released["cause"].as_str()),
+        (Some("released"), Some("released"))
+    );
+}
+
+/// Bad input gets a clear error with a stable code, never a crash, and changes nothing.
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let session = open_session(addr, 10_000, 0);
+    let token = token_of(&acquire(addr, "held", session, Some(0)));
+    let before = (
+        http::get(addr, "/v1/locks?prefix="),
+        http::get(addr, "/v1/sessions"),
+        http::get(addr, "/v1/cluster"),
+    );
+
+    let cases: Vec<(Reply, u16, &str)> = vec![
+        (
+            http::request_raw(
+                addr,
+                "POST",
+                "/v1/sessions",
+                Some(b"{\"ttl_ms\": "),
+                "application/json",
+            ),
+            400,
+            "bad_request",
+        ),
+        (
+            http::request_raw(addr, "POST", "/v1/sessions", Some(b"ttl=5"), "text/plain"),
+            415,
+            "bad_request",
+        ),
+        (
+            http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 5_000, "extra": true })),
+            422,
+            "bad_request",
+        ),
+        (http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 0 })), 400, "ttl_out_of_range"),
+        (
+            http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 999_999_999_u64 })),
+            400,
+            "ttl_out_of_range",
+        ),
+        (http::post(addr, "/v1/sessions", &json!({ "ttl_ms": -5 })), 422, "bad_request"),
+        (acquire(addr, "", session, Some(0)), 400, "invalid_name"),
+        (acquire(addr, &"x".repeat(300), session, Some(0)), 400, "invalid_name"),
+        (acquire(addr, "bad\u{1}name", session, Some(0)), 400, "invalid_name"),
+        (acquire(addr, "held", 424_242, Some(0)), 404, "unknown_session"),
+        (release(addr, "held", session, token + 100), 409, "token_mismatch"),
+        (release(addr, "nothing", session, token), 409, "not_held"),
+        (http::post(addr, "/v1/sessions/abc/keepalive", &json!({})), 400, "bad_request"),
+        (http::get(addr, "/v1/check?sequencer=garbage"), 400, "bad_request"),
+        (http::get(addr, "/v1/locks?limit=many"), 400, "bad_request"),
+        (http::get(addr, "/v1/watch"), 400, "bad_request"),
+        (http::get(addr, "/v1/no-such-thing"), 404, "not_found"),
+    ];
+    for (index, (reply, status, code)) in cases.iter().enumerate() {
+        assert_eq!(reply.status, *status, "case {index}: {}", reply.text);
+        assert_eq!(reply.body["code"], *code, "case {index}: {}", reply.text);
+        assert!(!reply.body["message"].as_str().unwrap_or_default().is_empty(), "case {index}");
+    }
+    // A body over the limit is refused before it is parsed.
+    let huge = format!("{{\"ttl_ms\": 5000, \"pad\": \"{}\"}}", "x".repeat(200_000));
+    let too_large =
+        http::request_raw(addr, "POST", "/v1/sessions", Some(huge.as_bytes()), "application/json");
+    assert_eq!(too_large.status, 413, "{}", too_large.text);
+
+    let after = (
+        http::get(addr, "/v1/locks?prefix="),
+        http::get(addr, "/v1/sessions"),
+        http::get(addr, "/v1/cluster"),
+    );
+    assert_eq!(before.0.body, after.0.body, "locks changed");
+    assert_eq!(before.1.body, after.1.body, "sessions changed");
+    assert_eq!(
+        before.2.body["applied_revision"], after.2.body["applied_revision"],
+        "a refused request advanced the revision"
+    );
+}
