@@ -382,6 +382,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "role": view.role,
         "applied_revision": view.applied_revision,
         "applied_log_index": view.applied_log_index,
+        "snapshot_log_index": view.snapshot_log_index,
+        "purged_log_index": view.purged_log_index,
     })
 }
 

@@ -122,6 +122,10 @@ pub struct ClusterView {
     pub applied_revision: u64,
     /// The last log index applied on this node.
     pub applied_log_index: u64,
+    /// The last log index covered by this node's snapshot, 0 if none.
+    pub snapshot_log_index: u64,
+    /// The last log index this node has purged from its log, 0 if none.
+    pub purged_log_index: u64,
 }
 
 /// One running node. Shared by the API front ends and the leader's background duties.
@@ -504,7 +508,7 @@ impl Node {
     /// Membership and leadership as this node sees them.
     #[must_use]
     pub fn cluster(&self) -> ClusterView {
-        let metrics = self.raft.server_metrics().borrow_watched().clone();
+        let metrics = self.raft.metrics().borrow_watched().clone();
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let members: Vec<(NodeId, String, bool)> = membership
@@ -532,6 +536,8 @@ impl Node {
             role,
             applied_revision,
             applied_log_index,
+            snapshot_log_index: metrics.snapshot.map_or(0, |log_id| log_id.index()),
+            purged_log_index: metrics.purged.map_or(0, |log_id| log_id.index()),
         }
     }
 

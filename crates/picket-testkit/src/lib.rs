@@ -81,35 +81,63 @@ pub mod http {
         body: Option<&[u8]>,
         content_type: &str,
     ) -> Reply {
-        let mut stream =
-            TcpStream::connect(addr).unwrap_or_else(|error| panic!("connect to {addr}: {error}"));
-        stream.set_read_timeout(Some(Duration::from_secs(60))).expect("set a timeout");
+        try_request_raw(addr, method, path, body, content_type)
+            .unwrap_or_else(|error| panic!("{method} {path} at {addr}: {error}"))
+    }
+
+    /// Like [`request`], but a connection failure is an `Err` instead of a panic: for tests that
+    /// kill the server under the client's feet.
+    ///
+    /// # Errors
+    /// When the connection fails or breaks before a whole response arrived.
+    pub fn try_request(
+        addr: &str,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Reply, String> {
+        let raw = body.map(Value::to_string);
+        try_request_raw(addr, method, path, raw.as_deref().map(str::as_bytes), "application/json")
+    }
+
+    fn try_request_raw(
+        addr: &str,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        content_type: &str,
+    ) -> Result<Reply, String> {
+        let mut stream = TcpStream::connect(addr).map_err(|error| format!("connect: {error}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|error| error.to_string())?;
         let body = body.unwrap_or_default();
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
-        stream.write_all(head.as_bytes()).expect("send the head");
+        stream.write_all(head.as_bytes()).map_err(|error| format!("send: {error}"))?;
         // The server may answer (e.g. 413) before reading the whole body and close; ignore
         // write errors past the head.
         let _ = stream.write_all(body);
         read_reply(stream)
     }
 
-    fn read_reply(stream: TcpStream) -> Reply {
+    fn read_reply(stream: TcpStream) -> Result<Reply, String> {
+        let io = |error: std::io::Error| format!("receive: {error}");
         let mut reader = BufReader::new(stream);
         let mut status_line = String::new();
-        reader.read_line(&mut status_line).expect("read the status line");
+        reader.read_line(&mut status_line).map_err(io)?;
         let status: u16 = status_line
             .split_whitespace()
             .nth(1)
             .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP status line: {status_line:?}"));
+            .ok_or_else(|| format!("not an HTTP status line: {status_line:?}"))?;
         let mut content_length = None;
         let mut chunked = false;
         loop {
             let mut line = String::new();
-            reader.read_line(&mut line).expect("read a header");
+            reader.read_line(&mut line).map_err(io)?;
             let line = line.trim_end();
             if line.is_empty() {
                 break;
@@ -126,24 +154,25 @@ pub mod http {
         if chunked {
             loop {
                 let mut size = String::new();
-                reader.read_line(&mut size).expect("read a chunk size");
-                let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+                reader.read_line(&mut size).map_err(io)?;
+                let size =
+                    usize::from_str_radix(size.trim(), 16).map_err(|error| error.to_string())?;
                 if size == 0 {
                     break;
                 }
                 let mut chunk = vec![0; size + 2];
-                reader.read_exact(&mut chunk).expect("read a chunk");
+                reader.read_exact(&mut chunk).map_err(io)?;
                 bytes.extend_from_slice(&chunk[..size]);
             }
         } else if let Some(length) = content_length {
             bytes.resize(length, 0);
-            reader.read_exact(&mut bytes).expect("read the body");
+            reader.read_exact(&mut bytes).map_err(io)?;
         } else {
-            reader.read_to_end(&mut bytes).expect("read the body");
+            reader.read_to_end(&mut bytes).map_err(io)?;
         }
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Reply { status, body, text }
+        Ok(Reply { status, body, text })
     }
 
     /// `GET path`.
@@ -248,7 +277,7 @@ impl ServerProcess {
     fn spawn(&mut self) {
         let mut child = Command::new(&self.binary)
             .args(&self.args)
-            .env("RUST_LOG", std::env::var("PICKET_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("RUST_LOG", std::env::var("PICKET_TEST_LOG").unwrap_or_else(|_| "error".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -1,0 +1,399 @@
+//! A 3-node cluster on loopback: `kill -9` the leader under load, and a killed follower that
+//! must catch up, once from the log and once through a snapshot after the leader compacted its
+//! log.
+//!
+//! Checked: a new leader serves within a few election timeouts; no acknowledged grant or
+//! release is lost; every token is greater than every earlier one; sessions that kept alive
+//! through the failover did not expire.
+
+use picket_testkit::http::{Reply, try_request};
+use picket_testkit::{ServerProcess, free_port, temp_dir, wait_until};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const ELECTION_TIMEOUT_MS: u64 = 300;
+const SESSION_TTL_MS: u64 = 4_000;
+const SNAPSHOT_EVERY: u64 = 100;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    nodes: Vec<ServerProcess>,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let dir = temp_dir();
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peers = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(index, port)| {
+                let args = [
+                    "--node-id".to_owned(),
+                    (index + 1).to_string(),
+                    "--peers".to_owned(),
+                    peers.clone(),
+                    "--heartbeat-ms".to_owned(),
+                    "50".to_owned(),
+                    "--election-timeout-ms".to_owned(),
+                    ELECTION_TIMEOUT_MS.to_string(),
+                    "--snapshot-every".to_owned(),
+                    SNAPSHOT_EVERY.to_string(),
+                    "--keep-entries".to_owned(),
+                    "10".to_owned(),
+                ];
+                ServerProcess::start(
+                    Path::new(env!("CARGO_BIN_EXE_picket")),
+                    &dir.path().join(format!("node{}", index + 1)),
+                    format!("127.0.0.1:{port}").parse().unwrap(),
+                    &args,
+                )
+            })
+            .collect();
+        Self { _dir: dir, nodes }
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| node.addr.clone()).collect()
+    }
+
+    /// The index of the node every live node agrees is leader.
+    fn leader(&self, timeout: Duration) -> usize {
+        wait_until("an agreed leader", timeout, || {
+            let views: Vec<Value> = self
+                .nodes
+                .iter()
+                .filter(|node| node.pid().is_some())
+                .filter_map(|node| {
+                    try_request(&node.addr, "GET", "/v1/cluster", None).ok().map(|reply| reply.body)
+                })
+                .collect();
+            let leader = views.first()?["leader_id"].as_u64()?;
+            let agreed = views.iter().all(|view| view["leader_id"].as_u64() == Some(leader));
+            let index = usize::try_from(leader).ok()? - 1;
+            (agreed && self.nodes[index].pid().is_some()).then_some(index)
+        })
+    }
+
+    fn view(&self, index: usize) -> Value {
+        try_request(&self.nodes[index].addr, "GET", "/v1/cluster", None)
+            .map(|reply| reply.body)
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// Sends a request to the cluster, following the leader: on `not_leader` it goes where the
+/// refusal points, otherwise it tries the next node. Gives up after `timeout`.
+fn send(
+    addrs: &[String],
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+) -> Option<Reply> {
+    let deadline = Instant::now() + timeout;
+    let mut target = addrs[0].clone();
+    let mut next = 0;
+    while Instant::now() < deadline {
+        match try_request(&target, method, path, body) {
+            Ok(reply) if reply.body["code"] == "not_leader" => {
+                match reply.body["leader"].as_str() {
+                    Some(leader) => target = leader.to_owned(),
+                    None => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+            Ok(reply) if reply.status == 503 => std::thread::sleep(Duration::from_millis(50)),
+            Ok(reply) => return Some(reply),
+            Err(_) => {
+                next = (next + 1) % addrs.len();
+                target = addrs[next].clone();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    None
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Known {
+    Held(u64),
+    Free,
+}
+
+#[derive(Debug)]
+struct Worker {
+    session: u64,
+    name: String,
+    known: Known,
+    /// An operation whose answer never came: it may or may not have been applied.
+    unknown: Option<&'static str>,
+    max_token: u64,
+    acknowledged: usize,
+}
+
+/// Acquires, releases and keeps its session alive until `stop`.
+fn work(addrs: &[String], mut worker: Worker, stop: &AtomicBool) -> Worker {
+    let mut last_keepalive = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if last_keepalive.elapsed() > Duration::from_millis(SESSION_TTL_MS / 4) {
+            let reply = send(
+                addrs,
+                "POST",
+                &format!("/v1/sessions/{}/keepalive", worker.session),
+                Some(&json!({})),
+                Duration::from_secs(2),
+            );
+            if let Some(reply) = reply {
+                assert_eq!(reply.status, 200, "session {} lost: {}", worker.session, reply.text);
+                last_keepalive = Instant::now();
+            }
+        }
+        if worker.unknown.is_some() {
+            // Learn what happened before going on.
+            let Some(lock) = send(
+                addrs,
+                "GET",
+                &format!("/v1/locks/{}", worker.name),
+                None,
+                Duration::from_secs(1),
+            ) else {
+                continue;
+            };
+            settle(&mut worker, &lock.body);
+            continue;
+        }
+        let (path, body, op) = match worker.known {
+            Known::Free => (
+                "/v1/locks/acquire",
+                json!({ "name": worker.name, "session_id": worker.session, "wait_ms": 0 }),
+                "acquire",
+            ),
+            Known::Held(token) => (
+                "/v1/locks/release",
+                json!({ "name": worker.name, "session_id": worker.session, "token": token }),
+                "release",
+            ),
+        };
+        match send(addrs, "POST", path, Some(&body), Duration::from_millis(500)) {
+            Some(reply) if reply.status == 200 => {
+                worker.acknowledged += 1;
+                worker.known = match worker.known {
+                    Known::Free => {
+                        let token = reply.body["token"].as_u64().unwrap();
+                        assert!(
+                            token > worker.max_token,
+                            "token {token} not above {}",
+                            worker.max_token
+                        );
+                        worker.max_token = token;
+                        Known::Held(token)
+                    }
+                    Known::Held(_) => Known::Free,
+                };
+            }
+            // A retried request can meet its own earlier success.
+            Some(reply)
+                if reply.body["code"] == "not_held" || reply.body["code"] == "outcome_unknown" =>
+            {
+                worker.unknown = Some(op)
+            }
+            Some(reply) => panic!("{op} failed: {}", reply.text),
+            None => worker.unknown = Some(op),
+        }
+    }
+    worker
+}
+
+/// Reconciles a worker with the lock as the cluster reports it: it must match what was
+/// acknowledged, or what the one unanswered operation would have done.
+fn settle(worker: &mut Worker, lock: &Value) {
+    let actual = match lock["holder"].as_object() {
+        None => Known::Free,
+        Some(holder) => {
+            assert_eq!(
+                holder["session_id"], worker.session,
+                "{} is held by someone else",
+                worker.name
+            );
+            Known::Held(holder["token"].as_u64().unwrap())
+        }
+    };
+    match (&worker.known, worker.unknown, &actual) {
+        (known, _, actual) if known == actual => {}
+        (Known::Free, Some("acquire"), Known::Held(token)) if *token > worker.max_token => {
+            worker.max_token = *token
+        }
+        (Known::Held(_), Some("release"), Known::Free) => {}
+        (known, unknown, actual) => panic!(
+            "{}: acknowledged {known:?} (unanswered: {unknown:?}) but the cluster says {actual:?}",
+            worker.name
+        ),
+    }
+    worker.known = actual;
+    worker.unknown = None;
+}
+
+fn run_workers(addrs: &[String], workers: Vec<Worker>, during: impl FnOnce()) -> Vec<Worker> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = workers
+        .into_iter()
+        .map(|worker| {
+            let (addrs, stop) = (addrs.to_vec(), stop.clone());
+            std::thread::spawn(move || work(&addrs, worker, &stop))
+        })
+        .collect();
+    during();
+    stop.store(true, Ordering::Relaxed);
+    handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+}
+
+fn applied_revision(cluster: &Cluster, index: usize) -> u64 {
+    cluster.view(index)["applied_revision"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn leader_failover_and_follower_catch_up_lose_nothing() {
+    let mut cluster = Cluster::start();
+    let leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let workers: Vec<Worker> = (0..3)
+        .map(|index| {
+            let reply = send(
+                &addrs,
+                "POST",
+                "/v1/sessions",
+                Some(&json!({ "ttl_ms": SESSION_TTL_MS })),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            Worker {
+                session: reply.body["session_id"].as_u64().unwrap(),
+                name: format!("cluster/{index}"),
+                known: Known::Free,
+                unknown: None,
+                max_token: 0,
+                acknowledged: 0,
+            }
+        })
+        .collect();
+
+    // 1. Kill the leader under load. A new leader must serve writes within a few election
+    //    timeouts, and nothing acknowledged may be lost.
+    let mut failover = Duration::ZERO;
+    let workers = run_workers(&addrs, workers, || {
+        let before = applied_revision(&cluster, leader);
+        wait_until("load on the leader", Duration::from_secs(20), || {
+            (applied_revision(&cluster, leader) > before + 100).then_some(())
+        });
+        cluster.nodes[leader].kill();
+        let killed_at = Instant::now();
+        let new_leader = cluster.leader(Duration::from_secs(10));
+        assert_ne!(new_leader, leader);
+        let revision = applied_revision(&cluster, new_leader);
+        wait_until("writes after the failover", Duration::from_secs(10), || {
+            (applied_revision(&cluster, new_leader) > revision + 50).then_some(())
+        });
+        failover = killed_at.elapsed();
+    });
+    eprintln!("failover to a serving leader took {failover:?}");
+    assert!(failover < Duration::from_secs(10), "failover took {failover:?}");
+    let mut workers = workers;
+    for worker in &mut workers {
+        assert!(worker.acknowledged > 0);
+        let lock = send(
+            &addrs,
+            "GET",
+            &format!("/v1/locks/{}", worker.name),
+            None,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        settle(worker, &lock.body);
+        // The session kept alive through the failover: it must still exist.
+        let alive = send(
+            &addrs,
+            "POST",
+            &format!("/v1/sessions/{}/keepalive", worker.session),
+            Some(&json!({})),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(
+            alive.status, 200,
+            "session {} expired across the failover: {}",
+            worker.session, alive.text
+        );
+    }
+
+    // 2. The old leader restarts as a follower and catches up from the log.
+    cluster.nodes[leader].restart();
+    let current = cluster.leader(Duration::from_secs(10));
+    let target = applied_revision(&cluster, current);
+    wait_until("the old leader to catch up", Duration::from_secs(20), || {
+        (applied_revision(&cluster, leader) >= target).then_some(())
+    });
+
+    // 3. Kill a follower, write enough for the leader to snapshot and purge past it, restart
+    //    it: it can only catch up by installing the snapshot.
+    let current = cluster.leader(Duration::from_secs(10));
+    let follower = (0..3).find(|index| *index != current).unwrap();
+    let follower_index_at_kill = cluster.view(follower)["applied_log_index"].as_u64().unwrap();
+    cluster.nodes[follower].kill();
+    let workers = run_workers(&addrs, workers, || {
+        wait_until(
+            "the leader to compact past the stopped follower",
+            Duration::from_secs(30),
+            || {
+                let purged = cluster.view(current)["purged_log_index"].as_u64().unwrap_or(0);
+                (purged > follower_index_at_kill + SNAPSHOT_EVERY).then_some(())
+            },
+        );
+    });
+    cluster.nodes[follower].restart();
+    let target = applied_revision(&cluster, current);
+    wait_until("the follower to catch up through a snapshot", Duration::from_secs(20), || {
+        let view = cluster.view(follower);
+        let caught_up = view["applied_revision"].as_u64().unwrap_or(0) >= target;
+        let from_snapshot =
+            view["snapshot_log_index"].as_u64().unwrap_or(0) > follower_index_at_kill;
+        (caught_up && from_snapshot).then_some(())
+    });
+
+    // Every lock is where its worker last saw it, and a fresh grant outranks every token seen.
+    let mut workers = workers;
+    for worker in &mut workers {
+        let lock = send(
+            &addrs,
+            "GET",
+            &format!("/v1/locks/{}", worker.name),
+            None,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        settle(worker, &lock.body);
+    }
+    let highest = workers.iter().map(|worker| worker.max_token).max().unwrap();
+    let fresh = send(
+        &addrs,
+        "POST",
+        "/v1/locks/acquire",
+        Some(&json!({ "name": "cluster/fresh", "session_id": workers[0].session, "wait_ms": 0 })),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let fresh_token = fresh.body["token"].as_u64().unwrap();
+    assert!(fresh_token > highest, "fresh token {fresh_token} not above {highest}");
+    // The follower that installed the snapshot reports the same state as the leader.
+    let on_follower =
+        try_request(&cluster.nodes[follower].addr, "GET", "/v1/cluster", None).unwrap();
+    assert_eq!(on_follower.body["leader_id"], cluster.view(current)["leader_id"]);
+}
