@@ -1,0 +1,361 @@
+//! The connection to a cluster: finds the leader, follows it, retries what is safe to retry.
+
+use crate::error::{ClientError, Failure, classify};
+use crate::session::Session;
+use picket_proto::v1::{self, picket_client::PicketClient};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Response, Status};
+
+/// How long the client keeps trying before it gives up on a call, how long one attempt may
+/// take, and how long to wait between attempts.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Total time to keep retrying one call across endpoints and elections.
+    pub retry_for: Duration,
+    /// Longest single attempt (a waiting acquire is exempt: it waits as long as it asked to).
+    pub request_timeout: Duration,
+    /// Longest time to open a connection.
+    pub connect_timeout: Duration,
+    /// First pause between attempts; it doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// Longest pause between attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            retry_for: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Whether a call may be sent again after a failure that may have happened after sending it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Reads, keepalives, and writes that are idempotent in Picket (acquire by the same
+    /// session returns the same grant; release and close are checked by the caller).
+    Safe,
+    /// Only when the request certainly was not applied (refused by a follower, or never sent).
+    UnlessSent,
+}
+
+/// A handle to a Picket cluster. Cheap to clone; clones share connections.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    endpoints: Vec<String>,
+    config: ClientConfig,
+    leader: Mutex<Option<String>>,
+    channels: Mutex<HashMap<String, PicketClient<Channel>>>,
+}
+
+impl Client {
+    /// Connects to a cluster through any of its members (`host:port`) and checks that one of
+    /// them answers.
+    ///
+    /// # Errors
+    /// [`ClientError::Unreachable`] when none answers; [`ClientError::InvalidArgument`] for an
+    /// empty or malformed endpoint list.
+    pub async fn connect(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, ClientConfig::default()).await
+    }
+
+    /// [`Client::connect`] with explicit timeouts.
+    ///
+    /// # Errors
+    /// As [`Client::connect`].
+    pub async fn connect_with(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        config: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let endpoints: Vec<String> = endpoints
+            .into_iter()
+            .map(Into::into)
+            .map(|endpoint| {
+                endpoint.trim().trim_start_matches("http://").trim_end_matches('/').to_owned()
+            })
+            .filter(|endpoint| !endpoint.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "give at least one endpoint, e.g. 127.0.0.1:7687".into(),
+            ));
+        }
+        for endpoint in &endpoints {
+            Endpoint::from_shared(format!("http://{endpoint}")).map_err(|error| {
+                ClientError::InvalidArgument(format!("{endpoint:?} is not host:port ({error})"))
+            })?;
+        }
+        let client = Self {
+            inner: Arc::new(Inner {
+                endpoints,
+                config,
+                leader: Mutex::new(None),
+                channels: Mutex::new(HashMap::new()),
+            }),
+        };
+        client.cluster().await?;
+        Ok(client)
+    }
+
+    /// The endpoints this client was given.
+    #[must_use]
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    fn channel(&self, endpoint: &str) -> PicketClient<Channel> {
+        let mut channels =
+            self.inner.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        channels
+            .entry(endpoint.to_owned())
+            .or_insert_with(|| {
+                let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+                    .expect("endpoints are validated on connect")
+                    .connect_timeout(self.inner.config.connect_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                PicketClient::new(channel)
+            })
+            .clone()
+    }
+
+    fn leader_hint(&self) -> Option<String> {
+        self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn set_leader_hint(&self, leader: Option<String>) {
+        *self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = leader;
+    }
+
+    /// Runs one call against the cluster: at the leader if known, following `not_leader`
+    /// refusals, moving to the next endpoint when one is down, and backing off during
+    /// elections, until `retry_for` runs out.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        retry: Retry,
+        timeout: Option<Duration>,
+        mut attempt: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut(PicketClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let config = &self.inner.config;
+        let deadline = Instant::now() + config.retry_for;
+        let mut backoff = config.initial_backoff;
+        let mut next_endpoint = 0;
+        let mut last_failure;
+        let mut reached_any = false;
+        loop {
+            let target = self.leader_hint().unwrap_or_else(|| {
+                self.inner.endpoints[next_endpoint % self.inner.endpoints.len()].clone()
+            });
+            let call = attempt(self.channel(&target));
+            let result = match timeout {
+                Some(timeout) => tokio::time::timeout(timeout, call)
+                    .await
+                    .unwrap_or_else(|_| Err(Status::deadline_exceeded("the request timed out"))),
+                None => call.await,
+            };
+            let failure = match result {
+                Ok(response) => {
+                    self.set_leader_hint(Some(target));
+                    return Ok(response.into_inner());
+                }
+                Err(status) => classify(&status),
+            };
+            match failure {
+                Failure::Final(error) => return Err(error),
+                Failure::NotLeader(Some(leader)) if leader != target => {
+                    reached_any = true;
+                    self.set_leader_hint(Some(leader));
+                    continue;
+                }
+                Failure::NotLeader(_) => {
+                    reached_any = true;
+                    last_failure = format!("{target}: no leader yet");
+                    self.set_leader_hint(None);
+                }
+                Failure::Unavailable(detail) => {
+                    reached_any = true;
+                    last_failure = format!("{target}: {detail}");
+                    self.set_leader_hint(None);
+                }
+                Failure::Unsent(detail) => {
+                    last_failure = format!("{target}: {detail}");
+                    self.set_leader_hint(None);
+                    next_endpoint += 1;
+                }
+                Failure::Broken(detail) => {
+                    if retry == Retry::UnlessSent {
+                        return Err(ClientError::OutcomeUnknown(format!("{target}: {detail}")));
+                    }
+                    last_failure = format!("{target}: {detail}");
+                    self.set_leader_hint(None);
+                    next_endpoint += 1;
+                }
+            }
+            if Instant::now() + backoff > deadline {
+                return Err(if reached_any {
+                    ClientError::Service {
+                        code: "unavailable".into(),
+                        message: format!(
+                            "the cluster has no leader that can serve ({last_failure}); retry later"
+                        ),
+                        holder_token: None,
+                    }
+                } else {
+                    ClientError::Unreachable {
+                        endpoints: self.inner.endpoints.join(","),
+                        detail: last_failure,
+                    }
+                });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(config.max_backoff);
+        }
+    }
+
+    /// Opens a session with `ttl` whose keepalive runs in the background until it is closed
+    /// or dropped.
+    ///
+    /// # Errors
+    /// A refused TTL, or the cluster being unreachable.
+    pub async fn session(&self, ttl: Duration) -> Result<Session, ClientError> {
+        Session::open(self.clone(), ttl, Duration::ZERO).await
+    }
+
+    /// [`Client::session`] with a lock-delay: after the session expires or is revoked, its
+    /// locks stay ungrantable this long.
+    ///
+    /// # Errors
+    /// As [`Client::session`].
+    pub async fn session_with_lock_delay(
+        &self,
+        ttl: Duration,
+        lock_delay: Duration,
+    ) -> Result<Session, ClientError> {
+        Session::open(self.clone(), ttl, lock_delay).await
+    }
+
+    /// Membership and leadership, from whichever node answers.
+    ///
+    /// # Errors
+    /// When no node answers.
+    pub async fn cluster(&self) -> Result<v1::ClusterInfo, ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        self.call(
+            Retry::Safe,
+            timeout,
+            |mut client| async move { client.cluster(v1::Empty {}).await },
+        )
+        .await
+    }
+
+    /// The state of one lock.
+    ///
+    /// # Errors
+    /// An invalid name; the cluster being unreachable.
+    pub async fn lock_info(&self, name: &str) -> Result<v1::LockInfo, ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        self.call(Retry::Safe, timeout, |mut client| {
+            let request = v1::GetLockRequest { name: name.to_owned() };
+            async move { client.get_lock(request).await }
+        })
+        .await
+    }
+
+    /// Locks whose names start with `prefix`, at most `limit` (0 for the server's maximum).
+    ///
+    /// # Errors
+    /// The cluster being unreachable.
+    pub async fn locks(&self, prefix: &str, limit: u32) -> Result<Vec<v1::LockInfo>, ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        let response = self
+            .call(Retry::Safe, timeout, |mut client| {
+                let request =
+                    v1::ListLocksRequest { prefix: prefix.to_owned(), after: String::new(), limit };
+                async move { client.list_locks(request).await }
+            })
+            .await?;
+        Ok(response.locks)
+    }
+
+    /// Live sessions, at most `limit` (0 for the server's maximum).
+    ///
+    /// # Errors
+    /// The cluster being unreachable.
+    pub async fn sessions(&self, limit: u32) -> Result<Vec<v1::SessionInfo>, ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        let response = self
+            .call(Retry::Safe, timeout, |mut client| async move {
+                client.list_sessions(v1::ListSessionsRequest { after: 0, limit }).await
+            })
+            .await?;
+        Ok(response.sessions)
+    }
+
+    /// Whether `sequencer` is its lock's current grant: `("current" | "superseded" |
+    /// "unknown_lock", current token or 0)`.
+    ///
+    /// # Errors
+    /// A malformed sequencer; the cluster being unreachable.
+    pub async fn check(&self, sequencer: &str) -> Result<v1::CheckResponse, ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        self.call(Retry::Safe, timeout, |mut client| {
+            let request = v1::CheckRequest { sequencer: sequencer.to_owned() };
+            async move { client.check(request).await }
+        })
+        .await
+    }
+
+    /// Ends a session as an expiry would (an operator's `consul session destroy`).
+    ///
+    /// # Errors
+    /// An unknown session; the cluster being unreachable.
+    pub async fn revoke_session(&self, session_id: u64) -> Result<(), ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        self.call(Retry::Safe, timeout, |mut client| async move {
+            client.revoke_session(v1::SessionRequest { session_id }).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// A stream of events for one lock (`Target::Name`), a prefix (`Target::Prefix`) or a
+    /// session (`Target::SessionId`).
+    ///
+    /// # Errors
+    /// The cluster being unreachable.
+    pub async fn watch(
+        &self,
+        target: v1::watch_request::Target,
+    ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
+        self.call(Retry::Safe, Some(self.inner.config.request_timeout), |mut client| {
+            let request = v1::WatchRequest { target: Some(target.clone()) };
+            async move { client.watch(request).await }
+        })
+        .await
+    }
+}

@@ -1,0 +1,108 @@
+//! Errors the client returns.
+
+use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY, LEADER_KEY};
+use thiserror::Error;
+use tonic::{Code, Status};
+
+/// Why a client call failed.
+#[derive(Clone, Debug, Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// No endpoint answered.
+    #[error(
+        "no Picket server at {endpoints}: start one with `picket serve`, or pass the right --endpoints ({detail})"
+    )]
+    Unreachable {
+        /// The endpoints tried.
+        endpoints: String,
+        /// The last transport error.
+        detail: String,
+    },
+    /// The service refused the request. `code` is the stable code (see the README's error
+    /// table); `message` says what to do.
+    #[error("{message}")]
+    Service {
+        /// The stable code, e.g. `lock_busy`.
+        code: String,
+        /// The service's sentence.
+        message: String,
+        /// The current holder's token, when the lock is taken.
+        holder_token: Option<u64>,
+    },
+    /// A write may or may not have been applied; read the state before retrying.
+    #[error("the outcome is unknown ({0}): read the state before retrying")]
+    OutcomeUnknown(String),
+    /// The session is gone (expired, revoked, closed, or not confirmed within its TTL).
+    #[error("the session is lost ({0:?}): open a new session")]
+    SessionLost(crate::LostReason),
+    /// A caller-supplied argument is invalid before anything was sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl ClientError {
+    /// The stable service code, if the service refused the request.
+    #[must_use]
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Service { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The current holder's token, for a refusal about a taken lock.
+    #[must_use]
+    pub fn holder_token(&self) -> Option<u64> {
+        match self {
+            Self::Service { holder_token, .. } => *holder_token,
+            _ => None,
+        }
+    }
+}
+
+/// How a failed attempt should be handled.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Go to this leader (or look for one when `None`) and try again: nothing was applied.
+    NotLeader(Option<String>),
+    /// The cluster is electing or lost quorum: wait, try again. Nothing was applied.
+    Unavailable(String),
+    /// The connection failed before the request was sent: nothing was applied.
+    Unsent(String),
+    /// The connection failed after the request may have been sent.
+    Broken(String),
+    /// A final answer.
+    Final(ClientError),
+}
+
+fn metadata(status: &Status, key: &str) -> Option<String> {
+    status.metadata().get(key).and_then(|value| value.to_str().ok()).map(str::to_owned)
+}
+
+pub(crate) fn classify(status: &Status) -> Failure {
+    let Some(code) = metadata(status, ERROR_CODE_KEY) else {
+        return transport_failure(status);
+    };
+    match code.as_str() {
+        "not_leader" => Failure::NotLeader(metadata(status, LEADER_KEY)),
+        "unavailable" | "stopped" => Failure::Unavailable(status.message().to_owned()),
+        "outcome_unknown" => {
+            Failure::Final(ClientError::OutcomeUnknown(status.message().to_owned()))
+        }
+        _ => Failure::Final(ClientError::Service {
+            holder_token: metadata(status, HOLDER_TOKEN_KEY).and_then(|token| token.parse().ok()),
+            code,
+            message: status.message().to_owned(),
+        }),
+    }
+}
+
+fn transport_failure(status: &Status) -> Failure {
+    let message = format!("{}: {}", status.code(), status.message());
+    // tonic reports a refused or failed connection as UNAVAILABLE with "connect" in the text;
+    // then the request never left this process and any call may be retried.
+    let lower = message.to_ascii_lowercase();
+    let unsent =
+        status.code() == Code::Unavailable && (lower.contains("connect") || lower.contains("dns"));
+    if unsent { Failure::Unsent(message) } else { Failure::Broken(message) }
+}

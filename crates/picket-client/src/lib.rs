@@ -1,0 +1,38 @@
+//! Rust client for Picket.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), picket_client::ClientError> {
+//! use std::time::Duration;
+//!
+//! // Any member will do; the client finds and follows the leader.
+//! let client = picket_client::Client::connect(["127.0.0.1:7687"]).await?;
+//! // A session kept alive in the background at a third of its TTL.
+//! let session = client.session(Duration::from_secs(10)).await?;
+//! let guard = session.lock("jobs/nightly-report").await?;
+//! println!("holding token {} ({})", guard.token(), guard.sequencer());
+//! tokio::select! {
+//!     reason = guard.lost() => eprintln!("lost the lock: {reason:?}; stop writing"),
+//!     () = tokio::time::sleep(Duration::from_secs(1)) => {
+//!         // Do the work, sending guard.sequencer() with every write to a fenced resource.
+//!     }
+//! }
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Calls go to the leader (followed through `not_leader` refusals), retry across endpoints and
+//! elections for [`ClientConfig::retry_for`], and never resend a call that is not safe to repeat
+//! (opening a session) once it may have been sent: such a call fails with
+//! [`ClientError::OutcomeUnknown`] instead.
+
+mod client;
+mod error;
+mod session;
+
+pub use client::{Client, ClientConfig};
+pub use error::ClientError;
+pub use picket_core::Sequencer;
+pub use picket_proto::v1::watch_request::Target as WatchTarget;
+pub use picket_proto::v1::{ClusterInfo, LockInfo, SessionInfo, WatchEvent};
+pub use session::{FenceRegistration, Guard, LostReason, Session};

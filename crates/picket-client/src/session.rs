@@ -1,0 +1,478 @@
+//! Sessions kept alive in the background, and lock guards.
+
+use crate::client::{Client, Retry};
+use crate::error::ClientError;
+use picket_core::Sequencer;
+use picket_proto::v1::{self, watch_request::Target};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Why a session (and with it every grant it held) is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The service expired it: it was not kept alive in time.
+    Expired,
+    /// An operator revoked it.
+    Revoked,
+    /// It was closed.
+    Closed,
+    /// The client could not confirm it within its TTL (the service may still count it alive,
+    /// but nothing guarantees that any more).
+    Unconfirmed,
+    /// This one grant ended while the session lives on (released elsewhere).
+    GrantEnded,
+}
+
+/// Something a new holder should register its token with right after acquiring, before it
+/// reads: a fenced resource (SPEC §2, fence on acquire). Registration makes the resource refuse
+/// the previous holder's writes at once, instead of only after the new holder's first write.
+pub trait FenceRegistration: Send + Sync {
+    /// Registers `sequencer` as the newest grant. An error aborts the acquire (the lock is
+    /// released) because the resource would not be protected.
+    fn register(
+        &self,
+        sequencer: &Sequencer,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+}
+
+type LostSender = watch::Sender<Option<LostReason>>;
+
+#[derive(Debug)]
+struct Shared {
+    client: Client,
+    id: u64,
+    ttl: Duration,
+    lost: LostSender,
+    /// Grants held through this session: lock name to (token, lost signal).
+    grants: Mutex<HashMap<String, (u64, Arc<LostSender>)>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn mark_lost(&self, reason: LostReason) {
+        if self.lost.borrow().is_none() {
+            tracing::warn!(session = self.id, ?reason, "session lost");
+            self.lost.send_replace(Some(reason));
+        }
+        let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (_, signal) in grants.values() {
+            signal.send_if_modified(|current| {
+                current.is_none() && {
+                    *current = Some(reason);
+                    true
+                }
+            });
+        }
+        self.stop.send_replace(true);
+    }
+
+    fn grant_ended(&self, name: &str, token: u64, reason: LostReason) {
+        let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((held, signal)) = grants.get(name)
+            && *held == token
+        {
+            signal.send_if_modified(|current| {
+                current.is_none() && {
+                    *current = Some(reason);
+                    true
+                }
+            });
+        }
+    }
+}
+
+/// A session: a lease kept alive in the background at a third of its TTL.
+///
+/// [`Session::lost`] fires as soon as the session is known to be gone, or when the client
+/// cannot confirm it before its TTL runs out, measured from the moment the last confirmed
+/// keepalive was sent. Dropping the session stops the keepalive and closes it.
+#[derive(Debug)]
+pub struct Session {
+    shared: Arc<Shared>,
+}
+
+impl Session {
+    pub(crate) async fn open(
+        client: Client,
+        ttl: Duration,
+        lock_delay: Duration,
+    ) -> Result<Self, ClientError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let lock_delay_ms = u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX);
+        let opened_at = Instant::now();
+        let timeout = Some(client.config().request_timeout);
+        let opened = client
+            .call(Retry::UnlessSent, timeout, |mut grpc| async move {
+                grpc.open_session(v1::OpenSessionRequest { ttl_ms, lock_delay_ms }).await
+            })
+            .await?;
+        let (lost, _) = watch::channel(None);
+        let (stop, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            client,
+            id: opened.session_id,
+            ttl: Duration::from_millis(opened.ttl_ms),
+            lost,
+            grants: Mutex::new(HashMap::new()),
+            stop,
+        });
+        tokio::spawn(keep_alive(shared.clone(), opened_at));
+        tokio::spawn(watch_session(shared.clone()));
+        Ok(Self { shared })
+    }
+
+    /// The session's id.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// The session's TTL as granted.
+    #[must_use]
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// Why the session is lost, if it is.
+    #[must_use]
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        *self.shared.lost.borrow()
+    }
+
+    /// Resolves when the session is lost, with the reason.
+    pub async fn lost(&self) -> LostReason {
+        let mut receiver = self.shared.lost.subscribe();
+        let reason = receiver.wait_for(Option::is_some).await.map(|reason| *reason);
+        reason.ok().flatten().unwrap_or(LostReason::Closed)
+    }
+
+    fn check_alive(&self) -> Result<(), ClientError> {
+        match self.lost_reason() {
+            Some(reason) => Err(ClientError::SessionLost(reason)),
+            None => Ok(()),
+        }
+    }
+
+    async fn acquire(&self, name: &str, wait_ms: Option<u64>) -> Result<Guard, ClientError> {
+        self.check_alive()?;
+        let session_id = self.shared.id;
+        // A waiting acquire is not cut off by the request timeout: the server ends the wait.
+        let timeout = match wait_ms {
+            None => None,
+            Some(wait_ms) => {
+                Some(self.shared.client.config().request_timeout + Duration::from_millis(wait_ms))
+            }
+        };
+        // Acquire is idempotent for one session (a repeat returns the same grant or the same
+        // place in the queue), so it is safe to retry after a broken connection.
+        let granted = self
+            .shared
+            .client
+            .call(Retry::Safe, timeout, |mut grpc| {
+                let request = v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms };
+                async move { grpc.acquire(request).await }
+            })
+            .await?;
+        let signal = Arc::new(watch::channel(*self.shared.lost.borrow()).0);
+        self.shared
+            .grants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.to_owned(), (granted.token, signal.clone()));
+        Ok(Guard {
+            shared: self.shared.clone(),
+            name: name.to_owned(),
+            token: granted.token,
+            sequencer: Sequencer::new(name, granted.token),
+            lost: signal,
+            released: false,
+        })
+    }
+
+    /// Acquires `name`, waiting as long as it takes.
+    ///
+    /// # Errors
+    /// The session being lost; refusals; the cluster being unreachable.
+    pub async fn lock(&self, name: &str) -> Result<Guard, ClientError> {
+        self.acquire(name, None).await
+    }
+
+    /// Acquires `name` only if it is free now; otherwise fails with code `lock_busy` and the
+    /// holder's token.
+    ///
+    /// # Errors
+    /// `lock_busy` or `lock_delayed` when taken; as [`Session::lock`] otherwise.
+    pub async fn try_lock(&self, name: &str) -> Result<Guard, ClientError> {
+        self.acquire(name, Some(0)).await
+    }
+
+    /// Acquires `name`, waiting at most `wait`; fails with code `wait_timed_out` after that.
+    ///
+    /// # Errors
+    /// `wait_timed_out`; as [`Session::lock`] otherwise.
+    pub async fn lock_timeout(&self, name: &str, wait: Duration) -> Result<Guard, ClientError> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.acquire(name, Some(wait_ms)).await
+    }
+
+    /// Acquires `name`, then registers the new token with every fenced resource in `fences`
+    /// before returning (fence on acquire). If a registration fails, the lock is released and
+    /// the error returned: the resource would otherwise still accept the previous holder.
+    ///
+    /// # Errors
+    /// As [`Session::lock`], plus a failed registration as `fence_registration_failed`.
+    pub async fn lock_fenced(
+        &self,
+        name: &str,
+        fences: &[&dyn FenceRegistration],
+    ) -> Result<Guard, ClientError> {
+        let guard = self.lock(name).await?;
+        for fence in fences {
+            if let Err(detail) = fence.register(guard.sequencer()).await {
+                let _ = guard.release().await;
+                return Err(ClientError::Service {
+                    code: "fence_registration_failed".into(),
+                    message: format!(
+                        "registering the new token with a fenced resource failed ({detail}); the lock was released"
+                    ),
+                    holder_token: None,
+                });
+            }
+        }
+        Ok(guard)
+    }
+
+    /// Closes the session: its locks are released. The keepalive stops.
+    ///
+    /// # Errors
+    /// The cluster being unreachable.
+    pub async fn close(self) -> Result<(), ClientError> {
+        let result = close(&self.shared).await;
+        self.shared.mark_lost(LostReason::Closed);
+        result
+    }
+}
+
+async fn close(shared: &Shared) -> Result<(), ClientError> {
+    let session_id = shared.id;
+    let timeout = Some(shared.client.config().request_timeout);
+    let result = shared
+        .client
+        .call(Retry::Safe, timeout, |mut grpc| async move {
+            grpc.close_session(v1::SessionRequest { session_id }).await
+        })
+        .await;
+    match result {
+        // A retried close can meet its own earlier success.
+        Err(error) if error.code() == Some("unknown_session") => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.shared.lost.borrow().is_some() {
+            return;
+        }
+        let shared = self.shared.clone();
+        shared.stop.send_replace(true);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = close(&shared).await;
+                shared.mark_lost(LostReason::Closed);
+            });
+        }
+    }
+}
+
+/// Keeps the session alive every third of its TTL. Marks it lost when the service says it is
+/// gone, or when no keepalive was confirmed within a TTL of the last confirmed one being sent.
+async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
+    let mut stop = shared.stop.subscribe();
+    let mut confirmed_sent_at = opened_at;
+    let period = shared.ttl / 3;
+    let retry_pause = Duration::from_millis(100).min(period);
+    let mut next_attempt = opened_at + period;
+    loop {
+        let deadline = confirmed_sent_at + shared.ttl;
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                shared.mark_lost(LostReason::Unconfirmed);
+                return;
+            }
+            _ = stop.wait_for(|stop| *stop) => return,
+            () = tokio::time::sleep_until(next_attempt) => {}
+        }
+        let sent_at = Instant::now();
+        let session_id = shared.id;
+        let attempt = shared.client.call(Retry::Safe, Some(period), |mut grpc| async move {
+            grpc.keep_alive(v1::KeepAliveRequest { session_id }).await
+        });
+        let result = tokio::select! {
+            result = attempt => result,
+            () = tokio::time::sleep_until(deadline) => {
+                shared.mark_lost(LostReason::Unconfirmed);
+                return;
+            }
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        match result {
+            Ok(_) => {
+                confirmed_sent_at = sent_at;
+                next_attempt = sent_at + period;
+            }
+            Err(error) if error.code() == Some("unknown_session") => {
+                shared.mark_lost(LostReason::Expired);
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(session = shared.id, %error, "keepalive failed; retrying");
+                next_attempt = Instant::now() + retry_pause;
+            }
+        }
+    }
+}
+
+/// Follows the session's events, so a revocation, an expiry or a grant ended elsewhere is
+/// known as soon as the service applies it. Reconnects when the stream breaks.
+async fn watch_session(shared: Arc<Shared>) {
+    let mut stop = shared.stop.subscribe();
+    loop {
+        let stream = tokio::select! {
+            stream = shared.client.watch(Target::SessionId(shared.id)) => stream,
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        let Ok(mut stream) = stream else {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                _ = stop.wait_for(|stop| *stop) => return,
+            };
+            let Ok(Some(event)) = message else { break };
+            match event.kind.as_str() {
+                "session_ended" => {
+                    let reason = match event.cause.as_str() {
+                        "revoked" => LostReason::Revoked,
+                        "closed" => LostReason::Closed,
+                        _ => LostReason::Expired,
+                    };
+                    shared.mark_lost(reason);
+                    return;
+                }
+                "released" if event.cause != "released" => {
+                    let reason = match event.cause.as_str() {
+                        "session_revoked" => LostReason::Revoked,
+                        "session_expired" => LostReason::Expired,
+                        "session_closed" => LostReason::Closed,
+                        _ => LostReason::GrantEnded,
+                    };
+                    shared.grant_ended(&event.name, event.token, reason);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A held lock. Exposes the grant's token and sequencer, and [`Guard::lost`], which fires when
+/// the grant is known to be gone. Dropping the guard releases the lock in the background;
+/// [`Guard::release`] does it now and reports errors.
+#[derive(Debug)]
+pub struct Guard {
+    shared: Arc<Shared>,
+    name: String,
+    token: u64,
+    sequencer: Sequencer,
+    lost: Arc<LostSender>,
+    released: bool,
+}
+
+impl Guard {
+    /// The lock's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The grant's fencing token.
+    #[must_use]
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The grant's sequencer: token and lock in one string for headers and environments.
+    #[must_use]
+    pub fn sequencer(&self) -> &Sequencer {
+        &self.sequencer
+    }
+
+    /// Why the grant is lost, if it is.
+    #[must_use]
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        *self.lost.borrow()
+    }
+
+    /// Resolves when the grant is lost: its session is lost, or the grant ended without this
+    /// guard releasing it.
+    pub async fn lost(&self) -> LostReason {
+        let mut receiver = self.lost.subscribe();
+        let reason = receiver.wait_for(Option::is_some).await.map(|reason| *reason);
+        reason.ok().flatten().unwrap_or(LostReason::Closed)
+    }
+
+    /// Releases the lock now.
+    ///
+    /// # Errors
+    /// `not_held` when the grant already ended; the cluster being unreachable.
+    pub async fn release(mut self) -> Result<(), ClientError> {
+        self.released = true;
+        release(&self.shared, &self.name, self.token).await
+    }
+}
+
+async fn release(shared: &Shared, name: &str, token: u64) -> Result<(), ClientError> {
+    shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+    let session_id = shared.id;
+    let timeout = Some(shared.client.config().request_timeout);
+    let result = shared
+        .client
+        .call(Retry::Safe, timeout, |mut grpc| {
+            let request = v1::ReleaseRequest { name: name.to_owned(), session_id, token };
+            async move { grpc.release(request).await }
+        })
+        .await;
+    match result {
+        // A retried release can meet its own earlier success: the lock is no longer held under
+        // this token, which is what was asked.
+        Err(error) if error.code() == Some("not_held") && error.holder_token() != Some(token) => {
+            Ok(())
+        }
+        other => other.map(|_| ()),
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.released || self.shared.lost.borrow().is_some() {
+            return;
+        }
+        let (shared, name, token) =
+            (self.shared.clone(), std::mem::take(&mut self.name), self.token);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = release(&shared, &name, token).await {
+                    tracing::warn!(%error, name, token, "releasing a dropped guard failed");
+                }
+            });
+        }
+    }
+}

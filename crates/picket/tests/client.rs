@@ -1,0 +1,148 @@
+//! The Rust client against a real server: guards, tokens across holders, `lost()` on
+//! revocation and on a server that stops answering for longer than the TTL, release on drop,
+//! and FIFO across three clients.
+
+use picket_client::{Client, LostReason};
+use picket_testkit::{ServerProcess, temp_dir};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+async fn start() -> (tempfile::TempDir, ServerProcess, Client) {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &[],
+    );
+    let client = Client::connect([server.addr.clone()]).await.unwrap();
+    (dir, server, client)
+}
+
+/// Successive holders of one lock get strictly growing tokens; dropping a guard releases.
+#[tokio::test]
+async fn tokens_grow_across_holders_and_drop_releases() {
+    let (_dir, _server, client) = start().await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let session = client.session(Duration::from_secs(10)).await.unwrap();
+        let guard = session.try_lock("shared").await.unwrap();
+        assert!(guard.token() > last);
+        assert_eq!(guard.sequencer().to_string(), format!("p1.{}.shared", guard.token()));
+        last = guard.token();
+        drop(guard);
+        // Dropping released it: the next holder can take it with a try.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.lock_info("shared").await.unwrap().holder_session_id != 0 {
+            assert!(Instant::now() < deadline, "the dropped guard was not released");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let held = session.try_lock("busy").await.unwrap();
+    let other = client.session(Duration::from_secs(10)).await.unwrap();
+    let refused = other.try_lock("busy").await.unwrap_err();
+    assert_eq!(refused.code(), Some("lock_busy"));
+    assert_eq!(refused.holder_token(), Some(held.token()));
+    assert!(refused.to_string().contains(&held.token().to_string()));
+}
+
+/// An operator's revocation reaches the holder's `lost()` at once, not at the next keepalive.
+#[tokio::test]
+async fn lost_fires_when_the_session_is_revoked() {
+    let (_dir, _server, client) = start().await;
+    let session = client.session(Duration::from_secs(30)).await.unwrap();
+    let guard = session.lock("revoked").await.unwrap();
+    let started = Instant::now();
+    client.revoke_session(session.id()).await.unwrap();
+    let reason =
+        tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
+    assert_eq!(reason, LostReason::Revoked);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(session.lost_reason(), Some(LostReason::Revoked));
+    assert_eq!(
+        session.try_lock("other").await.unwrap_err().to_string(),
+        "the session is lost (Revoked): open a new session"
+    );
+}
+
+/// A server that stops answering (SIGSTOP) for longer than the TTL: the client cannot confirm
+/// its session and `lost()` fires by its own clock, within the TTL of the last confirmed
+/// keepalive.
+#[tokio::test]
+async fn lost_fires_when_the_server_is_stopped_longer_than_the_ttl() {
+    let (_dir, server, client) = start().await;
+    let ttl = Duration::from_millis(1_500);
+    let session = client.session(ttl).await.unwrap();
+    let guard = session.lock("paused").await.unwrap();
+    // Let a keepalive or two be confirmed first.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    server.signal("-STOP");
+    let stopped_at = Instant::now();
+    let reason =
+        tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("lost() fired");
+    let after = stopped_at.elapsed();
+    server.signal("-CONT");
+    assert_eq!(reason, LostReason::Unconfirmed);
+    assert!(
+        after <= ttl + Duration::from_millis(500),
+        "lost() fired {after:?} after the server stopped"
+    );
+}
+
+/// Three clients wait for one lock and get it in the order they asked, each with a greater
+/// token than the last.
+#[tokio::test]
+async fn waiters_are_served_in_fifo_order_across_clients() {
+    let (_dir, server, client) = start().await;
+    let holder = client.session(Duration::from_secs(10)).await.unwrap();
+    let first = holder.lock("fifo").await.unwrap();
+    let (order_tx, mut order_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for index in 0..3_u64 {
+        let waiting = Client::connect([server.addr.clone()]).await.unwrap();
+        // Queue strictly one after another.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.lock_info("fifo").await.unwrap().waiters.len() as u64 != index {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let order_tx = order_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let session = waiting.session(Duration::from_secs(10)).await.unwrap();
+            let guard = session.lock("fifo").await.unwrap();
+            order_tx.send((index, guard.token())).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+        }));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.lock_info("fifo").await.unwrap().waiters.len() as u64 != index + 1 {
+            assert!(Instant::now() < deadline, "waiter {index} never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let mut last = first_token;
+    for expected in 0..3 {
+        let (index, token) = order_rx.recv().await.unwrap();
+        assert_eq!(index, expected, "granted out of order");
+        assert!(token > last);
+        last = token;
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// A client pointed at nothing says so in words a person can act on.
+#[tokio::test]
+async fn connecting_to_nothing_says_what_to_do() {
+    let port = picket_testkit::free_port();
+    let config =
+        picket_client::ClientConfig { retry_for: Duration::from_millis(300), ..Default::default() };
+    let error = Client::connect_with([format!("127.0.0.1:{port}")], config).await.unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains(&format!("no Picket server at 127.0.0.1:{port}")), "{message}");
+    assert!(message.contains("picket serve"), "{message}");
+}
