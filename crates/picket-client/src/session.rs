@@ -161,12 +161,8 @@ impl Session {
         self.check_alive()?;
         let session_id = self.shared.id;
         // A waiting acquire is not cut off by the request timeout: the server ends the wait.
-        let timeout = match wait_ms {
-            None => None,
-            Some(wait_ms) => {
-                Some(self.shared.client.config().request_timeout + Duration::from_millis(wait_ms))
-            }
-        };
+        let request_timeout = self.shared.client.config().request_timeout;
+        let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
         // Acquire is idempotent for one session (a repeat returns the same grant or the same
         // place in the queue), so it is safe to retry after a broken connection.
         let granted = self
