@@ -264,6 +264,13 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         let stopped = async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
+        // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs (about 40 ms per
+        // request on Linux loopback).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY");
+            }
+        });
         if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
             tracing::error!(%error, "the server stopped");
         }

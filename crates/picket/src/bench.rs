@@ -1,0 +1,284 @@
+//! `picket bench`: drives a running Picket with concurrent clients and prints one `RESULT` line
+//! in the format of `../shared/peerbench`, so Picket lines up with etcd, ZooKeeper and Redis.
+//!
+//! Each client has its own connection and session. While it runs, the benchmark checks mutual
+//! exclusion (no two of its clients hold one lock at once) and that tokens of each lock only
+//! grow; both counts must be 0.
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use picket_client::{Client, Guard};
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What each client does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Client i acquires and releases its own lock: acquire+release cycles per second.
+    Uncontended,
+    /// All clients take turns on one lock: handoffs per second.
+    Contended,
+    /// Open `--sessions` sessions and keep them alive at TTL/3; report any that expired.
+    Sessions,
+}
+
+/// Options of `picket bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Mode::Uncontended)]
+    mode: Mode,
+    /// Concurrent clients, each with its own connection and session.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Measured seconds (after the warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    /// Warm-up seconds, not measured.
+    #[arg(long, default_value_t = 1.0)]
+    warmup_secs: f64,
+    /// The server's process id, to report its CPU use.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Session TTL in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    ttl_ms: u64,
+    /// Sessions to open in `sessions` mode.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: usize,
+    /// Stop after this many operations, whatever the time.
+    #[arg(long, default_value_t = 5_000_000)]
+    max_ops: u64,
+    /// A label copied into the RESULT line.
+    #[arg(long, default_value = "")]
+    tag: String,
+}
+
+/// CPU time (user + system) of a process, in seconds, from /proc.
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields after the closing parenthesis are fixed.
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // Linux reports CPU time in clock ticks of 1/100 s on every platform Picket targets.
+    Some(ticks / 100.0)
+}
+
+#[derive(Debug)]
+struct Recorder {
+    acquire: Histogram<u64>,
+    release: Histogram<u64>,
+    cycle: Histogram<u64>,
+    ops: u64,
+    errors: u64,
+}
+
+impl Recorder {
+    fn new() -> Self {
+        let histogram = || Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds");
+        Self { acquire: histogram(), release: histogram(), cycle: histogram(), ops: 0, errors: 0 }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.acquire.add(&other.acquire).expect("same bounds");
+        self.release.add(&other.release).expect("same bounds");
+        self.cycle.add(&other.cycle).expect("same bounds");
+        self.ops += other.ops;
+        self.errors += other.errors;
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Safety checks shared by all clients.
+#[derive(Debug, Default)]
+struct Checks {
+    /// Lock name to the client that holds it, as the clients themselves believe.
+    holders: Mutex<HashMap<String, usize>>,
+    /// Lock name to the last token seen.
+    tokens: Mutex<HashMap<String, u64>>,
+    violations: AtomicU64,
+    token_regressions: AtomicU64,
+}
+
+impl Checks {
+    fn acquired(&self, client: usize, guard: &Guard) {
+        let name = guard.name().to_owned();
+        if let Some(other) = self.holders.lock().expect("not poisoned").insert(name.clone(), client)
+            && other != client
+        {
+            self.violations.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut tokens = self.tokens.lock().expect("not poisoned");
+        let last = tokens.entry(name).or_insert(0);
+        if guard.token() <= *last {
+            self.token_regressions.fetch_add(1, Ordering::Relaxed);
+        }
+        *last = guard.token();
+    }
+
+    fn releasing(&self, name: &str) {
+        self.holders.lock().expect("not poisoned").remove(name);
+    }
+}
+
+struct Window {
+    measure_from: Instant,
+    end: Instant,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_client(client: Client, index: usize, mode: Mode, ttl: Duration, window: Arc<Window>, checks: Arc<Checks>, ops: Arc<AtomicU64>, max_ops: u64) -> anyhow::Result<Recorder> {
+    let session = client.session(ttl).await?;
+    let name = match mode {
+        Mode::Contended => "bench/contended".to_owned(),
+        _ => format!("bench/uncontended/{index}"),
+    };
+    let mut recorder = Recorder::new();
+    while Instant::now() < window.end && ops.load(Ordering::Relaxed) < max_ops {
+        let started = Instant::now();
+        let guard = match session.lock(&name).await {
+            Ok(guard) => guard,
+            Err(error) => {
+                tracing::warn!(%error, "acquire failed");
+                recorder.errors += 1;
+                continue;
+            }
+        };
+        let acquired = Instant::now();
+        checks.acquired(index, &guard);
+        checks.releasing(&name);
+        let released = guard.release().await;
+        let done = Instant::now();
+        if released.is_err() {
+            recorder.errors += 1;
+        }
+        if started >= window.measure_from && done <= window.end {
+            recorder.acquire.record(micros(acquired - started)).ok();
+            recorder.release.record(micros(done - acquired)).ok();
+            recorder.cycle.record(micros(done - started)).ok();
+            recorder.ops += 1;
+            ops.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    session.close().await.ok();
+    Ok(recorder)
+}
+
+async fn run_locks(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<(Recorder, Arc<Checks>, f64)> {
+    let checks = Arc::new(Checks::default());
+    let ops = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        clients.push(Client::connect(endpoints.to_vec()).await.context("connecting a benchmark client")?);
+    }
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(args.warmup_secs);
+    let window = Arc::new(Window { measure_from, end: measure_from + Duration::from_secs_f64(args.secs) });
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(index, client)| {
+            tokio::spawn(run_client(client, index, args.mode, ttl, window.clone(), checks.clone(), ops.clone(), args.max_ops))
+        })
+        .collect();
+    let mut total = Recorder::new();
+    for task in tasks {
+        total.add(&task.await??);
+    }
+    let measured = (window.end.min(Instant::now()) - window.measure_from).as_secs_f64();
+    Ok((total, checks, measured))
+}
+
+/// Opens many sessions and keeps them alive; counts sessions that were lost.
+async fn run_sessions(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<(u64, u64)> {
+    // Sessions share a few connections, as a real fleet of clients behind a proxy would not,
+    // but as many processes on one machine must: one connection per session would exhaust file
+    // descriptors long before the server.
+    let connections = args.clients.max(1);
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        clients.push(Client::connect(endpoints.to_vec()).await?);
+    }
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let mut sessions = Vec::with_capacity(args.sessions);
+    for index in 0..args.sessions {
+        sessions.push(clients[index % connections].session(ttl).await?);
+    }
+    tokio::time::sleep(Duration::from_secs_f64(args.secs + args.warmup_secs)).await;
+    let lost = sessions.iter().filter(|session| session.lost_reason().is_some()).count() as u64;
+    Ok((args.sessions as u64, lost))
+}
+
+/// Runs the benchmark and prints the RESULT line.
+pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+    if args.clients == 0 || args.secs <= 0.0 {
+        bail!("--clients and --secs must be positive");
+    }
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let server_pid = args.server_pid.map(|pid| pid.to_string());
+    let server_cpu_start = server_pid.as_deref().and_then(cpu_seconds);
+    let wall_start = Instant::now();
+    let line = runtime.block_on(async {
+        match args.mode {
+            Mode::Sessions => {
+                let (opened, lost) = run_sessions(&args, &endpoints).await?;
+                let wall = wall_start.elapsed().as_secs_f64();
+                let server_cpu = server_pid.as_deref().and_then(cpu_seconds).zip(server_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
+                let rss = server_pid.as_deref().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).and_then(|status| {
+                    status.lines().find(|line| line.starts_with("VmRSS:")).map(|line| line.split_whitespace().nth(1).unwrap_or("0").to_owned())
+                });
+                anyhow::Ok(format!(
+                    "RESULT system=picket mode=sessions sessions={opened} ttl_ms={} secs={:.1} expired={lost} server_cpu_pct={} server_rss_kb={} tag={}",
+                    args.ttl_ms,
+                    args.secs + args.warmup_secs,
+                    server_cpu.map_or_else(|| "na".to_owned(), |cpu| format!("{cpu:.1}")),
+                    rss.unwrap_or_else(|| "na".to_owned()),
+                    args.tag
+                ))
+            }
+            Mode::Uncontended | Mode::Contended => {
+                let server_cpu_start = server_pid.as_deref().and_then(cpu_seconds);
+                let client_cpu_start = cpu_seconds("self");
+                let wall = Instant::now();
+                let (recorder, checks, measured) = run_locks(&args, &endpoints).await?;
+                let wall = wall.elapsed().as_secs_f64();
+                let server_cpu = server_pid.as_deref().and_then(cpu_seconds).zip(server_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
+                let client_cpu = cpu_seconds("self").zip(client_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
+                let percent = |value: Option<f64>| value.map_or_else(|| "na".to_owned(), |value| format!("{value:.1}"));
+                #[allow(clippy::cast_precision_loss)]
+                let ops_per_s = recorder.ops as f64 / measured;
+                let mode = if args.mode == Mode::Contended { "contended" } else { "uncontended" };
+                anyhow::Ok(format!(
+                    "RESULT system=picket mode={mode} clients={} secs={measured:.1} ops={} ops_per_s={ops_per_s:.0} acq_p50_us={} acq_p99_us={} acq_max_us={} rel_p50_us={} rel_p99_us={} cycle_p50_us={} cycle_p99_us={} errors={} violations={} token_regressions={} server_cpu_pct={} client_cpu_pct={} tag={}",
+                    args.clients,
+                    recorder.ops,
+                    recorder.acquire.value_at_quantile(0.5),
+                    recorder.acquire.value_at_quantile(0.99),
+                    recorder.acquire.max(),
+                    recorder.release.value_at_quantile(0.5),
+                    recorder.release.value_at_quantile(0.99),
+                    recorder.cycle.value_at_quantile(0.5),
+                    recorder.cycle.value_at_quantile(0.99),
+                    recorder.errors,
+                    checks.violations.load(Ordering::Relaxed),
+                    checks.token_regressions.load(Ordering::Relaxed),
+                    percent(server_cpu),
+                    percent(client_cpu),
+                    args.tag
+                ))
+            }
+        }
+    })?;
+    println!("{line}");
+    let safe = args.mode == Mode::Sessions || (line.contains(" violations=0 ") && line.contains(" token_regressions=0 "));
+    Ok(if safe { ExitCode::SUCCESS } else { ExitCode::from(3) })
+}
