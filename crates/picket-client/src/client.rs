@@ -167,6 +167,7 @@ impl Client {
         let mut next_endpoint = 0;
         let mut last_failure;
         let mut reached_any = false;
+        let mut refused = 0;
         loop {
             let target = self.leader_hint().unwrap_or_else(|| {
                 self.inner.endpoints[next_endpoint % self.inner.endpoints.len()].clone()
@@ -206,6 +207,15 @@ impl Client {
                     last_failure = format!("{target}: {detail}");
                     self.set_leader_hint(None);
                     next_endpoint += 1;
+                    refused += 1;
+                    // Every endpoint refused the connection three times over and none ever
+                    // answered: nothing is listening. Say so now instead of after `retry_for`.
+                    if !reached_any && refused >= 3 * self.inner.endpoints.len() {
+                        return Err(ClientError::Unreachable {
+                            endpoints: self.inner.endpoints.join(","),
+                            detail: last_failure,
+                        });
+                    }
                 }
                 Failure::Broken(detail) => {
                     if retry == Retry::UnlessSent {
@@ -326,6 +336,74 @@ impl Client {
         self.call(Retry::Safe, timeout, |mut client| {
             let request = v1::CheckRequest { sequencer: sequencer.to_owned() };
             async move { client.check(request).await }
+        })
+        .await
+    }
+
+    /// Acquires `name` in an existing session that its owner keeps alive. `wait_ms`: `None`
+    /// waits until granted, `Some(0)` tries once, `Some(n)` waits at most n ms. Prefer
+    /// [`Client::session`] and [`Session`] unless another process owns the session.
+    ///
+    /// # Errors
+    /// Refusals (`lock_busy`, `wait_timed_out`, `unknown_session`, ...); the cluster being
+    /// unreachable.
+    pub async fn acquire_in(
+        &self,
+        session_id: u64,
+        name: &str,
+        wait_ms: Option<u64>,
+    ) -> Result<v1::AcquireResponse, ClientError> {
+        let timeout = wait_ms
+            .map(|wait_ms| self.inner.config.request_timeout + Duration::from_millis(wait_ms));
+        self.call(Retry::Safe, timeout, |mut client| {
+            let request = v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms };
+            async move { client.acquire(request).await }
+        })
+        .await
+    }
+
+    /// Releases the grant `token` of `name` held by `session_id`.
+    ///
+    /// # Errors
+    /// `not_held` or `token_mismatch`; the cluster being unreachable.
+    pub async fn release_in(
+        &self,
+        session_id: u64,
+        name: &str,
+        token: u64,
+    ) -> Result<(), ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        self.call(Retry::UnlessSent, timeout, |mut client| {
+            let request = v1::ReleaseRequest { name: name.to_owned(), session_id, token };
+            async move { client.release(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Adds a node as a voter (it must be running, started with `--join`).
+    ///
+    /// # Errors
+    /// A refused membership change; the cluster being unreachable.
+    pub async fn add_member(
+        &self,
+        node_id: u64,
+        addr: &str,
+    ) -> Result<v1::ClusterInfo, ClientError> {
+        self.call(Retry::UnlessSent, None, |mut client| {
+            let request = v1::AddMemberRequest { node_id, addr: addr.to_owned() };
+            async move { client.add_member(request).await }
+        })
+        .await
+    }
+
+    /// Removes a node from the voters.
+    ///
+    /// # Errors
+    /// A refused membership change; the cluster being unreachable.
+    pub async fn remove_member(&self, node_id: u64) -> Result<v1::ClusterInfo, ClientError> {
+        self.call(Retry::UnlessSent, None, |mut client| async move {
+            client.remove_member(v1::RemoveMemberRequest { node_id }).await
         })
         .await
     }

@@ -80,7 +80,8 @@ struct Recorder {
 
 impl Recorder {
     fn new() -> Self {
-        let histogram = || Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds");
+        let histogram =
+            || Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid histogram bounds");
         Self { acquire: histogram(), release: histogram(), cycle: histogram(), ops: 0, errors: 0 }
     }
 
@@ -135,7 +136,16 @@ struct Window {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn run_client(client: Client, index: usize, mode: Mode, ttl: Duration, window: Arc<Window>, checks: Arc<Checks>, ops: Arc<AtomicU64>, max_ops: u64) -> anyhow::Result<Recorder> {
+async fn run_client(
+    client: Client,
+    index: usize,
+    mode: Mode,
+    ttl: Duration,
+    window: Arc<Window>,
+    checks: Arc<Checks>,
+    ops: Arc<AtomicU64>,
+    max_ops: u64,
+) -> anyhow::Result<Recorder> {
     let session = client.session(ttl).await?;
     let name = match mode {
         Mode::Contended => "bench/contended".to_owned(),
@@ -172,22 +182,37 @@ async fn run_client(client: Client, index: usize, mode: Mode, ttl: Duration, win
     Ok(recorder)
 }
 
-async fn run_locks(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<(Recorder, Arc<Checks>, f64)> {
+async fn run_locks(
+    args: &BenchArgs,
+    endpoints: &[String],
+) -> anyhow::Result<(Recorder, Arc<Checks>, f64)> {
     let checks = Arc::new(Checks::default());
     let ops = Arc::new(AtomicU64::new(0));
     let mut clients = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
-        clients.push(Client::connect(endpoints.to_vec()).await.context("connecting a benchmark client")?);
+        clients.push(
+            Client::connect(endpoints.to_vec()).await.context("connecting a benchmark client")?,
+        );
     }
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup_secs);
-    let window = Arc::new(Window { measure_from, end: measure_from + Duration::from_secs_f64(args.secs) });
+    let window =
+        Arc::new(Window { measure_from, end: measure_from + Duration::from_secs_f64(args.secs) });
     let ttl = Duration::from_millis(args.ttl_ms);
     let tasks: Vec<_> = clients
         .into_iter()
         .enumerate()
         .map(|(index, client)| {
-            tokio::spawn(run_client(client, index, args.mode, ttl, window.clone(), checks.clone(), ops.clone(), args.max_ops))
+            tokio::spawn(run_client(
+                client,
+                index,
+                args.mode,
+                ttl,
+                window.clone(),
+                checks.clone(),
+                ops.clone(),
+                args.max_ops,
+            ))
         })
         .collect();
     let mut total = Recorder::new();
@@ -279,6 +304,7 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
         }
     })?;
     println!("{line}");
-    let safe = args.mode == Mode::Sessions || (line.contains(" violations=0 ") && line.contains(" token_regressions=0 "));
+    let safe = args.mode == Mode::Sessions
+        || (line.contains(" violations=0 ") && line.contains(" token_regressions=0 "));
     Ok(if safe { ExitCode::SUCCESS } else { ExitCode::from(3) })
 }

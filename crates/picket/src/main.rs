@@ -1,6 +1,9 @@
 //! The `picket` command: the server, and (as they land) the client commands.
 
 mod bench;
+mod commands;
+mod duration;
+mod lock_cmd;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -12,7 +15,13 @@ use std::process::ExitCode;
 #[command(name = "picket", version, about, long_about = None)]
 struct Cli {
     /// Picket servers to talk to (any member of the cluster), comma-separated HOST:PORT.
-    #[arg(long, global = true, env = "PICKET_ENDPOINTS", value_delimiter = ',', default_value = "127.0.0.1:7687")]
+    #[arg(
+        long,
+        global = true,
+        env = "PICKET_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7687"
+    )]
     endpoints: Vec<String>,
     #[command(subcommand)]
     command: Command,
@@ -22,8 +31,62 @@ struct Cli {
 enum Command {
     /// Run a Picket node (a one-node cluster by default).
     Serve(serve::ServeArgs),
+    /// Run a command while holding a lock; stop it if the lock is lost.
+    ///
+    /// The command sees PICKET_LOCK, PICKET_TOKEN, PICKET_SEQUENCER and PICKET_SESSION. Exit
+    /// code: the command's own; 75 if the lock was not acquired; 76 if the lock was lost while
+    /// the command ran (the command's whole process group got SIGTERM, then SIGKILL after
+    /// --kill-grace).
+    Lock(lock_cmd::LockArgs),
+    /// Acquire a lock and hold it until interrupted, or, with --session, acquire in an existing
+    /// session and exit.
+    Acquire(commands::AcquireArgs),
+    /// Release a grant by session and token.
+    Release(commands::ReleaseArgs),
+    /// Show one lock: holder, token, waiters.
+    Status(commands::StatusArgs),
+    /// List locks, optionally by prefix.
+    Locks(commands::LocksArgs),
+    /// List sessions, or revoke one (`picket sessions revoke ID`).
+    Sessions(commands::SessionsArgs),
+    /// Stream events of a lock, a prefix or a session.
+    Watch(commands::WatchArgs),
+    /// Show the cluster's members and leader, or add or remove a member.
+    Members(commands::MembersArgs),
+    /// Check whether a sequencer is its lock's current grant (exit 0 if it is, 1 if not).
+    Check(commands::CheckArgs),
     /// Measure a running Picket: acquire/release throughput and latency, or many sessions.
     Bench(bench::BenchArgs),
+}
+
+fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        if let Command::Lock(args) = command {
+            return lock_cmd::run(args, endpoints).await;
+        }
+        let client = picket_client::Client::connect(endpoints).await?;
+        match command {
+            Command::Acquire(args) => commands::acquire(args, &client).await,
+            Command::Release(args) => commands::release(args, &client).await,
+            Command::Status(args) => commands::status(args, &client).await,
+            Command::Locks(args) => commands::locks(args, &client).await,
+            Command::Sessions(args) => commands::sessions(args, &client).await,
+            Command::Watch(args) => commands::watch(args, &client).await,
+            Command::Members(args) => commands::members(args, &client).await,
+            Command::Check(args) => commands::check(args, &client).await,
+            Command::Serve(_) | Command::Bench(_) | Command::Lock(_) => {
+                unreachable!("handled by main")
+            }
+        }
+    })
 }
 
 fn main() -> ExitCode {
@@ -31,6 +94,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args, cli.endpoints),
+        client_command => run_client_command(client_command, cli.endpoints),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,401 @@
+//! The client commands: acquire, release, status, locks, sessions, watch, members, check.
+//!
+//! Read commands print a tidy table, or JSON with `--json`.
+
+use crate::duration::parse_duration;
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use picket_client::{Client, LockInfo, WatchTarget};
+use serde_json::{Value, json};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Renders rows under headers, columns padded to their widest cell.
+#[must_use]
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let render = |cells: Vec<&str>| -> String {
+        let padded: Vec<String> =
+            cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        padded.join("  ").trim_end().to_owned()
+    };
+    let mut lines = vec![render(headers.to_vec())];
+    lines.extend(rows.iter().map(|row| render(row.iter().map(String::as_str).collect())));
+    lines.join("\n")
+}
+
+fn lock_json(info: &LockInfo) -> Value {
+    let holder = (info.holder_session_id != 0).then(|| {
+        json!({
+            "session_id": info.holder_session_id,
+            "token": info.token,
+            "sequencer": picket_client::Sequencer::new(info.name.clone(), info.token).to_string(),
+        })
+    });
+    json!({ "name": info.name, "holder": holder, "waiters": info.waiters, "delayed": info.delayed })
+}
+
+fn lock_row(info: &LockInfo) -> Vec<String> {
+    let (session, token) = if info.holder_session_id == 0 {
+        ("-".to_owned(), "-".to_owned())
+    } else {
+        (info.holder_session_id.to_string(), info.token.to_string())
+    };
+    let waiters = if info.waiters.is_empty() {
+        "-".to_owned()
+    } else {
+        info.waiters.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+    };
+    let state = if info.delayed {
+        "lock-delay"
+    } else if info.holder_session_id == 0 {
+        "free"
+    } else {
+        "held"
+    };
+    vec![info.name.clone(), state.to_owned(), session, token, waiters]
+}
+
+const LOCK_HEADERS: [&str; 5] = ["LOCK", "STATE", "SESSION", "TOKEN", "WAITERS"];
+
+/// `picket acquire`.
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    /// The lock.
+    name: String,
+    /// Acquire in this existing session (its owner keeps it alive) and exit at once. Without it,
+    /// picket opens a session, holds the lock until interrupted, then releases it.
+    #[arg(long)]
+    session: Option<u64>,
+    /// TTL of the session picket opens.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Wait at most this long (default: until granted).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "try_only")]
+    wait: Option<Duration>,
+    /// Do not wait.
+    #[arg(long = "try")]
+    try_only: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn wait_ms(wait: Option<Duration>, try_only: bool) -> Option<u64> {
+    if try_only {
+        return Some(0);
+    }
+    wait.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
+}
+
+fn print_grant(json: bool, name: &str, session: u64, token: u64, sequencer: &str) {
+    if json {
+        println!(
+            "{}",
+            json!({ "name": name, "session_id": session, "token": token, "sequencer": sequencer })
+        );
+    } else {
+        println!("acquired {name} token={token} sequencer={sequencer} session={session}");
+    }
+}
+
+/// Runs `picket acquire`.
+pub async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let wait_ms = wait_ms(args.wait, args.try_only);
+    if let Some(session) = args.session {
+        let granted = client.acquire_in(session, &args.name, wait_ms).await?;
+        print_grant(args.json, &args.name, session, granted.token, &granted.sequencer);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let session = client.session(args.ttl).await?;
+    let guard = match wait_ms {
+        Some(0) => session.try_lock(&args.name).await?,
+        Some(wait_ms) => session.lock_timeout(&args.name, Duration::from_millis(wait_ms)).await?,
+        None => session.lock(&args.name).await?,
+    };
+    print_grant(args.json, &args.name, session.id(), guard.token(), &guard.sequencer().to_string());
+    eprintln!("picket: holding {:?}; press Ctrl-C to release", args.name);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+        reason = guard.lost() => bail!("lost lock {:?}: {reason:?}", args.name),
+    }
+    guard.release().await?;
+    session.close().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The lock.
+    name: String,
+    /// The holding session.
+    #[arg(long)]
+    session: u64,
+    /// The grant's token.
+    #[arg(long)]
+    token: u64,
+}
+
+/// Runs `picket release`.
+pub async fn release(args: ReleaseArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    client.release_in(args.session, &args.name, args.token).await?;
+    println!("released {} token={}", args.name, args.token);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lock.
+    name: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `picket status`.
+pub async fn status(args: StatusArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let info = client.lock_info(&args.name).await?;
+    if args.json {
+        println!("{}", lock_json(&info));
+    } else {
+        println!("{}", table(&LOCK_HEADERS, &[lock_row(&info)]));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket locks`.
+#[derive(Debug, Args)]
+pub struct LocksArgs {
+    /// Only locks whose names start with this.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// At most this many (the server caps it too).
+    #[arg(long, default_value_t = 1_000)]
+    limit: u32,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `picket locks`.
+pub async fn locks(args: LocksArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let locks = client.locks(&args.prefix, args.limit).await?;
+    if args.json {
+        println!("{}", Value::Array(locks.iter().map(lock_json).collect()));
+    } else {
+        let rows: Vec<Vec<String>> = locks.iter().map(lock_row).collect();
+        println!("{}", table(&LOCK_HEADERS, &rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket sessions`.
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    #[command(subcommand)]
+    action: Option<SessionsAction>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionsAction {
+    /// End a session as an expiry would: its locks are released (after its lock-delay) and its
+    /// holder's `lost()` fires.
+    Revoke {
+        /// The session id.
+        id: u64,
+    },
+}
+
+/// Runs `picket sessions`.
+pub async fn sessions(args: SessionsArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    if let Some(SessionsAction::Revoke { id }) = args.action {
+        client.revoke_session(id).await?;
+        println!("revoked session {id}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let sessions = client.sessions(0).await?;
+    if args.json {
+        let values: Vec<Value> = sessions
+            .iter()
+            .map(|s| json!({ "session_id": s.session_id, "ttl_ms": s.ttl_ms, "lock_delay_ms": s.lock_delay_ms, "held": s.held, "waiting": s.waiting }))
+            .collect();
+        println!("{}", Value::Array(values));
+    } else {
+        let rows: Vec<Vec<String>> = sessions
+            .iter()
+            .map(|s| {
+                let list = |names: &[String]| {
+                    if names.is_empty() { "-".to_owned() } else { names.join(",") }
+                };
+                vec![
+                    s.session_id.to_string(),
+                    format!("{}ms", s.ttl_ms),
+                    format!("{}ms", s.lock_delay_ms),
+                    list(&s.held),
+                    list(&s.waiting),
+                ]
+            })
+            .collect();
+        println!("{}", table(&["SESSION", "TTL", "LOCK-DELAY", "HOLDS", "WAITS FOR"], &rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// A lock to watch.
+    #[arg(required_unless_present_any = ["prefix", "session"], conflicts_with_all = ["prefix", "session"])]
+    name: Option<String>,
+    /// Watch every lock whose name starts with this instead.
+    #[arg(long, conflicts_with = "session")]
+    prefix: Option<String>,
+    /// Watch one session instead.
+    #[arg(long)]
+    session: Option<u64>,
+    /// Print JSON, one object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `picket watch` until interrupted or the stream ends.
+pub async fn watch(args: WatchArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let target = match (args.name, args.prefix, args.session) {
+        (Some(name), _, _) => WatchTarget::Name(name),
+        (_, Some(prefix), _) => WatchTarget::Prefix(prefix),
+        (_, _, Some(session)) => WatchTarget::SessionId(session),
+        _ => bail!("give a lock name, --prefix or --session"),
+    };
+    let mut stream = client.watch(target).await?;
+    while let Some(event) = stream.message().await? {
+        if args.json {
+            println!(
+                "{}",
+                json!({ "kind": event.kind, "name": event.name, "session_id": event.session_id, "token": event.token, "cause": event.cause, "revision": event.revision })
+            );
+        } else {
+            let token =
+                if event.token > 0 { format!(" token={}", event.token) } else { String::new() };
+            let cause =
+                if event.cause.is_empty() { String::new() } else { format!(" ({})", event.cause) };
+            println!(
+                "rev={} {} {} session={}{token}{cause}",
+                event.revision, event.kind, event.name, event.session_id
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket members`.
+#[derive(Debug, Args)]
+pub struct MembersArgs {
+    #[command(subcommand)]
+    action: Option<MembersAction>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum MembersAction {
+    /// Add a node (started with `picket serve --join`) as a voter.
+    Add {
+        /// Its node id; never reuse the id of a removed node.
+        id: u64,
+        /// Its address, HOST:PORT.
+        addr: String,
+    },
+    /// Remove a node from the voters.
+    Remove {
+        /// Its node id.
+        id: u64,
+    },
+}
+
+/// Runs `picket members`.
+pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let info = match args.action {
+        Some(MembersAction::Add { id, addr }) => client.add_member(id, &addr).await?,
+        Some(MembersAction::Remove { id }) => client.remove_member(id).await?,
+        None => client.cluster().await?,
+    };
+    if args.json {
+        let members: Vec<Value> = info
+            .members
+            .iter()
+            .map(|m| json!({ "node_id": m.node_id, "addr": m.addr, "voter": m.voter }))
+            .collect();
+        println!(
+            "{}",
+            json!({ "members": members, "leader_id": info.leader_id, "leader_addr": info.leader_addr, "applied_revision": info.applied_revision })
+        );
+    } else {
+        let rows: Vec<Vec<String>> = info
+            .members
+            .iter()
+            .map(|m| {
+                let role = if m.node_id == info.leader_id {
+                    "leader"
+                } else if m.voter {
+                    "voter"
+                } else {
+                    "learner"
+                };
+                vec![m.node_id.to_string(), m.addr.clone(), role.to_owned()]
+            })
+            .collect();
+        println!("{}", table(&["NODE", "ADDRESS", "ROLE"], &rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `picket check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The sequencer to check, as issued (`p1.<token>.<name>`).
+    sequencer: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `picket check`: exit code 0 when the sequencer is the current grant, 1 otherwise.
+pub async fn check(args: CheckArgs, client: &Client) -> anyhow::Result<ExitCode> {
+    let outcome = client.check(&args.sequencer).await?;
+    let current_token = (outcome.current_token > 0).then_some(outcome.current_token);
+    if args.json {
+        println!("{}", json!({ "status": outcome.status, "current_token": current_token }));
+    } else {
+        match current_token {
+            Some(token) if outcome.status != "current" => {
+                println!("{} (current token {token})", outcome.status)
+            }
+            _ => println!("{}", outcome.status),
+        }
+    }
+    Ok(if outcome.status == "current" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_pad_columns_to_the_widest_cell() {
+        let rendered = table(&["A", "LONG HEADER"], &[vec!["wide cell".into(), "x".into()]]);
+        assert_eq!(rendered, "A          LONG HEADER\nwide cell  x");
+    }
+}

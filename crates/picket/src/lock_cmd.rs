@@ -1,0 +1,178 @@
+//! `picket lock NAME -- CMD...`: run a command while holding a lock.
+//!
+//! The command gets `PICKET_LOCK`, `PICKET_TOKEN` and `PICKET_SEQUENCER` in its environment and
+//! runs in its own process group. If the lock or its session is lost while it runs, the whole
+//! group gets SIGTERM at once and SIGKILL after `--kill-grace`, and `picket` exits with
+//! [`EXIT_LOCK_LOST`]. Otherwise the lock is released when the command ends and `picket` exits
+//! with the command's own exit code. (etcdctl lock passes the revision but never kills; consul
+//! lock kills but passes no index: this does both.)
+
+use crate::duration::parse_duration;
+use anyhow::Context;
+use clap::Args;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use picket_client::{Client, ClientError, Guard, LostReason, Session};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit code when the lock could not be acquired (taken, timed out, or refused).
+pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code when the lock was lost while the command ran and the command was stopped.
+pub const EXIT_LOCK_LOST: u8 = 76;
+
+/// Options of `picket lock`.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The lock to hold while the command runs.
+    name: String,
+    /// Session TTL: how long the lock survives this process stopping without a word.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Wait at most this long for the lock (default: wait until granted).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "try_only")]
+    wait: Option<Duration>,
+    /// Do not wait: fail at once if the lock is taken.
+    #[arg(long = "try")]
+    try_only: bool,
+    /// After SIGTERM, how long the command's process group gets before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    kill_grace: Duration,
+    /// After this process's session expires, keep the lock ungrantable this long.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    lock_delay: Duration,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+async fn acquire(
+    session: &Session,
+    name: &str,
+    wait: Option<Duration>,
+    try_only: bool,
+) -> Result<Guard, ClientError> {
+    match (try_only, wait) {
+        (true, _) => session.try_lock(name).await,
+        (false, Some(wait)) => session.lock_timeout(name, wait).await,
+        (false, None) => session.lock(name).await,
+    }
+}
+
+fn not_acquired(name: &str, error: &ClientError) -> String {
+    match (error.code(), error.holder_token()) {
+        (Some("lock_busy"), Some(token)) => format!(
+            "lock {name:?} is held by another session (token {token}); not running the command"
+        ),
+        (Some("wait_timed_out"), Some(token)) => format!(
+            "timed out waiting for lock {name:?} (held under token {token}); not running the command"
+        ),
+        _ => format!("could not acquire lock {name:?}: {error}"),
+    }
+}
+
+fn signal_group(group: Pid, signal: Signal) {
+    // The group may be gone already; that is the goal.
+    let _ = killpg(group, signal);
+}
+
+fn exit_code_of(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
+/// Runs `picket lock`.
+pub async fn run(args: LockArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+    let client = Client::connect(endpoints).await?;
+    let session = client.session_with_lock_delay(args.ttl, args.lock_delay).await?;
+    let guard = match acquire(&session, &args.name, args.wait, args.try_only).await {
+        Ok(guard) => guard,
+        Err(error) => {
+            eprintln!("picket: {}", not_acquired(&args.name, &error));
+            return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+        }
+    };
+    let (program, arguments) = args.command.split_first().expect("clap requires a command");
+    let mut child = tokio::process::Command::new(program)
+        .args(arguments)
+        .env("PICKET_LOCK", &args.name)
+        .env("PICKET_TOKEN", guard.token().to_string())
+        .env("PICKET_SEQUENCER", guard.sequencer().to_string())
+        .env("PICKET_SESSION", session.id().to_string())
+        // Its own process group, so a lost lock stops the command and everything it started.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot run {program:?}"))?;
+    let group = Pid::from_raw(
+        i32::try_from(child.id().context("the command has no pid")?).context("pid out of range")?,
+    );
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+
+    let outcome = tokio::select! {
+        status = child.wait() => Outcome::Exited(status?),
+        reason = guard.lost() => Outcome::Lost(reason),
+        _ = interrupt.recv() => Outcome::Interrupted,
+        _ = terminate.recv() => Outcome::Interrupted,
+    };
+    match outcome {
+        Outcome::Exited(status) => {
+            if let Err(error) = guard.release().await {
+                eprintln!(
+                    "picket: the command finished but releasing lock {:?} failed: {error}",
+                    args.name
+                );
+            }
+            drop(session);
+            Ok(ExitCode::from(exit_code_of(status)))
+        }
+        Outcome::Lost(reason) => {
+            signal_group(group, Signal::SIGTERM);
+            let stopped = tokio::time::timeout(args.kill_grace, child.wait()).await;
+            // SIGKILL the group whether or not its leader exited: a grandchild may still run.
+            signal_group(group, Signal::SIGKILL);
+            if stopped.is_err() {
+                let _ = child.wait().await;
+            }
+            eprintln!(
+                "picket: lost lock {:?} ({}) while the command ran; stopped the command and its process group. Its writes after this point may be refused by fenced resources.",
+                args.name,
+                describe(reason)
+            );
+            Ok(ExitCode::from(EXIT_LOCK_LOST))
+        }
+        Outcome::Interrupted => {
+            signal_group(group, Signal::SIGTERM);
+            let status = match tokio::time::timeout(args.kill_grace, child.wait()).await {
+                Ok(status) => status?,
+                Err(_) => {
+                    signal_group(group, Signal::SIGKILL);
+                    child.wait().await?
+                }
+            };
+            guard.release().await.ok();
+            Ok(ExitCode::from(exit_code_of(status)))
+        }
+    }
+}
+
+enum Outcome {
+    Exited(std::process::ExitStatus),
+    Lost(LostReason),
+    Interrupted,
+}
+
+fn describe(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Expired => "the session expired",
+        LostReason::Revoked => "the session was revoked",
+        LostReason::Closed => "the session was closed",
+        LostReason::Unconfirmed => "the session could not be confirmed within its TTL",
+        LostReason::GrantEnded => "the grant ended",
+        _ => "the grant is gone",
+    }
+}

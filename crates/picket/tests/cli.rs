@@ -1,0 +1,257 @@
+//! The `picket` command line against a real server.
+
+use picket_testkit::http;
+use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PICKET: &str = env!("CARGO_BIN_EXE_picket");
+
+fn start() -> (tempfile::TempDir, ServerProcess) {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(PICKET),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &[],
+    );
+    wait_until("a leader", Duration::from_secs(10), || {
+        (http::get(&server.addr, "/v1/cluster").body["role"] == "leader").then_some(())
+    });
+    (dir, server)
+}
+
+fn picket(addr: &str, args: &[&str]) -> Output {
+    Command::new(PICKET).arg("--endpoints").arg(addr).args(args).output().expect("run picket")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The command sees the lock, the token and the sequencer, and picket exits with its code.
+#[test]
+fn lock_exports_the_grant_and_propagates_the_exit_code() {
+    let (_dir, server) = start();
+    let output = picket(
+        &server.addr,
+        &[
+            "lock",
+            "jobs/export",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$PICKET_LOCK $PICKET_TOKEN $PICKET_SEQUENCER\"; exit 7",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
+    let printed = stdout(&output);
+    let fields: Vec<&str> = printed.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{printed:?}");
+    assert_eq!(fields[0], "jobs/export");
+    let token: u64 = fields[1].parse().unwrap();
+    assert_eq!(fields[2], format!("p1.{token}.jobs/export"));
+    // Released when the command ended.
+    let lock = http::get(&server.addr, "/v1/locks/jobs/export");
+    assert_eq!(lock.body["holder"], Value::Null);
+    let ok = picket(&server.addr, &["lock", "jobs/export", "--", "true"]);
+    assert_eq!(ok.status.code(), Some(0));
+}
+
+/// `--try` on a taken lock fails at once, naming the holder's token, and never runs the command.
+#[test]
+fn try_on_a_held_lock_fails_at_once_naming_the_token() {
+    let (dir, server) = start();
+    let session =
+        http::post(&server.addr, "/v1/sessions", &json!({ "ttl_ms": 30_000 })).body["session_id"]
+            .as_u64()
+            .unwrap();
+    let held = http::post(
+        &server.addr,
+        "/v1/locks/acquire",
+        &json!({ "name": "busy", "session_id": session, "wait_ms": 0 }),
+    );
+    let token = held.body["token"].as_u64().unwrap();
+    let marker = dir.path().join("ran");
+    let started = Instant::now();
+    let output =
+        picket(&server.addr, &["lock", "--try", "busy", "--", "touch", marker.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(75));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(stderr(&output).contains(&format!("token {token}")), "{}", stderr(&output));
+    assert!(!marker.exists(), "the command ran without the lock");
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited; only the reaping is left, which is its parent's business.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// When the session is revoked mid-run, the command and a grandchild it started are both gone
+/// within TTL + grace, and picket exits with the lock-lost code and says why.
+#[test]
+fn a_lost_lock_stops_the_command_and_its_grandchildren() {
+    let (dir, server) = start();
+    let pids = dir.path().join("pids");
+    let script = format!("sleep 300 & echo \"$$ $!\" > {}; wait", pids.display());
+    let running = Command::new(PICKET)
+        .args([
+            "--endpoints",
+            &server.addr,
+            "lock",
+            "--ttl",
+            "2s",
+            "--kill-grace",
+            "1s",
+            "revoke-me",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (child, grandchild): (u32, u32) =
+        wait_until("the command to start", Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(&pids).ok()?;
+            let mut numbers = text.split_whitespace().map(|n| n.parse().unwrap());
+            Some((numbers.next()?, numbers.next()?))
+        });
+    assert!(alive(child) && alive(grandchild));
+    let lock = http::get(&server.addr, "/v1/locks/revoke-me");
+    let session = lock.body["holder"]["session_id"].as_u64().unwrap();
+    let revoked_at = Instant::now();
+    let revoked = http::post(&server.addr, &format!("/v1/sessions/{session}/revoke"), &json!({}));
+    assert_eq!(revoked.status, 200);
+    wait_until("both processes to be gone", Duration::from_secs(3), || {
+        (!alive(child) && !alive(grandchild)).then_some(())
+    });
+    let output = running.wait_with_output().unwrap();
+    assert!(revoked_at.elapsed() < Duration::from_secs(3), "took {:?}", revoked_at.elapsed());
+    assert_eq!(output.status.code(), Some(76));
+    assert!(stderr(&output).contains("lost lock \"revoke-me\""), "{}", stderr(&output));
+}
+
+/// The read commands print tables, or JSON with --json; check's exit code tells current from
+/// superseded; sessions can be revoked by id.
+#[test]
+fn read_commands_print_tables_and_json() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let session = http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 30_000 })).body["session_id"]
+        .as_u64()
+        .unwrap();
+    let acquired = picket(
+        addr,
+        &["acquire", "reports/daily", "--session", &session.to_string(), "--try", "--json"],
+    );
+    assert!(acquired.status.success(), "{}", stderr(&acquired));
+    let grant: Value = serde_json::from_str(&stdout(&acquired)).unwrap();
+    let token = grant["token"].as_u64().unwrap();
+
+    let status = picket(addr, &["status", "reports/daily"]);
+    let text = stdout(&status);
+    assert!(text.starts_with("LOCK"), "{text}");
+    assert!(
+        text.contains("reports/daily")
+            && text.contains("held")
+            && text.contains(&token.to_string()),
+        "{text}"
+    );
+    let status: Value =
+        serde_json::from_str(&stdout(&picket(addr, &["status", "reports/daily", "--json"])))
+            .unwrap();
+    assert_eq!(status["holder"]["token"], token);
+
+    let locks: Value =
+        serde_json::from_str(&stdout(&picket(addr, &["locks", "--prefix", "reports/", "--json"])))
+            .unwrap();
+    assert_eq!(locks.as_array().unwrap().len(), 1);
+    let sessions: Value =
+        serde_json::from_str(&stdout(&picket(addr, &["sessions", "--json"]))).unwrap();
+    assert_eq!(sessions[0]["held"], json!(["reports/daily"]));
+    let members: Value =
+        serde_json::from_str(&stdout(&picket(addr, &["members", "--json"]))).unwrap();
+    assert_eq!(members["members"].as_array().unwrap().len(), 1);
+    assert!(stdout(&picket(addr, &["members"])).contains("leader"));
+
+    let sequencer = grant["sequencer"].as_str().unwrap();
+    assert_eq!(picket(addr, &["check", sequencer]).status.code(), Some(0));
+    let released = picket(
+        addr,
+        &[
+            "release",
+            "reports/daily",
+            "--session",
+            &session.to_string(),
+            "--token",
+            &token.to_string(),
+        ],
+    );
+    assert!(released.status.success(), "{}", stderr(&released));
+    let check = picket(addr, &["check", sequencer]);
+    assert_eq!(check.status.code(), Some(1));
+    assert_eq!(stdout(&check).trim(), "unknown_lock");
+
+    let revoke = picket(addr, &["sessions", "revoke", &session.to_string()]);
+    assert!(revoke.status.success(), "{}", stderr(&revoke));
+    let again = picket(addr, &["sessions", "revoke", &session.to_string()]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("does not exist"), "{}", stderr(&again));
+}
+
+/// Pointed at nothing, every client command says what to do.
+#[test]
+fn no_server_is_explained() {
+    let port = picket_testkit::free_port();
+    let started = Instant::now();
+    let output = Command::new(PICKET)
+        .args(["--endpoints", &format!("127.0.0.1:{port}"), "status", "x"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains(&format!(
+            "no Picket server at 127.0.0.1:{port}: start one with `picket serve`"
+        )),
+        "{message}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Every command has complete help that parses.
+#[test]
+fn every_command_has_help() {
+    let top = Command::new(PICKET).arg("--help").output().unwrap();
+    assert!(top.status.success());
+    let text = stdout(&top);
+    let commands = [
+        "serve", "lock", "acquire", "release", "status", "locks", "sessions", "watch", "members",
+        "check", "bench",
+    ];
+    for command in commands {
+        assert!(text.contains(command), "top-level help misses {command}");
+        let help = Command::new(PICKET).args([command, "--help"]).output().unwrap();
+        assert!(help.status.success(), "{command} --help failed");
+        let help = stdout(&help);
+        assert!(help.contains("Usage: picket"), "{command}: {help}");
+        assert!(
+            help.lines()
+                .filter(|line| line.trim_start().starts_with("--"))
+                .all(|line| !line.trim().is_empty())
+        );
+    }
+}
