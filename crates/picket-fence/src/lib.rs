@@ -16,10 +16,16 @@
 //! - [`Guarded`]: a value behind a mutex, for a resource inside one process;
 //! - [`FencedStore`]: a durable key-value table in redb, fence records in the same transaction.
 //!
+//! With the `http` feature, [`http`] is a middleware for axum services: it reads the stamp
+//! from headers, verifies advancing tokens with the lock service, and answers refusals with a
+//! structured 409.
+//!
 //! A refusal is a [`Refusal`] naming the resource, its lock, the presented stamp and the highest
 //! token, so the client can re-read the grant instead of guessing.
 
 mod guarded;
+#[cfg(feature = "http")]
+pub mod http;
 mod refusal;
 pub mod rule;
 mod store;

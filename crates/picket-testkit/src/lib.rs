@@ -263,6 +263,17 @@ impl ServerProcess {
             listen.to_string(),
         ];
         args.extend_from_slice(extra);
+        Self::start_with(binary, data_dir, args)
+    }
+
+    /// Starts `binary` with exactly `args` (which must include `--listen`), for servers other
+    /// than `picket serve` that print the same `listening on ADDR` line, such as `picket kv
+    /// serve`.
+    ///
+    /// # Panics
+    /// When the process cannot start or does not come up.
+    #[must_use]
+    pub fn start_with(binary: &Path, data_dir: &Path, args: Vec<String>) -> Self {
         let mut process = Self {
             binary: binary.to_owned(),
             args,

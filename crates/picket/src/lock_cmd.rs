@@ -38,6 +38,11 @@ pub struct LockArgs {
     /// After SIGTERM, how long the command's process group gets before SIGKILL.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     kill_grace: Duration,
+    /// A fenced resource to register the new token with right after acquiring, before the
+    /// command runs (fence on acquire): `POST URL` with the sequencer, e.g.
+    /// http://127.0.0.1:7690/fence/orders/ for `picket kv`. Repeatable.
+    #[arg(long = "fence")]
+    fences: Vec<String>,
     /// After this process's session expires, keep the lock ungrantable this long.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     lock_delay: Duration,
@@ -96,6 +101,16 @@ pub async fn run(args: LockArgs, endpoints: Vec<String>) -> anyhow::Result<ExitC
             return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
         }
     };
+    for url in &args.fences {
+        if let Err(error) = crate::kv::register_with(url, guard.sequencer()).await {
+            eprintln!(
+                "picket: could not fence {url} with the new grant ({error:#}); released lock {:?}, not running the command",
+                args.name
+            );
+            guard.release().await.ok();
+            return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+        }
+    }
     let (program, arguments) = args.command.split_first().expect("clap requires a command");
     let mut child = tokio::process::Command::new(program)
         .args(arguments)

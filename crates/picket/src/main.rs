@@ -3,6 +3,8 @@
 mod bench;
 mod commands;
 mod duration;
+mod http_client;
+mod kv;
 mod lock_cmd;
 mod serve;
 
@@ -55,6 +57,8 @@ enum Command {
     Members(commands::MembersArgs),
     /// Check whether a sequencer is its lock's current grant (exit 0 if it is, 1 if not).
     Check(commands::CheckArgs),
+    /// The reference fenced key-value store (`picket kv serve`), and writes to it.
+    Kv(kv::KvArgs),
     /// Measure a running Picket: acquire/release throughput and latency, or many sessions.
     Bench(bench::BenchArgs),
 }
@@ -82,7 +86,7 @@ fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Resul
             Command::Watch(args) => commands::watch(args, &client).await,
             Command::Members(args) => commands::members(args, &client).await,
             Command::Check(args) => commands::check(args, &client).await,
-            Command::Serve(_) | Command::Bench(_) | Command::Lock(_) => {
+            Command::Serve(_) | Command::Bench(_) | Command::Lock(_) | Command::Kv(_) => {
                 unreachable!("handled by main")
             }
         }
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args, cli.endpoints),
+        Command::Kv(args) => kv::run(args, cli.endpoints),
         client_command => run_client_command(client_command, cli.endpoints),
     };
     match result {

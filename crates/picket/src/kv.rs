@@ -1,0 +1,545 @@
+//! `picket kv`: the reference fenced resource, and commands to write to it.
+//!
+//! `picket kv serve` is a small HTTP key-value store built only from `picket-fence`: the durable
+//! `FencedStore` (redb: fence records and data in one transaction, fsynced before the answer) and
+//! the HTTP middleware (stamp headers, verify on advance, structured refusals). Each key prefix
+//! given with `--guard PREFIX=LOCK` is one guarded resource bound to one lock; writes to keys
+//! outside every guard are refused.
+//!
+//! | Method and path | Meaning |
+//! |---|---|
+//! | `PUT /kv/{key}` | set the key to the body (`Picket-Sequencer` required) |
+//! | `GET /kv/{key}` | read; with `Picket-Sequencer`, refused if the grant is stale |
+//! | `DELETE /kv/{key}` | delete (`Picket-Sequencer` required) |
+//! | `POST /txn` | a unit: `{"ops": [{"put": {"key", "value"}}, {"delete": {"key"}}]}`, one check, one transaction, all resources or none |
+//! | `POST /fence/{prefix}` | register the sequencer's token with the resource (fence on acquire) |
+//! | `GET /fence/{prefix}` | the resource's fence record |
+
+use crate::http_client;
+use anyhow::{Context, bail};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use clap::{Args, Subcommand};
+use futures_util::future::BoxFuture;
+use picket_client::Client;
+use picket_core::{CheckOutcome, Sequencer, SessionId};
+use picket_fence::http::{
+    FenceConfig, FenceContext, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
+    fence, presented_from_headers, refusal_response,
+};
+use picket_fence::{Admission, FencedStore, Guard, Policy, StoreError, WriteError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// `picket kv`.
+#[derive(Debug, Args)]
+pub struct KvArgs {
+    #[command(subcommand)]
+    command: KvCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum KvCommand {
+    /// Run the fenced key-value store.
+    Serve(ServeArgs),
+    /// Write a value with the current grant's sequencer (from PICKET_SEQUENCER, as `picket
+    /// lock` sets it).
+    Put(WriteArgs),
+    /// Delete a key with the current grant's sequencer.
+    Delete(WriteArgs),
+    /// Read a key; with a sequencer, refused if that grant is stale.
+    Get(ReadArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Where the store keeps its data.
+    #[arg(long, default_value = "./picket-kv")]
+    data_dir: PathBuf,
+    /// Address to serve HTTP on.
+    #[arg(long, default_value = "127.0.0.1:7690")]
+    listen: SocketAddr,
+    /// A guarded key prefix and the lock whose tokens it accepts, PREFIX=LOCK (repeatable).
+    #[arg(long = "guard", value_parser = parse_guard)]
+    guards: Vec<(String, String)>,
+    /// Like --guard, in strict mode: each grant gets exactly one write or unit.
+    #[arg(long = "strict-guard", value_parser = parse_guard)]
+    strict_guards: Vec<(String, String)>,
+    /// Do not ask the lock service about tokens newer than any seen (verify on advance). Without
+    /// it, a forged huge token can wedge a resource, and a superseded grant can still write
+    /// until the new holder's first write arrives.
+    #[arg(long)]
+    no_verify: bool,
+}
+
+#[derive(Debug, Args)]
+struct WriteArgs {
+    /// The store's URL, e.g. http://127.0.0.1:7690.
+    #[arg(long, env = "PICKET_KV", default_value = "http://127.0.0.1:7690")]
+    kv: String,
+    /// The sequencer of the grant writing.
+    #[arg(long, env = "PICKET_SEQUENCER")]
+    sequencer: String,
+    /// Sequence number of this write within the grant.
+    #[arg(long)]
+    seq: Option<u64>,
+    /// Idempotency key: a retry with the same key and stamp gets the original outcome.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// The key.
+    key: String,
+    /// The value (for put).
+    value: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ReadArgs {
+    /// The store's URL.
+    #[arg(long, env = "PICKET_KV", default_value = "http://127.0.0.1:7690")]
+    kv: String,
+    /// Check this grant is not stale before reading.
+    #[arg(long)]
+    sequencer: Option<String>,
+    /// The key.
+    key: String,
+}
+
+fn parse_guard(text: &str) -> Result<(String, String), String> {
+    let (prefix, lock) =
+        text.split_once('=').ok_or_else(|| format!("{text:?} is not PREFIX=LOCK"))?;
+    if prefix.is_empty() || lock.is_empty() {
+        return Err(format!("{text:?}: both the prefix and the lock must be non-empty"));
+    }
+    Ok((prefix.to_owned(), lock.to_owned()))
+}
+
+/// Runs `picket kv`.
+pub fn run(args: KvArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        match args.command {
+            KvCommand::Serve(serve_args) => serve(serve_args, endpoints).await,
+            KvCommand::Put(write) => write_command(write, true).await,
+            KvCommand::Delete(write) => write_command(write, false).await,
+            KvCommand::Get(read) => read_command(read).await,
+        }
+    })
+}
+
+/// The guards, longest prefix first, so a key belongs to the most specific guard.
+#[derive(Debug)]
+struct Guards(Vec<(String, Policy)>);
+
+impl Guards {
+    fn for_key(&self, key: &str) -> Option<(String, Policy)> {
+        self.0.iter().find(|(prefix, _)| key.starts_with(prefix.as_str())).cloned()
+    }
+
+    fn exact(&self, prefix: &str) -> Option<(String, Policy)> {
+        self.0.iter().find(|(guarded, _)| guarded == prefix).cloned()
+    }
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            index += 3;
+        } else {
+            decoded.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
+fn resolve(guards: &Guards, parts: &Parts) -> Option<(String, Policy)> {
+    let path = percent_decode(parts.uri.path())?;
+    if let Some(key) = path.strip_prefix("/kv/") {
+        return guards.for_key(key);
+    }
+    path.strip_prefix("/fence/").and_then(|prefix| guards.exact(prefix))
+}
+
+/// Asks Picket over gRPC; connects on first use so the store starts without the service.
+struct PicketChecker {
+    endpoints: Vec<String>,
+    client: tokio::sync::OnceCell<Client>,
+}
+
+impl GrantChecker for PicketChecker {
+    fn check<'a>(
+        &'a self,
+        sequencer: &'a Sequencer,
+    ) -> BoxFuture<'a, Result<CheckOutcome, String>> {
+        Box::pin(async move {
+            let client = self
+                .client
+                .get_or_try_init(|| Client::connect(self.endpoints.clone()))
+                .await
+                .map_err(|error| error.to_string())?;
+            let answer =
+                client.check(&sequencer.to_string()).await.map_err(|error| error.to_string())?;
+            let current_token = (answer.current_token > 0).then_some(answer.current_token);
+            match answer.status.as_str() {
+                "current" => Ok(CheckOutcome::Current { session: SessionId(0) }),
+                "superseded" => Ok(CheckOutcome::Superseded { current_token }),
+                _ => Ok(CheckOutcome::UnknownLock),
+            }
+        })
+    }
+}
+
+#[derive(Clone)]
+struct Kv {
+    store: Arc<FencedStore>,
+    guards: Arc<Guards>,
+    config: Arc<FenceConfig>,
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "code": code, "message": message.into() }))).into_response()
+}
+
+fn write_error(failure: WriteError) -> Response {
+    match failure {
+        WriteError::Refused(refusal) => refusal_response(&refusal),
+        WriteError::Store(too_large @ StoreError::TooLarge { .. }) => {
+            error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", too_large.to_string())
+        }
+        other => error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", other.to_string()),
+    }
+}
+
+fn admission_name(admission: Admission) -> &'static str {
+    match admission {
+        Admission::Advanced { .. } => "advanced",
+        Admission::Same => "same",
+        Admission::Duplicate => "duplicate",
+    }
+}
+
+async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if args.guards.is_empty() && args.strict_guards.is_empty() {
+        bail!("give at least one --guard PREFIX=LOCK: the store only takes fenced writes");
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let store = Arc::new(FencedStore::open(args.data_dir.join("kv.redb"))?);
+    let mut guards: Vec<(String, Policy)> = args
+        .guards
+        .iter()
+        .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone())))
+        .collect();
+    guards.extend(
+        args.strict_guards
+            .iter()
+            .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone()).strict())),
+    );
+    guards.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+    let guards = Arc::new(Guards(guards));
+    let checker: Option<Arc<dyn GrantChecker>> = if args.no_verify {
+        None
+    } else {
+        Some(Arc::new(PicketChecker { endpoints, client: tokio::sync::OnceCell::new() }))
+    };
+    let resolver_guards = guards.clone();
+    let config = Arc::new(FenceConfig {
+        resolve: Box::new(move |parts: &Parts| resolve(&resolver_guards, parts)),
+        records: store.clone(),
+        checker,
+    });
+    let kv = Kv { store, guards, config: config.clone() };
+    let app = Router::new()
+        .route("/kv/{*key}", put(put_key).get(get_key).delete(delete_key))
+        .route("/fence/{*prefix}", post(register).get(fence_record))
+        .route_layer(axum::middleware::from_fn_with_state(config, fence))
+        .route("/txn", post(transaction))
+        .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
+        .layer(DefaultBodyLimit::max(picket_fence::MAX_VALUE_BYTES + 64 * 1024))
+        .with_state(kv);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!("picket kv: listening on {addr} (data in {})", args.data_dir.display());
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        stream.set_nodelay(true).ok();
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            tokio::signal::ctrl_c().await.ok();
+        })
+        .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn unguarded(key: &str) -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        "unguarded_key",
+        format!("no --guard covers key {key:?}: this store only takes fenced writes"),
+    )
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work).await.expect("a storage task does not panic")
+}
+
+async fn put_key(
+    State(kv): State<Kv>,
+    context: Option<Extension<FenceContext>>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Response {
+    write_key(kv, context, key, Some(body)).await
+}
+
+async fn delete_key(
+    State(kv): State<Kv>,
+    context: Option<Extension<FenceContext>>,
+    Path(key): Path<String>,
+) -> Response {
+    write_key(kv, context, key, None).await
+}
+
+async fn write_key(
+    kv: Kv,
+    context: Option<Extension<FenceContext>>,
+    key: String,
+    value: Option<Bytes>,
+) -> Response {
+    let Some(Extension(context)) = context else { return unguarded(&key) };
+    let presented = context.presented.expect("the middleware requires a stamp for writes");
+    let token = presented.stamp.token;
+    let result = blocking(move || {
+        let guard = Guard { resource: &context.resource, policy: &context.policy };
+        kv.store.write(&[guard], &presented, |unit| match &value {
+            Some(value) => unit.put(&key, value).map(|()| true),
+            None => unit.delete(&key),
+        })
+    })
+    .await;
+    match result {
+        Ok(applied) => Json(json!({ "token": token, "admission": admission_name(applied.admission), "existed": applied.output })).into_response(),
+        Err(write) => write_error(write),
+    }
+}
+
+async fn get_key(
+    State(kv): State<Kv>,
+    context: Option<Extension<FenceContext>>,
+    Path(key): Path<String>,
+) -> Response {
+    let stamped = context.and_then(|Extension(mut context)| {
+        context.presented.take().map(|presented| (context, presented))
+    });
+    let result = blocking(move || match stamped {
+        Some((context, presented)) => {
+            let guard = Guard { resource: &context.resource, policy: &context.policy };
+            kv.store.get_checked(guard, &presented.lock, presented.stamp.token, &key)
+        }
+        None => kv.store.get(&key).map_err(WriteError::Store),
+    })
+    .await;
+    match result {
+        Ok(Some(value)) => value.into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such key"),
+        Err(write) => write_error(write),
+    }
+}
+
+async fn register(
+    State(kv): State<Kv>,
+    context: Option<Extension<FenceContext>>,
+    Path(prefix): Path<String>,
+) -> Response {
+    let Some(Extension(context)) = context else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_resource",
+            format!("no --guard has the prefix {prefix:?}"),
+        );
+    };
+    let presented = context.presented.expect("the middleware requires a stamp for writes");
+    let result = blocking(move || {
+        let guard = Guard { resource: &context.resource, policy: &context.policy };
+        kv.store.register(guard, &presented.lock, presented.stamp.token)
+    })
+    .await;
+    match result {
+        Ok(()) => Json(json!({ "registered": true })).into_response(),
+        Err(write) => write_error(write),
+    }
+}
+
+async fn fence_record(State(kv): State<Kv>, Path(prefix): Path<String>) -> Response {
+    match blocking(move || kv.store.record(&prefix)).await {
+        Ok(record) => Json(json!({ "record": record })).into_response(),
+        Err(store) => error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", store.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum Op {
+    Put { key: String, value: String },
+    Delete { key: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Transaction {
+    ops: Vec<Op>,
+}
+
+/// Most operations in one unit.
+const MAX_UNIT_OPS: usize = 1_000;
+
+async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> Response {
+    let unit: Transaction = match serde_json::from_slice(&body) {
+        Ok(unit) => unit,
+        Err(parse) => return error(StatusCode::BAD_REQUEST, "bad_request", parse.to_string()),
+    };
+    if unit.ops.is_empty() || unit.ops.len() > MAX_UNIT_OPS {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("a unit has 1 to {MAX_UNIT_OPS} operations"),
+        );
+    }
+    let presented = match presented_from_headers(&headers) {
+        Ok(Some(presented)) => presented,
+        Ok(None) => {
+            return error(
+                StatusCode::PRECONDITION_REQUIRED,
+                "sequencer_required",
+                format!("a unit needs a {SEQUENCER_HEADER} header"),
+            );
+        }
+        Err(response) => return response,
+    };
+    let mut resources: Vec<(String, Policy)> = Vec::new();
+    for op in &unit.ops {
+        let (Op::Put { key, .. } | Op::Delete { key }) = op;
+        let Some(guard) = kv.guards.for_key(key) else { return unguarded(key) };
+        if !resources.iter().any(|(resource, _)| *resource == guard.0) {
+            resources.push(guard);
+        }
+    }
+    for (resource, policy) in &resources {
+        if let Err(response) =
+            picket_fence::http::verify_advance(&kv.config, resource, policy, &presented).await
+        {
+            return response;
+        }
+    }
+    let token = presented.stamp.token;
+    let result = blocking(move || {
+        let guards: Vec<Guard<'_>> =
+            resources.iter().map(|(resource, policy)| Guard { resource, policy }).collect();
+        kv.store.write(&guards, &presented, |writer| {
+            for op in &unit.ops {
+                match op {
+                    Op::Put { key, value } => writer.put(key, value.as_bytes())?,
+                    Op::Delete { key } => {
+                        writer.delete(key)?;
+                    }
+                }
+            }
+            Ok::<_, StoreError>(unit.ops.len())
+        })
+    })
+    .await;
+    match result {
+        Ok(applied) => Json(json!({ "token": token, "admission": admission_name(applied.admission), "applied": applied.output })).into_response(),
+        Err(write) => write_error(write),
+    }
+}
+
+fn stamp_headers(
+    sequencer: &str,
+    seq: Option<u64>,
+    idempotency_key: Option<&String>,
+) -> Vec<(&'static str, String)> {
+    let mut headers = vec![(SEQUENCER_HEADER, sequencer.to_owned())];
+    if let Some(seq) = seq {
+        headers.push((SEQ_HEADER, seq.to_string()));
+    }
+    if let Some(key) = idempotency_key {
+        headers.push((IDEMPOTENCY_HEADER, key.clone()));
+    }
+    headers
+}
+
+/// Prints the store's answer; refusals go to stderr with the structured fields.
+fn report(reply: &http_client::Reply) -> ExitCode {
+    let body: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    if (200..300).contains(&reply.status) {
+        println!("{}", reply.text());
+        return ExitCode::SUCCESS;
+    }
+    let message = body["message"].as_str().map_or_else(|| reply.text(), str::to_owned);
+    eprintln!("picket kv: refused ({}): {message}", reply.status);
+    eprintln!("{}", reply.text());
+    ExitCode::FAILURE
+}
+
+async fn write_command(args: WriteArgs, is_put: bool) -> anyhow::Result<ExitCode> {
+    let url = format!("{}/kv/{}", args.kv.trim_end_matches('/'), args.key);
+    let headers = stamp_headers(&args.sequencer, args.seq, args.idempotency_key.as_ref());
+    let headers: Vec<(&str, String)> = headers.into_iter().collect();
+    let reply = if is_put {
+        let value = args.value.context("give the value to write")?;
+        http_client::send(hyper::Method::PUT, &url, &headers, value.into_bytes()).await?
+    } else {
+        http_client::send(hyper::Method::DELETE, &url, &headers, Vec::new()).await?
+    };
+    Ok(report(&reply))
+}
+
+async fn read_command(args: ReadArgs) -> anyhow::Result<ExitCode> {
+    let url = format!("{}/kv/{}", args.kv.trim_end_matches('/'), args.key);
+    let headers =
+        args.sequencer.map(|sequencer| stamp_headers(&sequencer, None, None)).unwrap_or_default();
+    let reply = http_client::send(hyper::Method::GET, &url, &headers, Vec::new()).await?;
+    if reply.status == 200 {
+        use std::io::Write;
+        std::io::stdout().write_all(&reply.body)?;
+        println!();
+        return Ok(ExitCode::SUCCESS);
+    }
+    Ok(report(&reply))
+}
+
+/// Registers a grant with a fenced resource over HTTP (`POST <url>` with the sequencer header):
+/// fence on acquire for `picket lock --fence URL`.
+pub async fn register_with(url: &str, sequencer: &Sequencer) -> anyhow::Result<()> {
+    let headers = [(SEQUENCER_HEADER, sequencer.to_string())];
+    let reply = http_client::send(hyper::Method::POST, url, &headers, Vec::new()).await?;
+    if !(200..300).contains(&reply.status) {
+        bail!("{url} refused the registration ({}): {}", reply.status, reply.text());
+    }
+    Ok(())
+}
