@@ -14,7 +14,8 @@
 //! The decision and the write are one atomic step in every backend:
 //!
 //! - [`Guarded`]: a value behind a mutex, for a resource inside one process;
-//! - [`FencedStore`]: a durable key-value table in redb, fence records in the same transaction.
+//! - [`FencedStore`]: a durable key-value table in redb, fence records in the same transaction;
+//! - `postgres` (feature `postgres`): a SQL function called inside the caller's own transaction.
 //!
 //! With the `http` feature, [`http`] is a middleware for axum services: it reads the stamp
 //! from headers, verifies advancing tokens with the lock service, and answers refusals with a
@@ -26,6 +27,8 @@
 mod guarded;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod refusal;
 pub mod rule;
 mod store;

@@ -1,0 +1,275 @@
+//! The fence in PostgreSQL: a table and a function that any language can call inside its own
+//! transaction, and a Rust helper that does so through tokio-postgres.
+//!
+//! ```sql
+//! BEGIN;
+//! SELECT admitted, reason, highest_token
+//!   FROM picket_fence_admit('orders/', 'orders', false, 'orders', 34, NULL);
+//! -- admitted: do the write in this same transaction, then COMMIT.
+//! -- refused:  ROLLBACK (nothing was changed) and tell the client `reason`.
+//! COMMIT;
+//! ```
+//!
+//! The function locks the resource's row (`SELECT ... FOR UPDATE`), so concurrent writers to one
+//! resource queue behind each other until the first commits: the check and the write are one
+//! atomic step, and the highest token is durable when the transaction commits. Tokens are
+//! PostgreSQL `bigint`: tokens above 2^63 − 1 are refused by the Rust helper before they reach the
+//! database. Idempotency keys are not kept in PostgreSQL; use a unique key in your own table.
+
+use crate::refusal::{Refusal, RefusalReason};
+use crate::rule::{Admission, FenceRecord, Policy, Presented, Stamp};
+use thiserror::Error;
+use tokio_postgres::GenericClient;
+
+/// The migration that installs the table and the functions. Idempotent: run it at every start.
+pub const MIGRATION: &str = r"
+CREATE TABLE IF NOT EXISTS picket_fence (
+    resource      text    PRIMARY KEY CHECK (length(resource) BETWEEN 1 AND 512),
+    lock_name     text    NOT NULL,
+    strict_mode   boolean NOT NULL,
+    highest_token bigint  NOT NULL CHECK (highest_token >= 0),
+    last_seq      bigint,
+    spent         boolean NOT NULL DEFAULT false
+);
+
+-- Decides a write under the admission rule and records it. Call it inside the transaction that
+-- performs the write; roll back when it refuses.
+CREATE OR REPLACE FUNCTION picket_fence_admit(
+    p_resource text, p_lock text, p_strict boolean,
+    p_presented_lock text, p_token bigint, p_seq bigint)
+RETURNS TABLE (admitted boolean, reason text, highest_token bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r picket_fence%ROWTYPE;
+BEGIN
+    IF p_resource IS NULL OR length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RETURN QUERY SELECT false, 'invalid_resource'::text, 0::bigint; RETURN;
+    END IF;
+    IF p_token IS NULL OR p_token <= 0 THEN
+        RETURN QUERY SELECT false, 'invalid_token'::text, 0::bigint; RETURN;
+    END IF;
+    INSERT INTO picket_fence (resource, lock_name, strict_mode, highest_token)
+        VALUES (p_resource, p_lock, p_strict, 0)
+        ON CONFLICT (resource) DO NOTHING;
+    SELECT * INTO r FROM picket_fence f WHERE f.resource = p_resource FOR UPDATE;
+    IF p_presented_lock IS DISTINCT FROM r.lock_name THEN
+        RETURN QUERY SELECT false, 'wrong_lock'::text, r.highest_token; RETURN;
+    END IF;
+    IF p_token < r.highest_token THEN
+        RETURN QUERY SELECT false, 'stale_token'::text, r.highest_token; RETURN;
+    END IF;
+    IF p_token > r.highest_token THEN
+        UPDATE picket_fence f SET highest_token = p_token, last_seq = p_seq, spent = true
+            WHERE f.resource = p_resource;
+        RETURN QUERY SELECT true, 'advanced'::text, r.highest_token; RETURN;
+    END IF;
+    IF r.strict_mode THEN
+        IF r.spent THEN
+            RETURN QUERY SELECT false, 'strict_repeat'::text, r.highest_token; RETURN;
+        END IF;
+        UPDATE picket_fence f SET spent = true, last_seq = p_seq WHERE f.resource = p_resource;
+        RETURN QUERY SELECT true, 'same'::text, r.highest_token; RETURN;
+    END IF;
+    IF p_seq IS NOT NULL AND r.last_seq IS NOT NULL AND p_seq <= r.last_seq THEN
+        RETURN QUERY SELECT false, 'replayed_seq'::text, r.highest_token; RETURN;
+    END IF;
+    UPDATE picket_fence f SET last_seq = COALESCE(p_seq, r.last_seq) WHERE f.resource = p_resource;
+    RETURN QUERY SELECT true, 'same'::text, r.highest_token;
+END
+$fn$;
+
+-- Fence on acquire: makes p_token the highest unless a newer one was seen.
+CREATE OR REPLACE FUNCTION picket_fence_register(
+    p_resource text, p_lock text, p_strict boolean, p_presented_lock text, p_token bigint)
+RETURNS TABLE (admitted boolean, reason text, highest_token bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r picket_fence%ROWTYPE;
+BEGIN
+    IF p_resource IS NULL OR length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RETURN QUERY SELECT false, 'invalid_resource'::text, 0::bigint; RETURN;
+    END IF;
+    IF p_token IS NULL OR p_token <= 0 THEN
+        RETURN QUERY SELECT false, 'invalid_token'::text, 0::bigint; RETURN;
+    END IF;
+    INSERT INTO picket_fence (resource, lock_name, strict_mode, highest_token)
+        VALUES (p_resource, p_lock, p_strict, 0)
+        ON CONFLICT (resource) DO NOTHING;
+    SELECT * INTO r FROM picket_fence f WHERE f.resource = p_resource FOR UPDATE;
+    IF p_presented_lock IS DISTINCT FROM r.lock_name THEN
+        RETURN QUERY SELECT false, 'wrong_lock'::text, r.highest_token; RETURN;
+    END IF;
+    IF p_token < r.highest_token THEN
+        RETURN QUERY SELECT false, 'stale_token'::text, r.highest_token; RETURN;
+    END IF;
+    IF p_token > r.highest_token THEN
+        UPDATE picket_fence f SET highest_token = p_token, last_seq = NULL, spent = false
+            WHERE f.resource = p_resource;
+    END IF;
+    RETURN QUERY SELECT true, 'registered'::text, r.highest_token;
+END
+$fn$;
+";
+
+/// Why a PostgreSQL fence call failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PgFenceError {
+    /// The fence refused; roll the transaction back.
+    #[error(transparent)]
+    Refused(Box<Refusal>),
+    /// The database failed.
+    #[error("the PostgreSQL fence failed: {}", database_detail(.0))]
+    Database(#[from] tokio_postgres::Error),
+    /// The function answered something this helper does not know (a newer migration?).
+    #[error("the PostgreSQL fence answered {0:?}: run this version's MIGRATION")]
+    Unexpected(String),
+}
+
+/// tokio-postgres prints a server error as just "db error"; the server's own words are in the
+/// source.
+fn database_detail(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
+}
+
+/// Installs (or updates) the fence's table and functions.
+///
+/// # Errors
+/// When the database refuses the migration.
+pub async fn migrate(client: &impl GenericClient) -> Result<(), PgFenceError> {
+    client.batch_execute(MIGRATION).await?;
+    Ok(())
+}
+
+fn to_bigint(value: u64) -> Option<i64> {
+    i64::try_from(value).ok()
+}
+
+fn reason_from(code: &str, seq: Option<u64>) -> Option<RefusalReason> {
+    Some(match code {
+        "stale_token" => RefusalReason::Stale,
+        "wrong_lock" => RefusalReason::WrongLock,
+        "strict_repeat" => RefusalReason::StrictRepeat,
+        "replayed_seq" => RefusalReason::Replay { last_seq: seq.unwrap_or_default() },
+        "invalid_token" => RefusalReason::InvalidToken,
+        "invalid_resource" => RefusalReason::InvalidResource,
+        _ => return None,
+    })
+}
+
+fn refusal(
+    resource: &str,
+    policy: &Policy,
+    presented_lock: &str,
+    stamp: Stamp,
+    highest: i64,
+    reason: RefusalReason,
+) -> PgFenceError {
+    let mut record = FenceRecord::empty(policy);
+    record.highest_token = u64::try_from(highest).unwrap_or(0);
+    PgFenceError::Refused(Box::new(Refusal::new(resource, &record, presented_lock, stamp, reason)))
+}
+
+/// Runs the admission rule for `presented` at `resource` inside the caller's transaction
+/// (`client` may be a `Transaction`). On `Ok`, perform the write in the same transaction and
+/// commit; on `Err(Refused)`, roll back.
+///
+/// # Errors
+/// [`PgFenceError::Refused`] with the structured refusal; database failures.
+pub async fn admit(
+    client: &impl GenericClient,
+    resource: &str,
+    policy: &Policy,
+    presented: &Presented,
+) -> Result<Admission, PgFenceError> {
+    let stamp = presented.stamp;
+    let Some(token) = to_bigint(stamp.token) else {
+        return Err(refusal(
+            resource,
+            policy,
+            &presented.lock,
+            stamp,
+            0,
+            RefusalReason::InvalidToken,
+        ));
+    };
+    let seq = stamp.seq.map(|seq| to_bigint(seq).unwrap_or(i64::MAX));
+    let row = client
+        .query_one(
+            "SELECT admitted, reason, highest_token FROM picket_fence_admit($1, $2, $3, $4, $5, $6)",
+            &[&resource, &policy.lock, &policy.strict, &presented.lock, &token, &seq],
+        )
+        .await?;
+    let (admitted, code, highest): (bool, String, i64) = (row.get(0), row.get(1), row.get(2));
+    match (admitted, code.as_str()) {
+        (true, "advanced") => {
+            Ok(Admission::Advanced { previous_token: u64::try_from(highest).unwrap_or(0) })
+        }
+        (true, "same") => Ok(Admission::Same),
+        (false, code) => {
+            let last_seq =
+                if code == "replayed_seq" { last_seq(client, resource).await? } else { None };
+            let reason = reason_from(code, last_seq)
+                .ok_or_else(|| PgFenceError::Unexpected(code.to_owned()))?;
+            Err(refusal(resource, policy, &presented.lock, stamp, highest, reason))
+        }
+        (true, other) => Err(PgFenceError::Unexpected(other.to_owned())),
+    }
+}
+
+async fn last_seq(
+    client: &impl GenericClient,
+    resource: &str,
+) -> Result<Option<u64>, PgFenceError> {
+    let row = client
+        .query_opt("SELECT last_seq FROM picket_fence WHERE resource = $1", &[&resource])
+        .await?;
+    Ok(row.and_then(|row| row.get::<_, Option<i64>>(0)).and_then(|seq| u64::try_from(seq).ok()))
+}
+
+/// Fence on acquire: makes `token` the highest at `resource` unless a newer one was seen.
+/// Commit the transaction afterwards.
+///
+/// # Errors
+/// [`PgFenceError::Refused`] for a stale token or another lock; database failures.
+pub async fn register(
+    client: &impl GenericClient,
+    resource: &str,
+    policy: &Policy,
+    lock: &str,
+    token: u64,
+) -> Result<(), PgFenceError> {
+    let stamp = Stamp { token, seq: None };
+    let Some(token_bigint) = to_bigint(token) else {
+        return Err(refusal(resource, policy, lock, stamp, 0, RefusalReason::InvalidToken));
+    };
+    let row = client
+        .query_one(
+            "SELECT admitted, reason, highest_token FROM picket_fence_register($1, $2, $3, $4, $5)",
+            &[&resource, &policy.lock, &policy.strict, &lock, &token_bigint],
+        )
+        .await?;
+    let (admitted, code, highest): (bool, String, i64) = (row.get(0), row.get(1), row.get(2));
+    if admitted {
+        return Ok(());
+    }
+    let reason = reason_from(&code, None).ok_or_else(|| PgFenceError::Unexpected(code.clone()))?;
+    Err(refusal(resource, policy, lock, stamp, highest, reason))
+}
+
+/// The highest token recorded for `resource`, 0 if none.
+///
+/// # Errors
+/// Database failures.
+pub async fn highest_token(
+    client: &impl GenericClient,
+    resource: &str,
+) -> Result<u64, PgFenceError> {
+    let row = client
+        .query_opt("SELECT highest_token FROM picket_fence WHERE resource = $1", &[&resource])
+        .await?;
+    Ok(row.map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0)))
+}
