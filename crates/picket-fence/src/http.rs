@@ -13,8 +13,10 @@
 //! a newer token that the lock service says is not current) and hands the handler a
 //! [`FenceContext`]. The handler performs the admission in the same atomic step as its write,
 //! for example with [`crate::FencedStore::write`], and answers a refusal with
-//! [`refusal_response`]. Install it with
-//! `axum::middleware::from_fn_with_state(Arc::new(FenceConfig { .. }), picket_fence::http::fence)`.
+//! [`refusal_response`]. Requests to one resource are served one at a time, from the check to
+//! the handler's answer, so a write waiting for verification cannot be overtaken by a read. Install
+//! it with
+//! `axum::middleware::from_fn_with_state(Arc::new(FenceConfig::new(..)), picket_fence::http::fence)`.
 
 use crate::refusal::{Refusal, RefusalReason};
 use crate::rule::{FenceRecord, Policy, Presented, Stamp};
@@ -75,12 +77,52 @@ pub trait GrantChecker: Send + Sync + 'static {
 
 /// How the middleware guards a service.
 pub struct FenceConfig {
-    /// Which requests touch which resource.
-    pub resolve: Box<dyn Resolve>,
-    /// The current records, for verify on advance.
-    pub records: Arc<dyn Records>,
-    /// The lock service, for verify on advance; `None` turns verification off.
-    pub checker: Option<Arc<dyn GrantChecker>>,
+    resolve: Box<dyn Resolve>,
+    records: Arc<dyn Records>,
+    checker: Option<Arc<dyn GrantChecker>>,
+    /// One lock per resource, held from the check through the handler: while a newer token is
+    /// being verified with the lock service, no other request to that resource can read or
+    /// write, so the check and the write stay one step.
+    resource_locks:
+        std::sync::Mutex<std::collections::BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl FenceConfig {
+    /// Guards the requests `resolve` maps to resources, deciding advancing tokens with
+    /// `checker` (verify on advance) when given.
+    pub fn new(
+        resolve: impl Resolve,
+        records: Arc<dyn Records>,
+        checker: Option<Arc<dyn GrantChecker>>,
+    ) -> Self {
+        Self {
+            resolve: Box::new(resolve),
+            records,
+            checker,
+            resource_locks: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+        }
+    }
+
+    /// The lock of one resource. Resources come from `resolve`, so their number is bounded by
+    /// the service's configuration.
+    fn resource_lock(&self, resource: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks =
+            self.resource_locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        locks.entry(resource.to_owned()).or_default().clone()
+    }
+
+    /// Holds several resources at once, for a handler that serves a unit over them outside the
+    /// middleware. Taken in name order, so two units never wait for each other in a cycle.
+    pub async fn hold(&self, resources: &[String]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let mut names: Vec<&String> = resources.iter().collect();
+        names.sort();
+        names.dedup();
+        let mut guards = Vec::with_capacity(names.len());
+        for name in names {
+            guards.push(self.resource_lock(name).lock_owned().await);
+        }
+        guards
+    }
 }
 
 impl std::fmt::Debug for FenceConfig {
@@ -237,6 +279,8 @@ pub async fn fence(
         Ok(presented) => presented,
         Err(response) => return response,
     };
+    let resource_lock = config.resource_lock(&resource);
+    let _serialized = resource_lock.lock().await;
     match &presented {
         None if !is_read(&parts.method) => {
             return error_response(

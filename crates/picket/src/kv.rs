@@ -263,11 +263,11 @@ async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
         Some(Arc::new(PicketChecker { endpoints, client: tokio::sync::OnceCell::new() }))
     };
     let resolver_guards = guards.clone();
-    let config = Arc::new(FenceConfig {
-        resolve: Box::new(move |parts: &Parts| resolve(&resolver_guards, parts)),
-        records: store.clone(),
+    let config = Arc::new(FenceConfig::new(
+        move |parts: &Parts| resolve(&resolver_guards, parts),
+        store.clone(),
         checker,
-    });
+    ));
     let kv = Kv { store, guards, config: config.clone() };
     let app = Router::new()
         .route("/kv/{*key}", put(put_key).get(get_key).delete(delete_key))
@@ -448,6 +448,8 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
             resources.push(guard);
         }
     }
+    let names: Vec<String> = resources.iter().map(|(resource, _)| resource.clone()).collect();
+    let _held = kv.config.hold(&names).await;
     for (resource, policy) in &resources {
         if let Err(response) =
             picket_fence::http::verify_advance(&kv.config, resource, policy, &presented).await

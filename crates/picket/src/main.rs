@@ -7,6 +7,7 @@ mod http_client;
 mod kv;
 mod lock_cmd;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -59,6 +60,8 @@ enum Command {
     Check(commands::CheckArgs),
     /// The reference fenced key-value store (`picket kv serve`), and writes to it.
     Kv(kv::KvArgs),
+    /// The race lab: simulate what each locking strategy lets through (deterministic, seeded).
+    Sim(sim::SimArgs),
     /// Measure a running Picket: acquire/release throughput and latency, or many sessions.
     Bench(bench::BenchArgs),
 }
@@ -86,7 +89,11 @@ fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Resul
             Command::Watch(args) => commands::watch(args, &client).await,
             Command::Members(args) => commands::members(args, &client).await,
             Command::Check(args) => commands::check(args, &client).await,
-            Command::Serve(_) | Command::Bench(_) | Command::Lock(_) | Command::Kv(_) => {
+            Command::Serve(_)
+            | Command::Bench(_)
+            | Command::Lock(_)
+            | Command::Kv(_)
+            | Command::Sim(_) => {
                 unreachable!("handled by main")
             }
         }
@@ -99,6 +106,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args, cli.endpoints),
         Command::Kv(args) => kv::run(args, cli.endpoints),
+        Command::Sim(args) => sim::run(&args),
         client_command => run_client_command(client_command, cli.endpoints),
     };
     match result {
