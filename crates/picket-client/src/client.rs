@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status};
@@ -61,7 +62,16 @@ struct Inner {
     config: ClientConfig,
     leader: Mutex<Option<String>>,
     channels: Mutex<HashMap<String, PicketClient<Channel>>>,
+    keepalives: tokio::sync::OnceCell<mpsc::Sender<KeepAliveJob>>,
 }
+
+/// One session's keepalive waiting to join a batch.
+type KeepAliveJob = (u64, oneshot::Sender<Result<u64, ClientError>>);
+
+/// Most sessions in one batched keepalive (the server's limit).
+const MAX_KEEPALIVE_BATCH: usize = 10_000;
+/// How long the batcher waits for more keepalives to join a batch.
+const KEEPALIVE_LINGER: Duration = Duration::from_millis(2);
 
 impl Client {
     /// Connects to a cluster through any of its members (`host:port`) and checks that one of
@@ -108,6 +118,7 @@ impl Client {
                 config,
                 leader: Mutex::new(None),
                 channels: Mutex::new(HashMap::new()),
+                keepalives: tokio::sync::OnceCell::new(),
             }),
         };
         client.cluster().await?;
@@ -245,6 +256,23 @@ impl Client {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(config.max_backoff);
         }
+    }
+
+    /// Keeps `session_id` alive, sharing one RPC with every other session of this client whose
+    /// keepalive is due within the same couple of milliseconds. Returns the session's TTL.
+    pub(crate) async fn keep_alive(&self, session_id: u64) -> Result<u64, ClientError> {
+        let batcher = self
+            .inner
+            .keepalives
+            .get_or_init(|| async {
+                let (sender, receiver) = mpsc::channel(MAX_KEEPALIVE_BATCH);
+                tokio::spawn(run_keepalive_batcher(self.clone(), receiver));
+                sender
+            })
+            .await;
+        let (reply, answer) = oneshot::channel();
+        batcher.send((session_id, reply)).await.map_err(|_| batcher_gone())?;
+        answer.await.map_err(|_| batcher_gone())?
     }
 
     /// Opens a session with `ttl` whose keepalive runs in the background until it is closed
@@ -435,5 +463,64 @@ impl Client {
             async move { client.watch(request).await }
         })
         .await
+    }
+}
+
+fn batcher_gone() -> ClientError {
+    ClientError::OutcomeUnknown("the client's keepalive task stopped".into())
+}
+
+/// Collects keepalives for a moment and sends them as one `KeepAliveMany` call. Holds only a
+/// weak interest in the client: it stops when every sender (every clone of the client) is gone.
+async fn run_keepalive_batcher(client: Client, mut jobs: mpsc::Receiver<KeepAliveJob>) {
+    let weak = Arc::downgrade(&client.inner);
+    drop(client);
+    while let Some(first) = jobs.recv().await {
+        let mut batch = vec![first];
+        let linger = tokio::time::sleep(KEEPALIVE_LINGER);
+        tokio::pin!(linger);
+        while batch.len() < MAX_KEEPALIVE_BATCH {
+            tokio::select! {
+                () = &mut linger => break,
+                job = jobs.recv() => match job {
+                    Some(job) => batch.push(job),
+                    None => break,
+                },
+            }
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        let client = Client { inner };
+        let ids: Vec<u64> = batch.iter().map(|(id, _)| *id).collect();
+        let timeout = Some(client.inner.config.request_timeout);
+        let result = client
+            .call(Retry::Safe, timeout, |mut grpc| {
+                let request = v1::KeepAliveManyRequest { session_ids: ids.clone() };
+                async move { grpc.keep_alive_many(request).await }
+            })
+            .await;
+        drop(client);
+        match result {
+            Ok(response) => {
+                for ((session, reply), ttl_ms) in batch.into_iter().zip(response.ttl_ms) {
+                    let answer = if ttl_ms == 0 {
+                        Err(ClientError::Service {
+                            code: "unknown_session".into(),
+                            message: format!(
+                                "session {session} does not exist (it expired or was closed): open a new session"
+                            ),
+                            holder_token: None,
+                        })
+                    } else {
+                        Ok(ttl_ms)
+                    };
+                    let _ = reply.send(answer);
+                }
+            }
+            Err(error) => {
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
     }
 }

@@ -304,10 +304,7 @@ async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
             () = tokio::time::sleep_until(next_attempt) => {}
         }
         let sent_at = Instant::now();
-        let session_id = shared.id;
-        let attempt = shared.client.call(Retry::Safe, Some(period), |mut grpc| async move {
-            grpc.keep_alive(v1::KeepAliveRequest { session_id }).await
-        });
+        let attempt = shared.client.keep_alive(shared.id);
         let result = tokio::select! {
             result = attempt => result,
             () = tokio::time::sleep_until(deadline) => {

@@ -12,7 +12,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 /// Largest client request, in bytes.
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+pub const MAX_REQUEST_BYTES: usize = 128 * 1024;
 
 /// Serves [`picket_server::Picket`] from a node.
 #[derive(Clone, Debug)]
@@ -187,6 +187,18 @@ impl picket_server::Picket for ClientService {
         respond(kept.map(|ttl_ms| v1::KeepAliveResponse { session_id, ttl_ms }))
     }
 
+    async fn keep_alive_many(
+        &self,
+        request: Request<v1::KeepAliveManyRequest>,
+    ) -> Reply<v1::KeepAliveManyResponse> {
+        let sessions: Vec<SessionId> =
+            request.into_inner().session_ids.into_iter().map(SessionId).collect();
+        let kept = self.node.keep_alive_many(&sessions).await;
+        respond(kept.map(|ttls| v1::KeepAliveManyResponse {
+            ttl_ms: ttls.into_iter().map(|ttl| ttl.unwrap_or(0)).collect(),
+        }))
+    }
+
     async fn close_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
         let session = SessionId(request.into_inner().session_id);
         respond(self.node.close_session(session).await.map(|()| v1::Empty {}))
@@ -266,10 +278,10 @@ impl picket_server::Picket for ClientService {
                 ));
             }
         };
-        let receiver = self.node.watch(target);
-        let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-            let item = receiver.recv().await?;
-            Some((item.map(watch_message).map_err(|error| status(&error)), receiver))
+        let watch = self.node.watch(target);
+        let stream = futures_util::stream::unfold(watch, |mut watch| async move {
+            let item = watch.next().await?;
+            Some((item.map(watch_message).map_err(|error| status(&error)), watch))
         });
         Ok(Response::new(Box::pin(stream)))
     }

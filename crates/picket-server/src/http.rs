@@ -472,16 +472,16 @@ async fn watch(
             ));
         }
     };
-    let receiver = node.watch(target);
-    let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        let item = receiver.recv().await?;
+    let watch = node.watch(target);
+    let stream = futures_util::stream::unfold(watch, |mut watch| async move {
+        let item = watch.next().await?;
         let event = match item {
             Ok(item) => SseEvent::default().event("event").data(watch_json(&item).to_string()),
             Err(error) => SseEvent::default()
                 .event("error")
                 .data(json!({ "code": error.code(), "message": error.to_string() }).to_string()),
         };
-        Some((Ok(event), receiver))
+        Some((Ok(event), watch))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -2,29 +2,17 @@
 //!
 //! Every node applies every committed command, so every node can answer its own waiting
 //! acquires and watches, whichever node the command was proposed on.
+//!
+//! Watchers are indexed by what they watch (a session, a lock, a prefix), so an event costs
+//! only the watchers it concerns: a cluster where every client watches its own session does not
+//! wake every watch on every command. Delivery never blocks the apply path: a watcher whose
+//! buffer is full is cut off and told it fell behind.
 
 use picket_core::{CancelCause, Event, SessionId, StateMachine};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use tokio::sync::{broadcast, oneshot, watch};
-
-/// Events from one applied command, or a notice that events were skipped.
-#[derive(Clone, Debug)]
-pub enum Batch {
-    /// The events of the command applied at `revision`.
-    Events {
-        /// The revision after the command.
-        revision: u64,
-        /// What changed.
-        events: Vec<Event>,
-    },
-    /// The state was replaced by a snapshot: events between the old and new state are unknown.
-    /// Watchers must re-read the state.
-    Resync {
-        /// The revision of the installed state.
-        revision: u64,
-    },
-}
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, oneshot};
 
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +29,139 @@ pub enum WaitOutcome {
     },
 }
 
-/// Most batches a watch may fall behind before it is told to resync.
-pub const WATCH_BUFFER: usize = 4_096;
+/// What a watch target names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// One lock.
+    Lock(String),
+    /// Every lock whose name starts with this.
+    Prefix(String),
+    /// Everything that happens to one session.
+    Session(SessionId),
+}
+
+/// An item delivered to a watcher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Something happened, at `revision`.
+    Event {
+        /// The revision of the command that caused it.
+        revision: u64,
+        /// What happened.
+        event: Event,
+    },
+    /// The state was replaced by a snapshot: events in between are unknown; re-read.
+    Resync {
+        /// The revision of the new state.
+        revision: u64,
+    },
+}
+
+/// The receiving end of a watch. When it ends, [`Subscription::fell_behind`] says whether it
+/// was cut off for not keeping up.
+#[derive(Debug)]
+pub struct Subscription {
+    /// Deliveries, in order.
+    pub receiver: mpsc::Receiver<Delivery>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Subscription {
+    /// True when the hub cut the watch off because its buffer was full.
+    #[must_use]
+    pub fn fell_behind(&self) -> bool {
+        self.lagged.load(Ordering::Relaxed)
+    }
+}
+
+/// Most deliveries a watch buffers before it is cut off.
+pub const WATCH_BUFFER: usize = 1_024;
+
+#[derive(Debug)]
+struct Watcher {
+    sender: mpsc::Sender<Delivery>,
+    lagged: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    /// Delivers without waiting; false when the watcher must be dropped (gone or too slow).
+    fn offer(&self, delivery: Delivery) -> bool {
+        match self.sender.try_send(delivery) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.lagged.store(true, Ordering::Relaxed);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Watchers {
+    by_session: HashMap<SessionId, Vec<Watcher>>,
+    by_lock: HashMap<String, Vec<Watcher>>,
+    /// Prefix watches, by prefix; few in practice, each checked against every lock event.
+    by_prefix: BTreeMap<String, Vec<Watcher>>,
+}
+
+fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
+    watchers.retain(|watcher| watcher.offer(delivery.clone()));
+}
+
+/// Offers to the watchers under `key` and forgets the key when none is left.
+fn offer_key<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, Vec<Watcher>>,
+    key: &K,
+    delivery: &Delivery,
+) {
+    if let Some(watchers) = map.get_mut(key) {
+        offer_all(watchers, delivery);
+        if watchers.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+impl Watchers {
+    fn deliver(&mut self, revision: u64, event: &Event) {
+        if self.by_session.is_empty() && self.by_lock.is_empty() && self.by_prefix.is_empty() {
+            return;
+        }
+        let delivery = Delivery::Event { revision, event: event.clone() };
+        offer_key(&mut self.by_session, &event.session(), &delivery);
+        if let Some(name) = event.lock_name() {
+            offer_key(&mut self.by_lock, &name.to_owned(), &delivery);
+            let mut emptied = false;
+            for (prefix, watchers) in &mut self.by_prefix {
+                if name.starts_with(prefix.as_str()) {
+                    offer_all(watchers, &delivery);
+                    emptied |= watchers.is_empty();
+                }
+            }
+            if emptied {
+                self.by_prefix.retain(|_, watchers| !watchers.is_empty());
+            }
+        }
+    }
+
+    fn deliver_everywhere(&mut self, delivery: &Delivery) {
+        for watchers in self
+            .by_session
+            .values_mut()
+            .chain(self.by_lock.values_mut())
+            .chain(self.by_prefix.values_mut())
+        {
+            offer_all(watchers, delivery);
+        }
+    }
+
+    fn forget_empty(&mut self) {
+        self.by_session.retain(|_, watchers| !watchers.is_empty());
+        self.by_lock.retain(|_, watchers| !watchers.is_empty());
+        self.by_prefix.retain(|_, watchers| !watchers.is_empty());
+    }
+}
 
 type WaiterKey = (SessionId, String);
 
@@ -50,18 +169,17 @@ type WaiterKey = (SessionId, String);
 #[derive(Debug)]
 pub struct Hub {
     waiters: Mutex<HashMap<WaiterKey, oneshot::Sender<WaitOutcome>>>,
-    batches: broadcast::Sender<Arc<Batch>>,
-    applied_revision: watch::Sender<u64>,
+    watchers: Mutex<Watchers>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
-        Self {
-            waiters: Mutex::new(HashMap::new()),
-            batches: broadcast::channel(WATCH_BUFFER).0,
-            applied_revision: watch::channel(0).0,
-        }
+        Self { waiters: Mutex::new(HashMap::new()), watchers: Mutex::new(Watchers::default()) }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Hub {
@@ -73,36 +191,36 @@ impl Hub {
         name: &str,
     ) -> oneshot::Receiver<WaitOutcome> {
         let (sender, receiver) = oneshot::channel();
-        self.lock_waiters().insert((session, name.to_owned()), sender);
+        lock(&self.waiters).insert((session, name.to_owned()), sender);
         receiver
     }
 
     /// Forgets a registration (the wait ended by other means, or the caller left).
     pub fn forget_waiter(&self, session: SessionId, name: &str) {
-        self.lock_waiters().remove(&(session, name.to_owned()));
+        lock(&self.waiters).remove(&(session, name.to_owned()));
     }
 
-    fn lock_waiters(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<WaiterKey, oneshot::Sender<WaitOutcome>>> {
-        self.waiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Subscribes to every batch applied from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Batch>> {
-        self.batches.subscribe()
-    }
-
-    /// Watches the applied revision.
-    pub fn applied_revision(&self) -> watch::Receiver<u64> {
-        self.applied_revision.subscribe()
+    /// Starts a watch of `target` from the next applied command on.
+    pub fn watch(&self, target: Target) -> Subscription {
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        let lagged = Arc::new(AtomicBool::new(false));
+        let mut watchers = lock(&self.watchers);
+        let watcher = Watcher { sender, lagged: lagged.clone() };
+        match target {
+            Target::Session(session) => {
+                watchers.by_session.entry(session).or_default().push(watcher)
+            }
+            Target::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
+            Target::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
+        }
+        Subscription { receiver, lagged }
     }
 
     /// Delivers the events of one applied command.
-    pub fn publish(&self, revision: u64, events: Vec<Event>) {
+    pub fn publish(&self, revision: u64, events: &[Event]) {
         if !events.is_empty() {
-            let mut waiters = self.lock_waiters();
-            for event in &events {
+            let mut waiters = lock(&self.waiters);
+            for event in events {
                 let (key, outcome) = match event {
                     Event::Granted { name, session, token } => {
                         ((*session, name.clone()), WaitOutcome::Granted { token: *token })
@@ -116,17 +234,18 @@ impl Hub {
                     let _ = sender.send(outcome);
                 }
             }
+            drop(waiters);
+            let mut watchers = lock(&self.watchers);
+            for event in events {
+                watchers.deliver(revision, event);
+            }
         }
-        if !events.is_empty() && self.batches.receiver_count() > 0 {
-            let _ = self.batches.send(Arc::new(Batch::Events { revision, events }));
-        }
-        self.applied_revision.send_replace(revision);
     }
 
     /// The state jumped to `machine` (a snapshot was installed): settle every waiter from the new
     /// state and tell watchers to re-read.
     pub fn resync(&self, machine: &StateMachine) {
-        let mut waiters = self.lock_waiters();
+        let mut waiters = lock(&self.waiters);
         let keys: Vec<WaiterKey> = waiters.keys().cloned().collect();
         for (session, name) in keys {
             let holder = machine.lock(&name).and_then(|lock| lock.holder);
@@ -148,9 +267,57 @@ impl Hub {
         }
         drop(waiters);
         let revision = machine.revision();
-        if self.batches.receiver_count() > 0 {
-            let _ = self.batches.send(Arc::new(Batch::Resync { revision }));
+        let mut watchers = lock(&self.watchers);
+        watchers.deliver_everywhere(&Delivery::Resync { revision });
+        watchers.forget_empty();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(name: &str, session: u64, token: u64) -> Event {
+        Event::Granted { name: name.into(), session: SessionId(session), token }
+    }
+
+    #[test]
+    fn events_reach_only_the_watchers_they_concern() {
+        let hub = Hub::default();
+        let mut by_session = hub.watch(Target::Session(SessionId(1)));
+        let mut by_lock = hub.watch(Target::Lock("a/x".into()));
+        let mut by_prefix = hub.watch(Target::Prefix("a/".into()));
+        let mut elsewhere = hub.watch(Target::Prefix("b/".into()));
+        hub.publish(5, &[granted("a/x", 1, 5)]);
+        hub.publish(6, &[granted("a/y", 2, 6)]);
+        let received = |subscription: &mut Subscription| -> Vec<u64> {
+            std::iter::from_fn(|| subscription.receiver.try_recv().ok())
+                .map(|delivery| match delivery {
+                    Delivery::Event { revision, .. } | Delivery::Resync { revision } => revision,
+                })
+                .collect()
+        };
+        assert_eq!(received(&mut by_session), [5]);
+        assert_eq!(received(&mut by_lock), [5]);
+        assert_eq!(received(&mut by_prefix), [5, 6]);
+        assert_eq!(received(&mut elsewhere), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_watcher_that_does_not_keep_up_is_cut_off_and_told() {
+        let hub = Hub::default();
+        let mut slow = hub.watch(Target::Lock("x".into()));
+        for revision in 0..=WATCH_BUFFER as u64 {
+            hub.publish(revision, &[granted("x", 1, revision)]);
         }
-        self.applied_revision.send_replace(revision);
+        let mut count = 0;
+        while slow.receiver.try_recv().is_ok() {
+            count += 1;
+        }
+        assert_eq!(count, WATCH_BUFFER);
+        assert!(slow.fell_behind());
+        // It was dropped: later events do not revive it.
+        hub.publish(9_999, &[granted("x", 1, 9_999)]);
+        assert!(slow.receiver.try_recv().is_err());
     }
 }

@@ -26,7 +26,7 @@ mod state_machine;
 pub use error::ServiceError;
 pub use hub::WaitOutcome;
 pub use log_store::WriterStats;
-pub use node::{ClusterView, Grant, Node, WatchItem, WatchTarget};
+pub use node::{ClusterView, Grant, Node, WatchItem, WatchStream, WatchTarget};
 pub use raft_types::NodeId;
 pub use server::{DEFAULT_PORT, RaftTuning, ServerConfig, ServerHandle, StartError, start};
 

@@ -7,7 +7,7 @@
 //! [`crate::driver`]).
 
 use crate::error::ServiceError;
-use crate::hub::{Batch, Hub, WaitOutcome};
+use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome};
 use crate::log_store::WriterStats;
 use crate::raft_types::{NodeId, Raft, Reply};
 use crate::state_machine::{Applied, StateStore};
@@ -20,12 +20,12 @@ use picket_core::{
 };
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
+/// Most sessions one batched keepalive may name.
+pub const MAX_KEEPALIVE_BATCH: usize = 10_000;
 /// Most keepalives the leader holds before it writes a tick early.
 pub const RENEWAL_FLUSH_THRESHOLD: usize = 50_000;
-/// Most items a watch stream buffers for a slow reader before it is cut off.
-pub const WATCH_STREAM_BUFFER: usize = 1_024;
 
 /// A monotonic clock in milliseconds since the node started. Only the leader's readings enter
 /// the log, and a new leader starts its readings with a `Refresh`.
@@ -77,13 +77,42 @@ pub enum WatchTarget {
 }
 
 impl WatchTarget {
-    fn matches(&self, event: &Event) -> bool {
+    fn into_hub_target(self) -> Target {
         match self {
-            Self::Lock(name) => event.lock_name() == Some(name.as_str()),
-            Self::Prefix(prefix) => {
-                event.lock_name().is_some_and(|name| name.starts_with(prefix.as_str()))
+            Self::Lock(name) => Target::Lock(name),
+            Self::Prefix(prefix) => Target::Prefix(prefix),
+            Self::Session(session) => Target::Session(session),
+        }
+    }
+}
+
+/// A watch: events for its target from when it started.
+#[derive(Debug)]
+pub struct WatchStream {
+    subscription: Subscription,
+    ended: bool,
+}
+
+impl WatchStream {
+    /// The next item; `None` when the node stops. A watch that fell too far behind ends with an
+    /// error: re-read the state and watch again.
+    pub async fn next(&mut self) -> Option<Result<WatchItem, ServiceError>> {
+        if self.ended {
+            return None;
+        }
+        match self.subscription.receiver.recv().await {
+            Some(Delivery::Event { revision, event }) => {
+                Some(Ok(WatchItem::Event { revision, event }))
             }
-            Self::Session(session) => event.session() == *session,
+            Some(Delivery::Resync { revision }) => Some(Ok(WatchItem::Resync { revision })),
+            None => {
+                self.ended = true;
+                self.subscription.fell_behind().then(|| {
+                    Err(ServiceError::Unavailable(
+                        "the watch fell too far behind and was stopped; re-read the state and watch again".into(),
+                    ))
+                })
+            }
         }
     }
 }
@@ -300,6 +329,44 @@ impl Node {
         Ok(ttl_ms)
     }
 
+    /// Keeps many sessions alive at once: one leadership check for all of them. Returns each
+    /// session's TTL, or `None` for a session that does not exist.
+    ///
+    /// # Errors
+    /// Cluster failures, or more sessions than [`MAX_KEEPALIVE_BATCH`].
+    pub async fn keep_alive_many(
+        &self,
+        sessions: &[SessionId],
+    ) -> Result<Vec<Option<u64>>, ServiceError> {
+        if sessions.len() > MAX_KEEPALIVE_BATCH {
+            return Err(ServiceError::BadRequest(format!(
+                "{} sessions in one keepalive; send at most {MAX_KEEPALIVE_BATCH}",
+                sessions.len()
+            )));
+        }
+        self.ensure_leader(ReadPolicy::LeaseRead).await?;
+        let ttls: Vec<Option<u64>> = self.read_local(|state| {
+            sessions
+                .iter()
+                .map(|session| state.machine.session(*session).map(|info| info.ttl_ms))
+                .collect()
+        });
+        let pending = {
+            let mut renewals =
+                self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (session, ttl) in sessions.iter().zip(&ttls) {
+                if ttl.is_some() {
+                    renewals.insert(*session);
+                }
+            }
+            renewals.len()
+        };
+        if pending >= RENEWAL_FLUSH_THRESHOLD {
+            self.renewals_waiting.notify_one();
+        }
+        Ok(ttls)
+    }
+
     /// Takes every keepalive received since the last tick.
     pub(crate) fn take_renewals(&self) -> Vec<SessionId> {
         let mut renewals = self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -498,11 +565,8 @@ impl Node {
     /// Streams events for `target` from now on. The stream ends with an error if the reader falls
     /// too far behind; it then has to re-read the state and watch again.
     #[must_use]
-    pub fn watch(&self, target: WatchTarget) -> mpsc::Receiver<Result<WatchItem, ServiceError>> {
-        let (sender, receiver) = mpsc::channel(WATCH_STREAM_BUFFER);
-        let batches = self.hub().subscribe();
-        tokio::spawn(forward_watch(target, batches, sender));
-        receiver
+    pub fn watch(&self, target: WatchTarget) -> WatchStream {
+        WatchStream { subscription: self.hub().watch(target.into_hub_target()), ended: false }
     }
 
     /// Membership and leadership as this node sees them.
@@ -631,38 +695,5 @@ impl Drop for WaitGuard {
                 let _ = node.release(session, &name, holder.token).await;
             }
         });
-    }
-}
-
-async fn forward_watch(
-    target: WatchTarget,
-    mut batches: broadcast::Receiver<Arc<Batch>>,
-    sender: mpsc::Sender<Result<WatchItem, ServiceError>>,
-) {
-    loop {
-        let batch = match batches.recv().await {
-            Ok(batch) => batch,
-            Err(broadcast::error::RecvError::Closed) => return,
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                let error = ServiceError::Unavailable(format!(
-                    "the watch fell {missed} batches behind and was stopped; re-read the state and watch again"
-                ));
-                let _ = sender.send(Err(error)).await;
-                return;
-            }
-        };
-        let items: Vec<WatchItem> = match &*batch {
-            Batch::Events { revision, events } => events
-                .iter()
-                .filter(|event| target.matches(event))
-                .map(|event| WatchItem::Event { revision: *revision, event: event.clone() })
-                .collect(),
-            Batch::Resync { revision } => vec![WatchItem::Resync { revision: *revision }],
-        };
-        for item in items {
-            if sender.send(Ok(item)).await.is_err() {
-                return;
-            }
-        }
     }
 }

@@ -113,7 +113,7 @@ impl StateStore {
                 // Waiters and watchers get the events through the hub; the proposer needs only the
                 // response, so the events are not copied into the reply.
                 let events = std::mem::take(&mut applied.events);
-                self.inner.hub.publish(applied.revision, events);
+                self.inner.hub.publish(applied.revision, &events);
                 Reply::Applied(applied)
             }
         }

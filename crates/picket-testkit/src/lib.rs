@@ -364,3 +364,40 @@ impl Drop for ServerProcess {
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")
 }
+
+/// A minimal micro-benchmark harness: runs `operation` in timed batches and reports the median
+/// time per operation, so a regression in a hot path shows up as a changed number. It never
+/// asserts a timing.
+pub mod bench {
+    use std::time::{Duration, Instant};
+
+    /// Batches measured per benchmark; the median is reported.
+    const SAMPLES: usize = 15;
+
+    /// Times `operation` (which performs one operation per call) and prints
+    /// `name: <median> ns/op (min .., max ..)`. Returns the median in nanoseconds.
+    pub fn measure(name: &str, operations_per_sample: u32, mut operation: impl FnMut()) -> f64 {
+        // Warm up caches and allocators first.
+        for _ in 0..operations_per_sample {
+            operation();
+        }
+        let mut samples: Vec<Duration> = (0..SAMPLES)
+            .map(|_| {
+                let started = Instant::now();
+                for _ in 0..operations_per_sample {
+                    operation();
+                }
+                started.elapsed() / operations_per_sample
+            })
+            .collect();
+        samples.sort();
+        let nanos = |duration: Duration| duration.as_secs_f64() * 1e9;
+        let median = nanos(samples[SAMPLES / 2]);
+        println!(
+            "{name}: {median:.0} ns/op (min {:.0}, max {:.0}, {SAMPLES} samples of {operations_per_sample})",
+            nanos(samples[0]),
+            nanos(samples[SAMPLES - 1])
+        );
+        median
+    }
+}

@@ -24,6 +24,10 @@ pub enum Mode {
     Contended,
     /// Open `--sessions` sessions and keep them alive at TTL/3; report any that expired.
     Sessions,
+    /// Acquire once, then write to `picket kv` at `--kv` with the grant's sequencer from every
+    /// client; with `--kv-unfenced` also to a store running `--no-fence`, and report the fence's
+    /// overhead. The lock name is `--lock` and keys go under `--prefix`.
+    Fenced,
 }
 
 /// Options of `picket bench`.
@@ -56,6 +60,18 @@ pub struct BenchArgs {
     /// A label copied into the RESULT line.
     #[arg(long, default_value = "")]
     tag: String,
+    /// `fenced` mode: the fenced store's URL.
+    #[arg(long, default_value = "http://127.0.0.1:7690")]
+    kv: String,
+    /// `fenced` mode: a store started with `--no-fence`, for comparison.
+    #[arg(long)]
+    kv_unfenced: Option<String>,
+    /// `fenced` mode: the lock the stores guard the prefix with.
+    #[arg(long, default_value = "bench")]
+    lock: String,
+    /// `fenced` mode: the guarded key prefix.
+    #[arg(long, default_value = "bench/")]
+    prefix: String,
 }
 
 /// CPU time (user + system) of a process, in seconds, from /proc.
@@ -243,6 +259,89 @@ async fn run_sessions(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<
     Ok((args.sessions as u64, lost))
 }
 
+/// Writes from every client with one grant's sequencer for the window; returns (writes/s,
+/// latency histogram, errors).
+async fn run_writes(
+    args: &BenchArgs,
+    url: &str,
+    sequencer: &str,
+) -> anyhow::Result<(f64, Histogram<u64>, u64)> {
+    let measure_from = Instant::now() + Duration::from_secs_f64(args.warmup_secs);
+    let end = measure_from + Duration::from_secs_f64(args.secs);
+    let mut tasks = Vec::new();
+    for index in 0..args.clients {
+        let mut connection = crate::http_client::Connection::open(url).await?;
+        let path = format!("/kv/{}{index}", args.prefix);
+        let headers = vec![(picket_fence::http::SEQUENCER_HEADER, sequencer.to_owned())];
+        tasks.push(tokio::spawn(async move {
+            let mut histogram =
+                Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("valid bounds");
+            let (mut ops, mut errors) = (0_u64, 0_u64);
+            while Instant::now() < end {
+                let started = Instant::now();
+                let reply =
+                    connection.send(hyper::Method::PUT, &path, &headers, b"value".to_vec()).await;
+                let done = Instant::now();
+                match reply {
+                    Ok(reply) if reply.status == 200 => {
+                        if started >= measure_from && done <= end {
+                            histogram.record(micros(done - started)).ok();
+                            ops += 1;
+                        }
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (histogram, ops, errors)
+        }));
+    }
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("valid bounds");
+    let (mut ops, mut errors) = (0_u64, 0_u64);
+    for task in tasks {
+        let (part, part_ops, part_errors) = task.await?;
+        histogram.add(&part).expect("same bounds");
+        ops += part_ops;
+        errors += part_errors;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let ops_per_s = ops as f64 / args.secs;
+    Ok((ops_per_s, histogram, errors))
+}
+
+async fn run_fenced(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<String> {
+    let client = Client::connect(endpoints.to_vec()).await?;
+    let session = client.session(Duration::from_millis(args.ttl_ms)).await?;
+    let guard = session.lock(&args.lock).await?;
+    let sequencer = guard.sequencer().to_string();
+    crate::kv::register_with(
+        &format!("{}/fence/{}", args.kv.trim_end_matches('/'), args.prefix),
+        guard.sequencer(),
+    )
+    .await?;
+    let (fenced, histogram, errors) = run_writes(args, &args.kv, &sequencer).await?;
+    let mut line = format!(
+        "RESULT system=picket-kv mode=fenced clients={} secs={:.1} ops_per_s={fenced:.0} write_p50_us={} write_p99_us={} errors={errors}",
+        args.clients,
+        args.secs,
+        histogram.value_at_quantile(0.5),
+        histogram.value_at_quantile(0.99)
+    );
+    if let Some(unfenced_url) = &args.kv_unfenced {
+        let (unfenced, histogram, errors) = run_writes(args, unfenced_url, &sequencer).await?;
+        use std::fmt::Write;
+        let overhead = (unfenced / fenced - 1.0) * 100.0;
+        write!(
+            line,
+            " unfenced_ops_per_s={unfenced:.0} unfenced_p50_us={} unfenced_p99_us={} unfenced_errors={errors} fence_overhead_pct={overhead:.1}",
+            histogram.value_at_quantile(0.5),
+            histogram.value_at_quantile(0.99)
+        )
+        .expect("writing to a string");
+    }
+    guard.release().await.ok();
+    Ok(format!("{line} tag={}", args.tag))
+}
+
 /// Runs the benchmark and prints the RESULT line.
 pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.secs <= 0.0 {
@@ -254,6 +353,7 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
     let wall_start = Instant::now();
     let line = runtime.block_on(async {
         match args.mode {
+            Mode::Fenced => run_fenced(&args, &endpoints).await,
             Mode::Sessions => {
                 let (opened, lost) = run_sessions(&args, &endpoints).await?;
                 let wall = wall_start.elapsed().as_secs_f64();

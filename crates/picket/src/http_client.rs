@@ -76,6 +76,48 @@ async fn send_inner(
     Ok(Reply { status, body })
 }
 
+/// A kept-alive HTTP/1.1 connection, for many requests to one server (the benchmark).
+pub struct Connection {
+    authority: String,
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Connection {
+    /// Connects to the server of `url` (an `http://host:port` URL).
+    pub async fn open(url: &str) -> anyhow::Result<Self> {
+        let (authority, _) = split_url(url)?;
+        let stream = tokio::net::TcpStream::connect(&authority)
+            .await
+            .with_context(|| format!("cannot connect to {authority}: is the service running?"))?;
+        stream.set_nodelay(true).ok();
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        Ok(Self { authority, sender })
+    }
+
+    /// Sends one request on this connection and reads the whole answer.
+    pub async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, String)],
+        body: Vec<u8>,
+    ) -> anyhow::Result<Reply> {
+        self.sender.ready().await?;
+        let mut request =
+            Request::builder().method(method).uri(path).header("host", &self.authority);
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let response =
+            self.sender.send_request(request.body(Full::new(Bytes::from(body)))?).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(Reply { status, body })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

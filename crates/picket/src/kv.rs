@@ -79,6 +79,10 @@ struct ServeArgs {
     /// until the new holder's first write arrives.
     #[arg(long)]
     no_verify: bool,
+    /// UNSAFE, for measuring the fence's cost only: apply writes without any fence check (the
+    /// sequencer header is still required and parsed).
+    #[arg(long)]
+    no_fence: bool,
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +212,7 @@ struct Kv {
     store: Arc<FencedStore>,
     guards: Arc<Guards>,
     config: Arc<FenceConfig>,
+    fenced: bool,
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -268,7 +273,12 @@ async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
         store.clone(),
         checker,
     ));
-    let kv = Kv { store, guards, config: config.clone() };
+    if args.no_fence {
+        tracing::warn!(
+            "--no-fence: writes are applied without any fence check; for benchmarks only"
+        );
+    }
+    let kv = Kv { store, guards, config: config.clone(), fenced: !args.no_fence };
     let app = Router::new()
         .route("/kv/{*key}", put(put_key).get(get_key).delete(delete_key))
         .route("/fence/{*prefix}", post(register).get(fence_record))
@@ -335,7 +345,8 @@ async fn write_key(
     let token = presented.stamp.token;
     let result = blocking(move || {
         let guard = Guard { resource: &context.resource, policy: &context.policy };
-        kv.store.write(&[guard], &presented, |unit| match &value {
+        let guards: &[Guard<'_>] = if kv.fenced { std::slice::from_ref(&guard) } else { &[] };
+        kv.store.write(guards, &presented, |unit| match &value {
             Some(value) => unit.put(&key, value).map(|()| true),
             None => unit.delete(&key),
         })

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs the lock benchmark matrix with Picket and, interleaved round by round, the peers measured
+# by ../shared/peerbench, so every figure comes from the same session on the same machine.
+#
+# usage: scripts/bench.sh OUTFILE [ROUNDS] [SECS] [SYSTEMS...]
+#   SYSTEMS: picket picket-cluster etcd zk redis redis-aof   (default: picket etcd zk redis redis-aof)
+#   Peers must already run (../shared/peerbench/scripts/servers.sh start etcd|zk|redis|redis-aof);
+#   Picket (one node, or a 3-node loopback cluster) is started and stopped here.
+# Each run is bounded by --secs plus a timeout; every process started here is stopped on exit.
+set -uo pipefail
+OUT=$1; ROUNDS=${2:-3}; SECS=${3:-10}; shift 3 || true
+SYSTEMS=${*:-picket etcd zk redis redis-aof}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+PEER=${PEERBENCH_DIR:-$ROOT/../shared/peerbench}
+PB=${PEERBENCH_BIN:-${CARGO_TARGET_DIR_PEERBENCH:-/tmp/peerbench-target}/release/peerbench}
+PICKET=${PICKET_BIN:-$ROOT/target/release/picket}
+BASE=${PEERBENCH_BASE:-/tmp/peerbench}
+WORK=$(mktemp -d /tmp/picket-bench.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+start_picket() { # name port [extra args...]: starts a node, prints its pid
+  local name=$1 port=$2; shift 2
+  "$PICKET" serve --listen "127.0.0.1:$port" --data-dir "$WORK/$name" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  PIDS+=($!); echo $!
+}
+wait_leader() { # port
+  for _ in $(seq 1 100); do
+    curl -s "127.0.0.1:$1/v1/cluster" | grep -q '"leader_id":[1-9]' && return 0; sleep 0.1
+  done
+  echo "no leader on port $1" >&2; return 1
+}
+leader_pid() { # the pid of the node whose port is the leader's
+  local addr; addr=$(curl -s 127.0.0.1:17901/v1/cluster | sed -n 's/.*"leader_addr":"\([^"]*\)".*/\1/p')
+  case $addr in *:17901) echo "${CLUSTER_PIDS[0]}";; *:17902) echo "${CLUSTER_PIDS[1]}";; *) echo "${CLUSTER_PIDS[2]}";; esac
+}
+
+for sys in $SYSTEMS; do
+  case $sys in
+    picket) PICKET_PID=$(start_picket single 17801); wait_leader 17801 ;;
+    picket-cluster)
+      peers=1=127.0.0.1:17901,2=127.0.0.1:17902,3=127.0.0.1:17903
+      CLUSTER_PIDS=()
+      for i in 1 2 3; do CLUSTER_PIDS+=("$(start_picket node$i 1790$i --node-id $i --peers $peers)"); done
+      wait_leader 17901 ;;
+  esac
+done
+
+for r in $(seq 1 "$ROUNDS"); do
+  for sys in $SYSTEMS; do
+    for mode in uncontended contended; do
+      for n in 1 8 64; do
+        case $sys in
+          picket) line=$(timeout $((SECS + 90)) "$PICKET" bench --endpoints 127.0.0.1:17801 --mode $mode --clients $n --secs "$SECS" --server-pid "$PICKET_PID" --tag "picket/r$r" 2>>"$WORK/bench.err") ;;
+          picket-cluster) line=$(timeout $((SECS + 90)) "$PICKET" bench --endpoints 127.0.0.1:17901,127.0.0.1:17902,127.0.0.1:17903 --mode $mode --clients $n --secs "$SECS" --server-pid "$(leader_pid)" --tag "picket-cluster/r$r" 2>>"$WORK/bench.err") ;;
+          etcd) line=$(timeout $((SECS + 90)) "$PB" etcd --endpoint 127.0.0.1:2379 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/etcd.pid)" --tag "etcd/r$r" 2>>"$WORK/bench.err") ;;
+          zk) line=$(timeout $((SECS + 90)) "$PB" zk --endpoint 127.0.0.1:2181 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/zk.pid)" --tag "zk/r$r" 2>>"$WORK/bench.err") ;;
+          redis) line=$(timeout $((SECS + 90)) "$PB" redis --endpoint 127.0.0.1:16379 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/redis.pid)" --tag "redis/r$r" 2>>"$WORK/bench.err") ;;
+          redis-aof) line=$(timeout $((SECS + 90)) "$PB" redis --endpoint 127.0.0.1:16380 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/redis-aof.pid)" --tag "redis-aof/r$r" 2>>"$WORK/bench.err") ;;
+        esac
+        echo "$(echo "$line" | grep '^RESULT')" | tee -a "$OUT"
+      done
+    done
+  done
+done
+echo "summary: python3 $PEER/scripts/summarize.py $OUT"
