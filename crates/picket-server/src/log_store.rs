@@ -53,6 +53,8 @@ impl Debug for LogStore {
 struct Inner {
     view: Mutex<View>,
     writer: mpsc::SyncSender<WriteOp>,
+    /// The newest committed log id not yet written; it rides along with the next batch.
+    committed: Arc<Mutex<Option<Vec<u8>>>>,
     stats: Arc<WriterStats>,
 }
 
@@ -77,7 +79,6 @@ pub struct WriterStats {
 enum WriteOp {
     Append { entries: Vec<(u64, Vec<u8>)>, done: IOFlushed<TypeConfig> },
     Vote { bytes: Vec<u8>, done: oneshot::Sender<io::Result<()>> },
-    Committed { bytes: Vec<u8> },
     TruncateAfter { index: Option<u64>, done: oneshot::Sender<io::Result<()>> },
     Purge { upto: u64, bytes: Vec<u8>, done: oneshot::Sender<io::Result<()>> },
 }
@@ -108,12 +109,13 @@ impl LogStore {
         // memory without limit.
         let (writer, queue) = mpsc::sync_channel(MAX_BATCH_OPS);
         let stats = Arc::new(WriterStats::default());
-        let thread_stats = stats.clone();
+        let committed = Arc::new(Mutex::new(None));
+        let (thread_stats, thread_committed) = (stats.clone(), committed.clone());
         std::thread::Builder::new()
             .name("picket-log-writer".into())
-            .spawn(move || run_writer(&db, &queue, &thread_stats))
+            .spawn(move || run_writer(&db, &queue, &thread_committed, &thread_stats))
             .map_err(to_io)?;
-        Ok(Self { inner: Arc::new(Inner { view: Mutex::new(view), writer, stats }) })
+        Ok(Self { inner: Arc::new(Inner { view: Mutex::new(view), writer, committed, stats }) })
     }
 
     /// Batching counters of the writer thread.
@@ -193,7 +195,12 @@ fn check_contiguous(view: &View) -> io::Result<()> {
     Ok(())
 }
 
-fn run_writer(db: &Database, queue: &mpsc::Receiver<WriteOp>, stats: &WriterStats) {
+fn run_writer(
+    db: &Database,
+    queue: &mpsc::Receiver<WriteOp>,
+    committed: &Mutex<Option<Vec<u8>>>,
+    stats: &WriterStats,
+) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_OPS {
@@ -202,7 +209,8 @@ fn run_writer(db: &Database, queue: &mpsc::Receiver<WriteOp>, stats: &WriterStat
                 Err(_) => break,
             }
         }
-        let result = write_batch(db, &batch);
+        let committed = committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let result = write_batch(db, &batch, committed.as_deref());
         if result.is_ok() {
             stats.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -222,7 +230,6 @@ fn run_writer(db: &Database, queue: &mpsc::Receiver<WriteOp>, stats: &WriterStat
                     // The waiting side may have given up; nothing to tell then.
                     let _ = done.send(outcome);
                 }
-                WriteOp::Committed { .. } => {}
             }
         }
         if let Err(message) = result {
@@ -234,11 +241,14 @@ fn run_writer(db: &Database, queue: &mpsc::Receiver<WriteOp>, stats: &WriterStat
     }
 }
 
-fn write_batch(db: &Database, batch: &[WriteOp]) -> Result<(), String> {
+fn write_batch(db: &Database, batch: &[WriteOp], committed: Option<&[u8]>) -> Result<(), String> {
     let txn = db.begin_write().map_err(|error| error.to_string())?;
     {
         let mut log = txn.open_table(LOG).map_err(|error| error.to_string())?;
         let mut meta = txn.open_table(META).map_err(|error| error.to_string())?;
+        if let Some(committed) = committed {
+            meta.insert(COMMITTED_KEY, committed).map_err(|error| error.to_string())?;
+        }
         for op in batch {
             match op {
                 WriteOp::Append { entries, .. } => {
@@ -248,10 +258,6 @@ fn write_batch(db: &Database, batch: &[WriteOp]) -> Result<(), String> {
                 }
                 WriteOp::Vote { bytes, .. } => {
                     meta.insert(VOTE_KEY, bytes.as_slice()).map_err(|error| error.to_string())?;
-                }
-                WriteOp::Committed { bytes } => {
-                    meta.insert(COMMITTED_KEY, bytes.as_slice())
-                        .map_err(|error| error.to_string())?;
                 }
                 WriteOp::TruncateAfter { index, .. } => {
                     let start = index.map_or(0, |index| index + 1);
@@ -305,10 +311,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         // Persisting the committed id only lets a restarted node apply up to it before it hears
         // from a leader; losing the latest value in a crash is safe, so it rides along with the
-        // next fsync instead of paying for its own.
+        // next batch the writer commits instead of paying for a commit and an fsync of its own.
         self.view().committed = committed;
         if let Some(committed) = committed {
-            self.send(WriteOp::Committed { bytes: encode(&committed) })?;
+            *self.inner.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(encode(&committed));
         }
         Ok(())
     }

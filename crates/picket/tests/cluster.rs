@@ -397,3 +397,79 @@ fn leader_failover_and_follower_catch_up_lose_nothing() {
         try_request(&cluster.nodes[follower].addr, "GET", "/v1/cluster", None).unwrap();
     assert_eq!(on_follower.body["leader_id"], cluster.view(current)["leader_id"]);
 }
+
+/// A node started with `--join` is added as a voter through the API, catches up, and is removed
+/// again; the cluster serves writes throughout.
+#[test]
+fn a_member_can_be_added_and_removed() {
+    let cluster = Cluster::start();
+    cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let port = free_port();
+    let joiner_dir = temp_dir();
+    let joiner = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &joiner_dir.path().join("node4"),
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        &[
+            "--node-id".to_owned(),
+            "4".to_owned(),
+            "--join".to_owned(),
+            "--heartbeat-ms".to_owned(),
+            "50".to_owned(),
+        ],
+    );
+    let session = send(
+        &addrs,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({ "ttl_ms": 30_000 })),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let session = session.body["session_id"].as_u64().unwrap();
+    let before = send(
+        &addrs,
+        "POST",
+        "/v1/locks/acquire",
+        Some(&json!({ "name": "membership", "session_id": session, "wait_ms": 0 })),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(before.status, 200);
+
+    let added = send(
+        &addrs,
+        "POST",
+        "/v1/cluster/members",
+        Some(&json!({ "node_id": 4, "addr": joiner.addr })),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(added.status, 200, "{}", added.text);
+    let voters = |view: &Value| {
+        view["members"].as_array().unwrap().iter().filter(|m| m["voter"] == true).count()
+    };
+    assert_eq!(voters(&added.body), 4);
+    // The new member has the state written before it joined.
+    let target = applied_revision(&cluster, cluster.leader(Duration::from_secs(5)));
+    wait_until("the new member to catch up", Duration::from_secs(20), || {
+        let view = try_request(&joiner.addr, "GET", "/v1/cluster", None).ok()?.body;
+        (view["applied_revision"].as_u64()? >= target).then_some(())
+    });
+
+    let removed =
+        send(&addrs, "DELETE", "/v1/cluster/members/4", None, Duration::from_secs(30)).unwrap();
+    assert_eq!(removed.status, 200, "{}", removed.text);
+    assert_eq!(voters(&removed.body), 3);
+    let after = send(
+        &addrs,
+        "POST",
+        "/v1/locks/acquire",
+        Some(&json!({ "name": "membership/after", "session_id": session, "wait_ms": 0 })),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(after.status, 200, "the cluster still serves writes: {}", after.text);
+    assert!(after.body["token"].as_u64() > before.body["token"].as_u64());
+}
