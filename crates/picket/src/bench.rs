@@ -240,23 +240,46 @@ async fn run_locks(
 }
 
 /// Opens many sessions and keeps them alive; counts sessions that were lost.
-async fn run_sessions(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<(u64, u64)> {
-    // Sessions share a few connections, as a real fleet of clients behind a proxy would not,
-    // but as many processes on one machine must: one connection per session would exhaust file
-    // descriptors long before the server.
+async fn run_sessions(
+    args: &BenchArgs,
+    endpoints: &[String],
+    server_pid: Option<&str>,
+) -> anyhow::Result<(u64, u64, Option<f64>, Option<f64>)> {
+    // Sessions share a few connections, as many processes on one machine must: one connection
+    // per session would exhaust file descriptors long before the server. Each connection's
+    // sessions send their keepalives together (KeepAliveMany).
     let connections = args.clients.max(1);
-    let mut clients = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        clients.push(Client::connect(endpoints.to_vec()).await?);
-    }
     let ttl = Duration::from_millis(args.ttl_ms);
-    let mut sessions = Vec::with_capacity(args.sessions);
-    for index in 0..args.sessions {
-        sessions.push(clients[index % connections].session(ttl).await?);
+    let mut openers = Vec::with_capacity(connections);
+    for index in 0..connections {
+        let client = Client::connect(endpoints.to_vec()).await?;
+        let count = args.sessions / connections + usize::from(index < args.sessions % connections);
+        openers.push(tokio::spawn(async move {
+            let mut sessions = Vec::with_capacity(count);
+            for _ in 0..count {
+                sessions.push(client.session(ttl).await?);
+            }
+            anyhow::Ok(sessions)
+        }));
     }
-    tokio::time::sleep(Duration::from_secs_f64(args.secs + args.warmup_secs)).await;
+    let mut sessions = Vec::with_capacity(args.sessions);
+    for opener in openers {
+        sessions.extend(opener.await??);
+    }
+    eprintln!("picket bench: {} sessions open; keeping them alive", sessions.len());
+    // CPU is measured over the steady keepalive window only, after the warm-up.
+    tokio::time::sleep(Duration::from_secs_f64(args.warmup_secs)).await;
+    let (server_start, client_start, started) =
+        (server_pid.and_then(cpu_seconds), cpu_seconds("self"), Instant::now());
+    tokio::time::sleep(Duration::from_secs_f64(args.secs)).await;
+    let wall = started.elapsed().as_secs_f64();
+    let percent = |end: Option<f64>, start: Option<f64>| {
+        end.zip(start).map(|(end, start)| (end - start) / wall * 100.0)
+    };
+    let server_cpu = percent(server_pid.and_then(cpu_seconds), server_start);
+    let client_cpu = percent(cpu_seconds("self"), client_start);
     let lost = sessions.iter().filter(|session| session.lost_reason().is_some()).count() as u64;
-    Ok((args.sessions as u64, lost))
+    Ok((sessions.len() as u64, lost, server_cpu, client_cpu))
 }
 
 /// Writes from every client with one grant's sequencer for the window; returns (writes/s,
@@ -349,23 +372,22 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let server_pid = args.server_pid.map(|pid| pid.to_string());
-    let server_cpu_start = server_pid.as_deref().and_then(cpu_seconds);
-    let wall_start = Instant::now();
     let line = runtime.block_on(async {
         match args.mode {
             Mode::Fenced => run_fenced(&args, &endpoints).await,
             Mode::Sessions => {
-                let (opened, lost) = run_sessions(&args, &endpoints).await?;
-                let wall = wall_start.elapsed().as_secs_f64();
-                let server_cpu = server_pid.as_deref().and_then(cpu_seconds).zip(server_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
+                let (opened, lost, server_cpu, client_cpu) = run_sessions(&args, &endpoints, server_pid.as_deref()).await?;
                 let rss = server_pid.as_deref().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).and_then(|status| {
                     status.lines().find(|line| line.starts_with("VmRSS:")).map(|line| line.split_whitespace().nth(1).unwrap_or("0").to_owned())
                 });
+                let percent = |value: Option<f64>| value.map_or_else(|| "na".to_owned(), |value| format!("{value:.1}"));
                 anyhow::Ok(format!(
-                    "RESULT system=picket mode=sessions sessions={opened} ttl_ms={} secs={:.1} expired={lost} server_cpu_pct={} server_rss_kb={} tag={}",
+                    "RESULT system=picket mode=sessions sessions={opened} connections={} ttl_ms={} secs={:.1} expired={lost} server_cpu_pct={} client_cpu_pct={} server_rss_kb={} tag={}",
+                    args.clients,
                     args.ttl_ms,
-                    args.secs + args.warmup_secs,
-                    server_cpu.map_or_else(|| "na".to_owned(), |cpu| format!("{cpu:.1}")),
+                    args.secs,
+                    percent(server_cpu),
+                    percent(client_cpu),
                     rss.unwrap_or_else(|| "na".to_owned()),
                     args.tag
                 ))
