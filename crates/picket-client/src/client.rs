@@ -63,7 +63,12 @@ struct Inner {
     leader: Mutex<Option<String>>,
     channels: Mutex<HashMap<String, PicketClient<Channel>>>,
     keepalives: tokio::sync::OnceCell<mpsc::Sender<KeepAliveJob>>,
+    watcher: tokio::sync::OnceCell<Arc<crate::watcher::SessionWatcher>>,
 }
+
+/// A handle that does not keep the client alive, for its background tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakClient(std::sync::Weak<Inner>);
 
 /// One session's keepalive waiting to join a batch.
 type KeepAliveJob = (u64, oneshot::Sender<Result<u64, ClientError>>);
@@ -119,6 +124,7 @@ impl Client {
                 leader: Mutex::new(None),
                 channels: Mutex::new(HashMap::new()),
                 keepalives: tokio::sync::OnceCell::new(),
+                watcher: tokio::sync::OnceCell::new(),
             }),
         };
         client.cluster().await?;
@@ -256,6 +262,32 @@ impl Client {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(config.max_backoff);
         }
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakClient {
+        WeakClient(Arc::downgrade(&self.inner))
+    }
+
+    pub(crate) fn upgrade(weak: &WeakClient) -> Option<Self> {
+        weak.0.upgrade().map(|inner| Self { inner })
+    }
+
+    /// The watcher of this client's sessions, if started.
+    pub(crate) fn existing_session_watcher(&self) -> Option<&Arc<crate::watcher::SessionWatcher>> {
+        self.inner.watcher.get()
+    }
+
+    /// The watcher of this client's sessions, started on first use.
+    pub(crate) async fn session_watcher(&self) -> Arc<crate::watcher::SessionWatcher> {
+        self.inner
+            .watcher
+            .get_or_init(|| async {
+                let watcher = Arc::new(crate::watcher::SessionWatcher::default());
+                tokio::spawn(crate::watcher::run(self.clone(), watcher.clone()));
+                watcher
+            })
+            .await
+            .clone()
     }
 
     /// Keeps `session_id` alive, sharing one RPC with every other session of this client whose

@@ -29,6 +29,7 @@
 mod client;
 mod error;
 mod session;
+mod watcher;
 
 pub use client::{Client, ClientConfig};
 pub use error::ClientError;

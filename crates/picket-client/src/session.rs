@@ -3,7 +3,7 @@
 use crate::client::{Client, Retry};
 use crate::error::ClientError;
 use picket_core::Sequencer;
-use picket_proto::v1::{self, watch_request::Target};
+use picket_proto::v1;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,7 +42,7 @@ pub trait FenceRegistration: Send + Sync {
 type LostSender = watch::Sender<Option<LostReason>>;
 
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     client: Client,
     id: u64,
     ttl: Duration,
@@ -54,6 +54,9 @@ struct Shared {
 
 impl Shared {
     fn mark_lost(&self, reason: LostReason) {
+        if let Some(watcher) = self.client.existing_session_watcher() {
+            watcher.unregister(self.id);
+        }
         if self.lost.borrow().is_none() {
             tracing::warn!(session = self.id, ?reason, "session lost");
             self.lost.send_replace(Some(reason));
@@ -121,7 +124,16 @@ impl Session {
             stop,
         });
         tokio::spawn(keep_alive(shared.clone(), opened_at));
-        tokio::spawn(watch_session(shared.clone()));
+        // Follow the session's events over the client's shared watch streams, and wait until a
+        // stream covers it, so an end applied right after the open is not missed.
+        let watcher = shared.client.session_watcher().await;
+        let generation = watcher.register(shared.id, &shared);
+        if !watcher.covered(generation, crate::watcher::COVER_TIMEOUT).await {
+            tracing::debug!(
+                session = shared.id,
+                "no watch stream yet; the keepalive protects the session meanwhile"
+            );
+        }
         Ok(Self { shared })
     }
 
@@ -330,49 +342,28 @@ async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
     }
 }
 
-/// Follows the session's events, so a revocation, an expiry or a grant ended elsewhere is
-/// known as soon as the service applies it. Reconnects when the stream breaks.
-async fn watch_session(shared: Arc<Shared>) {
-    let mut stop = shared.stop.subscribe();
-    loop {
-        let stream = tokio::select! {
-            stream = shared.client.watch(Target::SessionId(shared.id)) => stream,
-            _ = stop.wait_for(|stop| *stop) => return,
-        };
-        let Ok(mut stream) = stream else {
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                _ = stop.wait_for(|stop| *stop) => return,
-            }
-        };
-        loop {
-            let message = tokio::select! {
-                message = stream.message() => message,
-                _ = stop.wait_for(|stop| *stop) => return,
+/// Applies one of the session's events: a revocation, an expiry or a grant ended elsewhere is
+/// known as soon as the service applies it.
+pub(crate) fn dispatch(shared: &Shared, event: &v1::WatchEvent) {
+    match event.kind.as_str() {
+        "session_ended" => {
+            let reason = match event.cause.as_str() {
+                "revoked" => LostReason::Revoked,
+                "closed" => LostReason::Closed,
+                _ => LostReason::Expired,
             };
-            let Ok(Some(event)) = message else { break };
-            match event.kind.as_str() {
-                "session_ended" => {
-                    let reason = match event.cause.as_str() {
-                        "revoked" => LostReason::Revoked,
-                        "closed" => LostReason::Closed,
-                        _ => LostReason::Expired,
-                    };
-                    shared.mark_lost(reason);
-                    return;
-                }
-                "released" if event.cause != "released" => {
-                    let reason = match event.cause.as_str() {
-                        "session_revoked" => LostReason::Revoked,
-                        "session_expired" => LostReason::Expired,
-                        "session_closed" => LostReason::Closed,
-                        _ => LostReason::GrantEnded,
-                    };
-                    shared.grant_ended(&event.name, event.token, reason);
-                }
-                _ => {}
-            }
+            shared.mark_lost(reason);
         }
+        "released" if event.cause != "released" => {
+            let reason = match event.cause.as_str() {
+                "session_revoked" => LostReason::Revoked,
+                "session_expired" => LostReason::Expired,
+                "session_closed" => LostReason::Closed,
+                _ => LostReason::GrantEnded,
+            };
+            shared.grant_ended(&event.name, event.token, reason);
+        }
+        _ => {}
     }
 }
 

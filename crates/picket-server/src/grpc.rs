@@ -272,6 +272,17 @@ impl picket_server::Picket for ClientService {
             Some(v1::watch_request::Target::SessionId(session)) => {
                 WatchTarget::Session(SessionId(session))
             }
+            Some(v1::watch_request::Target::Sessions(set)) => {
+                if set.session_ids.is_empty()
+                    || set.session_ids.len() > crate::node::MAX_WATCHED_SESSIONS
+                {
+                    return Err(Status::invalid_argument(format!(
+                        "watch 1 to {} sessions per stream",
+                        crate::node::MAX_WATCHED_SESSIONS
+                    )));
+                }
+                WatchTarget::Sessions(set.session_ids.into_iter().map(SessionId).collect())
+            }
             None => {
                 return Err(Status::invalid_argument(
                     "say what to watch: a lock name, a prefix or a session id",

@@ -38,6 +38,8 @@ pub enum Target {
     Prefix(String),
     /// Everything that happens to one session.
     Session(SessionId),
+    /// Everything that happens to any of these sessions, in one stream.
+    Sessions(Vec<SessionId>),
 }
 
 /// An item delivered to a watcher.
@@ -74,10 +76,13 @@ impl Subscription {
     }
 }
 
+/// Registrations between two sweeps of closed watchers.
+const SWEEP_EVERY: usize = 256;
+
 /// Most deliveries a watch buffers before it is cut off.
 pub const WATCH_BUFFER: usize = 1_024;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Watcher {
     sender: mpsc::Sender<Delivery>,
     lagged: Arc<AtomicBool>,
@@ -99,6 +104,8 @@ impl Watcher {
 
 #[derive(Debug, Default)]
 struct Watchers {
+    /// Watches registered since the last sweep of closed ones.
+    since_sweep: usize,
     by_session: HashMap<SessionId, Vec<Watcher>>,
     by_lock: HashMap<String, Vec<Watcher>>,
     /// Prefix watches, by prefix; few in practice, each checked against every lock event.
@@ -156,6 +163,20 @@ impl Watchers {
         }
     }
 
+    /// Drops watchers whose stream has ended. Events drop them lazily too, but a watch of a
+    /// session that never has another event would otherwise stay forever.
+    fn sweep_closed(&mut self) {
+        for watchers in self
+            .by_session
+            .values_mut()
+            .chain(self.by_lock.values_mut())
+            .chain(self.by_prefix.values_mut())
+        {
+            watchers.retain(|watcher| !watcher.sender.is_closed());
+        }
+        self.forget_empty();
+    }
+
     fn forget_empty(&mut self) {
         self.by_session.retain(|_, watchers| !watchers.is_empty());
         self.by_lock.retain(|_, watchers| !watchers.is_empty());
@@ -205,6 +226,12 @@ impl Hub {
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         let lagged = Arc::new(AtomicBool::new(false));
         let mut watchers = lock(&self.watchers);
+        // Sweeping costs a pass over every watcher; once per many registrations keeps it cheap.
+        watchers.since_sweep += 1;
+        if watchers.since_sweep >= SWEEP_EVERY {
+            watchers.since_sweep = 0;
+            watchers.sweep_closed();
+        }
         let watcher = Watcher { sender, lagged: lagged.clone() };
         match target {
             Target::Session(session) => {
@@ -212,6 +239,13 @@ impl Hub {
             }
             Target::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
             Target::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
+            Target::Sessions(sessions) => {
+                // One channel, registered under each session: the stream gets each event once,
+                // since an event names one session.
+                for session in sessions {
+                    watchers.by_session.entry(session).or_default().push(watcher.clone());
+                }
+            }
         }
         Subscription { receiver, lagged }
     }

@@ -74,7 +74,12 @@ pub enum WatchTarget {
     Prefix(String),
     /// Everything that happens to one session.
     Session(SessionId),
+    /// Everything that happens to any of these sessions.
+    Sessions(Vec<SessionId>),
 }
+
+/// Most sessions one watch may follow.
+pub const MAX_WATCHED_SESSIONS: usize = 10_000;
 
 impl WatchTarget {
     fn into_hub_target(self) -> Target {
@@ -82,6 +87,7 @@ impl WatchTarget {
             Self::Lock(name) => Target::Lock(name),
             Self::Prefix(prefix) => Target::Prefix(prefix),
             Self::Session(session) => Target::Session(session),
+            Self::Sessions(sessions) => Target::Sessions(sessions),
         }
     }
 }

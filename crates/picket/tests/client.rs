@@ -146,3 +146,22 @@ async fn connecting_to_nothing_says_what_to_do() {
     assert!(message.contains(&format!("no Picket server at 127.0.0.1:{port}")), "{message}");
     assert!(message.contains("picket serve"), "{message}");
 }
+
+/// Regression: each session used to hold an HTTP/2 stream of its own for its watch, and a server
+/// allows 200 concurrent streams per connection, so the 201st session on one client stalled.
+/// Sessions now share their client's watch streams: 400 sessions open on one client, and
+/// revoking one of them still reaches its `lost()` at once.
+#[tokio::test]
+async fn regression_more_sessions_than_http2_streams_per_connection() {
+    let (_dir, _server, client) = start().await;
+    let mut sessions = Vec::new();
+    for _ in 0..400 {
+        sessions.push(client.session(Duration::from_secs(30)).await.unwrap());
+    }
+    let last = sessions.last().unwrap();
+    let guard = last.try_lock("many/last").await.unwrap();
+    client.revoke_session(last.id()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
+    assert_eq!(reason, LostReason::Revoked);
+    assert!(sessions[0].lost_reason().is_none(), "the other sessions live on");
+}

@@ -1,0 +1,153 @@
+//! One watcher per client for the events of all its sessions.
+//!
+//! Each session must hear at once when the service ends it (`lost()`), so each needs a watch.
+//! A watch per session would be one HTTP/2 stream per session, and servers cap concurrent
+//! streams per connection (hyper: 200), so a client with more sessions would stall. Instead the
+//! sessions of a client share a few streams: chunks of up to [`CHUNK`] sessions, each watched by
+//! one `sessions` stream. New sessions join the open chunk, whose stream is replaced (new one
+//! first, then the old one dropped, so nothing is missed) after a short pause that lets a burst
+//! of opens share one replacement. A stream that breaks reconnects by itself; what it may have
+//! missed meanwhile the keepalive still catches (an ended session answers `unknown_session`).
+
+use crate::client::Client;
+use crate::session::{self, Shared};
+use picket_proto::v1::{SessionSet, watch_request::Target};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+/// Most sessions one stream follows.
+pub(crate) const CHUNK: usize = 5_000;
+/// Pause after a new session before the open chunk's stream is replaced.
+const DEBOUNCE: Duration = Duration::from_millis(2);
+/// How long opening a session waits for a stream to cover it.
+pub(crate) const COVER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The sessions of one client and the streams that watch them.
+#[derive(Debug, Default)]
+pub(crate) struct SessionWatcher {
+    state: Mutex<State>,
+    changed: Notify,
+    /// The newest registration generation that a live stream covers.
+    covered: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: BTreeMap<u64, Weak<Shared>>,
+    /// Sessions of the open chunk, in registration order.
+    open: Vec<u64>,
+    generation: u64,
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl SessionWatcher {
+    /// Adds a session; returns the generation to wait for with [`SessionWatcher::covered`].
+    pub(crate) fn register(&self, id: u64, shared: &Arc<Shared>) -> u64 {
+        let generation = {
+            let mut state = lock(&self.state);
+            state.sessions.insert(id, Arc::downgrade(shared));
+            state.open.push(id);
+            state.generation += 1;
+            state.generation
+        };
+        self.changed.notify_one();
+        generation
+    }
+
+    /// Forgets a session (closed or dropped).
+    pub(crate) fn unregister(&self, id: u64) {
+        lock(&self.state).sessions.remove(&id);
+    }
+
+    /// Waits until a stream covers registration `generation`, at most `timeout`. Returns false
+    /// on timeout (the keepalive still protects the session meanwhile).
+    pub(crate) async fn covered(&self, generation: u64, timeout: Duration) -> bool {
+        let mut covered = self.covered.subscribe();
+        tokio::time::timeout(timeout, covered.wait_for(|covered| *covered >= generation))
+            .await
+            .is_ok_and(|result| result.is_ok())
+    }
+
+    fn lookup(&self, id: u64) -> Option<Arc<Shared>> {
+        lock(&self.state).sessions.get(&id).and_then(Weak::upgrade)
+    }
+}
+
+/// Runs the streams of one client's sessions. Holds the client only weakly: it stops once every
+/// handle to the client is gone.
+pub(crate) async fn run(client: Client, watcher: Arc<SessionWatcher>) {
+    let weak_client = client.downgrade();
+    drop(client);
+    let mut sealed: Vec<JoinHandle<()>> = Vec::new();
+    let mut open_stream: Option<JoinHandle<()>> = None;
+    loop {
+        watcher.changed.notified().await;
+        tokio::time::sleep(DEBOUNCE).await;
+        let Some(client) = Client::upgrade(&weak_client) else { break };
+        let (ids, generation, seal) = {
+            let mut state = lock(&watcher.state);
+            let seal = state.open.len() >= CHUNK;
+            let ids = if seal { state.open.drain(..).collect() } else { state.open.clone() };
+            (ids, state.generation, seal)
+        };
+        if ids.is_empty() {
+            continue;
+        }
+        let stream = tokio::spawn(follow(client, watcher.clone(), ids, generation));
+        if let Some(old) = open_stream.take() {
+            // The new stream is being opened; the old one may go once the new one covers.
+            let watcher = watcher.clone();
+            tokio::spawn(async move {
+                watcher.covered(generation, COVER_TIMEOUT).await;
+                old.abort();
+            });
+        }
+        if seal {
+            sealed.push(stream);
+        } else {
+            open_stream = Some(stream);
+        }
+    }
+    for stream in sealed.into_iter().chain(open_stream) {
+        stream.abort();
+    }
+}
+
+/// Follows one chunk of sessions, reconnecting when the stream breaks. Marks `generation`
+/// covered once its first stream is open.
+async fn follow(client: Client, watcher: Arc<SessionWatcher>, ids: Vec<u64>, generation: u64) {
+    let weak_client = client.downgrade();
+    drop(client);
+    let mut announced = false;
+    loop {
+        let Some(client) = Client::upgrade(&weak_client) else { return };
+        let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
+        let stream = client.watch(target).await;
+        drop(client);
+        let Ok(mut stream) = stream else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        if !announced {
+            announced = true;
+            watcher.covered.send_if_modified(|covered| {
+                (*covered < generation) && {
+                    *covered = generation;
+                    true
+                }
+            });
+        }
+        while let Ok(Some(event)) = stream.message().await {
+            if let Some(shared) = watcher.lookup(event.session_id) {
+                session::dispatch(&shared, &event);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
