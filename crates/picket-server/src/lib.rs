@@ -50,7 +50,7 @@ mod storage_suite {
             &self,
         ) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let log = LogStore::open(&dir.path().join("raft.redb")).expect("the log opens");
+            let log = LogStore::open(dir.path()).expect("the log opens");
             let store = StateStore::open(
                 dir.path(),
                 picket_core::Limits::default(),

@@ -240,7 +240,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
-    let log = LogStore::open(&config.data_dir.join("raft.redb")).map_err(data_error)?;
+    let log = LogStore::open(&config.data_dir).map_err(data_error)?;
     let log_stats = log.stats();
     let store = StateStore::open(&config.data_dir, Limits::default(), hub).map_err(data_error)?;
     let raft = Raft::new(config.node_id, raft_config(&config.tuning)?, Network, log, store.clone())

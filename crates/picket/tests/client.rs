@@ -161,7 +161,8 @@ async fn regression_more_sessions_than_http2_streams_per_connection() {
     let last = sessions.last().unwrap();
     let guard = last.try_lock("many/last").await.unwrap();
     client.revoke_session(last.id()).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
+    let reason =
+        tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
     assert_eq!(reason, LostReason::Revoked);
     assert!(sessions[0].lost_reason().is_none(), "the other sessions live on");
 }
