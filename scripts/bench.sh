@@ -18,13 +18,21 @@ PICKET=${PICKET_BIN:-$ROOT/target/release/picket}
 BASE=${PEERBENCH_BASE:-/tmp/peerbench}
 WORK=$(mktemp -d /tmp/picket-bench.XXXXXX)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$WORK"; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null
+  if [ -s "$WORK/bench.err" ]; then echo "client errors (last 20 lines of $WORK/bench.err):" >&2; tail -20 "$WORK/bench.err" >&2; fi
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 
-start_picket() { # name port [extra args...]: starts a node, prints its pid
+start_picket() { # name port [extra args...]: starts a node and sets STARTED_PID.
+  # Not called in $(...): a subshell would lose PIDS and leave the server running after exit.
   local name=$1 port=$2; shift 2
+  if curl -s -o /dev/null "127.0.0.1:$port/v1/cluster"; then
+    echo "port $port is already in use (a server left from an earlier run?); stop it first" >&2; exit 1
+  fi
   "$PICKET" serve --listen "127.0.0.1:$port" --data-dir "$WORK/$name" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
-  PIDS+=($!); echo $!
+  STARTED_PID=$!; PIDS+=("$STARTED_PID")
 }
 wait_leader() { # port
   for _ in $(seq 1 100); do
@@ -39,11 +47,11 @@ leader_pid() { # the pid of the node whose port is the leader's
 
 for sys in $SYSTEMS; do
   case $sys in
-    picket) PICKET_PID=$(start_picket single 17801); wait_leader 17801 ;;
+    picket) start_picket single 17801; PICKET_PID=$STARTED_PID; wait_leader 17801 ;;
     picket-cluster)
       peers=1=127.0.0.1:17901,2=127.0.0.1:17902,3=127.0.0.1:17903
       CLUSTER_PIDS=()
-      for i in 1 2 3; do CLUSTER_PIDS+=("$(start_picket node$i 1790$i --node-id $i --peers $peers)"); done
+      for i in 1 2 3; do start_picket node$i 1790$i --node-id $i --peers $peers; CLUSTER_PIDS+=("$STARTED_PID"); done
       wait_leader 17901 ;;
   esac
 done

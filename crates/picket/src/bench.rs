@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// `fenced` mode: the guarded key prefix.
     #[arg(long, default_value = "bench/")]
     prefix: String,
+    /// Start a 3-node cluster on loopback (this binary, temporary data directories) and run
+    /// against it instead of --endpoints; its leader's CPU is reported. In `fenced` mode it also
+    /// starts the two `picket kv` stores (fenced and `--no-fence`) against the cluster.
+    #[arg(long)]
+    cluster: bool,
 }
 
 /// CPU time (user + system) of a process, in seconds, from /proc.
@@ -149,6 +154,137 @@ impl Checks {
 struct Window {
     measure_from: Instant,
     end: Instant,
+}
+
+/// A progress bar on standard error while a run is measured, when that is a terminal.
+async fn show_progress(window: Arc<Window>, ops: Arc<AtomicU64>) {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return;
+    }
+    let total = (window.end - window.measure_from).as_secs_f64();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = Instant::now();
+        let done = if now < window.measure_from {
+            0.0
+        } else {
+            (now.min(window.end) - window.measure_from).as_secs_f64()
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let filled = ((done / total) * 30.0) as usize;
+        eprint!(
+            "\r[{}{}] {done:5.1}/{total:.1} s  {} ops",
+            "#".repeat(filled.min(30)),
+            " ".repeat(30 - filled.min(30)),
+            ops.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// A 3-node loopback cluster of this binary, stopped when dropped.
+struct LocalCluster {
+    /// The three nodes first (index = node id - 1), then any `picket kv` stores.
+    children: Vec<std::process::Child>,
+    endpoints: Vec<String>,
+    dir: std::path::PathBuf,
+}
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> std::io::Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr().map(|addr| addr.port())
+}
+
+impl LocalCluster {
+    fn start() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("picket-bench-cluster-{}", std::process::id()));
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+        let endpoints: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
+        let peers = endpoints
+            .iter()
+            .enumerate()
+            .map(|(index, addr)| format!("{}={addr}", index + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let binary = std::env::current_exe()?;
+        // Built before the first spawn so that a failed spawn still stops the nodes started.
+        let mut cluster = Self { children: Vec::new(), endpoints, dir };
+        for (index, addr) in cluster.endpoints.iter().enumerate() {
+            let node = std::process::Command::new(&binary)
+                .args([
+                    "serve",
+                    "--node-id",
+                    &(index + 1).to_string(),
+                    "--listen",
+                    addr,
+                    "--peers",
+                    &peers,
+                ])
+                .arg("--data-dir")
+                .arg(cluster.dir.join(format!("node{}", index + 1)))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()?;
+            cluster.children.push(node);
+        }
+        Ok(cluster)
+    }
+
+    /// Starts two `picket kv` stores against the cluster, one fenced and one with `--no-fence`,
+    /// guarding `prefix` with `lock`, and returns their URLs once both listen.
+    fn start_kv_stores(&mut self, prefix: &str, lock: &str) -> anyhow::Result<(String, String)> {
+        let binary = std::env::current_exe()?;
+        let mut urls = Vec::new();
+        for (name, no_fence) in [("kv-fenced", false), ("kv-unfenced", true)] {
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            let mut command = std::process::Command::new(&binary);
+            command
+                .args(["--endpoints", &self.endpoints.join(","), "kv", "serve", "--listen", &addr])
+                .arg("--data-dir")
+                .arg(self.dir.join(name))
+                .args(["--guard", &format!("{prefix}={lock}")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            if no_fence {
+                command.arg("--no-fence");
+            }
+            self.children.push(command.spawn()?);
+            urls.push(addr);
+        }
+        for addr in &urls {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(addr).is_err() {
+                if Instant::now() > deadline {
+                    bail!("the benchmark's kv store on {addr} did not start listening in 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok((format!("http://{}", urls[0]), format!("http://{}", urls[1])))
+    }
+
+    /// The pid of the current leader, once there is one.
+    async fn leader_pid(&self, client: &Client) -> anyhow::Result<u32> {
+        for _ in 0..200 {
+            if let Ok(info) = client.cluster().await
+                && info.leader_id > 0
+            {
+                let index = usize::try_from(info.leader_id - 1)?;
+                return Ok(self.children[index].id());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("the local cluster elected no leader")
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -231,9 +367,14 @@ async fn run_locks(
             ))
         })
         .collect();
+    let progress = tokio::spawn(show_progress(window.clone(), ops.clone()));
     let mut total = Recorder::new();
     for task in tasks {
         total.add(&task.await??);
+    }
+    progress.abort();
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprint!("\r{:60}\r", "");
     }
     let measured = (window.end.min(Instant::now()) - window.measure_from).as_secs_f64();
     Ok((total, checks, measured))
@@ -366,11 +507,44 @@ async fn run_fenced(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<St
 }
 
 /// Runs the benchmark and prints the RESULT line.
-pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+pub fn run(mut args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.secs <= 0.0 {
         bail!("--clients and --secs must be positive");
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let (cluster, endpoints) = if args.cluster {
+        let mut cluster = LocalCluster::start()?;
+        let endpoints = cluster.endpoints.clone();
+        let leader = runtime.block_on(async {
+            // The nodes need a moment to start listening.
+            let mut attempts = 0;
+            let client = loop {
+                match Client::connect(endpoints.clone()).await {
+                    Ok(client) => break client,
+                    Err(error) if attempts >= 50 => {
+                        return Err(
+                            anyhow::Error::new(error).context("the local cluster did not start")
+                        );
+                    }
+                    Err(_) => {
+                        attempts += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            };
+            cluster.leader_pid(&client).await
+        })?;
+        args.server_pid = Some(leader);
+        // The stores connect to the cluster when they start, so they start once it has a leader.
+        if args.mode == Mode::Fenced {
+            let (fenced, unfenced) = cluster.start_kv_stores(&args.prefix, &args.lock)?;
+            args.kv = fenced;
+            args.kv_unfenced = Some(unfenced);
+        }
+        (Some(cluster), endpoints)
+    } else {
+        (None, endpoints)
+    };
     let server_pid = args.server_pid.map(|pid| pid.to_string());
     let line = runtime.block_on(async {
         match args.mode {
@@ -380,7 +554,7 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
                 let rss = server_pid.as_deref().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).and_then(|status| {
                     status.lines().find(|line| line.starts_with("VmRSS:")).map(|line| line.split_whitespace().nth(1).unwrap_or("0").to_owned())
                 });
-                let percent = |value: Option<f64>| value.map_or_else(|| "na".to_owned(), |value| format!("{value:.1}"));
+                let percent = |value: Option<f64>| value.map_or_else(|| "NA".to_owned(), |value| format!("{value:.1}"));
                 anyhow::Ok(format!(
                     "RESULT system=picket mode=sessions sessions={opened} connections={} ttl_ms={} secs={:.1} expired={lost} server_cpu_pct={} client_cpu_pct={} server_rss_kb={} tag={}",
                     args.clients,
@@ -388,7 +562,7 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
                     args.secs,
                     percent(server_cpu),
                     percent(client_cpu),
-                    rss.unwrap_or_else(|| "na".to_owned()),
+                    rss.unwrap_or_else(|| "NA".to_owned()),
                     args.tag
                 ))
             }
@@ -400,7 +574,7 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
                 let wall = wall.elapsed().as_secs_f64();
                 let server_cpu = server_pid.as_deref().and_then(cpu_seconds).zip(server_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
                 let client_cpu = cpu_seconds("self").zip(client_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
-                let percent = |value: Option<f64>| value.map_or_else(|| "na".to_owned(), |value| format!("{value:.1}"));
+                let percent = |value: Option<f64>| value.map_or_else(|| "NA".to_owned(), |value| format!("{value:.1}"));
                 #[allow(clippy::cast_precision_loss)]
                 let ops_per_s = recorder.ops as f64 / measured;
                 let mode = if args.mode == Mode::Contended { "contended" } else { "uncontended" };
@@ -425,6 +599,7 @@ pub fn run(args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
             }
         }
     })?;
+    drop(cluster);
     println!("{line}");
     let safe = args.mode == Mode::Sessions
         || (line.contains(" violations=0 ") && line.contains(" token_regressions=0 "));
