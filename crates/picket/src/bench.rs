@@ -425,13 +425,37 @@ async fn run_sessions(
 
 /// Writes from every client with one grant's sequencer for the window; returns (writes/s,
 /// latency histogram, errors).
+/// Writes measured against one store: writes, their latencies and the failures.
+struct WriteTotals {
+    ops: u64,
+    measured_secs: f64,
+    histogram: Histogram<u64>,
+    errors: u64,
+}
+
+impl WriteTotals {
+    fn new() -> Self {
+        let histogram = Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid bounds");
+        Self { ops: 0, measured_secs: 0.0, histogram, errors: 0 }
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn ops_per_s(&self) -> f64 {
+        self.ops as f64 / self.measured_secs
+    }
+}
+
+/// One slice of writes to `url` by every client: `warmup_secs` unmeasured, then `secs` measured,
+/// added to `totals`.
 async fn run_writes(
     args: &BenchArgs,
     url: &str,
     sequencer: &str,
-) -> anyhow::Result<(f64, Histogram<u64>, u64)> {
-    let measure_from = Instant::now() + Duration::from_secs_f64(args.warmup_secs);
-    let end = measure_from + Duration::from_secs_f64(args.secs);
+    (warmup_secs, secs): (f64, f64),
+    totals: &mut WriteTotals,
+) -> anyhow::Result<()> {
+    let measure_from = Instant::now() + Duration::from_secs_f64(warmup_secs);
+    let end = measure_from + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for index in 0..args.clients {
         let mut connection = crate::http_client::Connection::open(url).await?;
@@ -459,18 +483,18 @@ async fn run_writes(
             (histogram, ops, errors)
         }));
     }
-    let mut histogram = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).expect("valid bounds");
-    let (mut ops, mut errors) = (0_u64, 0_u64);
     for task in tasks {
         let (part, part_ops, part_errors) = task.await?;
-        histogram.add(&part).expect("same bounds");
-        ops += part_ops;
-        errors += part_errors;
+        totals.histogram.add(&part).expect("same bounds");
+        totals.ops += part_ops;
+        totals.errors += part_errors;
     }
-    #[allow(clippy::cast_precision_loss)]
-    let ops_per_s = ops as f64 / args.secs;
-    Ok((ops_per_s, histogram, errors))
+    totals.measured_secs += secs;
+    Ok(())
 }
+
+/// Unmeasured time at the start of every slice after the first, while connections open.
+const SLICE_WARMUP_SECS: f64 = 0.1;
 
 async fn run_fenced(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<String> {
     let client = Client::connect(endpoints.to_vec()).await?;
@@ -482,23 +506,50 @@ async fn run_fenced(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<St
         guard.sequencer(),
     )
     .await?;
-    let (fenced, histogram, errors) = run_writes(args, &args.kv, &sequencer).await?;
+    let (mut fenced, mut unfenced) = (WriteTotals::new(), WriteTotals::new());
+    match &args.kv_unfenced {
+        None => {
+            run_writes(args, &args.kv, &sequencer, (args.warmup_secs, args.secs), &mut fenced)
+                .await?;
+        }
+        Some(unfenced_url) => {
+            // The two stores are measured in alternating one-second slices, in the order
+            // fenced-unfenced then unfenced-fenced, so that drift in a shared, noisy machine
+            // falls on both sides alike instead of on whichever ran second.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let slices = (args.secs.round() as u32).max(1);
+            let slice_secs = args.secs / f64::from(slices);
+            for slice in 0..slices {
+                let warmup = if slice == 0 { args.warmup_secs } else { SLICE_WARMUP_SECS };
+                let mut order = [(&args.kv, &mut fenced), (unfenced_url, &mut unfenced)];
+                if slice % 2 == 1 {
+                    order.reverse();
+                }
+                for (url, totals) in order {
+                    run_writes(args, url, &sequencer, (warmup, slice_secs), totals).await?;
+                }
+            }
+        }
+    }
     let mut line = format!(
-        "RESULT system=picket-kv mode=fenced clients={} secs={:.1} ops_per_s={fenced:.0} write_p50_us={} write_p99_us={} errors={errors}",
+        "RESULT system=picket-kv mode=fenced clients={} secs={:.1} ops_per_s={:.0} write_p50_us={} write_p99_us={} errors={}",
         args.clients,
         args.secs,
-        histogram.value_at_quantile(0.5),
-        histogram.value_at_quantile(0.99)
+        fenced.ops_per_s(),
+        fenced.histogram.value_at_quantile(0.5),
+        fenced.histogram.value_at_quantile(0.99),
+        fenced.errors
     );
-    if let Some(unfenced_url) = &args.kv_unfenced {
-        let (unfenced, histogram, errors) = run_writes(args, unfenced_url, &sequencer).await?;
+    if args.kv_unfenced.is_some() {
         use std::fmt::Write;
-        let overhead = (unfenced / fenced - 1.0) * 100.0;
+        let overhead = (unfenced.ops_per_s() / fenced.ops_per_s() - 1.0) * 100.0;
         write!(
             line,
-            " unfenced_ops_per_s={unfenced:.0} unfenced_p50_us={} unfenced_p99_us={} unfenced_errors={errors} fence_overhead_pct={overhead:.1}",
-            histogram.value_at_quantile(0.5),
-            histogram.value_at_quantile(0.99)
+            " unfenced_ops_per_s={:.0} unfenced_p50_us={} unfenced_p99_us={} unfenced_errors={} fence_overhead_pct={overhead:.1}",
+            unfenced.ops_per_s(),
+            unfenced.histogram.value_at_quantile(0.5),
+            unfenced.histogram.value_at_quantile(0.99),
+            unfenced.errors
         )
         .expect("writing to a string");
     }
