@@ -1,8 +1,8 @@
-//! Picket's lock service: [`picket_core`]'s state machine replicated with openraft, stored in
-//! redb, and served over gRPC and HTTP/JSON on one port.
+//! Picket's lock service: [`picket_core`]'s state machine replicated with openraft, its log in
+//! Picket's own write-ahead log, and served over gRPC and HTTP/JSON on one port.
 //!
 //! ```text
-//!  gRPC (tonic) ─┐                     ┌─► log_store: redb log + vote, group commit
+//!  gRPC (tonic) ─┐                     ┌─► log_store: log + vote in the WAL, group commit
 //!                ├─► node ─► openraft ─┤
 //!  HTTP (axum) ──┘    ▲                └─► state_machine: picket-core + snapshots ─► hub
 //!                     │                                                     (waiters, watches)
@@ -22,6 +22,7 @@ pub mod node;
 mod raft_types;
 mod server;
 mod state_machine;
+mod wal;
 
 pub use error::ServiceError;
 pub use hub::WaitOutcome;
@@ -32,7 +33,7 @@ pub use server::{DEFAULT_PORT, RaftTuning, ServerConfig, ServerHandle, StartErro
 
 #[cfg(test)]
 mod storage_suite {
-    //! openraft's storage conformance suite, run against the redb log store and the state
+    //! openraft's storage conformance suite, run against the WAL log store and the state
     //! machine store as deployed.
 
     use crate::hub::Hub;

@@ -1,45 +1,44 @@
-//! The Raft log and vote, in an append-only write-ahead log (`raft-log`), with group commit.
+//! The Raft log and vote, kept in memory and made durable in Picket's write-ahead log
+//! ([`crate::wal`]), with group commit.
 //!
 //! ```text
 //!  openraft ── append / save_vote / truncate / purge ──► in-memory view (updated at once)
-//!                                 │
-//!                                 ▼ in order, under one lock
-//!                      raft-log: records appended to the open chunk file;
-//!                      its flush worker writes everything queued with one
-//!                      vectored write and ONE fdatasync, then fires the callbacks
+//!                                 │ under one lock, in order
+//!                                 ▼
+//!                      one record per change, queued to the WAL; its flusher
+//!                      writes everything queued and syncs ONCE, then fires
+//!                      the callbacks
 //! ```
 //!
 //! Every change is visible to readers as soon as openraft makes it (Raft allows a leader to
 //! replicate entries it has not flushed yet), but an append is reported flushed only after the
-//! fdatasync that covers it. Votes, appends, truncations and purges go through one lock into one
-//! file, so they reach the disk in the order openraft issued them. Under load, appends queued
-//! while a sync runs share the next one.
-//!
-//! An append-only file with `fdatasync` costs about half of a B-tree commit here (≈110 µs against
-//! ≈240 µs for redb on this machine; BENCHMARKS.md), and it is paid once per batch on the path of
-//! every write.
+//! sync that covers it. Changes are recorded under one lock in the order openraft issues them,
+//! so the disk sees them in that order. Under load, appends queued while a sync runs share the
+//! next one. Each WAL segment starts with a checkpoint of the whole view (the live entries, the
+//! vote, the committed and purged ids), which bounds recovery to one segment.
 
 use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
+use crate::wal::{Completion, SEGMENT_BYTES, Wal};
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
-use raft_log::api::raft_log_writer::RaftLogWriter;
-use raft_log::codeq::{Decode, Encode};
-use raft_log::{Callback, RaftLog};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
 use std::ops::RangeBounds;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
-/// The directory, inside the data directory, that holds the log's chunk files.
-pub const LOG_DIR: &str = "raft-log";
-/// The file of the log format before this one; a data directory holding it is refused.
-const OLD_LOG_FILE: &str = "raft.redb";
+pub use crate::wal::WriterStats;
 
-fn encode_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+/// The directory, inside the data directory, that holds the log's segments.
+pub const LOG_DIR: &str = "wal";
+/// Where earlier Picket versions kept the log; a data directory holding one is refused.
+const OLD_LOG_PATHS: [&str; 2] = ["raft.redb", "raft-log"];
+
+fn encode_json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("raft types always serialize")
 }
 
@@ -49,101 +48,36 @@ fn decode_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> io::
     })
 }
 
-/// An openraft log id as the WAL stores it: ordered as openraft orders it, encoded as JSON.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct WalLogId(LogId);
-
-impl Encode for WalLogId {
-    fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        encode_json(&self.0).encode(w)
-    }
+/// A change to the log as it is written: borrowed, so nothing is cloned to write it.
+#[derive(Serialize)]
+enum RecordOut<'a> {
+    Checkpoint {
+        vote: Option<&'a Vote>,
+        committed: Option<&'a LogId>,
+        last_purged: Option<&'a LogId>,
+        entries: Vec<&'a Entry>,
+    },
+    Append(&'a [Entry]),
+    Vote(&'a Vote),
+    Committed(&'a LogId),
+    TruncateFrom(u64),
+    Purge(&'a LogId),
 }
 
-impl Decode for WalLogId {
-    fn decode<R: io::Read>(r: R) -> io::Result<Self> {
-        decode_json(&Vec::<u8>::decode(r)?, "a log id").map(Self)
-    }
-}
-
-/// An openraft vote as the WAL stores it. The WAL refuses a vote that goes backwards, so the
-/// order must be openraft's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct WalVote(Vote);
-
-impl PartialOrd for WalVote {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        self.0.partial_cmp(&other.0)
-    }
-}
-
-impl Encode for WalVote {
-    fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        encode_json(&self.0).encode(w)
-    }
-}
-
-impl Decode for WalVote {
-    fn decode<R: io::Read>(r: R) -> io::Result<Self> {
-        decode_json(&Vec::<u8>::decode(r)?, "the vote").map(Self)
-    }
-}
-
-/// What to do once a flush is durable.
-pub(crate) enum Completion {
-    /// Tell openraft its append is flushed.
-    Appended(IOFlushed<TypeConfig>),
-    /// Wake a caller waiting for a vote, truncation or purge.
-    Done(oneshot::Sender<io::Result<()>>),
-}
-
-impl Completion {
-    fn complete(self, result: Result<(), &str>) {
-        let result = result.map_err(io::Error::other);
-        match self {
-            Self::Appended(flushed) => flushed.io_completed(result),
-            // The waiting side may have given up; nothing to tell then.
-            Self::Done(done) => {
-                let _ = done.send(result);
-            }
-        }
-    }
-}
-
-/// The completions of one flush, fired together once it is durable, and the flusher's signal
-/// that the next flush may start.
-pub(crate) struct WalCallback {
-    completions: Vec<Completion>,
-    flushed: std::sync::mpsc::Sender<Result<(), String>>,
-}
-
-impl Callback for WalCallback {
-    fn send(self, result: Result<(), io::Error>) {
-        let result = result.map_err(|error| error.to_string());
-        for completion in self.completions {
-            completion.complete(result.as_ref().copied().map_err(String::as_str));
-        }
-        let _ = self.flushed.send(result);
-    }
-}
-
-/// The WAL's types for Picket's log: payloads are serialized entries.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct WalTypes;
-
-impl raft_log::Types for WalTypes {
-    type LogId = WalLogId;
-    type LogPayload = Vec<u8>;
-    type Vote = WalVote;
-    type Callback = WalCallback;
-    type UserData = Vec<u8>;
-
-    fn log_index(log_id: &Self::LogId) -> u64 {
-        log_id.0.index()
-    }
-
-    fn payload_size(payload: &Self::LogPayload) -> u64 {
-        payload.len() as u64
-    }
+/// A change to the log as it is read back; the same encoding as [`RecordOut`].
+#[derive(Deserialize)]
+enum Record {
+    Checkpoint {
+        vote: Option<Vote>,
+        committed: Option<LogId>,
+        last_purged: Option<LogId>,
+        entries: Vec<Entry>,
+    },
+    Append(Vec<Entry>),
+    Vote(Vote),
+    Committed(LogId),
+    TruncateFrom(u64),
+    Purge(LogId),
 }
 
 /// The log store. Cloning it gives another handle to the same log (that is how openraft gets a
@@ -159,74 +93,11 @@ impl Debug for LogStore {
     }
 }
 
+/// Lock order: `wal`, then `view`. Readers take only `view`.
 struct Inner {
     view: Mutex<View>,
     wal: Mutex<Wal>,
     stats: Arc<WriterStats>,
-}
-
-/// The WAL and the one flush allowed in flight at a time.
-///
-/// With no flush in flight, a write is flushed at once: a lone write pays one fdatasync and no
-/// extra hand-off. While a flush is in flight, writes go into the file but their completions
-/// wait; when the flush finishes, the flusher thread flushes everything that waited with one
-/// fdatasync (group commit).
-struct Wal {
-    log: RaftLog<WalTypes>,
-    in_flight: bool,
-    waiting: Vec<Completion>,
-    flushed: std::sync::mpsc::Sender<Result<(), String>>,
-    /// Set once a write or flush failed; every later write is refused.
-    failed: Option<String>,
-}
-
-impl Wal {
-    /// Records `completion` to fire once what was just written is durable.
-    fn flush_or_wait(&mut self, completion: Completion, stats: &WriterStats) -> io::Result<()> {
-        if self.in_flight {
-            self.waiting.push(completion);
-            return Ok(());
-        }
-        self.start_flush(vec![completion], stats)
-    }
-
-    fn start_flush(&mut self, completions: Vec<Completion>, stats: &WriterStats) -> io::Result<()> {
-        self.in_flight = true;
-        stats.commits.fetch_add(1, Ordering::Relaxed);
-        let callback = WalCallback { completions, flushed: self.flushed.clone() };
-        self.log.flush(true, Some(callback))
-    }
-}
-
-/// Starts the next flush when one finishes, for the writes that waited during it.
-fn run_flusher(
-    inner: std::sync::Weak<Inner>,
-    finished: &std::sync::mpsc::Receiver<Result<(), String>>,
-) {
-    while let Ok(result) = finished.recv() {
-        let Some(inner) = inner.upgrade() else { return };
-        let mut wal = inner.wal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(message) = result {
-            // A failed fdatasync leaves the disk in an unknown state; carrying on could
-            // acknowledge entries that are not durable. Refuse everything from now on.
-            tracing::error!(%message, "the raft log could not be flushed; refusing further writes");
-            wal.failed = Some(message.clone());
-            for completion in std::mem::take(&mut wal.waiting) {
-                completion.complete(Err(&message));
-            }
-            return;
-        }
-        if wal.waiting.is_empty() {
-            wal.in_flight = false;
-            continue;
-        }
-        let waiting = std::mem::take(&mut wal.waiting);
-        if let Err(error) = wal.start_flush(waiting, &inner.stats) {
-            tracing::error!(%error, "the raft log could not be flushed; refusing further writes");
-            wal.failed = Some(error.to_string());
-            return;
-        }
-    }
 }
 
 /// What the log looks like to openraft, including changes not yet on disk.
@@ -238,17 +109,57 @@ struct View {
     last_purged: Option<LogId>,
 }
 
-/// Counters of the log, for benchmarks and tests.
-#[derive(Debug, Default)]
-pub struct WriterStats {
-    /// Batches flushed (each is one fdatasync).
-    pub commits: AtomicU64,
-    /// Entries appended.
-    pub entries: AtomicU64,
-}
+impl View {
+    fn checkpoint(&self) -> Vec<u8> {
+        encode_json(&RecordOut::Checkpoint {
+            vote: self.vote.as_ref(),
+            committed: self.committed.as_ref(),
+            last_purged: self.last_purged.as_ref(),
+            entries: self.entries.values().collect(),
+        })
+    }
 
-fn to_io(error: impl std::fmt::Display) -> io::Error {
-    io::Error::other(error.to_string())
+    fn append(&mut self, entries: Vec<Entry>) {
+        for entry in entries {
+            let index = entry.log_id.index();
+            if let Some((last, _)) = self.entries.last_key_value() {
+                assert_eq!(index, last + 1, "appended entries continue the log without a hole");
+            }
+            self.entries.insert(index, entry);
+        }
+    }
+
+    /// Removes the entries from `start` on; whether there were any.
+    fn truncate_from(&mut self, start: u64) -> bool {
+        let removes_any = self.entries.range(start..).next().is_some();
+        self.entries.retain(|index, _| *index < start);
+        removes_any
+    }
+
+    fn purge(&mut self, log_id: LogId) {
+        assert!(self.last_purged.is_none_or(|purged| purged <= log_id), "purge never goes back");
+        self.last_purged = Some(log_id);
+        self.entries.retain(|index, _| *index > log_id.index());
+    }
+
+    /// Replays one record read back from the WAL.
+    fn replay(&mut self, record: Record) {
+        match record {
+            Record::Checkpoint { vote, committed, last_purged, entries } => {
+                *self = View { vote, committed, last_purged, entries: BTreeMap::new() };
+                for entry in entries {
+                    self.entries.insert(entry.log_id.index(), entry);
+                }
+            }
+            Record::Append(entries) => self.append(entries),
+            Record::Vote(vote) => self.vote = Some(vote),
+            Record::Committed(committed) => self.committed = Some(committed),
+            Record::TruncateFrom(start) => {
+                self.truncate_from(start);
+            }
+            Record::Purge(log_id) => self.purge(log_id),
+        }
+    }
 }
 
 impl LogStore {
@@ -258,36 +169,35 @@ impl LogStore {
     /// When the directory cannot be used, holds damaged records, or holds a log in the format of
     /// an earlier Picket.
     pub fn open(data_dir: &Path) -> io::Result<Self> {
-        if data_dir.join(OLD_LOG_FILE).exists() && !data_dir.join(LOG_DIR).exists() {
+        Self::open_with_segments_of(data_dir, SEGMENT_BYTES)
+    }
+
+    fn open_with_segments_of(data_dir: &Path, segment_bytes: u64) -> io::Result<Self> {
+        if let Some(old) = OLD_LOG_PATHS.iter().find(|old| data_dir.join(old).exists()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{} holds a Raft log in the format of an earlier Picket ({OLD_LOG_FILE}); start this version on a new data directory",
+                    "{} holds a Raft log in the format of an earlier Picket ({old}); start this version on a new data directory",
                     data_dir.display()
                 ),
             ));
         }
-        let dir = data_dir.join(LOG_DIR);
-        std::fs::create_dir_all(&dir)?;
-        let mut config = raft_log::Config::new(dir.display().to_string());
-        // Batching comes from the queue itself (appends that arrive while a sync runs share the
-        // next one); waiting for more would only add latency to a lone write.
-        config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
-        let wal = RaftLog::<WalTypes>::open(Arc::new(config))?;
-        let view = load(&wal)?;
-        let (flushed, finished) = std::sync::mpsc::channel();
-        let wal = Wal { log: wal, in_flight: false, waiting: Vec::new(), flushed, failed: None };
-        let inner = Arc::new(Inner {
-            view: Mutex::new(view),
-            wal: Mutex::new(wal),
-            stats: Arc::new(WriterStats::default()),
-        });
-        let weak = Arc::downgrade(&inner);
-        std::thread::Builder::new()
-            .name("picket-log-flusher".into())
-            .spawn(move || run_flusher(weak, &finished))
-            .map_err(to_io)?;
-        Ok(Self { inner })
+        let (recovered, records) = Wal::open(&data_dir.join(LOG_DIR), segment_bytes)?;
+        let mut view = View::default();
+        for (position, payload) in records.iter().enumerate() {
+            let record: Record = decode_json(payload, "a raft log record")?;
+            if position == 0 && !matches!(record, Record::Checkpoint { .. }) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the raft log's segment does not start with a checkpoint",
+                ));
+            }
+            view.replay(record);
+        }
+        check_contiguous(&view)?;
+        let stats = Arc::new(WriterStats::default());
+        let wal = recovered.start(&view.checkpoint(), stats.clone())?;
+        Ok(Self { inner: Arc::new(Inner { view: Mutex::new(view), wal: Mutex::new(wal), stats }) })
     }
 
     /// Counters of the log.
@@ -300,53 +210,45 @@ impl LogStore {
         self.inner.view.lock().expect("log view lock poisoned")
     }
 
-    fn wal(&self) -> MutexGuard<'_, Wal> {
-        self.inner.wal.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Writes with `write` and arranges for `completion` once it is durable. Writes reach the
-    /// file in the order they take the lock, which is the order openraft issues them.
-    fn write(
+    /// Applies `change` to the view and writes the record it returns, in one step under the
+    /// WAL's lock, so records reach the WAL in the order of the changes. `completion` fires once
+    /// the record is durable (at once if `change` records nothing). A record that does not fit
+    /// in the current segment starts the next one, whose checkpoint already includes it.
+    fn record(
         &self,
-        write: impl FnOnce(&mut RaftLog<WalTypes>) -> io::Result<raft_log::Segment>,
-        completion: Completion,
+        change: impl FnOnce(&mut View) -> Option<Vec<u8>>,
+        completion: Option<Completion>,
     ) -> io::Result<()> {
-        let mut wal = self.wal();
-        if let Some(failed) = &wal.failed {
-            return Err(io::Error::other(format!("the raft log failed earlier: {failed}")));
+        let mut wal = self.inner.wal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut view = self.view();
+        let Some(payload) = change(&mut view) else {
+            drop(view);
+            if let Some(completion) = completion {
+                completion(Ok(()));
+            }
+            return Ok(());
+        };
+        if wal.fits(payload.len()) {
+            drop(view);
+            return wal.append(&payload, completion);
         }
-        write(&mut wal.log)?;
-        wal.flush_or_wait(completion, &self.inner.stats)
+        let checkpoint = view.checkpoint();
+        drop(view);
+        wal.rotate(&checkpoint, completion)
     }
 
-    async fn write_and_wait(
+    async fn record_and_wait(
         &self,
-        write: impl FnOnce(&mut RaftLog<WalTypes>) -> io::Result<raft_log::Segment>,
+        change: impl FnOnce(&mut View) -> Option<Vec<u8>>,
     ) -> io::Result<()> {
-        let (done, flushed) = oneshot::channel();
-        self.write(write, Completion::Done(done))?;
-        flushed.await.map_err(|_| io::Error::other("the log's flusher stopped"))?
+        let (done, durable) = oneshot::channel();
+        let completion: Completion = Box::new(move |result| {
+            // The waiting side may have given up; nothing to tell then.
+            let _ = done.send(result);
+        });
+        self.record(change, Some(completion))?;
+        durable.await.map_err(|_| io::Error::other("the log's flusher stopped"))?
     }
-}
-
-fn load(wal: &RaftLog<WalTypes>) -> io::Result<View> {
-    let state = wal.log_state();
-    let mut view = View {
-        vote: state.vote().map(|vote| vote.0),
-        committed: state.committed().map(|log_id| log_id.0),
-        last_purged: state.purged().map(|log_id| log_id.0),
-        entries: BTreeMap::new(),
-    };
-    let from = view.last_purged.map_or(0, |log_id| log_id.index() + 1);
-    let to = state.last().map_or(0, |log_id| log_id.0.index() + 1);
-    for record in wal.read(from, to) {
-        let (log_id, payload) = record?;
-        let entry: Entry = decode_json(&payload, "a log entry")?;
-        assert_eq!(entry.log_id, log_id.0, "a log entry is stored under its own log id");
-        view.entries.insert(entry.log_id.index(), entry);
-    }
-    check_contiguous(&view)?;
-    Ok(view)
 }
 
 /// Raft only ever looks at the last log id, so a hole in the log would go unnoticed and lose
@@ -397,20 +299,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        self.view().vote = Some(*vote);
-        let vote = WalVote(*vote);
-        self.write_and_wait(|log| log.save_vote(vote)).await
+        let vote = *vote;
+        self.record_and_wait(|view| {
+            view.vote = Some(vote);
+            Some(encode_json(&RecordOut::Vote(&vote)))
+        })
+        .await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         // Persisting the committed id only lets a restarted node apply up to it before it hears
         // from a leader; losing the latest value in a crash is safe, so it is written without a
-        // flush of its own and reaches the disk with the next one.
-        self.view().committed = committed;
-        if let Some(committed) = committed {
-            self.wal().log.commit(WalLogId(committed))?;
-        }
-        Ok(())
+        // sync of its own and reaches the disk with the next one.
+        self.record(
+            |view| {
+                view.committed = committed;
+                committed.map(|committed| encode_json(&RecordOut::Committed(&committed)))
+            },
+            None,
+        )
     }
 
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
@@ -422,49 +329,168 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut records = Vec::new();
-        {
-            let mut view = self.view();
-            for entry in entries {
-                let index = entry.log_id.index();
-                if let Some((last, _)) = view.entries.last_key_value() {
-                    assert_eq!(index, last + 1, "appended entries continue the log without a hole");
-                }
-                records.push((WalLogId(entry.log_id), encode_json(&entry)));
-                view.entries.insert(index, entry);
-            }
-        }
-        self.inner.stats.entries.fetch_add(records.len() as u64, Ordering::Relaxed);
-        self.write(|log| log.append(records), Completion::Appended(callback))
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        self.inner.stats.entries.fetch_add(entries.len() as u64, Ordering::Relaxed);
+        let completion: Completion = Box::new(move |result| callback.io_completed(result));
+        self.record(
+            |view| {
+                let payload = encode_json(&RecordOut::Append(&entries));
+                view.append(entries);
+                Some(payload)
+            },
+            Some(completion),
+        )
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
         let start = last_log_id.map_or(0, |log_id| log_id.index() + 1);
-        let removes_any = {
-            let mut view = self.view();
-            let removes_any = view.entries.range(start..).next().is_some();
-            view.entries.retain(|index, _| *index < start);
-            removes_any
-        };
-        // Truncating after the last entry removes nothing; the WAL requires the kept entry to
-        // exist, which it need not here.
-        if !removes_any {
-            return Ok(());
-        }
-        self.write_and_wait(|log| log.truncate(start)).await
+        // Truncating after the last entry removes nothing and records nothing.
+        self.record_and_wait(|view| {
+            view.truncate_from(start).then(|| encode_json(&RecordOut::TruncateFrom(start)))
+        })
+        .await
     }
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
-        let upto = log_id.index();
-        {
-            let mut view = self.view();
-            assert!(
-                view.last_purged.is_none_or(|purged| purged <= log_id),
-                "purge never goes back"
-            );
-            view.last_purged = Some(log_id);
-            view.entries.retain(|index, _| *index > upto);
+        self.record_and_wait(|view| {
+            view.purge(log_id);
+            Some(encode_json(&RecordOut::Purge(&log_id)))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The log store against a plain model: after any sequence of changes and a restart, the
+    //! log reads back as the model says, across many segment rotations.
+
+    use super::*;
+    use openraft::testing::blank_ent;
+    use openraft::type_config::TypeConfigExt;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Append { count: u8, term_step: u8 },
+        TruncateAfter { back: u8 },
+        Purge { back: u8 },
+        Vote { term_step: u8 },
+        Committed { back: u8 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1_u8..20, 0_u8..2).prop_map(|(count, term_step)| Op::Append { count, term_step }),
+            1 => (0_u8..10).prop_map(|back| Op::TruncateAfter { back }),
+            1 => (0_u8..30).prop_map(|back| Op::Purge { back }),
+            1 => (0_u8..2).prop_map(|term_step| Op::Vote { term_step }),
+            1 => (0_u8..10).prop_map(|back| Op::Committed { back }),
+        ]
+    }
+
+    #[derive(Debug, Default, PartialEq)]
+    struct Model {
+        entries: BTreeMap<u64, LogId>,
+        vote: Option<Vote>,
+        committed: Option<LogId>,
+        last_purged: Option<LogId>,
+    }
+
+    async fn read_back(store: &mut LogStore) -> Model {
+        let entries = store.try_get_log_entries(..).await.expect("reads");
+        let state = store.get_log_state().await.expect("reads");
+        Model {
+            entries: entries.iter().map(|entry| (entry.log_id.index(), entry.log_id)).collect(),
+            vote: store.read_vote().await.expect("reads"),
+            committed: store.read_committed().await.expect("reads"),
+            last_purged: state.last_purged_log_id,
         }
-        self.write_and_wait(|log| log.purge(WalLogId(log_id))).await
+    }
+
+    async fn apply(store: &mut LogStore, model: &mut Model, term: &mut u64, op: Op) {
+        let last = model.entries.keys().next_back().copied();
+        let next = last.or(model.last_purged.map(|id| id.index())).map_or(1, |index| index + 1);
+        match op {
+            Op::Append { count, term_step } => {
+                *term += u64::from(term_step);
+                let entries: Vec<Entry> = (next..next + u64::from(count))
+                    .map(|index| blank_ent::<TypeConfig>(*term, 1, index))
+                    .collect();
+                for entry in &entries {
+                    model.entries.insert(entry.log_id.index(), entry.log_id);
+                }
+                let (done, flushed) = TypeConfig::oneshot();
+                store.append(entries, IOFlushed::signal(done)).await.expect("appends");
+                flushed.await.expect("completes").expect("durable");
+            }
+            Op::TruncateAfter { back } => {
+                let Some(last) = last else { return };
+                let keep = last.saturating_sub(u64::from(back));
+                let Some(kept) = model.entries.get(&keep).copied() else { return };
+                model.entries.retain(|index, _| *index <= keep);
+                store.truncate_after(Some(kept)).await.expect("truncates");
+            }
+            Op::Purge { back } => {
+                let Some(last) = last else { return };
+                let upto = last.saturating_sub(u64::from(back));
+                let Some(purged) = model.entries.get(&upto).copied() else { return };
+                model.entries.retain(|index, _| *index > upto);
+                model.last_purged = Some(purged);
+                store.purge(purged).await.expect("purges");
+            }
+            Op::Vote { term_step } => {
+                *term += u64::from(term_step);
+                let vote = Vote::new(*term, 1);
+                model.vote = Some(vote);
+                store.save_vote(&vote).await.expect("saves");
+            }
+            Op::Committed { back } => {
+                let Some(last) = last else { return };
+                let Some(committed) =
+                    model.entries.get(&last.saturating_sub(u64::from(back))).copied()
+                else {
+                    return;
+                };
+                model.committed = Some(committed);
+                store.save_committed(Some(committed)).await.expect("saves");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_log_reads_back_as_the_model_after_a_restart(ops in proptest::collection::vec(op(), 1..60)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                // Small segments, so that sequences rotate through many of them.
+                let mut store = LogStore::open_with_segments_of(dir.path(), 2048).expect("opens");
+                let (mut model, mut term) = (Model::default(), 1);
+                for op in ops {
+                    apply(&mut store, &mut model, &mut term, op).await;
+                    prop_assert_eq!(&read_back(&mut store).await, &model);
+                }
+                // The committed id rides along with the next sync; this vote is one.
+                term += 1;
+                apply(&mut store, &mut model, &mut term, Op::Vote { term_step: 0 }).await;
+                drop(store);
+                let mut reopened = LogStore::open_with_segments_of(dir.path(), 2048).expect("reopens");
+                prop_assert_eq!(&read_back(&mut reopened).await, &model);
+                let segments = std::fs::read_dir(dir.path().join(LOG_DIR)).expect("lists").count();
+                prop_assert_eq!(segments, 1, "older segments are deleted");
+                Ok(())
+            })?;
+        }
+    }
+
+    #[test]
+    fn a_data_directory_of_an_earlier_format_is_refused() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::create_dir(dir.path().join("raft-log")).expect("creates");
+        let error = LogStore::open(dir.path()).expect_err("refused");
+        assert!(error.to_string().contains("earlier Picket"), "{error}");
     }
 }
