@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Why not an append-only file: `fdatasync` after appending to a file that grows must also
-//! commit the new size and extents to the file system's journal. Writing inside space that was
+//! write the new size and extents (the inode, or a journal commit). Writing inside space that was
 //! allocated beforehand (`posix_fallocate`) changes neither, and the same sync takes about 1.5×
 //! less time on this machine's ext4 (130 µs against 85 µs; `scripts/fsync-prealloc.py`,
 //! BENCHMARKS.md). That is paid once per batch on the path of every write.
@@ -285,8 +285,11 @@ impl Wal {
                 replaces,
             });
         }
-        if urgent && !queue.urgent {
-            queue.urgent = true;
+        let wake = urgent && !queue.urgent;
+        queue.urgent |= urgent;
+        drop(queue);
+        // Woken after the lock is released, so the flusher does not wake only to wait for it.
+        if wake {
             self.shared.wake.notify_one();
         }
         Ok(())

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 /// Options of `picket serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Where this node keeps its log, vote and snapshots.
+    /// Where this node keeps its log, vote and snapshots. The log's write-ahead segments are
+    /// allocated up front, 64 MiB each (under `wal/`).
     #[arg(long, env = "PICKET_DATA_DIR", default_value = "./picket-data")]
     data_dir: PathBuf,
     /// Address to listen on for clients and peers (gRPC and HTTP on one port). Port 0 picks a
