@@ -29,7 +29,10 @@ pub use hub::WaitOutcome;
 pub use log_store::WriterStats;
 pub use node::{ClusterView, Grant, Node, WatchItem, WatchStream, WatchTarget};
 pub use raft_types::NodeId;
-pub use server::{DEFAULT_PORT, RaftTuning, ServerConfig, ServerHandle, StartError, start};
+pub use server::{
+    DEFAULT_PORT, MAX_WAL_SEGMENT_BYTES, MIN_WAL_SEGMENT_BYTES, RaftTuning, ServerConfig,
+    ServerHandle, StartError, start,
+};
 
 #[cfg(test)]
 mod storage_suite {
@@ -51,7 +54,7 @@ mod storage_suite {
             &self,
         ) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let log = LogStore::open(dir.path()).expect("the log opens");
+            let log = LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES).expect("the log opens");
             let store = StateStore::open(
                 dir.path(),
                 picket_core::Limits::default(),

@@ -18,7 +18,7 @@
 //! vote, the committed and purged ids), which bounds recovery to one segment.
 
 use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
-use crate::wal::{Completion, SEGMENT_BYTES, Wal};
+use crate::wal::{Completion, Wal};
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 use serde::{Deserialize, Serialize};
@@ -163,16 +163,13 @@ impl View {
 }
 
 impl LogStore {
-    /// Opens the log in the data directory `data_dir` (creating it) and loads it into memory.
+    /// Opens the log in the data directory `data_dir` (creating it) and loads it into memory;
+    /// new WAL segments get `segment_bytes` of space.
     ///
     /// # Errors
     /// When the directory cannot be used, holds damaged records, or holds a log in the format of
     /// an earlier Picket.
-    pub fn open(data_dir: &Path) -> io::Result<Self> {
-        Self::open_with_segments_of(data_dir, SEGMENT_BYTES)
-    }
-
-    fn open_with_segments_of(data_dir: &Path, segment_bytes: u64) -> io::Result<Self> {
+    pub fn open(data_dir: &Path, segment_bytes: u64) -> io::Result<Self> {
         if let Some(old) = OLD_LOG_PATHS.iter().find(|old| data_dir.join(old).exists()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -467,7 +464,7 @@ mod tests {
             runtime.block_on(async {
                 let dir = tempfile::tempdir().expect("a temporary directory");
                 // Small segments, so that sequences rotate through many of them.
-                let mut store = LogStore::open_with_segments_of(dir.path(), 2048).expect("opens");
+                let mut store = LogStore::open(dir.path(), 2048).expect("opens");
                 let (mut model, mut term) = (Model::default(), 1);
                 for op in ops {
                     apply(&mut store, &mut model, &mut term, op).await;
@@ -477,7 +474,7 @@ mod tests {
                 term += 1;
                 apply(&mut store, &mut model, &mut term, Op::Vote { term_step: 0 }).await;
                 drop(store);
-                let mut reopened = LogStore::open_with_segments_of(dir.path(), 2048).expect("reopens");
+                let mut reopened = LogStore::open(dir.path(), 2048).expect("reopens");
                 prop_assert_eq!(&read_back(&mut reopened).await, &model);
                 let segments = std::fs::read_dir(dir.path().join(LOG_DIR)).expect("lists").count();
                 prop_assert_eq!(segments, 1, "older segments are deleted");
@@ -490,7 +487,7 @@ mod tests {
     fn a_data_directory_of_an_earlier_format_is_refused() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         std::fs::create_dir(dir.path().join("raft-log")).expect("creates");
-        let error = LogStore::open(dir.path()).expect_err("refused");
+        let error = LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES).expect_err("refused");
         assert!(error.to_string().contains("earlier Picket"), "{error}");
     }
 }

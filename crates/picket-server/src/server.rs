@@ -38,7 +38,16 @@ pub struct RaftTuning {
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind a snapshot, for followers that are only a little behind.
     pub keep_entries_after_snapshot: u64,
+    /// The space allocated up front for each segment of the log's write-ahead log, between
+    /// [`MIN_WAL_SEGMENT_BYTES`] and [`MAX_WAL_SEGMENT_BYTES`]. A segment grows past it only
+    /// to hold a checkpoint of the live log.
+    pub wal_segment_bytes: u64,
 }
+
+/// The smallest WAL segment accepted.
+pub const MIN_WAL_SEGMENT_BYTES: u64 = 64 * 1024;
+/// The largest WAL segment accepted.
+pub const MAX_WAL_SEGMENT_BYTES: u64 = 1024 * 1024 * 1024;
 
 impl Default for RaftTuning {
     fn default() -> Self {
@@ -48,6 +57,7 @@ impl Default for RaftTuning {
             election_timeout_max_ms: 1_000,
             snapshot_every_entries: 20_000,
             keep_entries_after_snapshot: 1_000,
+            wal_segment_bytes: crate::wal::SEGMENT_BYTES,
         }
     }
 }
@@ -219,6 +229,12 @@ fn raft_config(tuning: &RaftTuning) -> Result<Arc<Config>, StartError> {
 /// # Errors
 /// [`StartError`] when the data directory, the configuration or the port is unusable.
 pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
+    let segment_bytes = config.tuning.wal_segment_bytes;
+    if !(MIN_WAL_SEGMENT_BYTES..=MAX_WAL_SEGMENT_BYTES).contains(&segment_bytes) {
+        return Err(StartError::Config(format!(
+            "the WAL segment size {segment_bytes} bytes is out of range; choose between {MIN_WAL_SEGMENT_BYTES} and {MAX_WAL_SEGMENT_BYTES}"
+        )));
+    }
     check_data_dir(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
@@ -240,7 +256,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
-    let log = LogStore::open(&config.data_dir).map_err(data_error)?;
+    let log = LogStore::open(&config.data_dir, segment_bytes).map_err(data_error)?;
     let log_stats = log.stats();
     let store = StateStore::open(&config.data_dir, Limits::default(), hub).map_err(data_error)?;
     let raft = Raft::new(config.node_id, raft_config(&config.tuning)?, Network, log, store.clone())

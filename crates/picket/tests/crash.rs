@@ -111,12 +111,31 @@ fn reconcile(addr: &str, record: &mut Record) {
 
 #[test]
 fn kill_9_loses_no_acknowledged_grant_and_tokens_keep_growing() {
+    crash_repeatedly(&[]);
+}
+
+/// The same with the write-ahead log's smallest segments and frequent snapshots, so that the
+/// kills land around segment rotations, checkpoints and purges.
+#[test]
+fn kill_9_across_wal_segment_rotations_and_snapshots_loses_nothing() {
+    let args = ["--wal-segment-bytes", "65536", "--snapshot-every", "150", "--keep-entries", "20"];
+    let generation = crash_repeatedly(&args.map(str::to_owned));
+    // Every start begins a segment; anything beyond one per start was a rotation.
+    assert!(
+        generation > CRASHES as u64 + 1,
+        "the log never rotated its segments (generation {generation})"
+    );
+}
+
+/// Runs the crash loop against a server started with `server_args`; returns the generation of
+/// the write-ahead log's current segment at the end.
+fn crash_repeatedly(server_args: &[String]) -> u64 {
     let dir = temp_dir();
     let mut server = ServerProcess::start(
         Path::new(env!("CARGO_BIN_EXE_picket")),
         &dir.path().join("data"),
         "127.0.0.1:0".parse().unwrap(),
-        &[],
+        server_args,
     );
     wait_for_leader(&server.addr);
     let mut records: Vec<Record> = (0..CLIENTS)
@@ -181,4 +200,12 @@ fn kill_9_loses_no_acknowledged_grant_and_tokens_keep_growing() {
         );
         assert_ne!(fresh.body, Value::Null);
     }
+    let segments = std::fs::read_dir(dir.path().join("data").join("wal")).unwrap();
+    segments
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            u64::from_str_radix(name.strip_suffix(".wal")?, 16).ok()
+        })
+        .max()
+        .expect("a WAL segment")
 }
