@@ -139,22 +139,27 @@ fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
 
 /// The intact records of one segment, in order, stopping at the first torn or zero frame.
 fn read_segment(path: &Path) -> io::Result<Vec<Vec<u8>>> {
-    let mut reader = io::BufReader::with_capacity(1 << 20, File::open(path)?);
+    let file = File::open(path)?;
+    let mut remaining = file.metadata()?.len();
+    let mut reader = io::BufReader::with_capacity(1 << 20, file);
     let mut records = Vec::new();
     loop {
         let mut header = [0_u8; FRAME_HEADER_BYTES];
         if read_full(&mut reader, &mut header)? < FRAME_HEADER_BYTES {
             return Ok(records);
         }
+        remaining -= FRAME_HEADER_BYTES as u64;
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-        if len == 0 || len > MAX_RECORD_BYTES {
+        // A torn length can say anything; one longer than the rest of the file is not read.
+        if len == 0 || len > MAX_RECORD_BYTES || len as u64 > remaining {
             return Ok(records);
         }
         let mut payload = vec![0_u8; len];
         if read_full(&mut reader, &mut payload)? < len || crc32fast::hash(&payload) != crc {
             return Ok(records);
         }
+        remaining -= len as u64;
         records.push(payload);
     }
 }
@@ -178,11 +183,21 @@ fn create_segment(path: &Path, bytes: u64) -> io::Result<Segment> {
     let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
     // Space allocated up front, so that a sync after writing into it has no size or extent
     // change to commit.
-    if let Err(error) = rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes)
-    {
+    match rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes) {
+        Ok(()) => {}
         // A file system without fallocate still works, only with slower syncs.
-        tracing::debug!(%error, "fallocate failed; the WAL segment is sparse");
-        file.set_len(bytes)?;
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+            tracing::debug!(
+                "the file system cannot allocate space up front; the segment is sparse"
+            );
+            file.set_len(bytes)?;
+        }
+        // Out of space, above all: fail now rather than on a later write.
+        Err(error) => {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(io::Error::from(error));
+        }
     }
     Ok(Segment { file, path: path.to_owned(), capacity: bytes })
 }
@@ -480,6 +495,21 @@ mod tests {
         drop(wal);
         let (_, records) = Wal::open(dir.path(), 4096).expect("reopens");
         assert_eq!(records, vec![b"checkpoint 2".to_vec(), b"after".to_vec()]);
+    }
+
+    #[test]
+    fn a_torn_length_longer_than_the_file_ends_the_records() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (mut wal, _) = open(dir.path(), 4096);
+        append_and_wait(&mut wal, b"kept");
+        let path = wal.segment.path.clone();
+        let end = wal.offset;
+        drop(wal);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).expect("opens");
+        // A length within the record limit but past the end of the file, with no payload.
+        file.write_all_at(&(256_u32 << 20).to_le_bytes(), end).expect("writes");
+        let (_, records) = Wal::open(dir.path(), 4096).expect("reopens");
+        assert_eq!(records, vec![b"checkpoint".to_vec(), b"kept".to_vec()]);
     }
 
     #[test]
