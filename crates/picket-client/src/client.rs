@@ -490,8 +490,20 @@ impl Client {
         &self,
         target: v1::watch_request::Target,
     ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
+        self.watch_with(v1::WatchRequest { target: Some(target), losses_only: false }).await
+    }
+
+    /// A stream of events as `request` asks, e.g. only the losses of a set of sessions
+    /// (`losses_only`), which is how sessions learn that they lost something.
+    ///
+    /// # Errors
+    /// The cluster being unreachable.
+    pub async fn watch_with(
+        &self,
+        request: v1::WatchRequest,
+    ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
         self.call(Retry::Safe, Some(self.inner.config.request_timeout), |mut client| {
-            let request = v1::WatchRequest { target: Some(target.clone()) };
+            let request = request.clone();
             async move { client.watch(request).await }
         })
         .await

@@ -11,7 +11,7 @@
 
 use crate::client::Client;
 use crate::session::{self, Shared};
-use picket_proto::v1::{SessionSet, watch_request::Target};
+use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -128,7 +128,10 @@ async fn follow(client: Client, watcher: Arc<SessionWatcher>, ids: Vec<u64>, gen
     loop {
         let Some(client) = Client::upgrade(&weak_client) else { return };
         let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
-        let stream = client.watch(target).await;
+        // Only losses: the session learns of its own grants and releases from their replies,
+        // and one stream message per acquire and release would cost both sides CPU for nothing.
+        let request = WatchRequest { target: Some(target), losses_only: true };
+        let stream = client.watch_with(request).await;
         drop(client);
         let Ok(mut stream) = stream else {
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -266,9 +266,21 @@ impl picket_server::Picket for ClientService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, request: Request<v1::WatchRequest>) -> Reply<Self::WatchStream> {
-        let target = match request.into_inner().target {
+        let request = request.into_inner();
+        let losses_only = request.losses_only;
+        let target = match request.target {
+            Some(v1::watch_request::Target::Name(_) | v1::watch_request::Target::Prefix(_))
+                if losses_only =>
+            {
+                return Err(Status::invalid_argument(
+                    "losses_only applies to session watches; watch a session or a set of sessions",
+                ));
+            }
             Some(v1::watch_request::Target::Name(name)) => WatchTarget::Lock(name),
             Some(v1::watch_request::Target::Prefix(prefix)) => WatchTarget::Prefix(prefix),
+            Some(v1::watch_request::Target::SessionId(session)) if losses_only => {
+                WatchTarget::SessionLosses(vec![SessionId(session)])
+            }
             Some(v1::watch_request::Target::SessionId(session)) => {
                 WatchTarget::Session(SessionId(session))
             }
@@ -281,7 +293,12 @@ impl picket_server::Picket for ClientService {
                         crate::node::MAX_WATCHED_SESSIONS
                     )));
                 }
-                WatchTarget::Sessions(set.session_ids.into_iter().map(SessionId).collect())
+                let sessions = set.session_ids.into_iter().map(SessionId).collect();
+                if losses_only {
+                    WatchTarget::SessionLosses(sessions)
+                } else {
+                    WatchTarget::Sessions(sessions)
+                }
             }
             None => {
                 return Err(Status::invalid_argument(

@@ -40,6 +40,21 @@ pub enum Target {
     Session(SessionId),
     /// Everything that happens to any of these sessions, in one stream.
     Sessions(Vec<SessionId>),
+    /// Only the losses of these sessions (see [`is_loss`]), in one stream.
+    SessionLosses(Vec<SessionId>),
+}
+
+/// Whether an event ends something its session had without the session asking: a grant ended
+/// by anything but the holder's release, or the session itself ending.
+#[must_use]
+pub fn is_loss(event: &Event) -> bool {
+    match event {
+        Event::Released { cause, .. } => *cause != picket_core::ReleaseCause::Released,
+        Event::SessionEnded { .. } => true,
+        // Grants, queueing and cancelled waits answer the session's own requests; a wait
+        // cancelled because the session ended comes with that session's end.
+        _ => false,
+    }
 }
 
 /// An item delivered to a watcher.
@@ -86,11 +101,19 @@ pub const WATCH_BUFFER: usize = 1_024;
 struct Watcher {
     sender: mpsc::Sender<Delivery>,
     lagged: Arc<AtomicBool>,
+    /// Offered only events that are losses (and every resync and end).
+    losses_only: bool,
 }
 
 impl Watcher {
     /// Delivers without waiting; false when the watcher must be dropped (gone or too slow).
     fn offer(&self, delivery: Delivery) -> bool {
+        if self.losses_only
+            && let Delivery::Event { event, .. } = &delivery
+            && !is_loss(event)
+        {
+            return !self.sender.is_closed();
+        }
         match self.sender.try_send(delivery) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -232,14 +255,15 @@ impl Hub {
             watchers.since_sweep = 0;
             watchers.sweep_closed();
         }
-        let watcher = Watcher { sender, lagged: lagged.clone() };
+        let losses_only = matches!(target, Target::SessionLosses(_));
+        let watcher = Watcher { sender, lagged: lagged.clone(), losses_only };
         match target {
             Target::Session(session) => {
                 watchers.by_session.entry(session).or_default().push(watcher)
             }
             Target::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
             Target::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
-            Target::Sessions(sessions) => {
+            Target::Sessions(sessions) | Target::SessionLosses(sessions) => {
                 // One channel, registered under each session: the stream gets each event once,
                 // since an event names one session.
                 for session in sessions {
@@ -335,6 +359,34 @@ mod tests {
         assert_eq!(received(&mut by_lock), [5]);
         assert_eq!(received(&mut by_prefix), [5, 6]);
         assert_eq!(received(&mut elsewhere), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
+        let hub = Hub::default();
+        let mut losses = hub.watch(Target::SessionLosses(vec![SessionId(1)]));
+        let released =
+            |cause| Event::Released { name: "x".into(), session: SessionId(1), token: 5, cause };
+        hub.publish(5, &[granted("x", 1, 5)]);
+        hub.publish(6, &[released(picket_core::ReleaseCause::Released)]);
+        hub.publish(7, &[granted("x", 1, 7)]);
+        hub.publish(8, &[released(picket_core::ReleaseCause::SessionRevoked)]);
+        hub.publish(
+            8,
+            &[Event::SessionEnded {
+                session: SessionId(1),
+                cause: picket_core::SessionEnd::Revoked,
+            }],
+        );
+        let kinds: Vec<String> = std::iter::from_fn(|| losses.receiver.try_recv().ok())
+            .map(|delivery| match delivery {
+                Delivery::Event { revision, event } => format!("{revision}:{event:?}"),
+                Delivery::Resync { revision } => format!("{revision}:resync"),
+            })
+            .collect();
+        assert_eq!(kinds.len(), 2, "{kinds:?}");
+        assert!(kinds[0].starts_with("8:Released") && kinds[0].contains("SessionRevoked"));
+        assert!(kinds[1].starts_with("8:SessionEnded"));
     }
 
     #[test]

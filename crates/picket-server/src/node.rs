@@ -76,6 +76,9 @@ pub enum WatchTarget {
     Session(SessionId),
     /// Everything that happens to any of these sessions.
     Sessions(Vec<SessionId>),
+    /// Only the losses of these sessions: grants ended by anything but their holder's release,
+    /// and the sessions' ends.
+    SessionLosses(Vec<SessionId>),
 }
 
 /// Most sessions one watch may follow.
@@ -88,6 +91,7 @@ impl WatchTarget {
             Self::Prefix(prefix) => Target::Prefix(prefix),
             Self::Session(session) => Target::Session(session),
             Self::Sessions(sessions) => Target::Sessions(sessions),
+            Self::SessionLosses(sessions) => Target::SessionLosses(sessions),
         }
     }
 }

@@ -123,7 +123,12 @@ async fn expiry_lock_delay_and_watch_over_grpc() {
     let (_dir, _server, mut client) = start().await;
     let doomed = open(&mut client, 1_000, 1_000).await;
     let mut events = client
-        .watch(v1::WatchRequest { target: Some(Target::SessionId(doomed)) })
+        .watch(v1::WatchRequest { target: Some(Target::SessionId(doomed)), losses_only: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut losses = client
+        .watch(v1::WatchRequest { target: Some(Target::SessionId(doomed)), losses_only: true })
         .await
         .unwrap()
         .into_inner();
@@ -154,6 +159,16 @@ async fn expiry_lock_delay_and_watch_over_grpc() {
             ("released".into(), "session_expired".into()),
             ("session_ended".into(), "expired".into())
         ]
+    );
+    // The losses-only stream skips the grant the session asked for.
+    let mut loss_kinds = Vec::new();
+    while loss_kinds.len() < 2 {
+        let event = losses.message().await.unwrap().unwrap();
+        loss_kinds.push((event.kind, event.cause));
+    }
+    assert_eq!(
+        loss_kinds,
+        [("released".into(), "session_expired".into()), ("session_ended".into(), "expired".into())]
     );
     let gone = client.keep_alive(v1::KeepAliveRequest { session_id: doomed }).await.unwrap_err();
     assert_eq!(gone.code(), Code::NotFound);
@@ -188,8 +203,14 @@ async fn bad_input_over_grpc_is_refused_without_changes() {
     assert_eq!(code_of(&wrong), "token_mismatch");
     let garbled = client.check(v1::CheckRequest { sequencer: "p1.x.y".into() }).await.unwrap_err();
     assert_eq!(code_of(&garbled), "bad_request");
-    let no_target = client.watch(v1::WatchRequest { target: None }).await.unwrap_err();
+    let no_target =
+        client.watch(v1::WatchRequest { target: None, losses_only: false }).await.unwrap_err();
     assert_eq!(no_target.code(), Code::InvalidArgument);
+    let lock_losses = client
+        .watch(v1::WatchRequest { target: Some(Target::Name("held".into())), losses_only: true })
+        .await
+        .unwrap_err();
+    assert_eq!(lock_losses.code(), Code::InvalidArgument);
     // A request over the size limit is refused by the decoder.
     let huge =
         client.acquire(acquire_request(&"n".repeat(100_000), session, Some(0))).await.unwrap_err();
