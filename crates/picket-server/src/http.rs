@@ -415,6 +415,9 @@ struct WatchQuery {
     name: Option<String>,
     prefix: Option<String>,
     session_id: Option<u64>,
+    /// With `session_id`: only the session's losses (see the gRPC `WatchRequest`).
+    #[serde(default)]
+    losses_only: bool,
 }
 
 /// A watch item as JSON, the same fields as the gRPC `WatchEvent`.
@@ -461,8 +464,18 @@ async fn watch(
     QueryParams(query): QueryParams<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let target = match (query.name, query.prefix, query.session_id) {
+        (Some(_), None, None) | (None, Some(_), None) if query.losses_only => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "losses_only= applies to a session watch; give session_id= with it",
+            ));
+        }
         (Some(name), None, None) => WatchTarget::Lock(name),
         (None, Some(prefix), None) => WatchTarget::Prefix(prefix),
+        (None, None, Some(session)) if query.losses_only => {
+            WatchTarget::SessionLosses(vec![SessionId(session)])
+        }
         (None, None, Some(session)) => WatchTarget::Session(SessionId(session)),
         _ => {
             return Err(ApiError::new(

@@ -228,6 +228,29 @@ fn watch_streams_grants_and_releases() {
     );
 }
 
+/// A session's losses-only watch skips what the session asked for and shows what it lost.
+#[test]
+fn a_losses_only_watch_shows_only_what_the_session_lost() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let session = open_session(addr, 10_000, 0);
+    let mut losses =
+        http::events(addr, &format!("/v1/watch?session_id={session}&losses_only=true"));
+    let first = token_of(&acquire(addr, "l/1", session, Some(0)));
+    assert_eq!(release(addr, "l/1", session, first).status, 200);
+    let second = token_of(&acquire(addr, "l/2", session, Some(0)));
+    let revoked = http::post(addr, &format!("/v1/sessions/{session}/revoke"), &json!({}));
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    let lost = losses.next_json();
+    assert_eq!(
+        (lost["kind"].as_str(), lost["name"].as_str(), lost["token"].as_u64()),
+        (Some("released"), Some("l/2"), Some(second))
+    );
+    assert_eq!(lost["cause"].as_str(), Some("session_revoked"));
+    let ended = losses.next_json();
+    assert_eq!(ended["kind"].as_str(), Some("session_ended"));
+}
+
 /// Bad input gets a clear error with a stable code, never a crash, and changes nothing.
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
@@ -280,6 +303,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         (http::get(addr, "/v1/check?sequencer=garbage"), 400, "bad_request"),
         (http::get(addr, "/v1/locks?limit=many"), 400, "bad_request"),
         (http::get(addr, "/v1/watch"), 400, "bad_request"),
+        (http::get(addr, "/v1/watch?name=held&losses_only=true"), 400, "bad_request"),
         (http::get(addr, "/v1/no-such-thing"), 404, "not_found"),
     ];
     for (index, (reply, status, code)) in cases.iter().enumerate() {
