@@ -107,14 +107,15 @@ struct Watcher {
 
 impl Watcher {
     /// Delivers without waiting; false when the watcher must be dropped (gone or too slow).
-    fn offer(&self, delivery: Delivery) -> bool {
+    fn offer(&self, delivery: &Delivery) -> bool {
+        // Checked before the delivery is copied: most events skip a losses-only watcher.
         if self.losses_only
-            && let Delivery::Event { event, .. } = &delivery
+            && let Delivery::Event { event, .. } = delivery
             && !is_loss(event)
         {
             return !self.sender.is_closed();
         }
-        match self.sender.try_send(delivery) {
+        match self.sender.try_send(delivery.clone()) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.lagged.store(true, Ordering::Relaxed);
@@ -136,7 +137,7 @@ struct Watchers {
 }
 
 fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
-    watchers.retain(|watcher| watcher.offer(delivery.clone()));
+    watchers.retain(|watcher| watcher.offer(delivery));
 }
 
 /// Offers to the watchers under `key` and forgets the key when none is left.

@@ -146,10 +146,9 @@ impl View {
     fn replay(&mut self, record: Record) {
         match record {
             Record::Checkpoint { vote, committed, last_purged, entries } => {
-                *self = View { vote, committed, last_purged, entries: BTreeMap::new() };
-                for entry in entries {
-                    self.entries.insert(entry.log_id.index(), entry);
-                }
+                let entries =
+                    entries.into_iter().map(|entry| (entry.log_id.index(), entry)).collect();
+                *self = View { vote, committed, last_purged, entries };
             }
             Record::Append(entries) => self.append(entries),
             Record::Vote(vote) => self.vote = Some(vote),
@@ -329,9 +328,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<Entry> = entries.into_iter().collect();
         self.inner.stats.entries.fetch_add(entries.len() as u64, Ordering::Relaxed);
         let completion: Completion = Box::new(move |result| callback.io_completed(result));
+        // Encoded before the locks are taken, so readers of the view do not wait for it.
+        let payload = encode_json(&RecordOut::Append(&entries));
         self.record(
             |view| {
-                let payload = encode_json(&RecordOut::Append(&entries));
                 view.append(entries);
                 Some(payload)
             },

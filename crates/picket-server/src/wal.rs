@@ -202,6 +202,20 @@ fn create_segment(path: &Path, bytes: u64) -> io::Result<Segment> {
     Ok(Segment { file, path: path.to_owned(), capacity: bytes })
 }
 
+/// Creates segment `generation` in `dir` for a log whose segments get `segment_bytes`, sized to
+/// hold at least twice `checkpoint`; returns it with the checkpoint's frame, not yet written.
+fn create_checkpointed_segment(
+    dir: &Path,
+    generation: u64,
+    segment_bytes: u64,
+    checkpoint: &[u8],
+) -> io::Result<(Segment, Vec<u8>)> {
+    let bytes = frame(checkpoint);
+    let capacity = segment_bytes.max(2 * bytes.len() as u64);
+    let segment = create_segment(&segment_path(dir, generation), capacity)?;
+    Ok((segment, bytes))
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -217,11 +231,11 @@ impl Wal {
     pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<(Recovered, Vec<Vec<u8>>)> {
         std::fs::create_dir_all(dir)?;
         let generations = list_segments(dir)?;
+        let recovered = |generations| Recovered { dir: dir.to_owned(), segment_bytes, generations };
         for &generation in generations.iter().rev() {
             let records = read_segment(&segment_path(dir, generation))?;
             if !records.is_empty() {
-                let recovered = Recovered { dir: dir.to_owned(), segment_bytes, generation };
-                return Ok((recovered, records));
+                return Ok((recovered(generations), records));
             }
             tracing::warn!(generation, "skipping a WAL segment whose checkpoint is not intact");
         }
@@ -233,7 +247,7 @@ impl Wal {
                 format!("no intact segment in the raft log at {}", dir.display()),
             ));
         }
-        Ok((Recovered { dir: dir.to_owned(), segment_bytes, generation: 0 }, Vec::new()))
+        Ok((recovered(generations), Vec::new()))
     }
 
     /// Whether a record of `payload_len` bytes fits in the current segment.
@@ -261,10 +275,13 @@ impl Wal {
     /// When the segment cannot be created, or an earlier write failed.
     pub fn rotate(&mut self, checkpoint: &[u8], completion: Option<Completion>) -> io::Result<()> {
         let old = self.segment.path.clone();
-        let bytes = frame(checkpoint);
-        let capacity = self.segment_bytes.max(2 * bytes.len() as u64);
         self.generation += 1;
-        let segment = create_segment(&segment_path(&self.dir, self.generation), capacity)?;
+        let (segment, bytes) = create_checkpointed_segment(
+            &self.dir,
+            self.generation,
+            self.segment_bytes,
+            checkpoint,
+        )?;
         self.segment = Arc::new(segment);
         self.offset = bytes.len() as u64;
         self.enqueue(0, bytes, completion, Some(vec![old]))
@@ -322,7 +339,8 @@ impl Drop for Wal {
 pub struct Recovered {
     dir: PathBuf,
     segment_bytes: u64,
-    generation: u64,
+    /// Every segment found, oldest first: all replaced by the one [`Recovered::start`] writes.
+    generations: Vec<u64>,
 }
 
 impl Recovered {
@@ -332,15 +350,13 @@ impl Recovered {
     /// # Errors
     /// When the segment cannot be written or synced.
     pub fn start(self, checkpoint: &[u8], stats: Arc<WriterStats>) -> io::Result<Wal> {
-        let old = list_segments(&self.dir)?;
-        let generation = old.last().map_or(1, |last| last + 1).max(self.generation + 1);
-        let bytes = frame(checkpoint);
-        let capacity = self.segment_bytes.max(2 * bytes.len() as u64);
-        let segment = create_segment(&segment_path(&self.dir, generation), capacity)?;
+        let generation = self.generations.last().map_or(1, |last| last + 1);
+        let (segment, bytes) =
+            create_checkpointed_segment(&self.dir, generation, self.segment_bytes, checkpoint)?;
         segment.file.write_all_at(&bytes, 0)?;
         segment.file.sync_data()?;
         sync_dir(&self.dir)?;
-        for old in old {
+        for old in self.generations {
             std::fs::remove_file(segment_path(&self.dir, old))?;
         }
         let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats });
