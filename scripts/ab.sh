@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Interleaved A/B of two picket builds on one node: for each round and each build, start that
+# build's server on a fresh data directory, run uncontended 1 and 64 and contended 8 and 64
+# clients with that build's bench, stop the server. Extra environment for the server (e.g.
+# PICKET_SERVER_ENV="TOKIO_WORKER_THREADS=1") applies to both builds.
+#
+# usage: scripts/ab.sh OUTFILE ROUNDS SECS BIN_A BIN_B
+#   summarize: python3 ../shared/peerbench/scripts/summarize.py OUTFILE (rows named by binary)
+set -u
+OUT=$1; ROUNDS=$2; SECS=$3; A=$4; B=$5
+PORT=${AB_PORT:-17951}
+DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-ab.XXXXXX")
+SERVER=
+cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DATA"; }
+trap cleanup EXIT
+for round in $(seq 1 "$ROUNDS"); do
+  for bin in "$A" "$B"; do
+    name=$(basename "$bin")
+    rm -rf "$DATA/node"
+    env ${PICKET_SERVER_ENV:-} "$bin" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA/node" >/dev/null 2>&1 &
+    SERVER=$!
+    for _ in $(seq 1 50); do
+      curl -s "127.0.0.1:$PORT/v1/cluster" | grep -q '"leader_id":[1-9]' && break; sleep 0.1
+    done
+    for spec in "uncontended 1" "uncontended 64" "contended 8" "contended 64"; do
+      set -- $spec
+      timeout $((SECS + 60)) "$bin" --endpoints "127.0.0.1:$PORT" bench --mode "$1" --clients "$2" \
+        --secs "$SECS" --server-pid "$SERVER" --tag "$name/r$round" >> "$OUT"
+    done
+    kill "$SERVER"; wait "$SERVER" 2>/dev/null; SERVER=
+  done
+done
