@@ -1,5 +1,6 @@
 //! The connection to a cluster: finds the leader, follows it, retries what is safe to retry.
 
+use crate::connection::Connection;
 use crate::error::{ClientError, Failure, classify};
 use crate::session::Session;
 use picket_proto::v1::{self, picket_client::PicketClient};
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Response, Status};
 
 /// How long the client keeps trying before it gives up on a call, how long one attempt may
@@ -61,7 +62,7 @@ struct Inner {
     endpoints: Vec<String>,
     config: ClientConfig,
     leader: Mutex<Option<String>>,
-    channels: Mutex<HashMap<String, PicketClient<Channel>>>,
+    connections: Mutex<HashMap<String, Connection>>,
     keepalives: tokio::sync::OnceCell<mpsc::Sender<KeepAliveJob>>,
     watcher: tokio::sync::OnceCell<Arc<crate::watcher::SessionWatcher>>,
 }
@@ -122,7 +123,7 @@ impl Client {
                 endpoints,
                 config,
                 leader: Mutex::new(None),
-                channels: Mutex::new(HashMap::new()),
+                connections: Mutex::new(HashMap::new()),
                 keepalives: tokio::sync::OnceCell::new(),
                 watcher: tokio::sync::OnceCell::new(),
             }),
@@ -141,20 +142,31 @@ impl Client {
         &self.inner.config
     }
 
-    fn channel(&self, endpoint: &str) -> PicketClient<Channel> {
-        let mut channels =
-            self.inner.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        channels
-            .entry(endpoint.to_owned())
-            .or_insert_with(|| {
-                let channel = Endpoint::from_shared(format!("http://{endpoint}"))
-                    .expect("endpoints are validated on connect")
-                    .connect_timeout(self.inner.config.connect_timeout)
-                    .tcp_nodelay(true)
-                    .connect_lazy();
-                PicketClient::new(channel)
-            })
-            .clone()
+    /// The open connection to `endpoint`, opened first if there is none or it has closed.
+    async fn connection(&self, endpoint: &str) -> Result<PicketClient<Connection>, Status> {
+        let cached = self.lock_connections().get(endpoint).filter(|c| !c.is_closed()).cloned();
+        let connection = match cached {
+            Some(connection) => connection,
+            None => {
+                let opened = Connection::open(endpoint, self.inner.config.connect_timeout).await?;
+                // Another call may have opened one meanwhile; keep a single live connection.
+                let mut connections = self.lock_connections();
+                let entry =
+                    connections.entry(endpoint.to_owned()).or_insert_with(|| opened.clone());
+                if entry.is_closed() {
+                    *entry = opened;
+                }
+                entry.clone()
+            }
+        };
+        let origin = format!("http://{endpoint}").parse().map_err(|error| {
+            Status::invalid_argument(format!("{endpoint:?} is not host:port ({error})"))
+        })?;
+        Ok(PicketClient::with_origin(connection, origin))
+    }
+
+    fn lock_connections(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
+        self.inner.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn leader_hint(&self) -> Option<String> {
@@ -175,7 +187,7 @@ impl Client {
         mut attempt: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(PicketClient<Channel>) -> Fut,
+        F: FnMut(PicketClient<Connection>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let config = &self.inner.config;
@@ -189,12 +201,19 @@ impl Client {
             let target = self.leader_hint().unwrap_or_else(|| {
                 self.inner.endpoints[next_endpoint % self.inner.endpoints.len()].clone()
             });
-            let call = attempt(self.channel(&target));
-            let result = match timeout {
-                Some(timeout) => tokio::time::timeout(timeout, call)
-                    .await
-                    .unwrap_or_else(|_| Err(Status::deadline_exceeded("the request timed out"))),
-                None => call.await,
+            let result = match self.connection(&target).await {
+                Err(unsent) => Err(unsent),
+                Ok(connection) => {
+                    let call = attempt(connection);
+                    match timeout {
+                        Some(timeout) => {
+                            tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+                                Err(Status::deadline_exceeded("the request timed out"))
+                            })
+                        }
+                        None => call.await,
+                    }
+                }
             };
             let failure = match result {
                 Ok(response) => {

@@ -102,7 +102,9 @@ fn transport_failure(status: &Status) -> Failure {
     // tonic reports a refused or failed connection as UNAVAILABLE with "connect" in the text;
     // then the request never left this process and any call may be retried.
     let lower = message.to_ascii_lowercase();
-    let unsent =
-        status.code() == Code::Unavailable && (lower.contains("connect") || lower.contains("dns"));
+    let unsent = status.code() == Code::Unavailable
+        && (status.message().starts_with(crate::connection::NOT_SENT)
+            || lower.contains("connect")
+            || lower.contains("dns"));
     if unsent { Failure::Unsent(message) } else { Failure::Broken(message) }
 }

@@ -27,6 +27,7 @@
 //! [`ClientError::OutcomeUnknown`] instead.
 
 mod client;
+mod connection;
 mod error;
 mod session;
 mod watcher;

@@ -166,3 +166,20 @@ async fn regression_more_sessions_than_http2_streams_per_connection() {
     assert_eq!(reason, LostReason::Revoked);
     assert!(sessions[0].lost_reason().is_none(), "the other sessions live on");
 }
+
+/// The client keeps one HTTP/2 connection per endpoint and opens a new one when it closes: after
+/// the server is killed and restarted on its address, the same client and session go on, and the
+/// next holder's token is greater than any token issued before the crash.
+#[tokio::test]
+async fn the_client_reconnects_after_the_server_restarts() {
+    let (_dir, mut server, client) = start().await;
+    let session = client.session(Duration::from_secs(30)).await.unwrap();
+    let before = session.lock("restart/a").await.unwrap();
+    let token_before = before.token();
+    // Held across the crash; dropping the guard would send a release to a dead server.
+    std::mem::forget(before);
+    server.restart();
+    let after = session.lock("restart/b").await.expect("the client reconnected");
+    assert!(after.token() > token_before, "{} after {token_before}", after.token());
+    after.release().await.unwrap();
+}
