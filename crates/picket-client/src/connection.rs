@@ -1,13 +1,15 @@
-//! One HTTP/2 connection to one endpoint, driven by hyper directly.
+//! One HTTP/2 connection to one endpoint, driven through the `h2` crate directly.
 //!
-//! tonic's `Channel` puts a `tower::Buffer` in front of its connection, so every call is first
-//! handed to a worker task and only then to the connection's task: one more task wake-up per
-//! call, on the client's share of the CPU. A Picket client talks to one endpoint at a time and
-//! reconnects itself (see `Client::call`), so it needs neither the buffer nor the channel's
-//! reconnect layer; it sends on the connection's `SendRequest` instead.
+//! tonic's `Channel` puts a `tower::Buffer` in front of hyper's client, and hyper's client hands
+//! every request to its connection task and spawns a task per request to wait for the response:
+//! three task hand-offs per call before the bytes reach the socket, paid on the client's share
+//! of the CPU and in its latency. Here the caller's task opens the stream itself and is woken
+//! directly by the connection's task when the response arrives. A Picket client talks to one
+//! endpoint at a time and reconnects itself (see `Client::call`), so it needs neither the
+//! buffer nor the channel's reconnect layer.
 
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use bytes::{Bytes, BytesMut};
+use http_body::{Body as HttpBody, Frame};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,10 +21,19 @@ use tonic::body::Body;
 /// such a request may be sent again even when it is not idempotent.
 pub(crate) const NOT_SENT: &str = "not sent: ";
 
+/// Largest request body the client will send; the server refuses far smaller ones, so a
+/// larger body is a bug in the caller, not a request worth buffering.
+const MAX_REQUEST_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// Per-stream and per-connection receive windows: large enough that a watch stream's burst of
+/// events is not throttled by window updates (the same figures as hyper's client defaults).
+const STREAM_WINDOW_BYTES: u32 = 2 * 1024 * 1024;
+const CONNECTION_WINDOW_BYTES: u32 = 5 * 1024 * 1024;
+
 /// An open HTTP/2 connection. Cheap to clone; clones multiplex on the same connection.
 #[derive(Clone, Debug)]
 pub(crate) struct Connection {
-    send: SendRequest<Body>,
+    send: h2::client::SendRequest<Bytes>,
 }
 
 impl Connection {
@@ -33,8 +44,11 @@ impl Connection {
             let stream = tokio::net::TcpStream::connect(endpoint).await?;
             // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs.
             stream.set_nodelay(true)?;
-            let (send, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-                .handshake(TokioIo::new(stream))
+            let (send, connection) = h2::client::Builder::new()
+                .enable_push(false)
+                .initial_window_size(STREAM_WINDOW_BYTES)
+                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+                .handshake(stream)
                 .await
                 .map_err(std::io::Error::other)?;
             tokio::spawn(async move {
@@ -55,35 +69,126 @@ impl Connection {
         }
     }
 
-    /// Whether the connection has closed; a closed one is replaced before the next call.
+    /// Whether the connection can no longer open streams; such a connection is replaced
+    /// before the next call.
     pub(crate) fn is_closed(&self) -> bool {
-        self.send.is_closed()
+        // `poll_ready` on a clone answers at once: ready, an error once the connection has
+        // gone, or pending while the server's stream limit is reached (which is not closed).
+        let mut probe = self.send.clone();
+        let waker = std::task::Waker::noop();
+        matches!(probe.poll_ready(&mut Context::from_waker(waker)), Poll::Ready(Err(_)))
     }
 }
 
-fn closed_before_sending(error: &hyper::Error) -> Status {
-    Status::unavailable(format!("{NOT_SENT}the connection closed ({error}); connect again"))
+fn not_sent(what: &str, error: &h2::Error) -> Status {
+    Status::unavailable(format!("{NOT_SENT}{what} ({error}); connect again"))
+}
+
+/// Reads a request body whole. tonic's unary and server-streaming requests carry one message,
+/// encoded as soon as the body is polled.
+async fn read_body(mut body: Body) -> Result<Bytes, Status> {
+    let mut buffer = BytesMut::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > MAX_REQUEST_BODY_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "the request is larger than {MAX_REQUEST_BODY_BYTES} bytes; send less at once"
+                )));
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer.freeze())
+}
+
+async fn send(
+    sender: h2::client::SendRequest<Bytes>,
+    request: http::Request<Body>,
+) -> Result<http::Response<ResponseBody>, Status> {
+    let (parts, body) = request.into_parts();
+    let body = read_body(body).await?;
+    // Waits while the server's limit of concurrent streams is reached.
+    let mut sender = sender
+        .ready()
+        .await
+        .map_err(|error| not_sent("the connection closed before the request was sent", &error))?;
+    let (response, mut stream) =
+        sender
+            .send_request(http::Request::from_parts(parts, ()), false)
+            .map_err(|error| not_sent("the server refused a new stream", &error))?;
+    // Past this point the request may have reached the server.
+    stream.send_data(body, true).map_err(from_h2)?;
+    let response = response.await.map_err(from_h2)?;
+    Ok(response.map(|body| ResponseBody { body, trailers_due: true }))
+}
+
+/// A failed stream as a gRPC status; tonic reads an `h2::Error` (a reset stream, a protocol
+/// error) into the matching code.
+fn from_h2(error: h2::Error) -> Status {
+    Status::from_error(Box::new(error))
 }
 
 impl tower_service::Service<http::Request<Body>> for Connection {
-    type Response = http::Response<hyper::body::Incoming>;
+    type Response = http::Response<ResponseBody>;
     type Error = Status;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Status>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        self.send.poll_ready(cx).map_err(|error| closed_before_sending(&error))
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        // Readiness (the server's stream limit) is awaited inside the call.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let response = self.send.try_send_request(request);
-        Box::pin(async move {
-            response.await.map_err(|mut failure| {
-                if failure.take_message().is_some() {
-                    closed_before_sending(failure.error())
-                } else {
-                    Status::from_error(Box::new(failure.into_error()))
-                }
-            })
-        })
+        Box::pin(send(self.send.clone(), request))
+    }
+}
+
+/// A response body read straight from its HTTP/2 stream: the data frames, then the trailers
+/// that carry the gRPC status.
+#[derive(Debug)]
+pub(crate) struct ResponseBody {
+    body: h2::RecvStream,
+    trailers_due: bool,
+}
+
+impl HttpBody for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        match self.body.poll_data(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(data))) => {
+                // Hand the window back at once: the bytes are the caller's now.
+                let _ = self.body.flow_control().release_capacity(data.len());
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            Poll::Ready(Some(Err(error))) => {
+                return Poll::Ready(Some(Err(from_h2(error))));
+            }
+            Poll::Ready(None) => {}
+        }
+        if !self.trailers_due {
+            return Poll::Ready(None);
+        }
+        match self.body.poll_trailers(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(trailers)) => {
+                self.trailers_due = false;
+                Poll::Ready(trailers.map(|trailers| Ok(Frame::trailers(trailers))))
+            }
+            Poll::Ready(Err(error)) => {
+                self.trailers_due = false;
+                Poll::Ready(Some(Err(from_h2(error))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        !self.trailers_due && self.body.is_end_stream()
     }
 }
