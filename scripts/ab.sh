@@ -2,7 +2,9 @@
 # Interleaved A/B of two picket builds on one node: for each round and each build, start that
 # build's server on a fresh data directory, run uncontended 1 and 64 and contended 8 and 64
 # clients with that build's bench, stop the server. Extra environment for the server (e.g.
-# PICKET_SERVER_ENV="TOKIO_WORKER_THREADS=1") applies to both builds.
+# PICKET_SERVER_ENV="TOKIO_WORKER_THREADS=1") applies to both builds. With AB_CLUSTER=1 each run
+# is `picket bench --cluster` instead (a 3-node loopback cluster of that build, started and
+# stopped by the bench itself).
 #
 # usage: scripts/ab.sh OUTFILE ROUNDS SECS BIN_A BIN_B
 #   summarize: python3 ../shared/peerbench/scripts/summarize.py OUTFILE (rows named by binary)
@@ -16,6 +18,14 @@ trap cleanup EXIT
 for round in $(seq 1 "$ROUNDS"); do
   for bin in "$A" "$B"; do
     name=$(basename "$bin")
+    if [ -n "${AB_CLUSTER:-}" ]; then
+      for spec in "uncontended 1" "uncontended 64" "contended 8" "contended 64"; do
+        set -- $spec
+        timeout $((SECS + 90)) "$bin" bench --cluster --mode "$1" --clients "$2" \
+          --secs "$SECS" --tag "$name/r$round" >> "$OUT"
+      done
+      continue
+    fi
     rm -rf "$DATA/node"
     env ${PICKET_SERVER_ENV:-} "$bin" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA/node" >/dev/null 2>&1 &
     SERVER=$!

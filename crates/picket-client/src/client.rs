@@ -1,8 +1,8 @@
 //! The connection to a cluster: finds the leader, follows it, retries what is safe to retry.
 
-use crate::connection::Connection;
 use crate::error::{ClientError, Failure, classify};
 use crate::session::Session;
+use picket_proto::connection::Connection;
 use picket_proto::v1::{self, picket_client::PicketClient};
 use std::collections::HashMap;
 use std::future::Future;
@@ -74,6 +74,9 @@ pub(crate) struct WeakClient(std::sync::Weak<Inner>);
 /// One session's keepalive waiting to join a batch.
 type KeepAliveJob = (u64, oneshot::Sender<Result<u64, ClientError>>);
 
+/// Largest request the client sends; the server's own limit is far smaller, so a larger one is a
+/// bug in the caller, not a request worth buffering.
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 /// Most sessions in one batched keepalive (the server's limit).
 const MAX_KEEPALIVE_BATCH: usize = 10_000;
 /// How long the batcher waits for more keepalives to join a batch.
@@ -148,7 +151,12 @@ impl Client {
         let connection = match cached {
             Some(connection) => connection,
             None => {
-                let opened = Connection::open(endpoint, self.inner.config.connect_timeout).await?;
+                let opened = Connection::open(
+                    endpoint,
+                    self.inner.config.connect_timeout,
+                    MAX_REQUEST_BYTES,
+                )
+                .await?;
                 // Another call may have opened one meanwhile; keep a single live connection.
                 let mut connections = self.lock_connections();
                 let entry =

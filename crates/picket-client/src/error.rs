@@ -103,7 +103,7 @@ fn transport_failure(status: &Status) -> Failure {
     // then the request never left this process and any call may be retried.
     let lower = message.to_ascii_lowercase();
     let unsent = status.code() == Code::Unavailable
-        && (status.message().starts_with(crate::connection::NOT_SENT)
+        && (status.message().starts_with(picket_proto::connection::NOT_SENT)
             || lower.contains("connect")
             || lower.contains("dns"));
     if unsent { Failure::Unsent(message) } else { Failure::Broken(message) }

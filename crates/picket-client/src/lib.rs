@@ -27,7 +27,6 @@
 //! [`ClientError::OutcomeUnknown`] instead.
 
 mod client;
-mod connection;
 mod error;
 mod session;
 mod watcher;

@@ -9,9 +9,10 @@
 //! [`ERROR_CODE_KEY`] (the stable code), and where they apply [`LEADER_KEY`] and
 //! [`HOLDER_TOKEN_KEY`].
 
-#![allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod connection;
 
 /// The generated types of package `picket.v1`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("picket.v1");
 }

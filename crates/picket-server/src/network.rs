@@ -12,6 +12,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, RaftNetworkV2};
+use picket_proto::connection::Connection;
 use picket_proto::v1::RaftPayload;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_proto::v1::raft_server;
@@ -19,7 +20,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 /// Metadata key naming the node a Raft request is meant for.
@@ -36,7 +36,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient { target, addr: node.addr.clone(), client: None }
+        PeerClient { target, addr: node.addr.clone(), connection: None }
     }
 }
 
@@ -45,7 +45,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     addr: String,
-    client: Option<RaftClient<Channel>>,
+    connection: Option<Connection>,
 }
 
 fn unreachable(message: impl ToString) -> Unreachable<TypeConfig> {
@@ -61,19 +61,23 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
 }
 
 impl PeerClient {
-    fn client(&mut self) -> Result<RaftClient<Channel>, Unreachable<TypeConfig>> {
-        if let Some(client) = &self.client {
-            return Ok(client.clone());
-        }
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
-            .map_err(|error| unreachable(format!("bad peer address {:?}: {error}", self.addr)))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
-        let client = RaftClient::new(endpoint.connect_lazy())
+    async fn client(&mut self) -> Result<RaftClient<Connection>, Unreachable<TypeConfig>> {
+        let origin = format!("http://{}", self.addr)
+            .parse()
+            .map_err(|error| unreachable(format!("bad peer address {:?}: {error}", self.addr)))?;
+        let connection = match self.connection.take().filter(|open| !open.is_closed()) {
+            Some(open) => open,
+            None => Connection::open(&self.addr, CONNECT_TIMEOUT, MAX_RAFT_MESSAGE_BYTES)
+                .await
+                .map_err(|status| {
+                    let detail = status.message();
+                    unreachable(format!("node {} at {}: {detail}", self.target, self.addr))
+                })?,
+        };
+        self.connection = Some(connection.clone());
+        Ok(RaftClient::with_origin(connection, origin)
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
-        self.client = Some(client.clone());
-        Ok(client)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES))
     }
 
     fn request(&self, data: Vec<u8>, timeout: Duration) -> Request<RaftPayload> {
@@ -96,15 +100,20 @@ impl PeerClient {
     ) -> Result<Resp, Unreachable<TypeConfig>>
     where
         Resp: DeserializeOwned,
-        F: FnOnce(RaftClient<Channel>, Request<RaftPayload>) -> Fut,
+        F: FnOnce(RaftClient<Connection>, Request<RaftPayload>) -> Fut,
         Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
     {
-        let client = self.client()?;
+        let client = self.client().await?;
         let request = self.request(data, timeout);
-        let payload = match send(client, request).await {
+        // The deadline travels as `grpc-timeout` too; it is enforced here so a peer that stops
+        // answering cannot hold replication longer than openraft allowed.
+        let answer = tokio::time::timeout(timeout, send(client, request))
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded("the peer did not answer in time")));
+        let payload = match answer {
             Ok(response) => response.into_inner(),
             Err(status) => {
-                self.client = None;
+                self.connection = None;
                 return Err(unreachable(format!(
                     "node {} at {}: {}",
                     self.target,

@@ -4,9 +4,9 @@
 //! every request to its connection task and spawns a task per request to wait for the response:
 //! three task hand-offs per call before the bytes reach the socket, paid on the client's share
 //! of the CPU and in its latency. Here the caller's task opens the stream itself and is woken
-//! directly by the connection's task when the response arrives. A Picket client talks to one
-//! endpoint at a time and reconnects itself (see `Client::call`), so it needs neither the
-//! buffer nor the channel's reconnect layer.
+//! directly by the connection's task when the response arrives. Picket's clients (the Rust
+//! client, and each node's Raft client to its peers) talk to one endpoint at a time and
+//! reconnect themselves, so they need neither the buffer nor the channel's reconnect layer.
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame};
@@ -19,11 +19,7 @@ use tonic::body::Body;
 
 /// The start of every error message for a request that certainly never left this process;
 /// such a request may be sent again even when it is not idempotent.
-pub(crate) const NOT_SENT: &str = "not sent: ";
-
-/// Largest request body the client will send; the server refuses far smaller ones, so a
-/// larger body is a bug in the caller, not a request worth buffering.
-const MAX_REQUEST_BODY_BYTES: usize = 16 * 1024 * 1024;
+pub const NOT_SENT: &str = "not sent: ";
 
 /// Per-stream and per-connection receive windows: large enough that a watch stream's burst of
 /// events is not throttled by window updates (the same figures as hyper's client defaults).
@@ -32,14 +28,24 @@ const CONNECTION_WINDOW_BYTES: u32 = 5 * 1024 * 1024;
 
 /// An open HTTP/2 connection. Cheap to clone; clones multiplex on the same connection.
 #[derive(Clone, Debug)]
-pub(crate) struct Connection {
+pub struct Connection {
     send: h2::client::SendRequest<Bytes>,
+    max_request_bytes: usize,
 }
 
 impl Connection {
     /// Opens a TCP connection to `endpoint` (`host:port`) with `TCP_NODELAY` and performs the
-    /// HTTP/2 handshake, all within `connect_timeout`.
-    pub(crate) async fn open(endpoint: &str, connect_timeout: Duration) -> Result<Self, Status> {
+    /// HTTP/2 handshake, all within `connect_timeout`. A request body larger than
+    /// `max_request_bytes` is refused before it is sent.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE`, with a message that starts with [`NOT_SENT`], when the endpoint cannot be
+    /// reached in time.
+    pub async fn open(
+        endpoint: &str,
+        connect_timeout: Duration,
+        max_request_bytes: usize,
+    ) -> Result<Self, Status> {
         let connecting = async {
             let stream = tokio::net::TcpStream::connect(endpoint).await?;
             // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs.
@@ -59,7 +65,7 @@ impl Connection {
             Ok::<_, std::io::Error>(send)
         };
         match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(send)) => Ok(Self { send }),
+            Ok(Ok(send)) => Ok(Self { send, max_request_bytes }),
             Ok(Err(error)) => {
                 Err(Status::unavailable(format!("{NOT_SENT}cannot connect to {endpoint}: {error}")))
             }
@@ -71,7 +77,8 @@ impl Connection {
 
     /// Whether the connection can no longer open streams; such a connection is replaced
     /// before the next call.
-    pub(crate) fn is_closed(&self) -> bool {
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
         // `poll_ready` on a clone answers at once: ready, an error once the connection has
         // gone, or pending while the server's stream limit is reached (which is not closed).
         let mut probe = self.send.clone();
@@ -86,14 +93,14 @@ fn not_sent(what: &str, error: &h2::Error) -> Status {
 
 /// Reads a request body whole. tonic's unary and server-streaming requests carry one message,
 /// encoded as soon as the body is polled.
-async fn read_body(mut body: Body) -> Result<Bytes, Status> {
+async fn read_body(mut body: Body, max_bytes: usize) -> Result<Bytes, Status> {
     let mut buffer = BytesMut::new();
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         let frame = frame?;
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > MAX_REQUEST_BODY_BYTES {
+            if buffer.len() + data.len() > max_bytes {
                 return Err(Status::invalid_argument(format!(
-                    "the request is larger than {MAX_REQUEST_BODY_BYTES} bytes; send less at once"
+                    "the request is larger than {max_bytes} bytes; send less at once"
                 )));
             }
             buffer.extend_from_slice(&data);
@@ -104,10 +111,11 @@ async fn read_body(mut body: Body) -> Result<Bytes, Status> {
 
 async fn send(
     sender: h2::client::SendRequest<Bytes>,
+    max_request_bytes: usize,
     request: http::Request<Body>,
 ) -> Result<http::Response<ResponseBody>, Status> {
     let (parts, body) = request.into_parts();
-    let body = read_body(body).await?;
+    let body = read_body(body, max_request_bytes).await?;
     // Waits while the server's limit of concurrent streams is reached.
     let mut sender = sender
         .ready()
@@ -140,14 +148,14 @@ impl tower_service::Service<http::Request<Body>> for Connection {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        Box::pin(send(self.send.clone(), request))
+        Box::pin(send(self.send.clone(), self.max_request_bytes, request))
     }
 }
 
 /// A response body read straight from its HTTP/2 stream: the data frames, then the trailers
 /// that carry the gRPC status.
 #[derive(Debug)]
-pub(crate) struct ResponseBody {
+pub struct ResponseBody {
     body: h2::RecvStream,
     trailers_due: bool,
 }
