@@ -99,12 +99,58 @@ pub(crate) fn classify(status: &Status) -> Failure {
 
 fn transport_failure(status: &Status) -> Failure {
     let message = format!("{}: {}", status.code(), status.message());
-    // tonic reports a refused or failed connection as UNAVAILABLE with "connect" in the text;
-    // then the request never left this process and any call may be retried.
-    let lower = message.to_ascii_lowercase();
-    let unsent = status.code() == Code::Unavailable
-        && (status.message().starts_with(picket_proto::connection::NOT_SENT)
-            || lower.contains("connect")
-            || lower.contains("dns"));
-    if unsent { Failure::Unsent(message) } else { Failure::Broken(message) }
+    // The connection marks what certainly never left this process (no connection, or one that
+    // closed before the request was written); any call may be sent again after that. Nothing
+    // else is known not to have reached the server.
+    if status.code() == Code::Unavailable
+        && status.message().starts_with(picket_proto::connection::NOT_SENT)
+    {
+        return Failure::Unsent(message);
+    }
+    // Refused by the client itself before sending (a request over its size limit): sending it
+    // again would only be refused again.
+    if status.code() == Code::InvalidArgument {
+        return Failure::Final(ClientError::InvalidArgument(status.message().to_owned()));
+    }
+    Failure::Broken(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use picket_proto::connection::NOT_SENT;
+
+    #[test]
+    fn only_what_the_connection_marks_as_not_sent_is_unsent() {
+        let refused = Status::unavailable(format!("{NOT_SENT}cannot connect to 127.0.0.1:1"));
+        assert!(matches!(classify(&refused), Failure::Unsent(_)));
+        let closed = Status::unavailable(format!("{NOT_SENT}the connection closed (eof)"));
+        assert!(matches!(classify(&closed), Failure::Unsent(_)));
+    }
+
+    /// Regression: any UNAVAILABLE transport error that mentioned "connect" (as in "connection
+    /// reset") counted as never sent, so a call that is not safe to repeat could be repeated.
+    #[test]
+    fn regression_a_reset_connection_is_not_taken_for_an_unsent_request() {
+        let reset = Status::unavailable("h2 protocol error: connection reset by peer");
+        assert!(matches!(classify(&reset), Failure::Broken(_)));
+        let refused_stream = Status::unavailable("h2 protocol error: refused stream");
+        assert!(matches!(classify(&refused_stream), Failure::Broken(_)));
+    }
+
+    #[test]
+    fn a_request_refused_by_the_client_itself_is_final() {
+        let too_large = Status::invalid_argument("the request is larger than 16 bytes");
+        assert!(matches!(classify(&too_large), Failure::Final(ClientError::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn a_follower_names_the_leader() {
+        let mut status = Status::unavailable("not the leader");
+        status.metadata_mut().insert(ERROR_CODE_KEY, "not_leader".parse().unwrap());
+        status.metadata_mut().insert(LEADER_KEY, "127.0.0.1:7001".parse().unwrap());
+        assert!(
+            matches!(classify(&status), Failure::NotLeader(Some(leader)) if leader == "127.0.0.1:7001")
+        );
+    }
 }

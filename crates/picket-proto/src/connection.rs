@@ -200,3 +200,130 @@ impl HttpBody for ResponseBody {
         !self.trailers_due && self.body.is_end_stream()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_service::Service;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn request(body: &'static [u8]) -> http::Request<Body> {
+        let mut request = http::Request::new(Body::new(one_frame(body)));
+        *request.uri_mut() = "http://127.0.0.1/picket.v1.Picket/Test".parse().unwrap();
+        *request.method_mut() = http::Method::POST;
+        request
+    }
+
+    /// A one-frame body, as tonic's unary encoder produces.
+    fn one_frame(bytes: &'static [u8]) -> impl HttpBody<Data = Bytes, Error = Status> {
+        struct Once(Option<Bytes>);
+        impl HttpBody for Once {
+            type Data = Bytes;
+            type Error = Status;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+                Poll::Ready(self.0.take().map(|data| Ok(http_body::Frame::data(data))))
+            }
+        }
+        Once(Some(Bytes::from_static(bytes)))
+    }
+
+    async fn listener() -> (tokio::net::TcpListener, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        (listener, addr)
+    }
+
+    async fn next_frame(body: &mut ResponseBody) -> Option<http_body::Frame<Bytes>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await.map(Result::unwrap)
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_refused_as_not_sent() {
+        let (listener, addr) = listener().await;
+        drop(listener);
+        let error = Connection::open(&addr, TIMEOUT, 1024).await.unwrap_err();
+        assert_eq!(error.code(), tonic::Code::Unavailable);
+        assert!(error.message().starts_with(NOT_SENT), "{}", error.message());
+        assert!(error.message().contains(&addr), "{}", error.message());
+    }
+
+    /// The request's body reaches the server whole, and the response's data comes before the
+    /// trailers that carry the gRPC status.
+    #[tokio::test]
+    async fn a_call_carries_its_body_and_reads_data_then_trailers() {
+        let (listener, addr) = listener().await;
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut connection = h2::server::handshake(stream).await.unwrap();
+            let (request, mut respond) = connection.accept().await.unwrap().unwrap();
+            tokio::spawn(async move { while connection.accept().await.is_some() {} });
+            assert_eq!(request.uri().path(), "/picket.v1.Picket/Test");
+            let mut body = request.into_body();
+            let mut received = Vec::new();
+            while let Some(data) = body.data().await {
+                received.extend_from_slice(&data.unwrap());
+            }
+            let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+            send.send_data(Bytes::from_static(b"answer"), false).unwrap();
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            send.send_trailers(trailers).unwrap();
+            received
+        });
+        let mut connection = Connection::open(&addr, TIMEOUT, 1024).await.unwrap();
+        let response = connection.call(request(b"question")).await.unwrap();
+        let mut body = response.into_body();
+        let data = next_frame(&mut body).await.unwrap().into_data().unwrap();
+        assert_eq!(&data[..], b"answer");
+        let trailers = next_frame(&mut body).await.unwrap().into_trailers().unwrap();
+        assert_eq!(trailers["grpc-status"], "0");
+        assert!(next_frame(&mut body).await.is_none());
+        assert!(body.is_end_stream());
+        assert_eq!(server.await.unwrap(), b"question");
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused_before_sending() {
+        let (listener, addr) = listener().await;
+        let (streams_tx, streams_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut connection = h2::server::handshake(stream).await.unwrap();
+            let mut streams = 0;
+            while let Some(Ok(_)) = connection.accept().await {
+                streams += 1;
+            }
+            let _ = streams_tx.send(streams);
+        });
+        let mut connection = Connection::open(&addr, TIMEOUT, 4).await.unwrap();
+        let error = connection.call(request(b"too long")).await.unwrap_err();
+        assert_eq!(error.code(), tonic::Code::InvalidArgument);
+        drop(connection);
+        assert_eq!(streams_rx.await.unwrap(), 0, "no stream reached the server");
+    }
+
+    /// A connection the server closed is seen as closed, and a call on it fails as not sent,
+    /// so that the caller opens a new one and may retry anything.
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_closed_and_refuses_as_not_sent() {
+        let (listener, addr) = listener().await;
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let connection = h2::server::handshake(stream).await.unwrap();
+            drop(connection);
+        });
+        let mut connection = Connection::open(&addr, TIMEOUT, 1024).await.unwrap();
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        while !connection.is_closed() {
+            assert!(tokio::time::Instant::now() < deadline, "the closed connection was not seen");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let error = connection.call(request(b"late")).await.unwrap_err();
+        assert_eq!(error.code(), tonic::Code::Unavailable);
+        assert!(error.message().starts_with(NOT_SENT), "{}", error.message());
+    }
+}
