@@ -707,6 +707,12 @@ impl StateMachine {
         self.locks.get(name).map(|lock| lock_info(name, lock))
     }
 
+    /// The session holding `name` now, if any (cheaper than [`StateMachine::lock`]).
+    #[must_use]
+    pub fn holder(&self, name: &str) -> Option<SessionId> {
+        self.locks.get(name).and_then(|lock| lock.holder).map(|holder| holder.session)
+    }
+
     /// Locks whose names start with `prefix`, in name order, after the name `after` (for
     /// paging), at most `limit` of them and never more than the listing limit.
     #[must_use]

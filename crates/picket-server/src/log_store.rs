@@ -18,7 +18,7 @@
 //! vote, the committed and purged ids), which bounds recovery to one segment.
 
 use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
-use crate::wal::{Completion, Wal};
+use crate::wal::{Completion, Urgency, Wal};
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,7 @@ use std::io;
 use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::oneshot;
 
 pub use crate::wal::WriterStats;
@@ -98,7 +98,12 @@ struct Inner {
     view: Mutex<View>,
     wal: Mutex<Wal>,
     stats: Arc<WriterStats>,
+    defer_sync: OnceLock<DeferSync>,
 }
+
+/// Says of appended entries whether nothing will be acknowledged on them alone, so their sync
+/// may wait to be shared with the next one (see [`Urgency::Soon`]).
+pub type DeferSync = Box<dyn Fn(&[Entry]) -> bool + Send + Sync>;
 
 /// What the log looks like to openraft, including changes not yet on disk.
 #[derive(Default)]
@@ -193,7 +198,15 @@ impl LogStore {
         check_contiguous(&view)?;
         let stats = Arc::new(WriterStats::default());
         let wal = recovered.start(&view.checkpoint(), stats.clone())?;
-        Ok(Self { inner: Arc::new(Inner { view: Mutex::new(view), wal: Mutex::new(wal), stats }) })
+        let defer_sync = OnceLock::new();
+        let inner = Inner { view: Mutex::new(view), wal: Mutex::new(wal), stats, defer_sync };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Lets appends whose entries `defer` picks share the next sync instead of starting their
+    /// own. Set once, before the log is handed to Raft; later calls are ignored.
+    pub fn defer_sync_when(&self, defer: DeferSync) {
+        let _ = self.inner.defer_sync.set(defer);
     }
 
     /// Counters of the log.
@@ -214,6 +227,7 @@ impl LogStore {
         &self,
         change: impl FnOnce(&mut View) -> Option<Vec<u8>>,
         completion: Option<Completion>,
+        urgency: Urgency,
     ) -> io::Result<()> {
         let mut wal = self.inner.wal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut view = self.view();
@@ -226,7 +240,7 @@ impl LogStore {
         };
         if wal.fits(payload.len()) {
             drop(view);
-            return wal.append(&payload, completion);
+            return wal.append(&payload, completion, urgency);
         }
         let checkpoint = view.checkpoint();
         drop(view);
@@ -242,7 +256,7 @@ impl LogStore {
             // The waiting side may have given up; nothing to tell then.
             let _ = done.send(result);
         });
-        self.record(change, Some(completion))?;
+        self.record(change, Some(completion), Urgency::Now)?;
         durable.await.map_err(|_| io::Error::other("the log's flusher stopped"))?
     }
 }
@@ -313,6 +327,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 committed.map(|committed| encode_json(&RecordOut::Committed(&committed)))
             },
             None,
+            Urgency::Now,
         )
     }
 
@@ -330,12 +345,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let completion: Completion = Box::new(move |result| callback.io_completed(result));
         // Encoded before the locks are taken, so readers of the view do not wait for it.
         let payload = encode_json(&RecordOut::Append(&entries));
+        let defer = self.inner.defer_sync.get().is_some_and(|defer| defer(&entries));
+        let urgency = if defer { Urgency::Soon } else { Urgency::Now };
         self.record(
             |view| {
                 view.append(entries);
                 Some(payload)
             },
             Some(completion),
+            urgency,
         )
     }
 

@@ -14,7 +14,7 @@ use crate::raft_types::{
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use picket_core::{Limits, StateMachine};
+use picket_core::{Command, Input, Limits, StateMachine, Wait};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -88,6 +88,28 @@ impl StateStore {
     /// Reads the applied state. Hold the guard briefly: applying waits for it.
     pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
         self.inner.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `entries` (about to be appended to the log) are all acquires that will only queue
+    /// behind another session's grant, going by the state applied so far. Nothing is
+    /// acknowledged on such an entry: its caller hears back when a later entry grants it, and
+    /// that entry's sync covers this one. A wrong guess (the holder's release is already in the
+    /// log but not applied) only delays the grant's reply by at most the WAL's deferral bound.
+    pub fn only_queue_waiters(&self, entries: &[Entry]) -> bool {
+        if entries.is_empty() {
+            return false;
+        }
+        let state = self.read();
+        entries.iter().all(|entry| match &entry.payload {
+            EntryPayload::Normal(Input {
+                command: Command::Acquire { session, name, wait },
+                ..
+            }) => {
+                !matches!(wait, Wait::Try | Wait::For { wait_ms: 0 })
+                    && state.machine.holder(name).is_some_and(|holder| holder != *session)
+            }
+            _ => false,
+        })
     }
 
     /// Where applied events go.
@@ -237,5 +259,63 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let current =
             self.inner.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         Ok(current.map(|stored| Snapshot { meta: stored.meta, snapshot: stored.data }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::testing::{blank_ent, log_id};
+    use picket_core::SessionId;
+
+    fn acquire(session: u64, name: &str, wait: Wait) -> Entry {
+        let input = Input {
+            now_ms: 1,
+            command: Command::Acquire { session: SessionId(session), name: name.into(), wait },
+        };
+        Entry { log_id: log_id::<TypeConfig>(1, 1, 9), payload: EntryPayload::Normal(input) }
+    }
+
+    /// Sessions 1 and 2; session 1 holds "held", nobody holds "free".
+    fn store() -> (tempfile::TempDir, StateStore) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let store = StateStore::open(dir.path(), Limits::default(), Arc::default()).expect("opens");
+        {
+            let mut state = store.inner.state.write().expect("not poisoned");
+            for command in [
+                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
+                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
+                Command::Acquire { session: SessionId(1), name: "held".into(), wait: Wait::Try },
+            ] {
+                let applied = state.machine.apply(&Input { now_ms: 1, command });
+                assert!(applied.result.is_ok(), "{:?}", applied.result);
+            }
+        }
+        (dir, store)
+    }
+
+    #[test]
+    fn only_acquires_that_queue_behind_another_holder_defer_their_sync() {
+        let (_dir, store) = store();
+        let queues = acquire(2, "held", Wait::Forever);
+        assert!(store.only_queue_waiters(std::slice::from_ref(&queues)));
+        assert!(
+            store.only_queue_waiters(&[
+                queues.clone(),
+                acquire(2, "held", Wait::For { wait_ms: 50 })
+            ])
+        );
+        // Each of these may be answered on its own entry, so its sync must not wait.
+        for urgent in [
+            acquire(1, "held", Wait::Forever),
+            acquire(2, "held", Wait::Try),
+            acquire(2, "held", Wait::For { wait_ms: 0 }),
+            acquire(2, "free", Wait::Forever),
+            blank_ent::<TypeConfig>(1, 1, 9),
+        ] {
+            assert!(!store.only_queue_waiters(std::slice::from_ref(&urgent)), "{urgent:?}");
+            assert!(!store.only_queue_waiters(&[queues.clone(), urgent]), "a mixed batch");
+        }
+        assert!(!store.only_queue_waiters(&[]));
     }
 }

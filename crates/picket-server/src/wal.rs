@@ -36,12 +36,15 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// The size of a segment's preallocated space, unless a checkpoint needs more.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// The largest record accepted, a bound on what recovery reads into memory at once.
 pub const MAX_RECORD_BYTES: usize = 512 * 1024 * 1024;
 const FRAME_HEADER_BYTES: usize = 8;
+/// The longest a record appended with [`Urgency::Soon`] waits for a sync it can share.
+pub const MAX_SYNC_DEFER: Duration = Duration::from_millis(1);
 const SEGMENT_SUFFIX: &str = ".wal";
 
 /// Counters of the log, for benchmarks and tests.
@@ -51,6 +54,18 @@ pub struct WriterStats {
     pub commits: AtomicU64,
     /// Entries appended (counted by the log store).
     pub entries: AtomicU64,
+}
+
+/// When a record that somebody waits on must be synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Urgency {
+    /// As soon as the flusher is free.
+    Now,
+    /// Nothing is acknowledged on this record alone (a later record's sync covers it and is what
+    /// gets acknowledged): sync it with the next urgent record, or after [`MAX_SYNC_DEFER`] at
+    /// the latest. Its completion still fires only after the sync, so deferring never lets an
+    /// acknowledgement precede durability; it only lets two records share one sync.
+    Soon,
 }
 
 /// Called once the record it was submitted with is durable, or with the error that stopped it.
@@ -91,6 +106,10 @@ struct Queue {
     /// A queued batch has a completion, so somebody waits for a sync. Frames without one (the
     /// committed index) ride along with the next sync instead of costing their own.
     urgent: bool,
+    /// When the oldest queued [`Urgency::Soon`] record arrived, if no urgent one is queued.
+    deferred_since: Option<Instant>,
+    /// How long a deferred record may wait; `None` is [`MAX_SYNC_DEFER`] (tests lengthen it).
+    max_defer: Option<Duration>,
     closed: bool,
     failed: Option<String>,
 }
@@ -256,16 +275,23 @@ impl Wal {
         self.offset + (FRAME_HEADER_BYTES + payload_len) as u64 <= self.segment.capacity
     }
 
-    /// Queues `payload`; with a `completion`, a sync is due and the completion fires after it.
+    /// Queues `payload`; with a `completion`, a sync is due (when, `urgency` says) and the
+    /// completion fires after it.
     ///
     /// # Errors
     /// When an earlier write or sync failed; then nothing is written any more.
-    pub fn append(&mut self, payload: &[u8], completion: Option<Completion>) -> io::Result<()> {
+    pub fn append(
+        &mut self,
+        payload: &[u8],
+        completion: Option<Completion>,
+        urgency: Urgency,
+    ) -> io::Result<()> {
         assert!(self.fits(payload.len()), "the caller starts a new segment when one is full");
         let bytes = frame(payload);
         let offset = self.offset;
         self.offset += bytes.len() as u64;
-        self.enqueue(offset, bytes, completion, None)
+        let urgency = if completion.is_some() { Some(urgency) } else { None };
+        self.enqueue(offset, bytes, completion, None, urgency)
     }
 
     /// Starts the next segment with `checkpoint` as its first record; the older segment is
@@ -284,21 +310,29 @@ impl Wal {
         )?;
         self.segment = Arc::new(segment);
         self.offset = bytes.len() as u64;
-        self.enqueue(0, bytes, completion, Some(vec![old]))
+        self.enqueue(0, bytes, completion, Some(vec![old]), Some(Urgency::Now))
     }
 
+    /// Queues a batch; `sync` is when it must be synced (`None`: whenever the next sync is).
     fn enqueue(
         &self,
         offset: u64,
         bytes: Vec<u8>,
         completion: Option<Completion>,
         replaces: Option<Vec<PathBuf>>,
+        sync: Option<Urgency>,
     ) -> io::Result<()> {
         let mut queue = self.shared.queue();
         if let Some(failed) = &queue.failed {
             return Err(io::Error::other(format!("the raft log failed earlier: {failed}")));
         }
-        let urgent = completion.is_some() || replaces.is_some();
+        let urgent = sync == Some(Urgency::Now);
+        // The first deferred record wakes the flusher too, so it starts its bounded wait.
+        let first_deferred =
+            sync == Some(Urgency::Soon) && !queue.urgent && queue.deferred_since.is_none();
+        if first_deferred {
+            queue.deferred_since = Some(Instant::now());
+        }
         let continues = queue.batches.back().is_some_and(|last| {
             Arc::ptr_eq(&last.segment, &self.segment)
                 && last.offset + last.bytes.len() as u64 == offset
@@ -317,7 +351,7 @@ impl Wal {
                 replaces,
             });
         }
-        let wake = urgent && !queue.urgent;
+        let wake = (urgent && !queue.urgent) || first_deferred;
         queue.urgent |= urgent;
         drop(queue);
         // Woken after the lock is released, so the flusher does not wake only to wait for it.
@@ -379,14 +413,12 @@ impl Recovered {
 fn run_flusher(shared: &Shared) {
     loop {
         let batches = {
-            let mut queue = shared.queue();
-            while !queue.urgent && !queue.closed {
-                queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
+            let mut queue = wait_for_work(shared);
             if queue.closed && queue.batches.is_empty() {
                 return;
             }
             queue.urgent = false;
+            queue.deferred_since = None;
             std::mem::take(&mut queue.batches)
         };
         shared.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -405,6 +437,31 @@ fn run_flusher(shared: &Shared) {
             }
             return;
         }
+    }
+}
+
+/// Waits until a sync is due: an urgent record, a deferred one that has waited
+/// [`MAX_SYNC_DEFER`], or the log closing.
+fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
+    let mut queue = shared.queue();
+    loop {
+        if queue.urgent || queue.closed {
+            return queue;
+        }
+        let Some(since) = queue.deferred_since else {
+            queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
+            continue;
+        };
+        let now = Instant::now();
+        let due = since + queue.max_defer.unwrap_or(MAX_SYNC_DEFER);
+        if now >= due {
+            return queue;
+        }
+        queue = shared
+            .wake
+            .wait_timeout(queue, due - now)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
     }
 }
 
@@ -474,8 +531,51 @@ mod tests {
 
     fn append_and_wait(wal: &mut Wal, payload: &[u8]) {
         let (completion, receiver) = done();
-        wal.append(payload, Some(completion)).expect("queued");
+        wal.append(payload, Some(completion), Urgency::Now).expect("queued");
         receiver.recv().expect("completed").expect("durable");
+    }
+
+    fn syncs(wal: &Wal) -> u64 {
+        wal.shared.stats.commits.load(Ordering::Relaxed)
+    }
+
+    /// Without anything else to share a sync with, a deferred record is still synced: the
+    /// bound ends its wait.
+    #[test]
+    fn a_deferred_record_is_synced_when_its_wait_runs_out() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
+        let before = syncs(&wal);
+        let (completion, receiver) = done();
+        wal.append(b"queued waiter", Some(completion), Urgency::Soon).expect("queued");
+        let result = receiver.recv_timeout(Duration::from_secs(10)).expect("synced in time");
+        result.expect("durable");
+        assert_eq!(syncs(&wal), before + 1);
+        drop(wal);
+        let (_, records) = Wal::open(dir.path(), SEGMENT_BYTES).expect("reopens");
+        assert_eq!(records.last().map(Vec::as_slice), Some(&b"queued waiter"[..]));
+    }
+
+    /// A deferred record and the urgent one after it share one sync, and neither completion
+    /// fires before that sync.
+    #[test]
+    fn a_deferred_record_shares_the_next_urgent_sync() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
+        wal.shared.queue().max_defer = Some(Duration::from_secs(600));
+        let before = syncs(&wal);
+        let (deferred, deferred_done) = done();
+        wal.append(b"queued waiter", Some(deferred), Urgency::Soon).expect("queued");
+        assert!(
+            deferred_done.recv_timeout(Duration::from_millis(50)).is_err(),
+            "a deferred record completed before any sync"
+        );
+        assert_eq!(syncs(&wal), before);
+        let (urgent, urgent_done) = done();
+        wal.append(b"release", Some(urgent), Urgency::Now).expect("queued");
+        urgent_done.recv().expect("completed").expect("durable");
+        deferred_done.recv().expect("completed").expect("durable");
+        assert_eq!(syncs(&wal), before + 1, "one sync for both");
     }
 
     #[test]
@@ -483,7 +583,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let (mut wal, records) = open(dir.path(), SEGMENT_BYTES);
         assert!(records.is_empty());
-        wal.append(b"one", None).expect("queued");
+        wal.append(b"one", None, Urgency::Now).expect("queued");
         append_and_wait(&mut wal, b"two");
         drop(wal);
         let (_, records) = Wal::open(dir.path(), SEGMENT_BYTES).expect("reopens");
