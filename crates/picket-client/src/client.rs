@@ -167,9 +167,7 @@ impl Client {
                 entry.clone()
             }
         };
-        let origin = format!("http://{endpoint}").parse().map_err(|error| {
-            Status::invalid_argument(format!("{endpoint:?} is not host:port ({error})"))
-        })?;
+        let origin = connection.origin();
         Ok(PicketClient::with_origin(connection, origin))
     }
 

@@ -31,6 +31,7 @@ const CONNECTION_WINDOW_BYTES: u32 = 5 * 1024 * 1024;
 pub struct Connection {
     send: h2::client::SendRequest<Bytes>,
     max_request_bytes: usize,
+    origin: http::Uri,
 }
 
 impl Connection {
@@ -40,12 +41,15 @@ impl Connection {
     ///
     /// # Errors
     /// `UNAVAILABLE`, with a message that starts with [`NOT_SENT`], when the endpoint cannot be
-    /// reached in time.
+    /// reached in time; `INVALID_ARGUMENT` when it is not `host:port`.
     pub async fn open(
         endpoint: &str,
         connect_timeout: Duration,
         max_request_bytes: usize,
     ) -> Result<Self, Status> {
+        let origin = format!("http://{endpoint}").parse().map_err(|error| {
+            Status::invalid_argument(format!("{endpoint:?} is not host:port ({error})"))
+        })?;
         let connecting = async {
             let stream = tokio::net::TcpStream::connect(endpoint).await?;
             // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs.
@@ -65,7 +69,7 @@ impl Connection {
             Ok::<_, std::io::Error>(send)
         };
         match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(send)) => Ok(Self { send, max_request_bytes }),
+            Ok(Ok(send)) => Ok(Self { send, max_request_bytes, origin }),
             Ok(Err(error)) => {
                 Err(Status::unavailable(format!("{NOT_SENT}cannot connect to {endpoint}: {error}")))
             }
@@ -73,6 +77,12 @@ impl Connection {
                 "{NOT_SENT}cannot connect to {endpoint} within {connect_timeout:?}"
             ))),
         }
+    }
+
+    /// `http://host:port` of the endpoint, for a generated client's `with_origin`.
+    #[must_use]
+    pub fn origin(&self) -> http::Uri {
+        self.origin.clone()
     }
 
     /// Whether the connection can no longer open streams; such a connection is replaced

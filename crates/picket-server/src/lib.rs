@@ -54,7 +54,8 @@ mod storage_suite {
             &self,
         ) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let log = LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES).expect("the log opens");
+            let log =
+                LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES, None).expect("the log opens");
             let store = StateStore::open(
                 dir.path(),
                 picket_core::Limits::default(),

@@ -28,7 +28,7 @@ use std::io;
 use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 pub use crate::wal::WriterStats;
@@ -98,7 +98,7 @@ struct Inner {
     view: Mutex<View>,
     wal: Mutex<Wal>,
     stats: Arc<WriterStats>,
-    defer_sync: OnceLock<DeferSync>,
+    defer_sync: Option<DeferSync>,
 }
 
 /// Says of appended entries whether nothing will be acknowledged on them alone, so their sync
@@ -168,12 +168,17 @@ impl View {
 
 impl LogStore {
     /// Opens the log in the data directory `data_dir` (creating it) and loads it into memory;
-    /// new WAL segments get `segment_bytes` of space.
+    /// new WAL segments get `segment_bytes` of space. Appends whose entries `defer_sync` picks
+    /// share the next sync instead of starting their own.
     ///
     /// # Errors
     /// When the directory cannot be used, holds damaged records, or holds a log in the format of
     /// an earlier Picket.
-    pub fn open(data_dir: &Path, segment_bytes: u64) -> io::Result<Self> {
+    pub fn open(
+        data_dir: &Path,
+        segment_bytes: u64,
+        defer_sync: Option<DeferSync>,
+    ) -> io::Result<Self> {
         if let Some(old) = OLD_LOG_PATHS.iter().find(|old| data_dir.join(old).exists()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -198,15 +203,8 @@ impl LogStore {
         check_contiguous(&view)?;
         let stats = Arc::new(WriterStats::default());
         let wal = recovered.start(&view.checkpoint(), stats.clone())?;
-        let defer_sync = OnceLock::new();
         let inner = Inner { view: Mutex::new(view), wal: Mutex::new(wal), stats, defer_sync };
         Ok(Self { inner: Arc::new(inner) })
-    }
-
-    /// Lets appends whose entries `defer` picks share the next sync instead of starting their
-    /// own. Set once, before the log is handed to Raft; later calls are ignored.
-    pub fn defer_sync_when(&self, defer: DeferSync) {
-        let _ = self.inner.defer_sync.set(defer);
     }
 
     /// Counters of the log.
@@ -345,7 +343,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let completion: Completion = Box::new(move |result| callback.io_completed(result));
         // Encoded before the locks are taken, so readers of the view do not wait for it.
         let payload = encode_json(&RecordOut::Append(&entries));
-        let defer = self.inner.defer_sync.get().is_some_and(|defer| defer(&entries));
+        let defer = self.inner.defer_sync.as_ref().is_some_and(|defer| defer(&entries));
         let urgency = if defer { Urgency::Soon } else { Urgency::Now };
         self.record(
             |view| {
@@ -482,7 +480,7 @@ mod tests {
             runtime.block_on(async {
                 let dir = tempfile::tempdir().expect("a temporary directory");
                 // Small segments, so that sequences rotate through many of them.
-                let mut store = LogStore::open(dir.path(), 2048).expect("opens");
+                let mut store = LogStore::open(dir.path(), 2048, None).expect("opens");
                 let (mut model, mut term) = (Model::default(), 1);
                 for op in ops {
                     apply(&mut store, &mut model, &mut term, op).await;
@@ -492,7 +490,7 @@ mod tests {
                 term += 1;
                 apply(&mut store, &mut model, &mut term, Op::Vote { term_step: 0 }).await;
                 drop(store);
-                let mut reopened = LogStore::open(dir.path(), 2048).expect("reopens");
+                let mut reopened = LogStore::open(dir.path(), 2048, None).expect("reopens");
                 prop_assert_eq!(&read_back(&mut reopened).await, &model);
                 let segments = std::fs::read_dir(dir.path().join(LOG_DIR)).expect("lists").count();
                 prop_assert_eq!(segments, 1, "older segments are deleted");
@@ -505,7 +503,8 @@ mod tests {
     fn a_data_directory_of_an_earlier_format_is_refused() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         std::fs::create_dir(dir.path().join("raft-log")).expect("creates");
-        let error = LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES).expect_err("refused");
+        let error =
+            LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES, None).expect_err("refused");
         assert!(error.to_string().contains("earlier Picket"), "{error}");
     }
 }

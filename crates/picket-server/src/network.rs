@@ -62,9 +62,6 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
 
 impl PeerClient {
     async fn client(&mut self) -> Result<RaftClient<Connection>, Unreachable<TypeConfig>> {
-        let origin = format!("http://{}", self.addr)
-            .parse()
-            .map_err(|error| unreachable(format!("bad peer address {:?}: {error}", self.addr)))?;
         let connection = match self.connection.take().filter(|open| !open.is_closed()) {
             Some(open) => open,
             None => Connection::open(&self.addr, CONNECT_TIMEOUT, MAX_RAFT_MESSAGE_BYTES)
@@ -75,6 +72,7 @@ impl PeerClient {
                 })?,
         };
         self.connection = Some(connection.clone());
+        let origin = connection.origin();
         Ok(RaftClient::with_origin(connection, origin)
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES))

@@ -256,11 +256,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
-    let log = LogStore::open(&config.data_dir, segment_bytes).map_err(data_error)?;
-    let log_stats = log.stats();
     let store = StateStore::open(&config.data_dir, Limits::default(), hub).map_err(data_error)?;
     let applied = store.clone();
-    log.defer_sync_when(Box::new(move |entries| applied.only_queue_waiters(entries)));
+    let defer_sync = Box::new(move |entries: &[_]| applied.only_queue_waiters(entries));
+    let log =
+        LogStore::open(&config.data_dir, segment_bytes, Some(defer_sync)).map_err(data_error)?;
+    let log_stats = log.stats();
     let raft = Raft::new(config.node_id, raft_config(&config.tuning)?, Network, log, store.clone())
         .await
         .map_err(|error| StartError::Raft(error.to_string()))?;
