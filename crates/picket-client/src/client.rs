@@ -440,8 +440,12 @@ impl Client {
     ) -> Result<v1::AcquireResponse, ClientError> {
         let timeout = wait_ms
             .map(|wait_ms| self.inner.config.request_timeout + Duration::from_millis(wait_ms));
+        // Every attempt carries the same request id, so a retry joins the wait or gets the
+        // grant of the attempt it repeats instead of being a second request.
+        let request_id = Some(fresh_request_id());
         self.call(Retry::Safe, timeout, |mut client| {
-            let request = v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms };
+            let request =
+                v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms, request_id };
             async move { client.acquire(request).await }
         })
         .await
@@ -592,4 +596,13 @@ async fn run_keepalive_batcher(client: Client, mut jobs: mpsc::Receiver<KeepAliv
             }
         }
     }
+}
+
+/// A random request id: unique among a session's requests in practice.
+pub(crate) fn fresh_request_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    hasher.finish()
 }

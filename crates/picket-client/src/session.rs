@@ -175,13 +175,15 @@ impl Session {
         // A waiting acquire is not cut off by the request timeout: the server ends the wait.
         let request_timeout = self.shared.client.config().request_timeout;
         let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
-        // Acquire is idempotent for one session (a repeat returns the same grant or the same
-        // place in the queue), so it is safe to retry after a broken connection.
+        // Every attempt carries the same request id, so a retry after a broken connection
+        // joins the first attempt's wait or gets its grant: it is safe to retry.
+        let request_id = Some(crate::client::fresh_request_id());
         let granted = self
             .shared
             .client
             .call(Retry::Safe, timeout, |mut grpc| {
-                let request = v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms };
+                let request =
+                    v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms, request_id };
                 async move { grpc.acquire(request).await }
             })
             .await?;

@@ -1,7 +1,7 @@
 //! Micro-benchmarks of the state machine's hot paths: `cargo bench -p picket-core`.
 //! Figures are recorded in BENCHMARKS.md; nothing here asserts a timing.
 
-use picket_core::{Command, Input, Limits, Response, SessionId, StateMachine, Wait};
+use picket_core::{Command, Input, Limits, RequestId, Response, SessionId, StateMachine, Wait};
 use picket_testkit::bench::measure;
 use std::hint::black_box;
 
@@ -33,6 +33,7 @@ fn main() {
                 session: *session,
                 name: format!("held/{index}"),
                 wait: Wait::Try,
+                request: RequestId(0),
             },
         });
     }
@@ -42,7 +43,12 @@ fn main() {
         now_ms += 1;
         let acquired = machine.apply(&Input {
             now_ms,
-            command: Command::Acquire { session, name: "bench/lock".into(), wait: Wait::Try },
+            command: Command::Acquire {
+                session,
+                name: "bench/lock".into(),
+                wait: Wait::Try,
+                request: RequestId(0),
+            },
         });
         let Ok(Response::Granted { token, .. }) = acquired.result else { unreachable!() };
         let released = machine.apply(&Input {
@@ -61,6 +67,7 @@ fn main() {
                 session: *session,
                 name: "contended".into(),
                 wait: Wait::Forever,
+                request: RequestId(0),
             },
         });
     }
@@ -83,6 +90,7 @@ fn main() {
                     session: holder.session,
                     name: "contended".into(),
                     wait: Wait::Forever,
+                    request: RequestId(0),
                 },
             });
             black_box(requeued);

@@ -1,6 +1,6 @@
 //! What can be applied to the state machine.
 
-use crate::types::{SessionId, Wait};
+use crate::types::{RequestId, SessionId, Wait};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -53,6 +53,23 @@ pub enum Command {
         name: String,
         /// Whether, and how long, to wait in the queue.
         wait: Wait,
+        /// The request, unique within the session. A session waits for a lock under one
+        /// request at a time; the same request asked again keeps its place. Entries written
+        /// before request ids existed read as request 0.
+        #[serde(default)]
+        request: RequestId,
+    },
+    /// Undoes what one acquire request did, because its caller went away without hearing the
+    /// answer: cancels the request's wait, or releases the grant the request produced. Never
+    /// touches a wait or grant of another request, so it is safe to send when unsure what the
+    /// request did.
+    Abandon {
+        /// The session that asked.
+        session: SessionId,
+        /// The lock.
+        name: String,
+        /// The abandoned request.
+        request: RequestId,
     },
     /// Leaves a lock's queue.
     Cancel {
@@ -97,8 +114,11 @@ impl fmt::Display for Command {
             Self::KeepAlive { session } => write!(f, "keep_alive({session})"),
             Self::CloseSession { session } => write!(f, "close_session({session})"),
             Self::RevokeSession { session } => write!(f, "revoke_session({session})"),
-            Self::Acquire { session, name, wait } => {
-                write!(f, "acquire({session}, {name:?}, {wait:?})")
+            Self::Acquire { session, name, wait, request } => {
+                write!(f, "acquire({session}, {name:?}, {wait:?}, request={request})")
+            }
+            Self::Abandon { session, name, request } => {
+                write!(f, "abandon({session}, {name:?}, request={request})")
             }
             Self::Cancel { session, name } => write!(f, "cancel({session}, {name:?})"),
             Self::Release { session, name, token } => {

@@ -4,7 +4,7 @@
 //! what was wrong and, in its message, what the caller can do about it. [`CommandError::code`]
 //! gives a stable machine-readable code that the APIs put on the wire.
 
-use crate::types::SessionId;
+use crate::types::{RequestId, SessionId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -158,6 +158,30 @@ pub enum CommandError {
         /// The session.
         session: SessionId,
     },
+    /// The session already waits for the lock under another request.
+    #[error(
+        "session {session} already waits for lock {name:?} under request {waiting_request}: wait for that request's answer, cancel it, or retry it with its own request id"
+    )]
+    AlreadyWaiting {
+        /// The lock.
+        name: String,
+        /// The session.
+        session: SessionId,
+        /// The request the session waits under.
+        waiting_request: RequestId,
+    },
+    /// An abandon found nothing of its request: no wait and no grant.
+    #[error(
+        "session {session} neither waits for nor holds lock {name:?} under request {request}: nothing to undo"
+    )]
+    NothingToAbandon {
+        /// The lock.
+        name: String,
+        /// The session.
+        session: SessionId,
+        /// The request.
+        request: RequestId,
+    },
     /// A tick tried to renew more sessions than allowed.
     #[error("a tick tried to renew {count} sessions, over the limit of {max}: split the renewals")]
     TooManyRenewals {
@@ -193,6 +217,8 @@ impl CommandError {
             Self::NotHeld { .. } => "not_held",
             Self::TokenMismatch { .. } => "token_mismatch",
             Self::NotWaiting { .. } => "not_waiting",
+            Self::AlreadyWaiting { .. } => "already_waiting",
+            Self::NothingToAbandon { .. } => "nothing_to_abandon",
             Self::TooManyRenewals { .. } => "too_many_renewals",
         }
     }

@@ -8,7 +8,7 @@
 //! byte for byte ([`StateMachine::snapshot`]).
 //!
 //! ```
-//! use picket_core::{Command, Input, Limits, Response, StateMachine, Wait};
+//! use picket_core::{Command, Input, Limits, RequestId, Response, StateMachine, Wait};
 //!
 //! let mut machine = StateMachine::new(Limits::default());
 //! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0 } };
@@ -16,7 +16,12 @@
 //! let Ok(Response::SessionOpened { session: b, .. }) = machine.apply(&open(0)).result else { panic!() };
 //!
 //! // A takes the lock; B queues behind it.
-//! let acquire = |session| Command::Acquire { session, name: "report".into(), wait: Wait::Forever };
+//! let acquire = |session| Command::Acquire {
+//!     session,
+//!     name: "report".into(),
+//!     wait: Wait::Forever,
+//!     request: RequestId(1),
+//! };
 //! let first = machine.apply(&Input { now_ms: 10, command: acquire(a) });
 //! let Ok(Response::Granted { token: token_a, .. }) = first.result else { panic!() };
 //! machine.apply(&Input { now_ms: 20, command: acquire(b) });
@@ -47,4 +52,4 @@ pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
 pub use query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo};
 pub use sequencer::{MAX_SEQUENCER_BYTES, Sequencer, SequencerError};
-pub use types::{CancelCause, ReleaseCause, SessionEnd, SessionId, Wait};
+pub use types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};

@@ -33,7 +33,7 @@ use crate::outcome::{Applied, Event, Response};
 use crate::query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo};
 use crate::record::{Delay, Holder, LockRecord, SessionRecord, Waiter};
 use crate::sequencer::Sequencer;
-use crate::types::{CancelCause, ReleaseCause, SessionEnd, SessionId, Wait};
+use crate::types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
@@ -178,7 +178,12 @@ impl StateMachine {
             Command::KeepAlive { session } => self.keep_alive(*session, step),
             Command::CloseSession { session } => self.end_one(*session, SessionEnd::Closed, step),
             Command::RevokeSession { session } => self.end_one(*session, SessionEnd::Revoked, step),
-            Command::Acquire { session, name, wait } => self.acquire(*session, name, *wait, step),
+            Command::Acquire { session, name, wait, request } => {
+                self.acquire(*session, name, *wait, *request, step)
+            }
+            Command::Abandon { session, name, request } => {
+                self.abandon(*session, name, *request, step)
+            }
             Command::Cancel { session, name } => self.cancel(*session, name, step),
             Command::Release { session, name, token } => self.release(*session, name, *token, step),
             Command::Tick { renew } => self.tick(renew, step),
@@ -310,6 +315,7 @@ impl StateMachine {
         session: SessionId,
         name: &str,
         wait: Wait,
+        request: RequestId,
         step: &mut Step,
     ) -> Result<Response, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
@@ -333,19 +339,27 @@ impl StateMachine {
             if free {
                 self.check_session_room(session)?;
                 self.accept(step);
-                let token = self.grant(name, session, step);
+                let token = self.grant(name, session, request, step);
                 return Ok(Response::Granted { name: name.to_owned(), token, already_held: false });
             }
             return Err(self.busy_error(name));
         }
         if waiting {
+            let waiting_request = self.waiter(name, session).request;
+            if waiting_request != request {
+                return Err(CommandError::AlreadyWaiting {
+                    name: name.to_owned(),
+                    session,
+                    waiting_request,
+                });
+            }
             self.accept(step);
             return Ok(self.rewait(name, session, wait_ms, step.now_ms));
         }
         self.check_session_room(session)?;
         if free {
             self.accept(step);
-            let token = self.grant(name, session, step);
+            let token = self.grant(name, session, request, step);
             return Ok(Response::Granted { name: name.to_owned(), token, already_held: false });
         }
         let queue_len = lock_record.map_or(0, |lock| lock.waiters.len());
@@ -356,8 +370,44 @@ impl StateMachine {
             });
         }
         self.accept(step);
-        let position = self.enqueue(name, session, wait_ms, step);
+        let position = self.enqueue(name, session, wait_ms, request, step);
         Ok(Response::Queued { name: name.to_owned(), position })
+    }
+
+    /// The queue entry of a session that waits for `name`.
+    fn waiter(&self, name: &str, session: SessionId) -> &Waiter {
+        let lock = self.locks.get(name).expect("a waiter's lock has a record");
+        let position = lock.position_of(session).expect("the session is queued");
+        &lock.waiters[position]
+    }
+
+    /// Undoes what `request` did to `name`: its wait, or the grant it produced.
+    fn abandon(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        request: RequestId,
+        step: &mut Step,
+    ) -> Result<Response, CommandError> {
+        validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
+        let record = self.session_record(session)?;
+        if record.waiting.contains(name) && self.waiter(name, session).request == request {
+            self.accept(step);
+            self.leave_queue(name, session, CancelCause::Abandoned, step);
+            return Ok(Response::Abandoned { name: name.to_owned(), released_token: None });
+        }
+        let holder = self.locks.get(name).and_then(|lock| lock.holder);
+        let Some(holder) =
+            holder.filter(|holder| holder.session == session && holder.request == request)
+        else {
+            return Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request });
+        };
+        self.accept(step);
+        let record = self.sessions.get_mut(&session).expect("checked above");
+        assert!(record.held.remove(name));
+        self.end_grant(name, session, ReleaseCause::Abandoned, 0, step);
+        self.promote(name, step);
+        Ok(Response::Abandoned { name: name.to_owned(), released_token: Some(holder.token) })
     }
 
     /// Returns the bounded wait in milliseconds, `None` for waiting without a deadline or not at
@@ -425,11 +475,12 @@ impl StateMachine {
         name: &str,
         session: SessionId,
         wait_ms: Option<u64>,
+        request: RequestId,
         step: &mut Step,
     ) -> usize {
         let deadline_ms = wait_ms.map(|wait_ms| step.now_ms.saturating_add(wait_ms));
         let lock = self.locks.get_mut(name).expect("a busy lock has a record");
-        lock.waiters.push_back(Waiter { session, wait_ms, deadline_ms });
+        lock.waiters.push_back(Waiter { session, wait_ms, deadline_ms, request });
         let position = lock.waiters.len() - 1;
         assert!(position < self.limits.max_waiters_per_lock);
         let record = self.sessions.get_mut(&session).expect("a waiter's session is live");
@@ -453,16 +504,18 @@ impl StateMachine {
             return Err(CommandError::NotWaiting { name: name.to_owned(), session });
         }
         self.accept(step);
-        self.remove_waiter(name, session);
-        let record = self.sessions.get_mut(&session).expect("checked above");
-        assert!(record.waiting.remove(name));
-        step.events.push(Event::Cancelled {
-            name: name.to_owned(),
-            session,
-            cause: CancelCause::Requested,
-        });
-        self.promote(name, step);
+        self.leave_queue(name, session, CancelCause::Requested, step);
         Ok(Response::Cancelled { name: name.to_owned() })
+    }
+
+    /// Takes a live session out of a lock's queue for `cause`, and grants the lock on if that
+    /// unblocks it.
+    fn leave_queue(&mut self, name: &str, session: SessionId, cause: CancelCause, step: &mut Step) {
+        self.remove_waiter(name, session);
+        let record = self.sessions.get_mut(&session).expect("a waiter's session is live");
+        assert!(record.waiting.remove(name));
+        step.events.push(Event::Cancelled { name: name.to_owned(), session, cause });
+        self.promote(name, step);
     }
 
     /// Takes a session out of a lock's queue and the wait-deadline index. The caller updates the
@@ -650,7 +703,7 @@ impl StateMachine {
                 let record =
                     self.sessions.get_mut(&waiter.session).expect("a waiter's session is live");
                 assert!(record.waiting.remove(name));
-                self.grant(name, waiter.session, step);
+                self.grant(name, waiter.session, waiter.request, step);
             }
             None => {
                 assert!(lock.is_idle());
@@ -659,8 +712,14 @@ impl StateMachine {
         }
     }
 
-    /// Makes `session` the holder of the free lock `name` and returns the token.
-    fn grant(&mut self, name: &str, session: SessionId, step: &mut Step) -> u64 {
+    /// Makes `session` the holder of the free lock `name` for `request` and returns the token.
+    fn grant(
+        &mut self,
+        name: &str,
+        session: SessionId,
+        request: RequestId,
+        step: &mut Step,
+    ) -> u64 {
         let token = self.revision;
         assert!(
             step.granted.insert(name.to_owned()),
@@ -669,7 +728,7 @@ impl StateMachine {
         let lock = self.locks.entry(name.to_owned()).or_default();
         assert!(lock.is_free(), "only a free lock is granted");
         assert!(lock.position_of(session).is_none(), "the grantee has left the queue");
-        lock.holder = Some(Holder { session, token });
+        lock.holder = Some(Holder { session, token, request });
         let record = self.sessions.get_mut(&session).expect("the grantee's session is live");
         assert!(record.held.insert(name.to_owned()));
         assert!(record.lock_count() <= self.limits.max_locks_per_session);

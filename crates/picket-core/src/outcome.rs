@@ -69,6 +69,13 @@ pub enum Response {
         /// The lock.
         name: String,
     },
+    /// An abandoned request was undone.
+    Abandoned {
+        /// The lock.
+        name: String,
+        /// The token of the grant released, or `None` when a wait was cancelled.
+        released_token: Option<u64>,
+    },
     /// A tick was applied.
     Ticked,
     /// Every session, wait and lock-delay got its full duration again.

@@ -1,6 +1,6 @@
 //! The records the state machine keeps per session and per lock.
 
-use crate::types::SessionId;
+use crate::types::{RequestId, SessionId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, VecDeque};
 
@@ -27,6 +27,9 @@ impl SessionRecord {
 pub(crate) struct Holder {
     pub(crate) session: SessionId,
     pub(crate) token: u64,
+    /// The acquire request that produced this grant; only abandoning that request releases it.
+    #[serde(default)]
+    pub(crate) request: RequestId,
 }
 
 /// A session queued for a lock.
@@ -37,6 +40,9 @@ pub(crate) struct Waiter {
     pub(crate) wait_ms: Option<u64>,
     /// When the wait times out, for bounded waits.
     pub(crate) deadline_ms: Option<u64>,
+    /// The acquire request waiting; the grant it gets carries the same request.
+    #[serde(default)]
+    pub(crate) request: RequestId,
 }
 
 /// A lock-delay in force after a holder's session expired or was revoked.

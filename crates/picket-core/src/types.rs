@@ -15,6 +15,22 @@ impl fmt::Display for SessionId {
     }
 }
 
+/// Identifies one acquire request within its session, chosen by the client (or by the server
+/// for a client that sends none). A retried request carries the same id, so the state machine
+/// can tell a retry from a second request, and an abandoned request can be undone without
+/// touching a grant that another request of the same session produced.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// How long an acquire may wait for a lock that is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -42,6 +58,9 @@ pub enum ReleaseCause {
     SessionExpired,
     /// An operator revoked the holder's session.
     SessionRevoked,
+    /// The request that produced the grant was abandoned: its caller went away before it heard
+    /// the answer, so nobody would have known it held the lock.
+    Abandoned,
 }
 
 /// Why a waiter left a queue without being granted.
@@ -58,6 +77,8 @@ pub enum CancelCause {
     SessionExpired,
     /// An operator revoked the waiter's session.
     SessionRevoked,
+    /// The waiting request was abandoned: its caller went away.
+    Abandoned,
 }
 
 /// How a session ended. Expiry and revocation apply the session's lock-delay; a close by the

@@ -10,8 +10,8 @@
 //! honoured, and refused commands changing nothing.
 
 use picket_core::{
-    Applied, Command, Event, HolderInfo, Input, Limits, LockInfo, Response, SessionId, SessionInfo,
-    StateMachine, Wait, validate_name,
+    Applied, Command, Event, HolderInfo, Input, Limits, LockInfo, RequestId, Response, SessionId,
+    SessionInfo, StateMachine, Wait, validate_name,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -26,7 +26,8 @@ enum Op {
     KeepAlive { who: usize },
     Close { who: usize },
     Revoke { who: usize },
-    Acquire { who: usize, name: usize, wait: Wait },
+    Acquire { who: usize, name: usize, wait: Wait, request: u64 },
+    Abandon { who: usize, name: usize, request: u64 },
     Cancel { who: usize, name: usize },
     Release { who: usize, name: usize, right_token: bool },
     Tick { renew: Vec<usize> },
@@ -59,8 +60,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => who.clone().prop_map(|who| Op::KeepAlive { who }),
         1 => who.clone().prop_map(|who| Op::Close { who }),
         1 => who.clone().prop_map(|who| Op::Revoke { who }),
-        8 => (who.clone(), name.clone(), wait_strategy())
-            .prop_map(|(who, name, wait)| Op::Acquire { who, name, wait }),
+        8 => (who.clone(), name.clone(), wait_strategy(), 0u64..3)
+            .prop_map(|(who, name, wait, request)| Op::Acquire { who, name, wait, request }),
+        2 => (who.clone(), name.clone(), 0u64..3)
+            .prop_map(|(who, name, request)| Op::Abandon { who, name, request }),
         1 => (who.clone(), name.clone()).prop_map(|(who, name)| Op::Cancel { who, name }),
         5 => (who.clone(), name, proptest::bool::weighted(0.85))
             .prop_map(|(who, name, right_token)| Op::Release { who, name, right_token }),
@@ -94,6 +97,7 @@ struct ModelSession {
 #[derive(Clone, Debug)]
 struct ModelWaiter {
     session: SessionId,
+    request: RequestId,
     wait_ms: Option<u64>,
     deadline_ms: Option<u64>,
 }
@@ -101,6 +105,8 @@ struct ModelWaiter {
 #[derive(Clone, Debug, Default)]
 struct ModelLock {
     holder: Option<HolderInfo>,
+    /// The request that produced the holder's grant.
+    holder_request: RequestId,
     queue: Vec<ModelWaiter>,
     /// (until, length)
     delay: Option<(u64, u64)>,
@@ -185,7 +191,12 @@ impl Model {
                 self.promote_everything();
                 Ok(Response::SessionEnded { session: *session })
             }
-            Command::Acquire { session, name, wait } => self.acquire(*session, name, *wait, now_ms),
+            Command::Acquire { session, name, wait, request } => {
+                self.acquire(*session, name, *wait, *request, now_ms)
+            }
+            Command::Abandon { session, name, request } => {
+                self.abandon(*session, name, *request, now_ms)
+            }
             Command::Cancel { session, name } => {
                 if validate_name(name, &self.limits).is_err() {
                     return Err("invalid_name");
@@ -261,7 +272,45 @@ impl Model {
         }
     }
 
-    fn acquire(&mut self, session: SessionId, name: &str, wait: Wait, now_ms: u64) -> Expected {
+    fn abandon(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        request: RequestId,
+        now_ms: u64,
+    ) -> Expected {
+        if validate_name(name, &self.limits).is_err() {
+            return Err("invalid_name");
+        }
+        if self.session(session).is_none() {
+            return Err("unknown_session");
+        }
+        let lock = self.locks.get(name).cloned().unwrap_or_default();
+        if lock.queue.iter().any(|w| w.session == session && w.request == request) {
+            self.accept(now_ms);
+            self.locks.get_mut(name).unwrap().queue.retain(|w| w.session != session);
+            self.promote_everything();
+            return Ok(Response::Abandoned { name: name.into(), released_token: None });
+        }
+        match lock.holder {
+            Some(h) if h.session == session && lock.holder_request == request => {
+                self.accept(now_ms);
+                self.locks.get_mut(name).unwrap().holder = None;
+                self.promote_everything();
+                Ok(Response::Abandoned { name: name.into(), released_token: Some(h.token) })
+            }
+            _ => Err("nothing_to_abandon"),
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        wait: Wait,
+        request: RequestId,
+        now_ms: u64,
+    ) -> Expected {
         if validate_name(name, &self.limits).is_err() {
             return Err("invalid_name");
         }
@@ -297,6 +346,9 @@ impl Model {
                 return Err("too_many_locks_for_session");
             }
         } else if let Some(position) = waiting {
+            if lock.queue[position].request != request {
+                return Err("already_waiting");
+            }
             self.accept(now_ms);
             let waiter = &mut self.locks.get_mut(name).unwrap().queue[position];
             waiter.wait_ms = wait_ms;
@@ -312,10 +364,12 @@ impl Model {
         let entry = self.locks.entry(name.to_owned()).or_default();
         if free {
             entry.holder = Some(HolderInfo { session, token });
+            entry.holder_request = request;
             Ok(Response::Granted { name: name.into(), token, already_held: false })
         } else {
             entry.queue.push(ModelWaiter {
                 session,
+                request,
                 wait_ms,
                 deadline_ms: wait_ms.map(|w| now_ms + w),
             });
@@ -347,6 +401,7 @@ impl Model {
             if lock.holder.is_none() && lock.delay.is_none() && !lock.queue.is_empty() {
                 let head = lock.queue.remove(0);
                 lock.holder = Some(HolderInfo { session: head.session, token });
+                lock.holder_request = head.request;
             }
         }
         self.locks.retain(|_, lock| {
@@ -400,8 +455,14 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
         Op::KeepAlive { who: w } => Command::KeepAlive { session: who(*w) },
         Op::Close { who: w } => Command::CloseSession { session: who(*w) },
         Op::Revoke { who: w } => Command::RevokeSession { session: who(*w) },
-        Op::Acquire { who: w, name: n, wait } => {
-            Command::Acquire { session: who(*w), name: name(*n), wait: *wait }
+        Op::Acquire { who: w, name: n, wait, request } => Command::Acquire {
+            session: who(*w),
+            name: name(*n),
+            wait: *wait,
+            request: RequestId(*request),
+        },
+        Op::Abandon { who: w, name: n, request } => {
+            Command::Abandon { session: who(*w), name: name(*n), request: RequestId(*request) }
         }
         Op::Cancel { who: w, name: n } => Command::Cancel { session: who(*w), name: name(*n) },
         Op::Release { who: w, name: n, right_token } => {

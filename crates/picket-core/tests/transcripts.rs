@@ -2,8 +2,8 @@
 //! with the expected transcript, line by line, so a reader sees the whole behaviour at once.
 
 use picket_core::{
-    Applied, CheckOutcome, Command, CommandError, Event, Input, Limits, NameError, Response,
-    Sequencer, SessionId, StateMachine, Wait,
+    Applied, CheckOutcome, Command, CommandError, Event, Input, Limits, NameError, RequestId,
+    Response, Sequencer, SessionId, StateMachine, Wait,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -74,9 +74,28 @@ impl Story {
         session
     }
 
+    /// An acquire under request 0: asked again, it is the same request.
     fn acquire(&mut self, now_ms: u64, who: &str, name: &str, wait: Wait) -> Applied {
+        self.acquire_as(now_ms, who, name, wait, 0)
+    }
+
+    fn acquire_as(
+        &mut self,
+        now_ms: u64,
+        who: &str,
+        name: &str,
+        wait: Wait,
+        request: u64,
+    ) -> Applied {
         let session = self.id(who);
-        self.run(now_ms, Command::Acquire { session, name: name.to_owned(), wait })
+        let request = RequestId(request);
+        self.run(now_ms, Command::Acquire { session, name: name.to_owned(), wait, request })
+    }
+
+    fn abandon(&mut self, now_ms: u64, who: &str, name: &str, request: u64) -> Applied {
+        let session = self.id(who);
+        let request = RequestId(request);
+        self.run(now_ms, Command::Abandon { session, name: name.to_owned(), request })
     }
 
     fn release(&mut self, now_ms: u64, who: &str, name: &str, token: u64) -> Applied {
@@ -97,8 +116,14 @@ impl Story {
             Command::KeepAlive { session } => format!("keepalive {}", self.who(*session)),
             Command::CloseSession { session } => format!("close {}", self.who(*session)),
             Command::RevokeSession { session } => format!("revoke {}", self.who(*session)),
-            Command::Acquire { session, name, wait } => {
+            Command::Acquire { session, name, wait, request: RequestId(0) } => {
                 format!("acquire {} {name:?} {wait:?}", self.who(*session))
+            }
+            Command::Acquire { session, name, wait, request } => {
+                format!("acquire {} {name:?} {wait:?} request={request}", self.who(*session))
+            }
+            Command::Abandon { session, name, request } => {
+                format!("abandon {} {name:?} request={request}", self.who(*session))
             }
             Command::Cancel { session, name } => format!("cancel {} {name:?}", self.who(*session)),
             Command::Release { session, name, token } => {
@@ -127,6 +152,12 @@ impl Story {
             Response::SessionEnded { .. } => "ended".to_owned(),
             Response::Released { .. } => "released".to_owned(),
             Response::Cancelled { .. } => "cancelled".to_owned(),
+            Response::Abandoned { released_token: Some(token), .. } => {
+                format!("abandoned, released token={token}")
+            }
+            Response::Abandoned { released_token: None, .. } => {
+                "abandoned, wait cancelled".to_owned()
+            }
             Response::Ticked => "ok".to_owned(),
             Response::Refreshed => "refreshed".to_owned(),
             other => format!("{other:?}"),
@@ -405,15 +436,30 @@ fn bad_input_is_refused_with_a_typed_error() {
             CommandError::LockDelayOutOfRange { lock_delay_ms: 60_001, max_lock_delay_ms: 60_000 },
         ),
         (
-            Command::Acquire { session: story.id("A"), name: String::new(), wait: Wait::Try },
+            Command::Acquire {
+                session: story.id("A"),
+                name: String::new(),
+                wait: Wait::Try,
+                request: RequestId(0),
+            },
             CommandError::InvalidName(NameError::Empty),
         ),
         (
-            Command::Acquire { session: story.id("A"), name: over_long, wait: Wait::Try },
+            Command::Acquire {
+                session: story.id("A"),
+                name: over_long,
+                wait: Wait::Try,
+                request: RequestId(0),
+            },
             CommandError::InvalidName(NameError::TooLong { len_bytes: 257, max_bytes: 256 }),
         ),
         (
-            Command::Acquire { session: story.id("A"), name: "a\u{7}b".into(), wait: Wait::Try },
+            Command::Acquire {
+                session: story.id("A"),
+                name: "a\u{7}b".into(),
+                wait: Wait::Try,
+                request: RequestId(0),
+            },
             CommandError::InvalidName(NameError::ControlCharacter { index_bytes: 1 }),
         ),
         (
@@ -421,11 +467,17 @@ fn bad_input_is_refused_with_a_typed_error() {
                 session: story.id("A"),
                 name: "x".into(),
                 wait: Wait::For { wait_ms: limits.max_wait_ms + 1 },
+                request: RequestId(0),
             },
             CommandError::WaitOutOfRange { wait_ms: 3_600_001, max_wait_ms: 3_600_000 },
         ),
         (
-            Command::Acquire { session: SessionId(77), name: "x".into(), wait: Wait::Try },
+            Command::Acquire {
+                session: SessionId(77),
+                name: "x".into(),
+                wait: Wait::Try,
+                request: RequestId(0),
+            },
             CommandError::UnknownSession { session: SessionId(77) },
         ),
         (
@@ -542,4 +594,96 @@ fn snapshot_restores_and_damaged_snapshots_are_refused() {
         StateMachine::restore(broken.as_bytes()),
         Err(picket_core::RestoreError::Inconsistent(_))
     ));
+}
+
+/// A session waits for a lock under one request at a time: the same request asked again keeps
+/// its place, another request is refused rather than silently taking the wait over (issue 14,
+/// point 1: two overlapping waits of one session left a ghost waiter).
+#[test]
+fn a_session_waits_under_one_request_at_a_time() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire_as(2, "B", "x", Wait::Forever, 7);
+    let refused = story.acquire_as(3, "B", "x", Wait::Forever, 8);
+    story.acquire_as(4, "B", "x", Wait::For { wait_ms: 500 }, 7);
+    story.assert_transcript(
+        "
+        t=0 open A ttl=10000 delay=0
+        t=0 open B ttl=10000 delay=0
+        t=1 acquire A \"x\" Try -> granted token=3
+            granted \"x\" to A token=3
+        t=2 acquire B \"x\" Forever request=7 -> queued position=0
+            queued B for \"x\" at 0
+        t=3 acquire B \"x\" Forever request=8 -> refused already_waiting
+        t=4 acquire B \"x\" For { wait_ms: 500 } request=7 -> queued position=0
+        ",
+    );
+    assert_eq!(
+        error_of(&refused),
+        CommandError::AlreadyWaiting {
+            name: "x".into(),
+            session: story.id("B"),
+            waiting_request: RequestId(7)
+        }
+    );
+}
+
+/// Abandoning a request undoes exactly what that request did: its wait, or the grant it
+/// produced, which then passes to the next waiter. The release counts as a loss
+/// (`Abandoned`), not as the holder's own release.
+#[test]
+fn abandoning_a_request_cancels_its_wait_or_releases_its_grant() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.open(0, "C", 10_000, 0);
+    story.acquire_as(1, "A", "x", Wait::Forever, 1);
+    story.acquire_as(2, "B", "x", Wait::Forever, 2);
+    story.acquire_as(3, "C", "x", Wait::Forever, 3);
+    story.abandon(4, "C", "x", 3);
+    story.abandon(5, "A", "x", 1);
+    story.abandon(6, "B", "x", 9);
+    story.assert_transcript(
+        "
+        t=0 open A ttl=10000 delay=0
+        t=0 open B ttl=10000 delay=0
+        t=0 open C ttl=10000 delay=0
+        t=1 acquire A \"x\" Forever request=1 -> granted token=4
+            granted \"x\" to A token=4
+        t=2 acquire B \"x\" Forever request=2 -> queued position=0
+            queued B for \"x\" at 0
+        t=3 acquire C \"x\" Forever request=3 -> queued position=1
+            queued C for \"x\" at 1
+        t=4 abandon C \"x\" request=3 -> abandoned, wait cancelled
+            cancelled C for \"x\" (Abandoned)
+        t=5 abandon A \"x\" request=1 -> abandoned, released token=4
+            released \"x\" by A token=4 (Abandoned)
+            granted \"x\" to B token=8
+        t=6 abandon B \"x\" request=9 -> refused nothing_to_abandon
+        ",
+    );
+}
+
+/// Issue 12, bug 3: an acquire that was refused or abandoned must never release the grant an
+/// earlier request of the same session produced. The abandon names its own request, which
+/// produced nothing, so the earlier grant stands.
+#[test]
+fn abandoning_a_request_never_releases_another_requests_grant() {
+    let mut story = Story::new();
+    story.open(0, "S", 10_000, 0);
+    story.acquire_as(1, "S", "x", Wait::Try, 1);
+    story.acquire_as(2, "S", "x", Wait::For { wait_ms: 5_000 }, 2);
+    story.abandon(3, "S", "x", 2);
+    story.assert_transcript(
+        "
+        t=0 open S ttl=10000 delay=0
+        t=1 acquire S \"x\" Try request=1 -> granted token=2
+            granted \"x\" to S token=2
+        t=2 acquire S \"x\" For { wait_ms: 5000 } request=2 -> granted token=2 (already held)
+        t=3 abandon S \"x\" request=2 -> refused nothing_to_abandon
+        ",
+    );
+    assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().token, 2);
 }

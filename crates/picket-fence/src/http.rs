@@ -14,8 +14,10 @@
 //! [`FenceContext`]. The handler performs the admission in the same atomic step as its write,
 //! for example with [`crate::FencedStore::write`], and answers a refusal with
 //! [`refusal_response`]. Requests to one resource are served one at a time, from the check to
-//! the handler's answer, so a write waiting for verification cannot be overtaken by a read. Install
-//! it with
+//! the handler's answer. Verification with the lock service happens before that, without
+//! holding the resource: while the service is slow or down, requests that need no verification
+//! are still served, and one that does fails closed (`unverified_token`) after
+//! [`FenceConfig::with_verify_timeout`]. Install it with
 //! `axum::middleware::from_fn_with_state(Arc::new(FenceConfig::new(..)), picket_fence::http::fence)`.
 
 use crate::refusal::{Refusal, RefusalReason};
@@ -29,6 +31,7 @@ use futures_util::future::BoxFuture;
 use picket_core::{CheckOutcome, Sequencer};
 use serde_json::json;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Header carrying the sequencer.
 pub const SEQUENCER_HEADER: &str = "picket-sequencer";
@@ -75,14 +78,18 @@ pub trait GrantChecker: Send + Sync + 'static {
     -> BoxFuture<'a, Result<CheckOutcome, String>>;
 }
 
+/// How long verify on advance waits for the lock service by default before it refuses the
+/// write as unverified.
+pub const DEFAULT_VERIFY_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How the middleware guards a service.
 pub struct FenceConfig {
     resolve: Box<dyn Resolve>,
     records: Arc<dyn Records>,
     checker: Option<Arc<dyn GrantChecker>>,
-    /// One lock per resource, held from the check through the handler: while a newer token is
-    /// being verified with the lock service, no other request to that resource can read or
-    /// write, so the check and the write stay one step.
+    verify_timeout: Duration,
+    /// One lock per resource, held from the stamp's check through the handler's write, so
+    /// the check and the write are one step.
     resource_locks:
         std::sync::Mutex<std::collections::BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -99,8 +106,18 @@ impl FenceConfig {
             resolve: Box::new(resolve),
             records,
             checker,
+            verify_timeout: DEFAULT_VERIFY_TIMEOUT,
             resource_locks: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         }
+    }
+
+    /// Bounds how long verify on advance waits for the lock service; past it, the write is
+    /// refused as unverified (503, `unverified_token`), so an unreachable service costs each
+    /// such write at most this long.
+    #[must_use]
+    pub fn with_verify_timeout(mut self, verify_timeout: Duration) -> Self {
+        self.verify_timeout = verify_timeout;
+        self
     }
 
     /// The lock of one resource. Resources come from `resolve`, so their number is bounded by
@@ -129,6 +146,7 @@ impl std::fmt::Debug for FenceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FenceConfig")
             .field("verify", &self.checker.is_some())
+            .field("verify_timeout", &self.verify_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -224,6 +242,11 @@ fn is_read(method: &Method) -> bool {
 /// land. Tokens at or below the highest need no call: the rule decides them alone. Handlers
 /// that resolve resources themselves (a unit over several resources) call this for each.
 ///
+/// Call it *before* holding the resource. That is safe: the highest token only grows, so a
+/// token at or below the highest now is never admitted as a new highest later, and a token
+/// above it has been verified; whatever lands in between, the rule decides at write time. The
+/// lock service is given [`FenceConfig::with_verify_timeout`] to answer.
+///
 /// # Errors
 /// The answer to send instead: a structured refusal, or an error reading the record.
 pub async fn verify_advance(
@@ -250,7 +273,12 @@ pub async fn verify_advance(
     };
     let sequencer = Sequencer::new(presented.lock.clone(), presented.stamp.token);
     let refuse = |reason| Refusal::new(resource, record, &presented.lock, presented.stamp, reason);
-    match checker.check(&sequencer).await {
+    let answer = tokio::time::timeout(config.verify_timeout, checker.check(&sequencer))
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!("no answer within {} ms", config.verify_timeout.as_millis()))
+        });
+    match answer {
         Ok(CheckOutcome::Current { .. }) => Ok(()),
         Ok(CheckOutcome::Superseded { current_token }) => {
             Err(refusal_response(&refuse(RefusalReason::NotCurrent { current_token })))
@@ -279,6 +307,13 @@ pub async fn fence(
         Ok(presented) => presented,
         Err(response) => return response,
     };
+    // Verified before the resource is held (see `verify_advance`), so a slow lock service
+    // stalls only the requests that need it.
+    if let Some(presented) = presented.as_ref().filter(|presented| presented.lock == policy.lock)
+        && let Err(response) = verify_advance(&config, &resource, &policy, presented).await
+    {
+        return response;
+    }
     let resource_lock = config.resource_lock(&resource);
     let _serialized = resource_lock.lock().await;
     match &presented {
@@ -308,12 +343,7 @@ pub async fn fence(
             );
             return refusal_response(&refusal);
         }
-        Some(presented) => {
-            if let Err(response) = verify_advance(&config, &resource, &policy, presented).await {
-                return response;
-            }
-        }
-        None => {}
+        Some(_) | None => {}
     }
     parts.extensions.insert(FenceContext { resource, policy, presented });
     next.run(Request::from_parts(parts, body)).await

@@ -51,6 +51,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             tokio::time::sleep(RETRY_PAUSE).await;
             continue;
         }
+        node.mark_refreshed(term.leader_id().term);
         tracing::info!(node = node.id(), %term, "leader: sessions refreshed, ticking");
         if !tick_while_leader(&node, term, &mut metrics, &mut shutdown).await {
             return;

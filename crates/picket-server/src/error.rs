@@ -35,11 +35,12 @@ pub enum ServiceError {
         /// Why.
         cause: CancelCause,
     },
-    /// A newer acquire of the same lock by the same session took this wait over.
+    /// The node stopped following this wait before it ended (it is shutting down): the wait
+    /// is abandoned.
     #[error(
-        "a newer acquire of lock {name:?} by the same session replaced this one: use the newer request's answer"
+        "this node stopped following the wait for lock {name:?} (it is shutting down), so the wait was abandoned: acquire again"
     )]
-    WaitReplaced {
+    WaitUntracked {
         /// The lock.
         name: String,
     },
@@ -87,7 +88,7 @@ impl ServiceError {
             Self::NotLeader { .. } => "not_leader",
             Self::WaitTimedOut { .. } => "wait_timed_out",
             Self::WaitEnded { .. } => "wait_ended",
-            Self::WaitReplaced { .. } => "wait_replaced",
+            Self::WaitUntracked { .. } => "wait_untracked",
             Self::Unavailable(_) => "unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::BadRequest(_) => "bad_request",
@@ -105,15 +106,20 @@ impl ServiceError {
                 | CommandError::LockDelayed { .. }
                 | CommandError::NotHeld { .. }
                 | CommandError::TokenMismatch { .. }
-                | CommandError::NotWaiting { .. } => 409,
+                | CommandError::NotWaiting { .. }
+                | CommandError::AlreadyWaiting { .. }
+                | CommandError::NothingToAbandon { .. } => 409,
                 CommandError::TooManySessions { .. }
                 | CommandError::TooManyLocksForSession { .. }
                 | CommandError::TooManyWaiters { .. } => 429,
                 _ => 400,
             },
-            Self::WaitTimedOut { .. } | Self::WaitEnded { .. } | Self::WaitReplaced { .. } => 409,
+            Self::WaitTimedOut { .. } | Self::WaitEnded { .. } => 409,
             Self::NotLeader { .. } => 421,
-            Self::Unavailable(_) | Self::OutcomeUnknown(_) | Self::Stopped(_) => 503,
+            Self::Unavailable(_)
+            | Self::OutcomeUnknown(_)
+            | Self::Stopped(_)
+            | Self::WaitUntracked { .. } => 503,
             Self::BadRequest(_) => 400,
         }
     }

@@ -3,7 +3,7 @@
 use crate::error::ServiceError;
 use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
 use futures_util::Stream;
-use picket_core::{CheckOutcome, Event, LockInfo, SessionId, SessionInfo, Wait};
+use picket_core::{CheckOutcome, Event, LockInfo, RequestId, SessionId, SessionInfo, Wait};
 use picket_proto::v1::{self, picket_server};
 use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY, LEADER_KEY};
 use std::pin::Pin;
@@ -224,7 +224,9 @@ impl picket_server::Picket for ClientService {
     async fn acquire(&self, request: Request<v1::AcquireRequest>) -> Reply<v1::AcquireResponse> {
         let request = request.into_inner();
         let wait = wait_from(request.wait_ms);
-        let grant = self.node.acquire(SessionId(request.session_id), &request.name, wait).await;
+        let request_id = request.request_id.map(RequestId);
+        let grant =
+            self.node.acquire(SessionId(request.session_id), &request.name, wait, request_id).await;
         respond(grant.map(|grant| v1::AcquireResponse {
             token: grant.token,
             sequencer: grant.sequencer(),

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
-use picket_core::{Event, LockInfo, Sequencer, SessionId, SessionInfo, Wait};
+use picket_core::{Event, LockInfo, RequestId, Sequencer, SessionId, SessionInfo, Wait};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -32,6 +32,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}", delete(close_session))
         .route("/v1/sessions/{id}/keepalive", post(keep_alive))
@@ -152,6 +153,29 @@ pub async fn not_found() -> ApiError {
     )
 }
 
+/// Readiness: 200 when this node can serve (a leader is known and this node has caught up),
+/// 503 with the reason otherwise. Load balancers and orchestrators route by this; `/healthz`
+/// only says the process is alive.
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    let view = node.cluster();
+    let identity =
+        json!({ "node_id": view.node_id, "role": view.role, "leader_id": view.leader_id });
+    match node.readiness() {
+        Ok(()) => {
+            let mut body = identity;
+            body["status"] = json!("ready");
+            Json(body).into_response()
+        }
+        Err(not_ready) => {
+            let mut body = identity;
+            body["status"] = json!("not_ready");
+            body["code"] = json!(not_ready.code());
+            body["message"] = json!(not_ready.message());
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
+}
+
 async fn healthz(State(node): State<Arc<Node>>) -> Json<Value> {
     let view = node.cluster();
     Json(json!({ "status": "ok", "node_id": view.node_id, "role": view.role }))
@@ -241,6 +265,9 @@ struct AcquireBody {
     session_id: u64,
     /// Absent: wait until granted; 0: try once; N: wait at most N ms.
     wait_ms: Option<u64>,
+    /// The request's id within the session; a retry sends the id of the request it retries.
+    /// Absent: the server picks one.
+    request_id: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -260,7 +287,8 @@ async fn acquire(
         Some(0) => Wait::Try,
         Some(wait_ms) => Wait::For { wait_ms },
     };
-    let grant = node.acquire(SessionId(body.session_id), &body.name, wait).await?;
+    let request = body.request_id.map(RequestId);
+    let grant = node.acquire(SessionId(body.session_id), &body.name, wait, request).await?;
     let sequencer = grant.sequencer();
     Ok(Json(Granted {
         name: grant.name,

@@ -8,7 +8,7 @@
 //! wake every watch on every command. Delivery never blocks the apply path: a watcher whose
 //! buffer is full is cut off and told it fell behind.
 
-use picket_core::{CancelCause, Event, SessionId, StateMachine};
+use picket_core::{CancelCause, Event, RequestId, SessionId, StateMachine};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -210,16 +210,33 @@ impl Watchers {
 
 type WaiterKey = (SessionId, String);
 
+/// One acquire request waiting on this node to hear how its session's wait for a lock ends.
+#[derive(Debug)]
+struct Registration {
+    id: u64,
+    request: RequestId,
+    sender: oneshot::Sender<WaitOutcome>,
+}
+
+/// The waiting acquires of this node, by session and lock. A session waits for a lock under one
+/// request in the state machine, but more than one request may be on its way here: a retry of
+/// the same request, or another request about to be refused. Each hears the outcome.
+#[derive(Debug, Default)]
+struct Waiters {
+    next_id: u64,
+    by_key: HashMap<WaiterKey, Vec<Registration>>,
+}
+
 /// Where applied events go.
 #[derive(Debug)]
 pub struct Hub {
-    waiters: Mutex<HashMap<WaiterKey, oneshot::Sender<WaitOutcome>>>,
+    waiters: Mutex<Waiters>,
     watchers: Mutex<Watchers>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
-        Self { waiters: Mutex::new(HashMap::new()), watchers: Mutex::new(Watchers::default()) }
+        Self { waiters: Mutex::new(Waiters::default()), watchers: Mutex::new(Watchers::default()) }
     }
 }
 
@@ -227,22 +244,58 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A waiting acquire's registration with the hub: its outcome arrives on `outcome`.
+#[derive(Debug)]
+pub struct WaiterRegistration {
+    /// Identifies the registration for [`Hub::forget_waiter`].
+    pub id: u64,
+    /// How the wait ended.
+    pub outcome: oneshot::Receiver<WaitOutcome>,
+}
+
 impl Hub {
-    /// Registers interest in how `session`'s wait for `name` ends. A newer registration for the
-    /// same pair replaces the older one, whose receiver then sees its sender dropped.
+    /// Registers `request`'s interest in how `session`'s wait for `name` ends. Register before
+    /// proposing the acquire, so no outcome can be applied before somebody listens for it.
     pub fn register_waiter(
         &self,
         session: SessionId,
         name: &str,
-    ) -> oneshot::Receiver<WaitOutcome> {
-        let (sender, receiver) = oneshot::channel();
-        lock(&self.waiters).insert((session, name.to_owned()), sender);
-        receiver
+        request: RequestId,
+    ) -> WaiterRegistration {
+        let (sender, outcome) = oneshot::channel();
+        let mut waiters = lock(&self.waiters);
+        waiters.next_id += 1;
+        let id = waiters.next_id;
+        let registration = Registration { id, request, sender };
+        waiters.by_key.entry((session, name.to_owned())).or_default().push(registration);
+        WaiterRegistration { id, outcome }
     }
 
-    /// Forgets a registration (the wait ended by other means, or the caller left).
-    pub fn forget_waiter(&self, session: SessionId, name: &str) {
-        lock(&self.waiters).remove(&(session, name.to_owned()));
+    /// Forgets registration `id` (its request has its answer, or its caller left). Returns
+    /// whether another registration of the same request is still waiting here: a retry of the
+    /// request that now speaks for it.
+    pub fn forget_waiter(
+        &self,
+        session: SessionId,
+        name: &str,
+        request: RequestId,
+        id: u64,
+    ) -> bool {
+        let mut waiters = lock(&self.waiters);
+        let key = (session, name.to_owned());
+        let Some(registrations) = waiters.by_key.get_mut(&key) else { return false };
+        registrations.retain(|registration| registration.id != id);
+        let retried = registrations.iter().any(|registration| registration.request == request);
+        if registrations.is_empty() {
+            waiters.by_key.remove(&key);
+        }
+        retried
+    }
+
+    /// Number of acquires registered as waiting on this node.
+    #[must_use]
+    pub fn waiting_acquires(&self) -> usize {
+        lock(&self.waiters).by_key.values().map(Vec::len).sum()
     }
 
     /// Starts a watch of `target` from the next applied command on.
@@ -289,8 +342,8 @@ impl Hub {
                     }
                     _ => continue,
                 };
-                if let Some(sender) = waiters.remove(&key) {
-                    let _ = sender.send(outcome);
+                for registration in waiters.by_key.remove(&key).into_iter().flatten() {
+                    let _ = registration.sender.send(outcome);
                 }
             }
             drop(waiters);
@@ -305,7 +358,7 @@ impl Hub {
     /// state and tell watchers to re-read.
     pub fn resync(&self, machine: &StateMachine) {
         let mut waiters = lock(&self.waiters);
-        let keys: Vec<WaiterKey> = waiters.keys().cloned().collect();
+        let keys: Vec<WaiterKey> = waiters.by_key.keys().cloned().collect();
         for (session, name) in keys {
             let holder = machine.lock(&name).and_then(|lock| lock.holder);
             let still_waiting =
@@ -320,8 +373,8 @@ impl Hub {
                 }
                 _ => WaitOutcome::Cancelled { cause: CancelCause::TimedOut },
             };
-            if let Some(sender) = waiters.remove(&(session, name)) {
-                let _ = sender.send(outcome);
+            for registration in waiters.by_key.remove(&(session, name)).into_iter().flatten() {
+                let _ = registration.sender.send(outcome);
             }
         }
         drop(waiters);

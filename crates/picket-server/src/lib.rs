@@ -26,7 +26,7 @@ mod wal;
 
 pub use error::ServiceError;
 pub use hub::WaitOutcome;
-pub use log_store::WriterStats;
+pub use log_store::{StoredEntry, WriterStats, read_entries};
 pub use node::{ClusterView, Grant, Node, WatchItem, WatchStream, WatchTarget};
 pub use raft_types::NodeId;
 pub use server::{

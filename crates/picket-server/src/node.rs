@@ -15,8 +15,8 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
 use openraft::{BasicNode, ReadPolicy, ServerState};
 use picket_core::{
-    CancelCause, CheckOutcome, Command, CommandError, Event, Input, LockInfo, Response, Sequencer,
-    SessionId, SessionInfo, Wait,
+    CancelCause, CheckOutcome, Command, CommandError, Event, Input, LockInfo, RequestId, Response,
+    Sequencer, SessionId, SessionInfo, Wait,
 };
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -177,6 +177,55 @@ pub struct Node {
     renewals: Mutex<BTreeSet<SessionId>>,
     renewals_waiting: Notify,
     log_stats: Arc<WriterStats>,
+    /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
+    /// has committed and applied an entry of its own term.
+    refreshed_term: std::sync::atomic::AtomicU64,
+    /// How long a leader may go without hearing from a quorum before it is not ready.
+    leader_lease: std::time::Duration,
+}
+
+/// Why a node cannot serve yet (see [`Node::readiness`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// No leader is known: an election is under way, or this node is cut off from a quorum.
+    NoLeader,
+    /// This node was just elected and has not yet applied an entry of its own term.
+    LeaderNotSettled,
+    /// This node leads but has not heard from a quorum within a leader lease: it may have been
+    /// deposed on the other side of a partition.
+    NoQuorum,
+    /// This node has not yet applied every entry it knows to be committed.
+    CatchingUp,
+}
+
+impl NotReady {
+    /// A stable code for the wire.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::NoLeader => "no_leader",
+            Self::LeaderNotSettled => "leader_not_settled",
+            Self::NoQuorum => "no_quorum",
+            Self::CatchingUp => "catching_up",
+        }
+    }
+
+    /// What it means, for a person.
+    #[must_use]
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::NoLeader => {
+                "no leader is known: an election is under way or this node is cut off from a quorum"
+            }
+            Self::LeaderNotSettled => {
+                "this node was just elected leader and has not yet committed an entry of its own term"
+            }
+            Self::NoQuorum => {
+                "this node leads but has not heard from a quorum within its lease: it may be cut off"
+            }
+            Self::CatchingUp => "this node has not yet applied every entry it knows is committed",
+        }
+    }
 }
 
 fn not_leader(forward: &ForwardToLeader<crate::raft_types::TypeConfig>) -> ServiceError {
@@ -192,6 +241,7 @@ impl Node {
         raft: Raft,
         store: StateStore,
         log_stats: Arc<WriterStats>,
+        leader_lease: std::time::Duration,
     ) -> Self {
         Self {
             id,
@@ -201,6 +251,8 @@ impl Node {
             renewals: Mutex::new(BTreeSet::new()),
             renewals_waiting: Notify::new(),
             log_stats,
+            refreshed_term: std::sync::atomic::AtomicU64::new(0),
+            leader_lease,
         }
     }
 
@@ -232,6 +284,48 @@ impl Node {
     #[must_use]
     pub fn log_stats(&self) -> &Arc<WriterStats> {
         &self.log_stats
+    }
+
+    /// Records that this node, leading in `term`, had its `Refresh` applied.
+    pub(crate) fn mark_refreshed(&self, term: u64) {
+        self.refreshed_term.store(term, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this node can serve now: a leader is known, and this node has applied every
+    /// entry it knows to be committed; a leader, moreover, has applied an entry of its own term
+    /// (before that it cannot know what its predecessor committed). Liveness is another
+    /// question: a node that is not ready is still alive.
+    ///
+    /// # Errors
+    /// Why it cannot serve yet.
+    pub fn readiness(&self) -> Result<(), NotReady> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        if metrics.current_leader.is_none() {
+            return Err(NotReady::NoLeader);
+        }
+        if metrics.state == ServerState::Leader {
+            if self.refreshed_term.load(std::sync::atomic::Ordering::Acquire)
+                != metrics.current_term
+            {
+                return Err(NotReady::LeaderNotSettled);
+            }
+            // A leader alone in its cluster is its own quorum; openraft reports no time then.
+            let quorum_age = metrics
+                .last_quorum_acked
+                .as_ref()
+                .map(|acked| openraft::Instant::elapsed(&**acked));
+            let alone = metrics.membership_config.membership().voter_ids().count() == 1;
+            if !alone && quorum_age.is_none_or(|age| age > self.leader_lease) {
+                return Err(NotReady::NoQuorum);
+            }
+        }
+        let applied = metrics.last_applied.map(|log_id| log_id.index());
+        let committed = metrics.local_committed.map(|log_id| log_id.index());
+        if applied < committed {
+            return Err(NotReady::CatchingUp);
+        }
+        Ok(())
     }
 
     /// Reads the applied state of this node, without any consistency check.
@@ -407,9 +501,13 @@ impl Node {
         self.command(Command::RevokeSession { session }).await.map(|_| ())
     }
 
-    /// Acquires a lock, waiting as `wait` says. If the caller goes away while waiting (the
-    /// returned future is dropped), the wait is cancelled, and a grant that raced the
-    /// cancellation is released, so no ghost holder is left behind.
+    /// Acquires a lock, waiting as `wait` says, as `request` of the session (a fresh request id
+    /// when the caller gives none; a retry must give the id of the request it retries).
+    ///
+    /// If the caller goes away before it has the answer (the returned future is dropped), or
+    /// the answer is lost with the leadership, the request is abandoned: one `Abandon` command
+    /// cancels its wait or releases the grant it produced, and nothing of any other request.
+    /// A request this node refused before proposing it (not the leader) leaves nothing behind.
     ///
     /// # Errors
     /// [`CommandError::LockBusy`] for a try on a taken lock, [`ServiceError::WaitTimedOut`],
@@ -419,55 +517,42 @@ impl Node {
         session: SessionId,
         name: &str,
         wait: Wait,
+        request: Option<RequestId>,
     ) -> Result<Grant, ServiceError> {
-        let waits = !matches!(wait, Wait::Try | Wait::For { wait_ms: 0 });
-        if !waits {
-            return self.acquire_once(session, name, wait).await;
-        }
-        let outcome = self.hub().register_waiter(session, name);
-        let mut guard = WaitGuard {
+        let request = request.unwrap_or_else(fresh_request_id);
+        let registration = self.hub().register_waiter(session, name, request);
+        let mut guard = AcquireGuard {
             node: self.clone(),
             session,
             name: name.to_owned(),
-            started_revision: self.read_local(|state| state.machine.revision()),
-            done: false,
+            request,
+            registration: registration.id,
+            settled: false,
         };
-        let result = self.acquire_waiting(session, name, wait, outcome).await;
-        guard.done = !matches!(
+        let result =
+            self.acquire_registered(session, name, wait, request, registration.outcome).await;
+        // Only an answer whose outcome is unknown leaves something to undo; a refusal, a
+        // timeout and a grant are all known to the caller.
+        guard.settled = !matches!(
             result,
-            Err(ServiceError::NotLeader { .. }
-                | ServiceError::Unavailable(_)
+            Err(ServiceError::Unavailable(_)
                 | ServiceError::OutcomeUnknown(_)
-                | ServiceError::Stopped(_))
+                | ServiceError::Stopped(_)
+                | ServiceError::WaitUntracked { .. })
         );
-        if guard.done {
-            self.hub().forget_waiter(session, name);
-        }
         result
     }
 
-    async fn acquire_once(
+    async fn acquire_registered(
         &self,
         session: SessionId,
         name: &str,
         wait: Wait,
-    ) -> Result<Grant, ServiceError> {
-        match self.command(Command::Acquire { session, name: name.to_owned(), wait }).await? {
-            Response::Granted { name, token, already_held } => {
-                Ok(Grant { name, token, already_held })
-            }
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    async fn acquire_waiting(
-        &self,
-        session: SessionId,
-        name: &str,
-        wait: Wait,
+        request: RequestId,
         outcome: oneshot::Receiver<WaitOutcome>,
     ) -> Result<Grant, ServiceError> {
-        match self.command(Command::Acquire { session, name: name.to_owned(), wait }).await? {
+        let command = Command::Acquire { session, name: name.to_owned(), wait, request };
+        match self.command(command).await? {
             Response::Granted { name, token, already_held } => {
                 return Ok(Grant { name, token, already_held });
             }
@@ -493,7 +578,7 @@ impl Node {
             Ok(WaitOutcome::Cancelled { cause }) => {
                 Err(ServiceError::WaitEnded { name: name.to_owned(), cause })
             }
-            Err(_) => Err(ServiceError::WaitReplaced { name: name.to_owned() }),
+            Err(_) => Err(ServiceError::WaitUntracked { name: name.to_owned() }),
         }
     }
 
@@ -667,42 +752,52 @@ fn unexpected(response: &Response) -> ServiceError {
     ServiceError::Stopped(format!("unexpected response from the state machine: {response:?}"))
 }
 
-/// Cleans up after an acquire whose caller went away while it was queued or being proposed.
-struct WaitGuard {
+/// A fresh request id for a caller that gave none: random, so it collides with no other
+/// request of the session in practice. Randomness is fine here, in the shell: the id enters
+/// the log inside the command, and replicas only ever read it from there.
+fn fresh_request_id() -> RequestId {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    RequestId(hasher.finish())
+}
+
+/// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.
+struct AcquireGuard {
     node: Arc<Node>,
     session: SessionId,
     name: String,
-    /// The revision before the acquire was proposed: a grant to this session above it came from
-    /// this acquire.
-    started_revision: u64,
-    done: bool,
+    request: RequestId,
+    registration: u64,
+    settled: bool,
 }
 
-impl Drop for WaitGuard {
+impl Drop for AcquireGuard {
     fn drop(&mut self) {
-        if self.done {
+        let retried = self.node.hub().forget_waiter(
+            self.session,
+            &self.name,
+            self.request,
+            self.registration,
+        );
+        // A retry of the same request, waiting on this node, now speaks for it.
+        if self.settled || retried {
             return;
         }
-        let (node, session, name, started_revision) = (
-            self.node.clone(),
-            self.session,
-            std::mem::take(&mut self.name),
-            self.started_revision,
-        );
-        node.hub().forget_waiter(session, &name);
-        // Drop cannot wait; the cleanup runs on its own. It is bounded: at most two proposals.
+        let (node, session, name, request) =
+            (self.node.clone(), self.session, std::mem::take(&mut self.name), self.request);
+        // Drop cannot wait; the abandon runs on its own, one proposal.
         tokio::spawn(async move {
-            match node.cancel(session, &name).await {
-                Err(ServiceError::Command(CommandError::NotWaiting { .. })) => {}
-                _ => return,
-            }
-            let holder =
-                node.read_local(|state| state.machine.lock(&name).and_then(|lock| lock.holder));
-            if let Some(holder) =
-                holder.filter(|holder| holder.session == session && holder.token > started_revision)
-            {
-                tracing::info!(%session, name, token = holder.token, "releasing a grant whose waiting caller went away");
-                let _ = node.release(session, &name, holder.token).await;
+            let command = Command::Abandon { session, name: name.clone(), request };
+            match node.command(command).await {
+                Ok(Response::Abandoned { released_token: Some(token), .. }) => {
+                    tracing::info!(%session, name, token, %request, "released a grant whose caller went away");
+                }
+                Ok(_) | Err(ServiceError::Command(CommandError::NothingToAbandon { .. })) => {}
+                Err(error) => {
+                    tracing::warn!(%session, name, %request, %error, "could not abandon an acquire whose caller went away; its wait or grant stays until the session ends");
+                }
             }
         });
     }

@@ -218,6 +218,12 @@ fn raft_config(tuning: &RaftTuning) -> Result<Arc<Config>, StartError> {
         election_timeout_max: tuning.election_timeout_max_ms,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_entries),
         max_in_snapshot_log_to_keep: tuning.keep_entries_after_snapshot,
+        // A restarted leader must win an election in a new term before it leads again. Its
+        // last entries may have reached its followers but not its own disk; leading on in the
+        // same term, it would propose other entries under those same log ids, which the
+        // followers take for the ones they hold (a forked log), and it would serve reads at a
+        // committed index it never made durable. ARCHITECTURE.md, "Leadership after a restart".
+        enable_leader_restore: Some(false),
         ..Config::default()
     };
     config.validate().map(Arc::new).map_err(|error| StartError::Config(error.to_string()))
@@ -269,7 +275,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         bootstrap(&raft, &peers).await?;
     }
 
-    let node = Arc::new(Node::new(config.node_id, raft.clone(), store, log_stats));
+    let leader_lease = std::time::Duration::from_millis(config.tuning.election_timeout_max_ms);
+    let node = Arc::new(Node::new(config.node_id, raft.clone(), store, log_stats, leader_lease));
     let (shutdown, shutdown_signal) = watch::channel(false);
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))

@@ -102,7 +102,7 @@ impl StateStore {
         let state = self.read();
         entries.iter().all(|entry| match &entry.payload {
             EntryPayload::Normal(Input {
-                command: Command::Acquire { session, name, wait },
+                command: Command::Acquire { session, name, wait, .. },
                 ..
             }) => {
                 !matches!(wait, Wait::Try | Wait::For { wait_ms: 0 })
@@ -266,12 +266,17 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 mod tests {
     use super::*;
     use openraft::testing::{blank_ent, log_id};
-    use picket_core::SessionId;
+    use picket_core::{RequestId, SessionId};
 
     fn acquire(session: u64, name: &str, wait: Wait) -> Entry {
         let input = Input {
             now_ms: 1,
-            command: Command::Acquire { session: SessionId(session), name: name.into(), wait },
+            command: Command::Acquire {
+                session: SessionId(session),
+                name: name.into(),
+                wait,
+                request: RequestId(0),
+            },
         };
         Entry { log_id: log_id::<TypeConfig>(1, 1, 9), payload: EntryPayload::Normal(input) }
     }
@@ -285,7 +290,12 @@ mod tests {
             for command in [
                 Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
                 Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
-                Command::Acquire { session: SessionId(1), name: "held".into(), wait: Wait::Try },
+                Command::Acquire {
+                    session: SessionId(1),
+                    name: "held".into(),
+                    wait: Wait::Try,
+                    request: RequestId(0),
+                },
             ] {
                 let applied = state.machine.apply(&Input { now_ms: 1, command });
                 assert!(applied.result.is_ok(), "{:?}", applied.result);

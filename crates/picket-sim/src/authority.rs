@@ -5,7 +5,9 @@
 //! the same commands the server sends it.
 
 use crate::config::SimConfig;
-use picket_core::{Command, Input, Limits, Response, Sequencer, SessionId, StateMachine, Wait};
+use picket_core::{
+    Command, Input, Limits, RequestId, Response, Sequencer, SessionId, StateMachine, Wait,
+};
 use std::collections::{BTreeMap, VecDeque};
 
 /// The one lock every client competes for.
@@ -387,8 +389,11 @@ impl PicketAuthority {
 impl Authority for PicketAuthority {
     fn acquire(&mut self, now_us: u64, client: usize) -> Reply {
         let session = self.session(now_us, client);
-        let applied = self
-            .apply(now_us, Command::Acquire { session, name: LOCK.into(), wait: Wait::Forever });
+        // A client that asks again while it waits is retrying: the same request, which keeps
+        // its place in the queue.
+        let request = RequestId(0);
+        let command = Command::Acquire { session, name: LOCK.into(), wait: Wait::Forever, request };
+        let applied = self.apply(now_us, command);
         match applied.result {
             Ok(Response::Granted { token, already_held, .. }) => Reply::Granted(Granted {
                 client,

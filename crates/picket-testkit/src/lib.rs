@@ -6,6 +6,8 @@
 //!   directory, that can be killed with SIGKILL and restarted on the same data.
 //! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -79,6 +79,11 @@ struct ServeArgs {
     /// until the new holder's first write arrives.
     #[arg(long)]
     no_verify: bool,
+    /// How long verify on advance waits for the lock service, in milliseconds. Past it, the
+    /// write is refused with 503 `unverified_token`; writes that need no verification go on
+    /// being served meanwhile.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    verify_timeout_ms: u64,
     /// UNSAFE, for measuring the fence's cost only: apply writes without any fence check (the
     /// sequencer header is still required and parsed).
     #[arg(long)]
@@ -269,11 +274,14 @@ async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
         Some(Arc::new(PicketChecker { endpoints, client: tokio::sync::OnceCell::new() }))
     };
     let resolver_guards = guards.clone();
-    let config = Arc::new(FenceConfig::new(
-        move |parts: &Parts| resolve(&resolver_guards, parts),
-        store.clone(),
-        checker,
-    ));
+    let config = Arc::new(
+        FenceConfig::new(
+            move |parts: &Parts| resolve(&resolver_guards, parts),
+            store.clone(),
+            checker,
+        )
+        .with_verify_timeout(std::time::Duration::from_millis(args.verify_timeout_ms)),
+    );
     if args.no_fence {
         tracing::warn!(
             "--no-fence: writes are applied without any fence check; for benchmarks only"
@@ -460,8 +468,7 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
             resources.push(guard);
         }
     }
-    let names: Vec<String> = resources.iter().map(|(resource, _)| resource.clone()).collect();
-    let _held = kv.config.hold(&names).await;
+    // Verified before the resources are held, so a slow lock service stalls only this unit.
     for (resource, policy) in &resources {
         if let Err(response) =
             picket_fence::http::verify_advance(&kv.config, resource, policy, &presented).await
@@ -469,6 +476,8 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
             return response;
         }
     }
+    let names: Vec<String> = resources.iter().map(|(resource, _)| resource.clone()).collect();
+    let _held = kv.config.hold(&names).await;
     let token = presented.stamp.token;
     let result = blocking(move || {
         let guards: Vec<Guard<'_>> =

@@ -6,7 +6,8 @@
 //! release is lost; every token is greater than every earlier one; sessions that kept alive
 //! through the failover did not expire.
 
-use picket_testkit::http::{Reply, try_request};
+use picket_testkit::cluster::{Cluster, send};
+use picket_testkit::http::try_request;
 use picket_testkit::{ServerProcess, free_port, temp_dir, wait_until};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -18,109 +19,21 @@ const ELECTION_TIMEOUT_MS: u64 = 300;
 const SESSION_TTL_MS: u64 = 4_000;
 const SNAPSHOT_EVERY: u64 = 100;
 
-struct Cluster {
-    _dir: tempfile::TempDir,
-    nodes: Vec<ServerProcess>,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let dir = temp_dir();
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let peers = ports
-            .iter()
-            .enumerate()
-            .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
-        let nodes = ports
-            .iter()
-            .enumerate()
-            .map(|(index, port)| {
-                let args = [
-                    "--node-id".to_owned(),
-                    (index + 1).to_string(),
-                    "--peers".to_owned(),
-                    peers.clone(),
-                    "--heartbeat-ms".to_owned(),
-                    "50".to_owned(),
-                    "--election-timeout-ms".to_owned(),
-                    ELECTION_TIMEOUT_MS.to_string(),
-                    "--snapshot-every".to_owned(),
-                    SNAPSHOT_EVERY.to_string(),
-                    "--keep-entries".to_owned(),
-                    "10".to_owned(),
-                ];
-                ServerProcess::start(
-                    Path::new(env!("CARGO_BIN_EXE_picket")),
-                    &dir.path().join(format!("node{}", index + 1)),
-                    format!("127.0.0.1:{port}").parse().unwrap(),
-                    &args,
-                )
-            })
-            .collect();
-        Self { _dir: dir, nodes }
-    }
-
-    fn addrs(&self) -> Vec<String> {
-        self.nodes.iter().map(|node| node.addr.clone()).collect()
-    }
-
-    /// The index of the node every live node agrees is leader.
-    fn leader(&self, timeout: Duration) -> usize {
-        wait_until("an agreed leader", timeout, || {
-            let views: Vec<Value> = self
-                .nodes
-                .iter()
-                .filter(|node| node.pid().is_some())
-                .filter_map(|node| {
-                    try_request(&node.addr, "GET", "/v1/cluster", None).ok().map(|reply| reply.body)
-                })
-                .collect();
-            let leader = views.first()?["leader_id"].as_u64()?;
-            let agreed = views.iter().all(|view| view["leader_id"].as_u64() == Some(leader));
-            let index = usize::try_from(leader).ok()? - 1;
-            (agreed && self.nodes[index].pid().is_some()).then_some(index)
-        })
-    }
-
-    fn view(&self, index: usize) -> Value {
-        try_request(&self.nodes[index].addr, "GET", "/v1/cluster", None)
-            .map(|reply| reply.body)
-            .unwrap_or(Value::Null)
-    }
-}
-
-/// Sends a request to the cluster, following the leader: on `not_leader` it goes where the
-/// refusal points, otherwise it tries the next node. Gives up after `timeout`.
-fn send(
-    addrs: &[String],
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-    timeout: Duration,
-) -> Option<Reply> {
-    let deadline = Instant::now() + timeout;
-    let mut target = addrs[0].clone();
-    let mut next = 0;
-    while Instant::now() < deadline {
-        match try_request(&target, method, path, body) {
-            Ok(reply) if reply.body["code"] == "not_leader" => {
-                match reply.body["leader"].as_str() {
-                    Some(leader) => target = leader.to_owned(),
-                    None => std::thread::sleep(Duration::from_millis(50)),
-                }
-            }
-            Ok(reply) if reply.status == 503 => std::thread::sleep(Duration::from_millis(50)),
-            Ok(reply) => return Some(reply),
-            Err(_) => {
-                next = (next + 1) % addrs.len();
-                target = addrs[next].clone();
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-    None
+fn start_cluster() -> Cluster {
+    let args: Vec<String> = [
+        "--heartbeat-ms",
+        "50",
+        "--election-timeout-ms",
+        &ELECTION_TIMEOUT_MS.to_string(),
+        "--snapshot-every",
+        &SNAPSHOT_EVERY.to_string(),
+        "--keep-entries",
+        "10",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    Cluster::start(Path::new(env!("CARGO_BIN_EXE_picket")), 3, &args)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,7 +175,7 @@ fn applied_revision(cluster: &Cluster, index: usize) -> u64 {
 
 #[test]
 fn leader_failover_and_follower_catch_up_lose_nothing() {
-    let mut cluster = Cluster::start();
+    let mut cluster = start_cluster();
     let leader = cluster.leader(Duration::from_secs(20));
     let addrs = cluster.addrs();
     let workers: Vec<Worker> = (0..3)
@@ -402,8 +315,8 @@ fn leader_failover_and_follower_catch_up_lose_nothing() {
 /// again; the cluster serves writes throughout.
 #[test]
 fn a_member_can_be_added_and_removed() {
-    let cluster = Cluster::start();
-    cluster.leader(Duration::from_secs(20));
+    let cluster = start_cluster();
+    let _ = cluster.leader(Duration::from_secs(20));
     let addrs = cluster.addrs();
     let port = free_port();
     let joiner_dir = temp_dir();

@@ -186,6 +186,42 @@ fn verify_on_advance_refuses_forged_and_superseded_tokens() {
     assert_eq!(put(&unverified, "res/k", Some(&honest), "honest").body["code"], "stale_token");
 }
 
+/// Issue 12, fence availability: while the lock service does not answer (frozen with SIGSTOP,
+/// so connections hang rather than fail), a write that needs verification is refused
+/// `unverified_token` after the store's bound, and it does not hold the resource meanwhile:
+/// writes with the already-admitted token to the same key are served while it waits.
+#[test]
+fn verify_on_advance_fails_closed_without_stalling_the_resource() {
+    let world = World::start(&["--verify-timeout-ms", "3000"]);
+    let (_, current) = world.acquire("res");
+    assert_eq!(put(&world, "res/k", Some(&current), "first").status, 200);
+    let token: u64 = current.split('.').nth(1).unwrap().parse().unwrap();
+    world.picket.signal("-STOP");
+    let advancing = {
+        let addr = world.kv.addr.clone();
+        let sequencer = format!("p1.{}.res", token + 1);
+        std::thread::spawn(move || {
+            kv_request(&addr, "PUT", "/kv/res/k", Some(&sequencer), b"advancing", &[])
+        })
+    };
+    // The advancing write is now waiting for the frozen service; the admitted grant writes on.
+    for round in 0..5 {
+        let value = format!("same-{round}");
+        let same = put(&world, "res/k", Some(&current), &value);
+        assert_eq!(same.status, 200, "{}", same.text);
+        assert_eq!(get(&world, "res/k").text, value);
+    }
+    assert!(
+        !advancing.is_finished(),
+        "the advancing write should still be waiting for the frozen lock service"
+    );
+    let refused = advancing.join().unwrap();
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(refused.body["code"], "unverified_token", "{}", refused.text);
+    world.picket.signal("-CONT");
+    assert_eq!(get(&world, "res/k").text, "same-4");
+}
+
 /// A unit over two resources is admitted at both or neither; an idempotent retry returns the
 /// original success; strict mode gives each grant one write.
 #[test]

@@ -207,6 +207,58 @@ fn a_disconnected_waiter_leaves_no_ghost() {
     assert_eq!(lock.body["holder"], Value::Null, "nobody holds the lock: {}", lock.text);
 }
 
+/// Issue 14, point 1: two overlapping waiting acquires of one session used to both answer
+/// `wait_replaced` while the session stayed queued, and then held the lock with nobody told.
+/// Now the second request is refused at once (`already_waiting`), the first keeps waiting and
+/// is the one granted, and a retry of the first (same request id) joins its wait.
+#[test]
+fn two_overlapping_waits_of_one_session_leave_no_ghost_holder() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let holder = open_session(&addr, 10_000, 0);
+    let token = token_of(&acquire(&addr, "y", holder, Some(0)));
+    let waiter = open_session(&addr, 10_000, 0);
+    let first = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            http::post(
+                &addr,
+                "/v1/locks/acquire",
+                &json!({ "name": "y", "session_id": waiter, "request_id": 1 }),
+            )
+        })
+    };
+    wait_until("the first request to queue", Duration::from_secs(5), || {
+        (http::get(&addr, "/v1/locks/y").body["waiters"] == json!([waiter])).then_some(())
+    });
+    let second = http::post(
+        &addr,
+        "/v1/locks/acquire",
+        &json!({ "name": "y", "session_id": waiter, "request_id": 2, "wait_ms": 10_000 }),
+    );
+    assert_eq!(second.status, 409, "{}", second.text);
+    assert_eq!(second.body["code"], "already_waiting", "{}", second.text);
+    let retry = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            http::post(
+                &addr,
+                "/v1/locks/acquire",
+                &json!({ "name": "y", "session_id": waiter, "request_id": 1 }),
+            )
+        })
+    };
+    assert_eq!(release(&addr, "y", holder, token).status, 200);
+    let granted = first.join().unwrap();
+    let retried = retry.join().unwrap();
+    let new_token = token_of(&granted);
+    assert_eq!(token_of(&retried), new_token, "the retry hears the same grant");
+    let lock = http::get(&addr, "/v1/locks/y");
+    assert_eq!(lock.body["holder"]["session_id"], waiter, "{}", lock.text);
+    assert_eq!(lock.body["waiters"], json!([]), "{}", lock.text);
+    assert_eq!(release(&addr, "y", waiter, new_token).status, 200);
+}
+
 /// Watching a lock over server-sent events shows its grants and releases as they happen.
 #[test]
 fn watch_streams_grants_and_releases() {

@@ -1,0 +1,486 @@
+//! Regression tests for issue 12: a 3-node cluster whose leader is `kill -9`'d and restarted
+//! before the others elect a new one.
+//!
+//! Before the fix, the restarted node took its leadership back in the same term without an
+//! election (openraft's leader restore). Its own last entries had not reached its disk, so it
+//! proposed new entries under log ids its followers already held with other commands: the logs
+//! forked and tokens were granted twice. It also answered reads at a committed index that had
+//! never been made durable, and a refused acquire's cleanup released a grant it had not made.
+//!
+//! Every test here runs real `picket serve` processes. The tests of one file share a lock, so
+//! only one cluster runs at a time on the test machine's two cores.
+
+use picket_testkit::cluster::{Cluster, send};
+use picket_testkit::http::try_request;
+use picket_testkit::wait_until;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One cluster at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const SESSION_TTL_MS: u64 = 10_000;
+
+fn start_cluster(extra: &[&str]) -> Cluster {
+    let mut args: Vec<String> = ["--heartbeat-ms", "50", "--election-timeout-ms", "500"]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    let cluster = Cluster::start(Path::new(env!("CARGO_BIN_EXE_picket")), 3, &args);
+    let _ = cluster.leader(Duration::from_secs(20));
+    cluster
+}
+
+fn open_session(addrs: &[String]) -> u64 {
+    let reply = send(
+        addrs,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({ "ttl_ms": SESSION_TTL_MS })),
+        Duration::from_secs(20),
+    )
+    .expect("the cluster answers");
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["session_id"].as_u64().expect("a session id")
+}
+
+fn acquire_try(addrs: &[String], session: u64, name: &str) -> u64 {
+    let reply = send(
+        addrs,
+        "POST",
+        "/v1/locks/acquire",
+        Some(&json!({ "name": name, "session_id": session, "wait_ms": 0 })),
+        Duration::from_secs(20),
+    )
+    .expect("the cluster answers");
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["token"].as_u64().expect("a token")
+}
+
+/// Kills the node every node names as leader and restarts it at once; returns its index.
+fn restart_leader(cluster: &mut Cluster) -> usize {
+    let leader = cluster.leader(Duration::from_secs(20));
+    cluster.nodes[leader].restart();
+    leader
+}
+
+/// Waits until a leader serves writes again (a session opens).
+fn wait_serving(cluster: &Cluster) {
+    let addrs = cluster.addrs();
+    let _ = open_session(&addrs);
+}
+
+/// Scenario 2 of the issue. A holds `L`; B waits; A is revoked, so B is granted `L` and its grant
+/// is acknowledged; the leader is killed and restarted at once. Whatever node answers first must
+/// name B, and A's sequencer must not be current.
+#[test]
+fn a_restarted_leader_never_serves_a_stale_read() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = start_cluster(&[]);
+    let addrs = cluster.addrs();
+    let mut stale = Vec::new();
+    for trial in 0..10 {
+        let (a, b) = (open_session(&addrs), open_session(&addrs));
+        let name = format!("stale/{trial}");
+        let token_a = acquire_try(&addrs, a, &name);
+        let waiter = {
+            let (addrs, name) = (addrs.clone(), name.clone());
+            std::thread::spawn(move || {
+                send(
+                    &addrs,
+                    "POST",
+                    "/v1/locks/acquire",
+                    Some(&json!({ "name": name, "session_id": b, "wait_ms": 30_000 })),
+                    Duration::from_secs(40),
+                )
+            })
+        };
+        wait_until("B to queue", Duration::from_secs(10), || {
+            let lock =
+                send(&addrs, "GET", &format!("/v1/locks/{name}"), None, Duration::from_secs(5))?;
+            (lock.body["waiters"].as_array()?.len() == 1).then_some(())
+        });
+        let revoked = send(
+            &addrs,
+            "POST",
+            &format!("/v1/sessions/{a}/revoke"),
+            Some(&json!({})),
+            Duration::from_secs(10),
+        )
+        .expect("the cluster answers");
+        assert_eq!(revoked.status, 200, "{}", revoked.text);
+        let granted = waiter.join().expect("the waiter thread").expect("B's acquire is answered");
+        assert_eq!(granted.status, 200, "{}", granted.text);
+        let token_b = granted.body["token"].as_u64().expect("a token");
+        assert!(token_b > token_a);
+
+        let leader = restart_leader(&mut cluster);
+        // The first answer from any node, the restarted one first.
+        let order: Vec<usize> =
+            std::iter::once(leader).chain((0..3).filter(|index| *index != leader)).collect();
+        let (node, lock, check) = wait_until("a node to answer", Duration::from_secs(20), || {
+            order.iter().find_map(|&index| {
+                let addr = &cluster.nodes[index].addr;
+                let lock = try_request(addr, "GET", &format!("/v1/locks/{name}"), None).ok()?;
+                if lock.status != 200 {
+                    return None;
+                }
+                let sequencer = format!("p1.{token_a}.{}", name.replace('/', "%2F"));
+                let check =
+                    try_request(addr, "GET", &format!("/v1/check?sequencer={sequencer}"), None)
+                        .ok()?;
+                Some((index, lock.body, check.body))
+            })
+        });
+        let holder = (lock["holder"]["session_id"].as_u64(), lock["holder"]["token"].as_u64());
+        if holder != (Some(b), Some(token_b)) || check["status"] == "current" {
+            stale.push(format!(
+                "trial {trial}: node {} named {holder:?} (B is session {b} with token {token_b}) and said A's token {token_a} is {}",
+                node + 1,
+                check["status"]
+            ));
+        }
+        wait_serving(&cluster);
+    }
+    assert!(stale.is_empty(), "stale reads after a leader restart:\n{}", stale.join("\n"));
+}
+
+/// Scenario 3 of the issue. S holds `L`; the leader is killed and restarted at once; S asks the
+/// restarted node for `L` again while it starts, which refuses. The refusal must leave nothing
+/// behind: S still holds `L` under the same token, and can release it.
+#[test]
+fn a_refused_acquire_on_a_restarting_leader_releases_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = start_cluster(&[]);
+    let addrs = cluster.addrs();
+    let mut lost = Vec::new();
+    let mut refusals = 0;
+    for trial in 0..8 {
+        let session = open_session(&addrs);
+        let name = format!("kept/{trial}");
+        let token = acquire_try(&addrs, session, &name);
+        let restarted = restart_leader(&mut cluster);
+        let body = json!({ "name": name, "session_id": session, "wait_ms": 5_000 });
+        // Ask the restarted node itself, as a client unsure of its grant would, until it either
+        // answers or a new leader is known elsewhere.
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(3) {
+            let Ok(reply) = try_request(
+                &cluster.nodes[restarted].addr,
+                "POST",
+                "/v1/locks/acquire",
+                Some(&body),
+            ) else {
+                continue;
+            };
+            if reply.status == 200 {
+                assert_eq!(reply.body["token"].as_u64(), Some(token), "{}", reply.text);
+                break;
+            }
+            refusals += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let again = send(&addrs, "POST", "/v1/locks/acquire", Some(&body), Duration::from_secs(20))
+            .expect("the cluster answers");
+        assert_eq!(again.status, 200, "{}", again.text);
+        if again.body["already_held"] != true || again.body["token"].as_u64() != Some(token) {
+            lost.push(format!(
+                "trial {trial}: session {session} held token {token}, asked again: {}",
+                again.text
+            ));
+            continue;
+        }
+        // A refused request's cleanup, if any, runs within milliseconds of the refusal; give it
+        // a second to show, then the grant must be intact and releasable.
+        let window = Instant::now();
+        let mut kept = true;
+        while kept && window.elapsed() < Duration::from_secs(1) {
+            let lock =
+                send(&addrs, "GET", &format!("/v1/locks/{name}"), None, Duration::from_secs(10))
+                    .expect("the cluster answers");
+            kept = lock.body["holder"]["session_id"].as_u64() == Some(session)
+                && lock.body["holder"]["token"].as_u64() == Some(token);
+            if !kept {
+                lost.push(format!(
+                    "trial {trial}: session {session} lost token {token}: {}",
+                    lock.text
+                ));
+            }
+        }
+        if kept {
+            let released = send(
+                &addrs,
+                "POST",
+                "/v1/locks/release",
+                Some(&json!({ "name": name, "session_id": session, "token": token })),
+                Duration::from_secs(10),
+            )
+            .expect("the cluster answers");
+            assert_eq!(released.status, 200, "{}", released.text);
+        }
+    }
+    eprintln!("{refusals} acquires refused by restarting nodes");
+    assert!(refusals > 0, "no acquire met a restarting node: the test did not test anything");
+    assert!(lost.is_empty(), "grants released behind their holder's back:\n{}", lost.join("\n"));
+}
+
+/// A fault applied to the cluster between rounds of load.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// `kill -9` the leader and restart it at once.
+    LeaderRestart,
+    /// `kill -9` every node and restart them all.
+    FullRestart,
+    /// `kill -9` a follower and restart it at once.
+    FollowerRestart,
+    /// `kill -9` the leader while it writes a snapshot, and restart it at once.
+    LeaderRestartDuringSnapshot,
+}
+
+/// One acknowledged grant as the client saw it.
+#[derive(Clone, Debug)]
+struct SeenGrant {
+    lock: String,
+    session: u64,
+    token: u64,
+    sent: Instant,
+    received: Instant,
+}
+
+/// Try-acquires and releases a few shared locks in its own session until `stop`, recording every
+/// grant it is told about.
+fn grant_worker(addrs: &[String], stop: &AtomicBool, locks: usize) -> Vec<SeenGrant> {
+    let session = open_session(addrs);
+    let mut grants = Vec::new();
+    let mut last_keepalive = Instant::now();
+    let mut round = 0;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        if last_keepalive.elapsed() > Duration::from_millis(SESSION_TTL_MS / 5) {
+            let path = format!("/v1/sessions/{session}/keepalive");
+            if let Some(reply) =
+                send(addrs, "POST", &path, Some(&json!({})), Duration::from_secs(3))
+            {
+                assert_eq!(reply.status, 200, "session {session} was lost: {}", reply.text);
+                last_keepalive = Instant::now();
+            }
+        }
+        let lock = format!("shared/{}", round % locks);
+        let sent = Instant::now();
+        let body = json!({ "name": lock, "session_id": session, "wait_ms": 0 });
+        let Some(reply) =
+            send(addrs, "POST", "/v1/locks/acquire", Some(&body), Duration::from_secs(3))
+        else {
+            continue;
+        };
+        if reply.status != 200 {
+            continue;
+        }
+        let token = reply.body["token"].as_u64().expect("a token");
+        grants.push(SeenGrant {
+            lock: lock.clone(),
+            session,
+            token,
+            sent,
+            received: Instant::now(),
+        });
+        let release = json!({ "name": lock, "session_id": session, "token": token });
+        // Until the release is acknowledged the grant may still stand; ask until it is.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            match send(addrs, "POST", "/v1/locks/release", Some(&release), Duration::from_secs(3)) {
+                Some(reply) if reply.status == 200 || reply.body["code"] == "not_held" => break,
+                _ => {}
+            }
+        }
+    }
+    grants
+}
+
+/// Runs the grant workers while `faults` are applied, then checks the history and the logs.
+fn run_with_faults(fault: Fault, rounds: usize, extra: &[&str]) {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = start_cluster(extra);
+    let addrs = cluster.addrs();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (addrs, stop) = (addrs.clone(), stop.clone());
+            std::thread::spawn(move || grant_worker(&addrs, &stop, 2))
+        })
+        .collect();
+    let mut snapshot_hits = 0;
+    for _ in 0..rounds {
+        let leader = cluster.leader(Duration::from_secs(30));
+        let index = cluster.applied_log_index(leader);
+        wait_until("load on the leader", Duration::from_secs(30), || {
+            (cluster.applied_log_index(leader) > index + 50).then_some(())
+        });
+        match fault {
+            Fault::LeaderRestart => cluster.nodes[leader].restart(),
+            Fault::FullRestart => {
+                for node in &mut cluster.nodes {
+                    node.kill();
+                }
+                for node in &mut cluster.nodes {
+                    node.restart();
+                }
+            }
+            Fault::FollowerRestart => cluster.nodes[(leader + 1) % 3].restart(),
+            Fault::LeaderRestartDuringSnapshot => {
+                let tmp = cluster.data_dir(leader).join("snapshot.tmp");
+                let started = Instant::now();
+                while !tmp.exists() && started.elapsed() < Duration::from_secs(5) {
+                    std::hint::spin_loop();
+                }
+                if tmp.exists() {
+                    snapshot_hits += 1;
+                }
+                cluster.nodes[leader].restart();
+            }
+        }
+        wait_serving(&cluster);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let grants: Vec<SeenGrant> =
+        workers.into_iter().flat_map(|worker| worker.join().expect("a worker")).collect();
+    if matches!(fault, Fault::LeaderRestartDuringSnapshot) {
+        eprintln!("{snapshot_hits} of {rounds} kills landed while a snapshot was being written");
+        assert!(snapshot_hits > 0, "no kill landed during a snapshot");
+    }
+    check_grants(&grants);
+    cluster.wait_converged(Duration::from_secs(30));
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    check_logs_agree(&cluster);
+}
+
+/// No token of a lock went to two sessions, and a grant acknowledged before another was asked
+/// for has the smaller token.
+fn check_grants(grants: &[SeenGrant]) {
+    assert!(grants.len() > 20, "too little load: {} grants", grants.len());
+    let mut problems = Vec::new();
+    let mut owners: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    for grant in grants {
+        if let Some(other) = owners.insert((&grant.lock, grant.token), grant.session)
+            && other != grant.session
+        {
+            problems.push(format!(
+                "token {} of {} was granted to sessions {other} and {}",
+                grant.token, grant.lock, grant.session
+            ));
+        }
+    }
+    for later in grants {
+        for earlier in grants {
+            let same_grant = earlier.session == later.session && earlier.token == later.token;
+            if earlier.lock == later.lock
+                && !same_grant
+                && earlier.received < later.sent
+                && earlier.token >= later.token
+            {
+                problems.push(format!(
+                    "{}: token {} (session {}) was acknowledged before token {} (session {}) was asked for",
+                    later.lock, earlier.token, earlier.session, later.token, later.session
+                ));
+            }
+        }
+    }
+    problems.truncate(20);
+    assert!(problems.is_empty(), "the token history is broken:\n{}", problems.join("\n"));
+}
+
+/// No log id holds different entries on two nodes.
+fn check_logs_agree(cluster: &Cluster) {
+    let mut by_id: BTreeMap<(String, u64), Vec<(usize, String)>> = BTreeMap::new();
+    for index in 0..cluster.nodes.len() {
+        let entries =
+            picket_server::read_entries(&cluster.data_dir(index)).expect("a readable log");
+        for entry in entries {
+            by_id.entry((entry.leader, entry.index)).or_default().push((index + 1, entry.payload));
+        }
+    }
+    assert!(by_id.len() > 50, "too few entries to compare: {}", by_id.len());
+    let forks: Vec<String> = by_id
+        .iter()
+        .filter(|(_, copies)| copies.iter().any(|(_, payload)| *payload != copies[0].1))
+        .take(10)
+        .map(|((leader, index), copies)| format!("log id {leader} index {index}: {copies:?}"))
+        .collect();
+    assert!(forks.is_empty(), "the logs forked:\n{}", forks.join("\n"));
+}
+
+/// Scenario 1 of the issue: the leader is killed and restarted at once, repeatedly, under load.
+#[test]
+fn a_restarted_leader_never_forks_the_log_or_grants_a_token_twice() {
+    run_with_faults(Fault::LeaderRestart, 8, &[]);
+}
+
+#[test]
+fn a_full_cluster_restart_never_forks_the_log_or_grants_a_token_twice() {
+    run_with_faults(Fault::FullRestart, 5, &[]);
+}
+
+#[test]
+fn a_follower_restart_never_forks_the_log_or_grants_a_token_twice() {
+    run_with_faults(Fault::FollowerRestart, 5, &[]);
+}
+
+#[test]
+fn a_leader_killed_during_a_snapshot_never_forks_the_log_or_grants_a_token_twice() {
+    run_with_faults(
+        Fault::LeaderRestartDuringSnapshot,
+        5,
+        &["--snapshot-every", "40", "--keep-entries", "200"],
+    );
+}
+
+/// `/readyz` says whether a node can serve; `/healthz` only that it is alive. With a quorum,
+/// every node is ready once a leader is known and settled; a node left without a quorum is not
+/// ready, though alive, and a node restarted into the cluster is ready again once it caught up.
+#[test]
+fn readyz_follows_the_quorum_and_healthz_stays_liveness() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cluster = start_cluster(&[]);
+    let ready = |cluster: &Cluster, index: usize| {
+        try_request(&cluster.nodes[index].addr, "GET", "/readyz", None)
+            .map(|reply| (reply.status, reply.body))
+            .unwrap_or((0, serde_json::Value::Null))
+    };
+    let alive = |cluster: &Cluster, index: usize| {
+        try_request(&cluster.nodes[index].addr, "GET", "/healthz", None)
+            .map(|reply| reply.status)
+            .unwrap_or(0)
+    };
+    wait_until("every node ready", Duration::from_secs(20), || {
+        (0..3).all(|index| ready(&cluster, index).0 == 200).then_some(())
+    });
+    let leader = cluster.leader(Duration::from_secs(20));
+    let follower = (leader + 1) % 3;
+    let last = (leader + 2) % 3;
+    cluster.nodes[leader].kill();
+    cluster.nodes[follower].kill();
+    let body = wait_until("the lone node to be not ready", Duration::from_secs(20), || {
+        let (status, body) = ready(&cluster, last);
+        (status == 503).then_some(body)
+    });
+    assert_eq!(body["status"], "not_ready", "{body}");
+    assert!(
+        ["no_leader", "no_quorum", "leader_not_settled"]
+            .contains(&body["code"].as_str().unwrap_or("")),
+        "{body}"
+    );
+    assert_eq!(alive(&cluster, last), 200, "a node without a quorum is still alive");
+    cluster.nodes[leader].restart();
+    cluster.nodes[follower].restart();
+    wait_until("every node ready again", Duration::from_secs(30), || {
+        (0..3).all(|index| ready(&cluster, index).0 == 200).then_some(())
+    });
+    wait_serving(&cluster);
+}
