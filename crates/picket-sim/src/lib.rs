@@ -23,4 +23,5 @@ mod world;
 
 pub use config::{Mutations, Scenario, SimConfig, Strategy};
 pub use report::{Report, Row, simulate, trace};
+pub use rng::Rng;
 pub use world::RunStats;

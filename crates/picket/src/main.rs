@@ -1,6 +1,7 @@
 //! The `picket` command: the server, and (as they land) the client commands.
 
 mod bench;
+mod chaos;
 mod commands;
 mod duration;
 mod http_client;
@@ -69,6 +70,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// Measure a running Picket: acquire/release throughput and latency, or many sessions.
     Bench(bench::BenchArgs),
+    /// The fault harness: a real cluster, the fenced store and clients under kills and pauses,
+    /// with the whole history checked.
+    Chaos(chaos::ChaosArgs),
 }
 
 fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
@@ -98,7 +102,8 @@ fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Resul
             | Command::Bench(_)
             | Command::Lock(_)
             | Command::Kv(_)
-            | Command::Sim(_) => {
+            | Command::Sim(_)
+            | Command::Chaos(_) => {
                 unreachable!("handled by main")
             }
         }
@@ -112,6 +117,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args, cli.endpoints),
         Command::Kv(args) => kv::run(args, cli.endpoints),
         Command::Sim(args) => sim::run(&args),
+        Command::Chaos(args) => chaos::run(args, cli.endpoints),
         client_command => run_client_command(client_command, cli.endpoints),
     };
     match result {

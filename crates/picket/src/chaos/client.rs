@@ -1,0 +1,187 @@
+//! One chaos client process: loops acquire, fence on acquire, read, think, append, release,
+//! and prints every invocation and completion as a JSON line on standard output.
+//!
+//! It never checks `Guard::lost()` before writing: it behaves like the worst client, one that
+//! paused after its last check, so that only the fence stands between its late writes and the
+//! data. It stops after the current cycle once its standard input closes.
+
+use super::history::{Event, Op, Phase};
+use crate::http_client;
+use anyhow::Context;
+use picket_client::{Client, ClientError, Guard, Session};
+use picket_fence::http::SEQUENCER_HEADER;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// How one client process behaves.
+#[derive(Clone, Debug)]
+pub struct ClientPlan {
+    /// This process's number, from 1.
+    pub process: u32,
+    /// The store's URL, e.g. `http://127.0.0.1:7690`.
+    pub kv: String,
+    /// The lock.
+    pub lock: String,
+    /// The guarded key holding the list; its prefix is bound to `lock`.
+    pub key: String,
+    /// The guarded prefix, for fence registration.
+    pub prefix: String,
+    /// The session TTL.
+    pub ttl: Duration,
+    /// Longest think time between the read and the write.
+    pub think: Duration,
+    /// Seed of the think times.
+    pub seed: u64,
+}
+
+fn emit(event: &Event) {
+    let mut out = std::io::stdout().lock();
+    // A client whose harness went away has nobody to tell; it stops at its next cycle.
+    let _ = serde_json::to_writer(&mut out, event);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+/// An error body's `code`, or the status when it has none.
+fn refusal_code(reply: &http_client::Reply) -> String {
+    serde_json::from_slice::<serde_json::Value>(&reply.body)
+        .ok()
+        .and_then(|body| body["code"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("http_{}", reply.status))
+}
+
+/// What a call to the store said, as a history phase: 2xx ok, 4xx a refusal (nothing was
+/// done), anything else or no answer unknown.
+fn phase_of(reply: anyhow::Result<http_client::Reply>, value: bool) -> (Phase, bool) {
+    match reply {
+        Ok(reply) if (200..300).contains(&reply.status) => {
+            let value = value.then(|| reply.text());
+            (Phase::Ok { token: None, session: None, value }, true)
+        }
+        // A missing key reads as the empty list.
+        Ok(reply) if value && reply.status == 404 => {
+            (Phase::Ok { token: None, session: None, value: Some(String::new()) }, true)
+        }
+        Ok(reply) if (400..500).contains(&reply.status) => {
+            (Phase::Fail { code: refusal_code(&reply) }, false)
+        }
+        Ok(reply) => (Phase::Info { detail: format!("{}: {}", reply.status, reply.text()) }, false),
+        Err(error) => (Phase::Info { detail: format!("{error:#}") }, false),
+    }
+}
+
+fn acquire_phase(error: &ClientError) -> Phase {
+    match error {
+        ClientError::Service { code, .. } => Phase::Fail { code: code.clone() },
+        ClientError::SessionLost(_) => Phase::Fail { code: "session_lost".into() },
+        ClientError::InvalidArgument(_) => Phase::Fail { code: "invalid_argument".into() },
+        other => Phase::Info { detail: other.to_string() },
+    }
+}
+
+/// Runs the client until its standard input closes.
+///
+/// # Errors
+/// Only when it cannot start; failures of the service are recorded, not returned.
+pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let client = Client::connect(endpoints).await.context("cannot reach Picket")?;
+    let mut rng = picket_sim::Rng::new(plan.seed ^ u64::from(plan.process));
+    let mut session: Option<Session> = None;
+    let mut cycle: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let current = match session.take() {
+            Some(open) if open.lost_reason().is_none() => open,
+            _ => match client.session(plan.ttl).await {
+                Ok(open) => open,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot open a session; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        cycle += 1;
+        run_cycle(&plan, &current, cycle, &mut rng).await;
+        session = Some(current);
+    }
+    if let Some(session) = session {
+        let _ = session.close().await;
+    }
+    Ok(())
+}
+
+/// One acquire, register, read, think, write, release.
+async fn run_cycle(plan: &ClientPlan, session: &Session, cycle: u64, rng: &mut picket_sim::Rng) {
+    let process = plan.process;
+    emit(&Event::client(process, Op::Acquire, Phase::Invoke));
+    let guard = match session.lock_timeout(&plan.lock, Duration::from_secs(3)).await {
+        Ok(guard) => guard,
+        Err(error) => {
+            emit(&Event::client(process, Op::Acquire, acquire_phase(&error)));
+            return;
+        }
+    };
+    let token = guard.token();
+    let granted = Phase::Ok { token: Some(token), session: Some(session.id()), value: None };
+    emit(&Event::client(process, Op::Acquire, granted));
+    let headers = [(SEQUENCER_HEADER, guard.sequencer().to_string())];
+
+    let op = Op::Register { token };
+    emit(&Event::client(process, op.clone(), Phase::Invoke));
+    let url = format!("{}/fence/{}", plan.kv, plan.prefix);
+    let (phase, registered) =
+        phase_of(http_client::send(hyper::Method::POST, &url, &headers, Vec::new()).await, false);
+    emit(&Event::client(process, op, phase));
+    if !registered {
+        release(process, guard).await;
+        return;
+    }
+
+    let op = Op::Read { token };
+    emit(&Event::client(process, op.clone(), Phase::Invoke));
+    let url = format!("{}/kv/{}", plan.kv, plan.key);
+    let (phase, read) =
+        phase_of(http_client::send(hyper::Method::GET, &url, &headers, Vec::new()).await, true);
+    let list = match &phase {
+        Phase::Ok { value: Some(value), .. } => value.clone(),
+        _ => String::new(),
+    };
+    emit(&Event::client(process, op, phase));
+    if !read {
+        release(process, guard).await;
+        return;
+    }
+
+    // Think: a pause of this process lands here as often as anywhere.
+    let think_ms = u64::try_from(plan.think.as_millis()).unwrap_or(u64::MAX).max(1);
+    tokio::time::sleep(Duration::from_millis(rng.range(0, think_ms))).await;
+
+    let element = format!("p{process}-{cycle}");
+    let op = Op::Write { token, element: element.clone() };
+    emit(&Event::client(process, op.clone(), Phase::Invoke));
+    let value = format!("{list}{element}\n").into_bytes();
+    let (phase, _) =
+        phase_of(http_client::send(hyper::Method::PUT, &url, &headers, value).await, false);
+    emit(&Event::client(process, op, phase));
+    release(process, guard).await;
+}
+
+async fn release(process: u32, guard: Guard) {
+    let op = Op::Release { token: guard.token() };
+    emit(&Event::client(process, op.clone(), Phase::Invoke));
+    let phase = match guard.release().await {
+        Ok(()) => Phase::Ok { token: None, session: None, value: None },
+        Err(error) => acquire_phase(&error),
+    };
+    emit(&Event::client(process, op, phase));
+}
