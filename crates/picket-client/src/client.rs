@@ -443,9 +443,16 @@ impl Client {
         // Every attempt carries the same request id, so a retry joins the wait or gets the
         // grant of the attempt it repeats instead of being a second request.
         let request_id = Some(fresh_request_id());
+        let mut attempt = 0;
         self.call(Retry::Safe, timeout, |mut client| {
-            let request =
-                v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms, request_id };
+            let request = v1::AcquireRequest {
+                name: name.to_owned(),
+                session_id,
+                wait_ms,
+                request_id,
+                attempt,
+            };
+            attempt += 1;
             async move { client.acquire(request).await }
         })
         .await

@@ -178,12 +178,19 @@ impl Session {
         // Every attempt carries the same request id, so a retry after a broken connection
         // joins the first attempt's wait or gets its grant: it is safe to retry.
         let request_id = Some(crate::client::fresh_request_id());
+        let mut attempt = 0;
         let granted = self
             .shared
             .client
             .call(Retry::Safe, timeout, |mut grpc| {
-                let request =
-                    v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms, request_id };
+                let request = v1::AcquireRequest {
+                    name: name.to_owned(),
+                    session_id,
+                    wait_ms,
+                    request_id,
+                    attempt,
+                };
+                attempt += 1;
                 async move { grpc.acquire(request).await }
             })
             .await?;

@@ -34,6 +34,7 @@ fn main() {
                 name: format!("held/{index}"),
                 wait: Wait::Try,
                 request: RequestId(0),
+                attempt: 0,
             },
         });
     }
@@ -48,6 +49,7 @@ fn main() {
                 name: "bench/lock".into(),
                 wait: Wait::Try,
                 request: RequestId(0),
+                attempt: 0,
             },
         });
         let Ok(Response::Granted { token, .. }) = acquired.result else { unreachable!() };
@@ -68,6 +70,7 @@ fn main() {
                 name: "contended".into(),
                 wait: Wait::Forever,
                 request: RequestId(0),
+                attempt: 0,
             },
         });
     }
@@ -91,6 +94,7 @@ fn main() {
                     name: "contended".into(),
                     wait: Wait::Forever,
                     request: RequestId(0),
+                    attempt: 0,
                 },
             });
             black_box(requeued);

@@ -58,6 +58,11 @@ pub enum Command {
         /// before request ids existed read as request 0.
         #[serde(default)]
         request: RequestId,
+        /// Which attempt at the request this is: 0 for the first, one more for each retry. The
+        /// grant or wait remembers the latest attempt that reached it, so the abandoning of an
+        /// earlier attempt (its caller went away and retried) leaves the retry's answer alone.
+        #[serde(default)]
+        attempt: u32,
     },
     /// Undoes what one acquire request did, because its caller went away without hearing the
     /// answer: cancels the request's wait, or releases the grant the request produced. Never
@@ -70,6 +75,10 @@ pub enum Command {
         name: String,
         /// The abandoned request.
         request: RequestId,
+        /// The abandoned attempt: nothing is undone if a later attempt of the request reached
+        /// the grant or wait since.
+        #[serde(default)]
+        attempt: u32,
     },
     /// Leaves a lock's queue.
     Cancel {
@@ -114,11 +123,11 @@ impl fmt::Display for Command {
             Self::KeepAlive { session } => write!(f, "keep_alive({session})"),
             Self::CloseSession { session } => write!(f, "close_session({session})"),
             Self::RevokeSession { session } => write!(f, "revoke_session({session})"),
-            Self::Acquire { session, name, wait, request } => {
-                write!(f, "acquire({session}, {name:?}, {wait:?}, request={request})")
+            Self::Acquire { session, name, wait, request, attempt } => {
+                write!(f, "acquire({session}, {name:?}, {wait:?}, request={request}.{attempt})")
             }
-            Self::Abandon { session, name, request } => {
-                write!(f, "abandon({session}, {name:?}, request={request})")
+            Self::Abandon { session, name, request, attempt } => {
+                write!(f, "abandon({session}, {name:?}, request={request}.{attempt})")
             }
             Self::Cancel { session, name } => write!(f, "cancel({session}, {name:?})"),
             Self::Release { session, name, token } => {

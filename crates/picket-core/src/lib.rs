@@ -21,6 +21,7 @@
 //!     name: "report".into(),
 //!     wait: Wait::Forever,
 //!     request: RequestId(1),
+//!     attempt: 0,
 //! };
 //! let first = machine.apply(&Input { now_ms: 10, command: acquire(a) });
 //! let Ok(Response::Granted { token: token_a, .. }) = first.result else { panic!() };

@@ -178,11 +178,11 @@ impl StateMachine {
             Command::KeepAlive { session } => self.keep_alive(*session, step),
             Command::CloseSession { session } => self.end_one(*session, SessionEnd::Closed, step),
             Command::RevokeSession { session } => self.end_one(*session, SessionEnd::Revoked, step),
-            Command::Acquire { session, name, wait, request } => {
-                self.acquire(*session, name, *wait, *request, step)
+            Command::Acquire { session, name, wait, request, attempt } => {
+                self.acquire(*session, name, *wait, (*request, *attempt), step)
             }
-            Command::Abandon { session, name, request } => {
-                self.abandon(*session, name, *request, step)
+            Command::Abandon { session, name, request, attempt } => {
+                self.abandon(*session, name, (*request, *attempt), step)
             }
             Command::Cancel { session, name } => self.cancel(*session, name, step),
             Command::Release { session, name, token } => self.release(*session, name, *token, step),
@@ -315,7 +315,7 @@ impl StateMachine {
         session: SessionId,
         name: &str,
         wait: Wait,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
         step: &mut Step,
     ) -> Result<Response, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
@@ -327,6 +327,11 @@ impl StateMachine {
         let holder = lock_record.and_then(|lock| lock.holder);
         if let Some(holder) = holder.filter(|holder| holder.session == session) {
             self.accept(step);
+            if holder.request == request {
+                let lock = self.locks.get_mut(name).expect("a held lock has a record");
+                let stored = lock.holder.as_mut().expect("the lock is held");
+                stored.attempt = stored.attempt.max(attempt);
+            }
             return Ok(Response::Granted {
                 name: name.to_owned(),
                 token: holder.token,
@@ -339,7 +344,7 @@ impl StateMachine {
             if free {
                 self.check_session_room(session)?;
                 self.accept(step);
-                let token = self.grant(name, session, request, step);
+                let token = self.grant(name, session, (request, attempt), step);
                 return Ok(Response::Granted { name: name.to_owned(), token, already_held: false });
             }
             return Err(self.busy_error(name));
@@ -354,12 +359,12 @@ impl StateMachine {
                 });
             }
             self.accept(step);
-            return Ok(self.rewait(name, session, wait_ms, step.now_ms));
+            return Ok(self.rewait(name, session, wait_ms, attempt, step.now_ms));
         }
         self.check_session_room(session)?;
         if free {
             self.accept(step);
-            let token = self.grant(name, session, request, step);
+            let token = self.grant(name, session, (request, attempt), step);
             return Ok(Response::Granted { name: name.to_owned(), token, already_held: false });
         }
         let queue_len = lock_record.map_or(0, |lock| lock.waiters.len());
@@ -370,7 +375,7 @@ impl StateMachine {
             });
         }
         self.accept(step);
-        let position = self.enqueue(name, session, wait_ms, request, step);
+        let position = self.enqueue(name, session, wait_ms, (request, attempt), step);
         Ok(Response::Queued { name: name.to_owned(), position })
     }
 
@@ -381,24 +386,31 @@ impl StateMachine {
         &lock.waiters[position]
     }
 
-    /// Undoes what `request` did to `name`: its wait, or the grant it produced.
+    /// Undoes what `request` did to `name`: its wait, or the grant it produced, unless a later
+    /// attempt of the request reached them since.
     fn abandon(
         &mut self,
         session: SessionId,
         name: &str,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
         step: &mut Step,
     ) -> Result<Response, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         let record = self.session_record(session)?;
-        if record.waiting.contains(name) && self.waiter(name, session).request == request {
+        let abandons = |made_by: RequestId, latest_attempt: u32| {
+            made_by == request && attempt >= latest_attempt
+        };
+        if record.waiting.contains(name) && {
+            let waiter = self.waiter(name, session);
+            abandons(waiter.request, waiter.attempt)
+        } {
             self.accept(step);
             self.leave_queue(name, session, CancelCause::Abandoned, step);
             return Ok(Response::Abandoned { name: name.to_owned(), released_token: None });
         }
         let holder = self.locks.get(name).and_then(|lock| lock.holder);
-        let Some(holder) =
-            holder.filter(|holder| holder.session == session && holder.request == request)
+        let Some(holder) = holder
+            .filter(|holder| holder.session == session && abandons(holder.request, holder.attempt))
         else {
             return Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request });
         };
@@ -454,11 +466,13 @@ impl StateMachine {
         name: &str,
         session: SessionId,
         wait_ms: Option<u64>,
+        attempt: u32,
         now_ms: u64,
     ) -> Response {
         let lock = self.locks.get_mut(name).expect("a waiter's lock has a record");
         let position = lock.position_of(session).expect("the session is queued");
         let waiter = &mut lock.waiters[position];
+        waiter.attempt = waiter.attempt.max(attempt);
         if let Some(deadline_ms) = waiter.deadline_ms {
             assert!(self.wait_deadlines.remove(&(deadline_ms, session, name.to_owned())));
         }
@@ -475,12 +489,12 @@ impl StateMachine {
         name: &str,
         session: SessionId,
         wait_ms: Option<u64>,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
         step: &mut Step,
     ) -> usize {
         let deadline_ms = wait_ms.map(|wait_ms| step.now_ms.saturating_add(wait_ms));
         let lock = self.locks.get_mut(name).expect("a busy lock has a record");
-        lock.waiters.push_back(Waiter { session, wait_ms, deadline_ms, request });
+        lock.waiters.push_back(Waiter { session, wait_ms, deadline_ms, request, attempt });
         let position = lock.waiters.len() - 1;
         assert!(position < self.limits.max_waiters_per_lock);
         let record = self.sessions.get_mut(&session).expect("a waiter's session is live");
@@ -703,7 +717,7 @@ impl StateMachine {
                 let record =
                     self.sessions.get_mut(&waiter.session).expect("a waiter's session is live");
                 assert!(record.waiting.remove(name));
-                self.grant(name, waiter.session, waiter.request, step);
+                self.grant(name, waiter.session, (waiter.request, waiter.attempt), step);
             }
             None => {
                 assert!(lock.is_idle());
@@ -712,12 +726,13 @@ impl StateMachine {
         }
     }
 
-    /// Makes `session` the holder of the free lock `name` for `request` and returns the token.
+    /// Makes `session` the holder of the free lock `name` for attempt `attempt` of `request`
+    /// and returns the token.
     fn grant(
         &mut self,
         name: &str,
         session: SessionId,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
         step: &mut Step,
     ) -> u64 {
         let token = self.revision;
@@ -728,7 +743,7 @@ impl StateMachine {
         let lock = self.locks.entry(name.to_owned()).or_default();
         assert!(lock.is_free(), "only a free lock is granted");
         assert!(lock.position_of(session).is_none(), "the grantee has left the queue");
-        lock.holder = Some(Holder { session, token, request });
+        lock.holder = Some(Holder { session, token, request, attempt });
         let record = self.sessions.get_mut(&session).expect("the grantee's session is live");
         assert!(record.held.insert(name.to_owned()));
         assert!(record.lock_count() <= self.limits.max_locks_per_session);

@@ -30,6 +30,9 @@ pub(crate) struct Holder {
     /// The acquire request that produced this grant; only abandoning that request releases it.
     #[serde(default)]
     pub(crate) request: RequestId,
+    /// The latest attempt of that request that reached the grant.
+    #[serde(default)]
+    pub(crate) attempt: u32,
 }
 
 /// A session queued for a lock.
@@ -43,6 +46,9 @@ pub(crate) struct Waiter {
     /// The acquire request waiting; the grant it gets carries the same request.
     #[serde(default)]
     pub(crate) request: RequestId,
+    /// The latest attempt of that request that reached the wait.
+    #[serde(default)]
+    pub(crate) attempt: u32,
 }
 
 /// A lock-delay in force after a holder's session expired or was revoked.

@@ -26,8 +26,8 @@ enum Op {
     KeepAlive { who: usize },
     Close { who: usize },
     Revoke { who: usize },
-    Acquire { who: usize, name: usize, wait: Wait, request: u64 },
-    Abandon { who: usize, name: usize, request: u64 },
+    Acquire { who: usize, name: usize, wait: Wait, request: u64, attempt: u32 },
+    Abandon { who: usize, name: usize, request: u64, attempt: u32 },
     Cancel { who: usize, name: usize },
     Release { who: usize, name: usize, right_token: bool },
     Tick { renew: Vec<usize> },
@@ -60,10 +60,11 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => who.clone().prop_map(|who| Op::KeepAlive { who }),
         1 => who.clone().prop_map(|who| Op::Close { who }),
         1 => who.clone().prop_map(|who| Op::Revoke { who }),
-        8 => (who.clone(), name.clone(), wait_strategy(), 0u64..3)
-            .prop_map(|(who, name, wait, request)| Op::Acquire { who, name, wait, request }),
-        2 => (who.clone(), name.clone(), 0u64..3)
-            .prop_map(|(who, name, request)| Op::Abandon { who, name, request }),
+        8 => (who.clone(), name.clone(), wait_strategy(), 0u64..3, 0u32..3).prop_map(
+            |(who, name, wait, request, attempt)| Op::Acquire { who, name, wait, request, attempt }
+        ),
+        2 => (who.clone(), name.clone(), 0u64..3, 0u32..3)
+            .prop_map(|(who, name, request, attempt)| Op::Abandon { who, name, request, attempt }),
         1 => (who.clone(), name.clone()).prop_map(|(who, name)| Op::Cancel { who, name }),
         5 => (who.clone(), name, proptest::bool::weighted(0.85))
             .prop_map(|(who, name, right_token)| Op::Release { who, name, right_token }),
@@ -98,6 +99,7 @@ struct ModelSession {
 struct ModelWaiter {
     session: SessionId,
     request: RequestId,
+    attempt: u32,
     wait_ms: Option<u64>,
     deadline_ms: Option<u64>,
 }
@@ -105,8 +107,9 @@ struct ModelWaiter {
 #[derive(Clone, Debug, Default)]
 struct ModelLock {
     holder: Option<HolderInfo>,
-    /// The request that produced the holder's grant.
+    /// The request that produced the holder's grant, and its latest attempt seen.
     holder_request: RequestId,
+    holder_attempt: u32,
     queue: Vec<ModelWaiter>,
     /// (until, length)
     delay: Option<(u64, u64)>,
@@ -191,11 +194,11 @@ impl Model {
                 self.promote_everything();
                 Ok(Response::SessionEnded { session: *session })
             }
-            Command::Acquire { session, name, wait, request } => {
-                self.acquire(*session, name, *wait, *request, now_ms)
+            Command::Acquire { session, name, wait, request, attempt } => {
+                self.acquire(*session, name, *wait, (*request, *attempt), now_ms)
             }
-            Command::Abandon { session, name, request } => {
-                self.abandon(*session, name, *request, now_ms)
+            Command::Abandon { session, name, request, attempt } => {
+                self.abandon(*session, name, (*request, *attempt), now_ms)
             }
             Command::Cancel { session, name } => {
                 if validate_name(name, &self.limits).is_err() {
@@ -276,7 +279,7 @@ impl Model {
         &mut self,
         session: SessionId,
         name: &str,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
         now_ms: u64,
     ) -> Expected {
         if validate_name(name, &self.limits).is_err() {
@@ -286,14 +289,22 @@ impl Model {
             return Err("unknown_session");
         }
         let lock = self.locks.get(name).cloned().unwrap_or_default();
-        if lock.queue.iter().any(|w| w.session == session && w.request == request) {
+        let waits = lock
+            .queue
+            .iter()
+            .any(|w| w.session == session && w.request == request && attempt >= w.attempt);
+        if waits {
             self.accept(now_ms);
             self.locks.get_mut(name).unwrap().queue.retain(|w| w.session != session);
             self.promote_everything();
             return Ok(Response::Abandoned { name: name.into(), released_token: None });
         }
         match lock.holder {
-            Some(h) if h.session == session && lock.holder_request == request => {
+            Some(h)
+                if h.session == session
+                    && lock.holder_request == request
+                    && attempt >= lock.holder_attempt =>
+            {
                 self.accept(now_ms);
                 self.locks.get_mut(name).unwrap().holder = None;
                 self.promote_everything();
@@ -308,7 +319,7 @@ impl Model {
         session: SessionId,
         name: &str,
         wait: Wait,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
         now_ms: u64,
     ) -> Expected {
         if validate_name(name, &self.limits).is_err() {
@@ -328,6 +339,10 @@ impl Model {
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         if let Some(holder) = lock.holder.filter(|h| h.session == session) {
             self.accept(now_ms);
+            if lock.holder_request == request {
+                let entry = self.locks.get_mut(name).unwrap();
+                entry.holder_attempt = entry.holder_attempt.max(attempt);
+            }
             return Ok(Response::Granted {
                 name: name.into(),
                 token: holder.token,
@@ -351,6 +366,7 @@ impl Model {
             }
             self.accept(now_ms);
             let waiter = &mut self.locks.get_mut(name).unwrap().queue[position];
+            waiter.attempt = waiter.attempt.max(attempt);
             waiter.wait_ms = wait_ms;
             waiter.deadline_ms = wait_ms.map(|w| now_ms + w);
             return Ok(Response::Queued { name: name.into(), position });
@@ -365,11 +381,13 @@ impl Model {
         if free {
             entry.holder = Some(HolderInfo { session, token });
             entry.holder_request = request;
+            entry.holder_attempt = attempt;
             Ok(Response::Granted { name: name.into(), token, already_held: false })
         } else {
             entry.queue.push(ModelWaiter {
                 session,
                 request,
+                attempt,
                 wait_ms,
                 deadline_ms: wait_ms.map(|w| now_ms + w),
             });
@@ -402,6 +420,7 @@ impl Model {
                 let head = lock.queue.remove(0);
                 lock.holder = Some(HolderInfo { session: head.session, token });
                 lock.holder_request = head.request;
+                lock.holder_attempt = head.attempt;
             }
         }
         self.locks.retain(|_, lock| {
@@ -455,15 +474,19 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
         Op::KeepAlive { who: w } => Command::KeepAlive { session: who(*w) },
         Op::Close { who: w } => Command::CloseSession { session: who(*w) },
         Op::Revoke { who: w } => Command::RevokeSession { session: who(*w) },
-        Op::Acquire { who: w, name: n, wait, request } => Command::Acquire {
+        Op::Acquire { who: w, name: n, wait, request, attempt } => Command::Acquire {
             session: who(*w),
             name: name(*n),
             wait: *wait,
             request: RequestId(*request),
+            attempt: *attempt,
         },
-        Op::Abandon { who: w, name: n, request } => {
-            Command::Abandon { session: who(*w), name: name(*n), request: RequestId(*request) }
-        }
+        Op::Abandon { who: w, name: n, request, attempt } => Command::Abandon {
+            session: who(*w),
+            name: name(*n),
+            request: RequestId(*request),
+            attempt: *attempt,
+        },
         Op::Cancel { who: w, name: n } => Command::Cancel { session: who(*w), name: name(*n) },
         Op::Release { who: w, name: n, right_token } => {
             let holder_token = model.locks.get(NAMES[*n]).and_then(|l| l.holder).map(|h| h.token);

@@ -87,15 +87,37 @@ impl Story {
         wait: Wait,
         request: u64,
     ) -> Applied {
+        self.acquire_attempt(now_ms, who, name, wait, (request, 0))
+    }
+
+    fn acquire_attempt(
+        &mut self,
+        now_ms: u64,
+        who: &str,
+        name: &str,
+        wait: Wait,
+        (request, attempt): (u64, u32),
+    ) -> Applied {
         let session = self.id(who);
         let request = RequestId(request);
-        self.run(now_ms, Command::Acquire { session, name: name.to_owned(), wait, request })
+        let name = name.to_owned();
+        self.run(now_ms, Command::Acquire { session, name, wait, request, attempt })
     }
 
     fn abandon(&mut self, now_ms: u64, who: &str, name: &str, request: u64) -> Applied {
+        self.abandon_attempt(now_ms, who, name, (request, 0))
+    }
+
+    fn abandon_attempt(
+        &mut self,
+        now_ms: u64,
+        who: &str,
+        name: &str,
+        (request, attempt): (u64, u32),
+    ) -> Applied {
         let session = self.id(who);
         let request = RequestId(request);
-        self.run(now_ms, Command::Abandon { session, name: name.to_owned(), request })
+        self.run(now_ms, Command::Abandon { session, name: name.to_owned(), request, attempt })
     }
 
     fn release(&mut self, now_ms: u64, who: &str, name: &str, token: u64) -> Applied {
@@ -116,15 +138,23 @@ impl Story {
             Command::KeepAlive { session } => format!("keepalive {}", self.who(*session)),
             Command::CloseSession { session } => format!("close {}", self.who(*session)),
             Command::RevokeSession { session } => format!("revoke {}", self.who(*session)),
-            Command::Acquire { session, name, wait, request: RequestId(0) } => {
+            Command::Acquire { session, name, wait, request: RequestId(0), attempt: 0 } => {
                 format!("acquire {} {name:?} {wait:?}", self.who(*session))
             }
-            Command::Acquire { session, name, wait, request } => {
+            Command::Acquire { session, name, wait, request, attempt: 0 } => {
                 format!("acquire {} {name:?} {wait:?} request={request}", self.who(*session))
             }
-            Command::Abandon { session, name, request } => {
+            Command::Acquire { session, name, wait, request, attempt } => format!(
+                "acquire {} {name:?} {wait:?} request={request} attempt={attempt}",
+                self.who(*session)
+            ),
+            Command::Abandon { session, name, request, attempt: 0 } => {
                 format!("abandon {} {name:?} request={request}", self.who(*session))
             }
+            Command::Abandon { session, name, request, attempt } => format!(
+                "abandon {} {name:?} request={request} attempt={attempt}",
+                self.who(*session)
+            ),
             Command::Cancel { session, name } => format!("cancel {} {name:?}", self.who(*session)),
             Command::Release { session, name, token } => {
                 format!("release {} {name:?} token={token}", self.who(*session))
@@ -441,6 +471,7 @@ fn bad_input_is_refused_with_a_typed_error() {
                 name: String::new(),
                 wait: Wait::Try,
                 request: RequestId(0),
+                attempt: 0,
             },
             CommandError::InvalidName(NameError::Empty),
         ),
@@ -450,6 +481,7 @@ fn bad_input_is_refused_with_a_typed_error() {
                 name: over_long,
                 wait: Wait::Try,
                 request: RequestId(0),
+                attempt: 0,
             },
             CommandError::InvalidName(NameError::TooLong { len_bytes: 257, max_bytes: 256 }),
         ),
@@ -459,6 +491,7 @@ fn bad_input_is_refused_with_a_typed_error() {
                 name: "a\u{7}b".into(),
                 wait: Wait::Try,
                 request: RequestId(0),
+                attempt: 0,
             },
             CommandError::InvalidName(NameError::ControlCharacter { index_bytes: 1 }),
         ),
@@ -468,6 +501,7 @@ fn bad_input_is_refused_with_a_typed_error() {
                 name: "x".into(),
                 wait: Wait::For { wait_ms: limits.max_wait_ms + 1 },
                 request: RequestId(0),
+                attempt: 0,
             },
             CommandError::WaitOutOfRange { wait_ms: 3_600_001, max_wait_ms: 3_600_000 },
         ),
@@ -477,6 +511,7 @@ fn bad_input_is_refused_with_a_typed_error() {
                 name: "x".into(),
                 wait: Wait::Try,
                 request: RequestId(0),
+                attempt: 0,
             },
             CommandError::UnknownSession { session: SessionId(77) },
         ),
@@ -686,4 +721,41 @@ fn abandoning_a_request_never_releases_another_requests_grant() {
         ",
     );
     assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().token, 2);
+}
+
+/// A caller went away and retried its request: the retry (a later attempt) got the grant. The
+/// first attempt's abandon, arriving late, must not release what the retry was told it holds;
+/// the retry's own abandon does.
+#[test]
+fn abandoning_an_earlier_attempt_leaves_a_retrys_grant_alone() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "S", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire_attempt(2, "S", "x", Wait::Forever, (5, 0));
+    story.acquire_attempt(3, "S", "x", Wait::Forever, (5, 1));
+    story.abandon_attempt(4, "S", "x", (5, 0));
+    story.release(5, "A", "x", 3);
+    story.acquire_attempt(6, "S", "x", Wait::Forever, (5, 2));
+    story.abandon_attempt(7, "S", "x", (5, 1));
+    story.abandon_attempt(8, "S", "x", (5, 2));
+    story.assert_transcript(
+        "
+        t=0 open A ttl=10000 delay=0
+        t=0 open S ttl=10000 delay=0
+        t=1 acquire A \"x\" Try -> granted token=3
+            granted \"x\" to A token=3
+        t=2 acquire S \"x\" Forever request=5 -> queued position=0
+            queued S for \"x\" at 0
+        t=3 acquire S \"x\" Forever request=5 attempt=1 -> queued position=0
+        t=4 abandon S \"x\" request=5 -> refused nothing_to_abandon
+        t=5 release A \"x\" token=3 -> released
+            released \"x\" by A token=3 (Released)
+            granted \"x\" to S token=6
+        t=6 acquire S \"x\" Forever request=5 attempt=2 -> granted token=6 (already held)
+        t=7 abandon S \"x\" request=5 attempt=1 -> refused nothing_to_abandon
+        t=8 abandon S \"x\" request=5 attempt=2 -> abandoned, released token=6
+            released \"x\" by S token=6 (Abandoned)
+        ",
+    );
 }

@@ -17,7 +17,8 @@
 //! the handler's answer. Verification with the lock service happens before that, without
 //! holding the resource: while the service is slow or down, requests that need no verification
 //! are still served, and one that does fails closed (`unverified_token`) after
-//! [`FenceConfig::with_verify_timeout`]. Install it with
+//! [`FenceConfig::with_verify_timeout`]. A verification that aged past that bound while the
+//! request waited for the resource is done again ([`verify_then_hold`]). Install it with
 //! `axum::middleware::from_fn_with_state(Arc::new(FenceConfig::new(..)), picket_fence::http::fence)`.
 
 use crate::refusal::{Refusal, RefusalReason};
@@ -32,6 +33,7 @@ use picket_core::{CheckOutcome, Sequencer};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Header carrying the sequencer.
 pub const SEQUENCER_HEADER: &str = "picket-sequencer";
@@ -245,7 +247,8 @@ fn is_read(method: &Method) -> bool {
 /// Call it *before* holding the resource. That is safe: the highest token only grows, so a
 /// token at or below the highest now is never admitted as a new highest later, and a token
 /// above it has been verified; whatever lands in between, the rule decides at write time. The
-/// lock service is given [`FenceConfig::with_verify_timeout`] to answer.
+/// lock service is given [`FenceConfig::with_verify_timeout`] to answer. Returns when the
+/// service confirmed the grant, `None` when no call was needed.
 ///
 /// # Errors
 /// The answer to send instead: a structured refusal, or an error reading the record.
@@ -254,14 +257,14 @@ pub async fn verify_advance(
     resource: &str,
     policy: &Policy,
     presented: &Presented,
-) -> Result<(), Response> {
-    let Some(checker) = &config.checker else { return Ok(()) };
+) -> Result<Option<Instant>, Response> {
+    let Some(checker) = &config.checker else { return Ok(None) };
     let record = config.records.record(resource).map_err(|error| {
         error_response(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", error)
     })?;
     let highest = record.as_ref().map_or(0, |record| record.highest_token);
     if presented.stamp.token <= highest {
-        return Ok(());
+        return Ok(None);
     }
     let empty;
     let record = match &record {
@@ -279,7 +282,7 @@ pub async fn verify_advance(
             Err(format!("no answer within {} ms", config.verify_timeout.as_millis()))
         });
     match answer {
-        Ok(CheckOutcome::Current { .. }) => Ok(()),
+        Ok(CheckOutcome::Current { .. }) => Ok(Some(Instant::now())),
         Ok(CheckOutcome::Superseded { current_token }) => {
             Err(refusal_response(&refuse(RefusalReason::NotCurrent { current_token })))
         }
@@ -291,6 +294,63 @@ pub async fn verify_advance(
             Err(refusal_response(&refuse(RefusalReason::Unverified)))
         }
     }
+}
+
+/// Most rounds of verifying and then waiting for the resources before a write is refused as
+/// unverified.
+const MAX_VERIFY_ROUNDS: usize = 3;
+
+/// Verifies `presented` with the lock service for every resource it would advance, then holds
+/// the resources (in name order). A verification older than the verification bound by the
+/// time the resources are held, for a token that still advances one of them, is done again
+/// (the grant may have been superseded while the request waited), at most
+/// [`MAX_VERIFY_ROUNDS`] times; then the write is refused as unverified.
+///
+/// # Errors
+/// The answer to send instead: a structured refusal, or an error reading a record.
+pub async fn verify_then_hold(
+    config: &FenceConfig,
+    resources: &[(String, Policy)],
+    presented: &Presented,
+) -> Result<Vec<tokio::sync::OwnedMutexGuard<()>>, Response> {
+    let names: Vec<String> = resources.iter().map(|(resource, _)| resource.clone()).collect();
+    for _ in 0..MAX_VERIFY_ROUNDS {
+        let mut oldest: Option<Instant> = None;
+        for (resource, policy) in resources {
+            if let Some(at) = verify_advance(config, resource, policy, presented).await? {
+                oldest = Some(oldest.map_or(at, |earlier| earlier.min(at)));
+            }
+        }
+        let held = config.hold(&names).await;
+        let aged = oldest.is_some_and(|at| at.elapsed() > config.verify_timeout);
+        if !aged || !advances_any(config, &names, presented) {
+            return Ok(held);
+        }
+    }
+    let (resource, policy) = resources.first().expect("a write guards at least one resource");
+    let record = config
+        .records
+        .record(resource)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| FenceRecord::empty(policy));
+    let refusal = Refusal::new(
+        resource,
+        &record,
+        &presented.lock,
+        presented.stamp,
+        RefusalReason::Unverified,
+    );
+    Err(refusal_response(&refusal))
+}
+
+/// Whether `presented` is above the highest token of any of `resources` (an unreadable record
+/// counts as yes: verify again rather than trust an old answer).
+fn advances_any(config: &FenceConfig, resources: &[String], presented: &Presented) -> bool {
+    resources.iter().any(|resource| match config.records.record(resource) {
+        Ok(record) => presented.stamp.token > record.map_or(0, |record| record.highest_token),
+        Err(_) => true,
+    })
 }
 
 /// The middleware. See the module documentation.
@@ -307,15 +367,18 @@ pub async fn fence(
         Ok(presented) => presented,
         Err(response) => return response,
     };
-    // Verified before the resource is held (see `verify_advance`), so a slow lock service
+    // Verified before the resource is held (see `verify_then_hold`), so a slow lock service
     // stalls only the requests that need it.
-    if let Some(presented) = presented.as_ref().filter(|presented| presented.lock == policy.lock)
-        && let Err(response) = verify_advance(&config, &resource, &policy, presented).await
-    {
-        return response;
-    }
-    let resource_lock = config.resource_lock(&resource);
-    let _serialized = resource_lock.lock().await;
+    let _serialized = match presented.as_ref().filter(|presented| presented.lock == policy.lock) {
+        Some(presented) => {
+            let resources = [(resource.clone(), policy.clone())];
+            match verify_then_hold(&config, &resources, presented).await {
+                Ok(held) => held,
+                Err(response) => return response,
+            }
+        }
+        None => config.hold(std::slice::from_ref(&resource)).await,
+    };
     match &presented {
         None if !is_read(&parts.method) => {
             return error_response(
@@ -347,4 +410,63 @@ pub async fn fence(
     }
     parts.extensions.insert(FenceContext { resource, policy, presented });
     next.run(Request::from_parts(parts, body)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Answers "current" and counts the calls.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl GrantChecker for Counting {
+        fn check<'a>(
+            &'a self,
+            _sequencer: &'a Sequencer,
+        ) -> BoxFuture<'a, Result<CheckOutcome, String>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(CheckOutcome::Current { session: picket_core::SessionId(1) }) })
+        }
+    }
+
+    /// No record yet: every token advances.
+    struct Empty;
+
+    impl Records for Empty {
+        fn record(&self, _resource: &str) -> Result<Option<FenceRecord>, String> {
+            Ok(None)
+        }
+    }
+
+    fn presented(token: u64) -> Presented {
+        Presented { lock: "l".into(), stamp: Stamp { token, seq: None }, idempotency_key: None }
+    }
+
+    /// A write verified and then kept waiting for its resource longer than the verification
+    /// bound is verified again before it may land: the grant could have been superseded while
+    /// it waited.
+    #[tokio::test(start_paused = true)]
+    async fn a_verification_that_aged_while_waiting_for_the_resource_is_done_again() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let checker: Arc<dyn GrantChecker> = Arc::new(Counting(calls.clone()));
+        let config = Arc::new(
+            FenceConfig::new(|_: &Parts| None, Arc::new(Empty), Some(checker))
+                .with_verify_timeout(Duration::from_millis(50)),
+        );
+        let resources = [("r".to_owned(), Policy::new("l"))];
+        let busy = config.hold(&["r".to_owned()]).await;
+        let blocker = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(busy);
+        });
+        let held = verify_then_hold(&config, &resources, &presented(7)).await;
+        assert!(held.is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "verified once, and again after the wait");
+        blocker.await.unwrap();
+        drop(held);
+        // Not kept waiting: one verification is enough.
+        assert!(verify_then_hold(&config, &resources, &presented(8)).await.is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
 }

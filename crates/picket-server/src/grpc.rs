@@ -1,6 +1,7 @@
 //! The gRPC client API: a thin translation between protobuf messages and [`Node`].
 
 use crate::error::ServiceError;
+use crate::node::AcquireRequest;
 use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
 use futures_util::Stream;
 use picket_core::{CheckOutcome, Event, LockInfo, RequestId, SessionId, SessionInfo, Wait};
@@ -224,14 +225,31 @@ impl picket_server::Picket for ClientService {
     async fn acquire(&self, request: Request<v1::AcquireRequest>) -> Reply<v1::AcquireResponse> {
         let request = request.into_inner();
         let wait = wait_from(request.wait_ms);
-        let request_id = request.request_id.map(RequestId);
-        let grant =
-            self.node.acquire(SessionId(request.session_id), &request.name, wait, request_id).await;
+        let asked = AcquireRequest {
+            wait,
+            request: request.request_id.map(RequestId),
+            attempt: request.attempt,
+        };
+        let grant = self.node.acquire(SessionId(request.session_id), &request.name, asked).await;
         respond(grant.map(|grant| v1::AcquireResponse {
             token: grant.token,
             sequencer: grant.sequencer(),
             already_held: grant.already_held,
         }))
+    }
+
+    async fn abandon(&self, request: Request<v1::AbandonRequest>) -> Reply<v1::AbandonResponse> {
+        let request = request.into_inner();
+        let abandoned = self
+            .node
+            .abandon(
+                SessionId(request.session_id),
+                &request.name,
+                RequestId(request.request_id),
+                request.attempt,
+            )
+            .await;
+        respond(abandoned.map(|released_token| v1::AbandonResponse { released_token }))
     }
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Reply<v1::Empty> {

@@ -8,7 +8,7 @@
 
 use crate::error::ServiceError;
 use crate::grpc::{check_fields, to_snake_case};
-use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
+use crate::node::{AcquireRequest, ClusterView, Node, WatchItem, WatchTarget};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::StatusCode;
@@ -42,6 +42,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/locks/acquire", post(acquire).get(get_lock_named_acquire))
         .route("/v1/locks/release", post(release).get(get_lock_named_release))
         .route("/v1/locks/cancel", post(cancel).get(get_lock_named_cancel))
+        .route("/v1/locks/abandon", post(abandon).get(get_lock_named_abandon))
         .route("/v1/locks/{*name}", get(get_lock))
         .route("/v1/check", get(check))
         .route("/v1/watch", get(watch))
@@ -268,6 +269,19 @@ struct AcquireBody {
     /// The request's id within the session; a retry sends the id of the request it retries.
     /// Absent: the server picks one.
     request_id: Option<u64>,
+    /// 0 for the first attempt at the request, one more for each retry.
+    #[serde(default)]
+    attempt: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AbandonBody {
+    name: String,
+    session_id: u64,
+    request_id: u64,
+    #[serde(default)]
+    attempt: u32,
 }
 
 #[derive(Serialize)]
@@ -287,8 +301,9 @@ async fn acquire(
         Some(0) => Wait::Try,
         Some(wait_ms) => Wait::For { wait_ms },
     };
-    let request = body.request_id.map(RequestId);
-    let grant = node.acquire(SessionId(body.session_id), &body.name, wait, request).await?;
+    let asked =
+        AcquireRequest { wait, request: body.request_id.map(RequestId), attempt: body.attempt };
+    let grant = node.acquire(SessionId(body.session_id), &body.name, asked).await?;
     let sequencer = grant.sequencer();
     Ok(Json(Granted {
         name: grant.name,
@@ -304,6 +319,13 @@ struct ReleaseBody {
     name: String,
     session_id: u64,
     token: u64,
+}
+
+async fn abandon(State(node): State<Arc<Node>>, Body(body): Body<AbandonBody>) -> ApiResult<Value> {
+    let released_token = node
+        .abandon(SessionId(body.session_id), &body.name, RequestId(body.request_id), body.attempt)
+        .await?;
+    Ok(Json(json!({ "released_token": released_token })))
 }
 
 async fn release(State(node): State<Arc<Node>>, Body(body): Body<ReleaseBody>) -> ApiResult<Value> {
@@ -356,6 +378,10 @@ async fn get_lock_named_release(State(node): State<Arc<Node>>) -> ApiResult<Valu
 
 async fn get_lock_named_cancel(State(node): State<Arc<Node>>) -> ApiResult<Value> {
     Ok(Json(lock_json(&node.lock("cancel").await?)))
+}
+
+async fn get_lock_named_abandon(State(node): State<Arc<Node>>) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.lock("abandon").await?)))
 }
 
 #[derive(Deserialize)]

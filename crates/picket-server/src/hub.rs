@@ -216,15 +216,59 @@ struct Registration {
     id: u64,
     request: RequestId,
     sender: oneshot::Sender<WaitOutcome>,
+    /// The revision at which this request's acquire was queued, once known. Only an outcome
+    /// applied after it ends this request's wait: an earlier one ended an earlier wait of the
+    /// same session for the same lock.
+    queued_at: Option<u64>,
+    /// Outcomes applied before the request knew where its acquire landed, kept until it does.
+    early: Vec<(u64, WaitOutcome)>,
+}
+
+/// Most outcomes a registration keeps before its acquire is applied. A session has one wait
+/// per lock at a time, so only a handful of earlier waits can end in that gap.
+const MAX_EARLY_OUTCOMES: usize = 8;
+
+impl Registration {
+    /// Offers the outcome applied at `revision`; gives the registration back unless it was
+    /// delivered.
+    fn offer(mut self, revision: u64, outcome: WaitOutcome) -> Option<Self> {
+        match self.queued_at {
+            Some(queued_at) if revision > queued_at => {
+                let _ = self.sender.send(outcome);
+                None
+            }
+            Some(_) => Some(self),
+            None => {
+                if self.early.len() < MAX_EARLY_OUTCOMES {
+                    self.early.push((revision, outcome));
+                }
+                Some(self)
+            }
+        }
+    }
 }
 
 /// The waiting acquires of this node, by session and lock. A session waits for a lock under one
 /// request in the state machine, but more than one request may be on its way here: a retry of
-/// the same request, or another request about to be refused. Each hears the outcome.
+/// the same request, or another request about to be refused. Each hears the outcome of the wait
+/// its own acquire joined.
 #[derive(Debug, Default)]
 struct Waiters {
     next_id: u64,
     by_key: HashMap<WaiterKey, Vec<Registration>>,
+}
+
+impl Waiters {
+    fn offer(&mut self, key: &WaiterKey, revision: u64, outcome: WaitOutcome) {
+        let Some(registrations) = self.by_key.remove(key) else { return };
+        let kept: Vec<Registration> = registrations
+            .into_iter()
+            .filter_map(|registration| registration.offer(revision, outcome))
+            .collect();
+        if !kept.is_empty() {
+            self.by_key.insert(key.clone(), kept);
+        }
+    }
 }
 
 /// Where applied events go.
@@ -266,9 +310,31 @@ impl Hub {
         let mut waiters = lock(&self.waiters);
         waiters.next_id += 1;
         let id = waiters.next_id;
-        let registration = Registration { id, request, sender };
+        let registration = Registration { id, request, sender, queued_at: None, early: Vec::new() };
         waiters.by_key.entry((session, name.to_owned())).or_default().push(registration);
         WaiterRegistration { id, outcome }
+    }
+
+    /// Tells registration `id` that its acquire was queued at `revision`: the first outcome
+    /// applied after it is this request's. One that already arrived is delivered now.
+    pub fn queued(&self, session: SessionId, name: &str, id: u64, revision: u64) {
+        let mut waiters = lock(&self.waiters);
+        let key = (session, name.to_owned());
+        let Some(registrations) = waiters.by_key.get_mut(&key) else { return };
+        let Some(position) = registrations.iter().position(|registration| registration.id == id)
+        else {
+            return;
+        };
+        let registration = &mut registrations[position];
+        registration.queued_at = Some(revision);
+        let early = std::mem::take(&mut registration.early);
+        if let Some((_, outcome)) = early.into_iter().find(|(applied, _)| *applied > revision) {
+            let registration = registrations.remove(position);
+            let _ = registration.sender.send(outcome);
+            if registrations.is_empty() {
+                waiters.by_key.remove(&key);
+            }
+        }
     }
 
     /// Forgets registration `id` (its request has its answer, or its caller left). Returns
@@ -342,9 +408,7 @@ impl Hub {
                     }
                     _ => continue,
                 };
-                for registration in waiters.by_key.remove(&key).into_iter().flatten() {
-                    let _ = registration.sender.send(outcome);
-                }
+                waiters.offer(&key, revision, outcome);
             }
             drop(waiters);
             let mut watchers = lock(&self.watchers);
@@ -373,9 +437,7 @@ impl Hub {
                 }
                 _ => WaitOutcome::Cancelled { cause: CancelCause::TimedOut },
             };
-            for registration in waiters.by_key.remove(&(session, name)).into_iter().flatten() {
-                let _ = registration.sender.send(outcome);
-            }
+            waiters.offer(&(session, name), machine.revision(), outcome);
         }
         drop(waiters);
         let revision = machine.revision();
@@ -459,5 +521,57 @@ mod tests {
         // It was dropped: later events do not revive it.
         hub.publish(9_999, &[granted("x", 1, 9_999)]);
         assert!(slow.receiver.try_recv().is_err());
+    }
+
+    fn cancelled(name: &str, session: u64, cause: CancelCause) -> Event {
+        Event::Cancelled { name: name.into(), session: SessionId(session), cause }
+    }
+
+    /// A request registers before its acquire is applied. An earlier wait of the same session
+    /// for the same lock that ends in that gap is not this request's outcome (it used to be:
+    /// the request answered `wait_timed_out` while its own acquire stayed queued, a ghost).
+    #[test]
+    fn an_outcome_applied_before_the_acquire_was_queued_is_not_the_requests() {
+        let hub = Hub::default();
+        let mut registration = hub.register_waiter(SessionId(1), "x", RequestId(7));
+        hub.publish(10, &[cancelled("x", 1, CancelCause::TimedOut)]);
+        hub.queued(SessionId(1), "x", registration.id, 11);
+        assert!(registration.outcome.try_recv().is_err(), "the earlier wait's end is not ours");
+        hub.publish(12, &[granted("x", 1, 12)]);
+        assert_eq!(registration.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 12 }));
+        assert_eq!(hub.waiting_acquires(), 0);
+    }
+
+    /// An outcome applied after the acquire but delivered before the request learned where it
+    /// was queued is kept and handed over when it does.
+    #[test]
+    fn an_outcome_that_arrives_before_the_queue_position_is_kept_for_the_request() {
+        let hub = Hub::default();
+        let mut registration = hub.register_waiter(SessionId(1), "x", RequestId(7));
+        hub.publish(12, &[granted("x", 1, 12)]);
+        hub.queued(SessionId(1), "x", registration.id, 11);
+        assert_eq!(registration.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 12 }));
+        assert_eq!(hub.waiting_acquires(), 0);
+    }
+
+    /// A retry of a request and the request itself both hear how the wait ended; forgetting
+    /// one says whether a retry of the same request is still there.
+    #[test]
+    fn every_registration_of_a_wait_hears_its_end() {
+        let hub = Hub::default();
+        let mut first = hub.register_waiter(SessionId(1), "x", RequestId(7));
+        let mut retry = hub.register_waiter(SessionId(1), "x", RequestId(7));
+        let other = hub.register_waiter(SessionId(1), "x", RequestId(8));
+        hub.queued(SessionId(1), "x", first.id, 5);
+        hub.queued(SessionId(1), "x", retry.id, 6);
+        assert!(!hub.forget_waiter(SessionId(1), "x", RequestId(8), other.id));
+        hub.publish(9, &[granted("x", 1, 9)]);
+        assert_eq!(first.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 9 }));
+        assert_eq!(retry.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 9 }));
+        let mut left = hub.register_waiter(SessionId(1), "y", RequestId(3));
+        let again = hub.register_waiter(SessionId(1), "y", RequestId(3));
+        assert!(hub.forget_waiter(SessionId(1), "y", RequestId(3), again.id), "the first remains");
+        assert!(!hub.forget_waiter(SessionId(1), "y", RequestId(3), left.id));
+        assert!(left.outcome.try_recv().is_err());
     }
 }

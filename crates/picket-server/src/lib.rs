@@ -27,7 +27,9 @@ mod wal;
 pub use error::ServiceError;
 pub use hub::WaitOutcome;
 pub use log_store::{StoredEntry, WriterStats, read_entries};
-pub use node::{ClusterView, Grant, Node, WatchItem, WatchStream, WatchTarget};
+pub use node::{
+    AcquireRequest, ClusterView, Grant, Node, NotReady, WatchItem, WatchStream, WatchTarget,
+};
 pub use raft_types::NodeId;
 pub use server::{
     DEFAULT_PORT, MAX_WAL_SEGMENT_BYTES, MIN_WAL_SEGMENT_BYTES, RaftTuning, ServerConfig,

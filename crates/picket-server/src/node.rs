@@ -7,7 +7,7 @@
 //! [`crate::driver`]).
 
 use crate::error::ServiceError;
-use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome};
+use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome, WaiterRegistration};
 use crate::log_store::WriterStats;
 use crate::raft_types::{NodeId, Raft, Reply};
 use crate::state_machine::{Applied, StateStore};
@@ -20,7 +20,7 @@ use picket_core::{
 };
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 /// Most sessions one batched keepalive may name.
 pub const MAX_KEEPALIVE_BATCH: usize = 10_000;
@@ -45,6 +45,30 @@ impl Clock {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
+
+/// How an acquire asks: how long to wait, and which request (and attempt at it) this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireRequest {
+    /// Whether, and how long, to wait.
+    pub wait: Wait,
+    /// The request's id within the session; `None` for a fresh one. 0 is refused: it is what
+    /// acquires logged before request ids existed read as.
+    pub request: Option<RequestId>,
+    /// 0 for the first attempt at the request, one more for each retry.
+    pub attempt: u32,
+}
+
+impl AcquireRequest {
+    /// A new request (a fresh id, first attempt) that waits as `wait` says.
+    #[must_use]
+    pub fn new(wait: Wait) -> Self {
+        Self { wait, request: None, attempt: 0 }
+    }
+}
+
+/// How long the server keeps trying to abandon a request whose caller went away, across
+/// leader changes, before it leaves the wait or grant to the session's end.
+const ABANDON_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A lock grant as the APIs return it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +208,9 @@ pub struct Node {
     leader_lease: std::time::Duration,
 }
 
+/// Most committed entries a node may have left to apply and still count as caught up.
+const MAX_READY_APPLY_LAG: u64 = 1_000;
+
 /// Why a node cannot serve yet (see [`Node::readiness`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NotReady {
@@ -223,7 +250,9 @@ impl NotReady {
             Self::NoQuorum => {
                 "this node leads but has not heard from a quorum within its lease: it may be cut off"
             }
-            Self::CatchingUp => "this node has not yet applied every entry it knows is committed",
+            Self::CatchingUp => {
+                "this node is more than 1,000 committed entries behind in applying them"
+            }
         }
     }
 }
@@ -291,10 +320,13 @@ impl Node {
         self.refreshed_term.store(term, std::sync::atomic::Ordering::Release);
     }
 
-    /// Whether this node can serve now: a leader is known, and this node has applied every
-    /// entry it knows to be committed; a leader, moreover, has applied an entry of its own term
-    /// (before that it cannot know what its predecessor committed). Liveness is another
-    /// question: a node that is not ready is still alive.
+    /// Whether this node can serve now: a leader is known, and this node has applied what it
+    /// knows to be committed (within [`MAX_READY_APPLY_LAG`] entries); a leader, moreover, has
+    /// applied an entry of its own term (before that it cannot know what its predecessor
+    /// committed) and heard from a quorum within its lease. A ready follower answers writes
+    /// and reads with the leader's address (421), as every follower does; it names a leader
+    /// that was just lost until the next election settles. Liveness is another question: a
+    /// node that is not ready is still alive.
     ///
     /// # Errors
     /// Why it cannot serve yet.
@@ -320,9 +352,11 @@ impl Node {
                 return Err(NotReady::NoQuorum);
             }
         }
-        let applied = metrics.last_applied.map(|log_id| log_id.index());
-        let committed = metrics.local_committed.map(|log_id| log_id.index());
-        if applied < committed {
+        // Under load the state trails the commit index by the entries in flight to it; a node
+        // is catching up only when it trails by more than that.
+        let applied = metrics.last_applied.map_or(0, |log_id| log_id.index());
+        let committed = metrics.local_committed.map_or(0, |log_id| log_id.index());
+        if committed.saturating_sub(applied) > MAX_READY_APPLY_LAG {
             return Err(NotReady::CatchingUp);
         }
         Ok(())
@@ -516,21 +550,28 @@ impl Node {
         self: &Arc<Self>,
         session: SessionId,
         name: &str,
-        wait: Wait,
-        request: Option<RequestId>,
+        asked: AcquireRequest,
     ) -> Result<Grant, ServiceError> {
-        let request = request.unwrap_or_else(fresh_request_id);
+        if asked.request == Some(RequestId(0)) {
+            return Err(ServiceError::BadRequest(
+                "request_id 0 is reserved: give a positive request id, or none for a fresh one"
+                    .into(),
+            ));
+        }
+        let AcquireRequest { wait, attempt, .. } = asked;
+        let request = asked.request.unwrap_or_else(fresh_request_id);
         let registration = self.hub().register_waiter(session, name, request);
         let mut guard = AcquireGuard {
             node: self.clone(),
             session,
             name: name.to_owned(),
             request,
+            attempt,
             registration: registration.id,
             settled: false,
         };
         let result =
-            self.acquire_registered(session, name, wait, request, registration.outcome).await;
+            self.acquire_registered(session, name, wait, (request, attempt), registration).await;
         // Only an answer whose outcome is unknown leaves something to undo; a refusal, a
         // timeout and a grant are all known to the caller.
         guard.settled = !matches!(
@@ -548,18 +589,21 @@ impl Node {
         session: SessionId,
         name: &str,
         wait: Wait,
-        request: RequestId,
-        outcome: oneshot::Receiver<WaitOutcome>,
+        (request, attempt): (RequestId, u32),
+        registration: WaiterRegistration,
     ) -> Result<Grant, ServiceError> {
-        let command = Command::Acquire { session, name: name.to_owned(), wait, request };
-        match self.command(command).await? {
+        let command = Command::Acquire { session, name: name.to_owned(), wait, request, attempt };
+        let applied = self.propose(command).await?;
+        match applied.result? {
             Response::Granted { name, token, already_held } => {
                 return Ok(Grant { name, token, already_held });
             }
             Response::Queued { .. } => {}
             other => return Err(unexpected(&other)),
         }
-        match outcome.await {
+        // Only what happens after this acquire was queued ends its wait.
+        self.hub().queued(session, name, registration.id, applied.revision);
+        match registration.outcome.await {
             Ok(WaitOutcome::Granted { token }) => {
                 Ok(Grant { name: name.to_owned(), token, already_held: false })
             }
@@ -579,6 +623,59 @@ impl Node {
                 Err(ServiceError::WaitEnded { name: name.to_owned(), cause })
             }
             Err(_) => Err(ServiceError::WaitUntracked { name: name.to_owned() }),
+        }
+    }
+
+    /// Undoes attempt `attempt` of acquire `request` on this node (it must lead): cancels its
+    /// wait or releases the grant it produced; returns the released grant's token, `None` when
+    /// a wait was cancelled.
+    ///
+    /// # Errors
+    /// [`CommandError::NothingToAbandon`] when the request has no wait or grant (or a later
+    /// attempt reached it since); cluster failures.
+    pub async fn abandon(
+        &self,
+        session: SessionId,
+        name: &str,
+        request: RequestId,
+        attempt: u32,
+    ) -> Result<Option<u64>, ServiceError> {
+        let command = Command::Abandon { session, name: name.to_owned(), request, attempt };
+        match self.command(command).await? {
+            Response::Abandoned { released_token, .. } => Ok(released_token),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Abandons a request wherever the leader is: here, or forwarded to the leader this node
+    /// names, retried across leader changes for [`ABANDON_RETRY_FOR`]. Returns what the
+    /// abandon did, or the last failure.
+    async fn abandon_on_leader(
+        &self,
+        session: SessionId,
+        name: &str,
+        (request, attempt): (RequestId, u32),
+    ) -> Result<Option<u64>, ServiceError> {
+        let deadline = tokio::time::Instant::now() + ABANDON_RETRY_FOR;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let result = match self.abandon(session, name, request, attempt).await {
+                Err(ServiceError::NotLeader { leader_addr: Some(addr), .. }) => {
+                    forward_abandon(&addr, session, name, (request, attempt)).await
+                }
+                other => other,
+            };
+            let retry = matches!(
+                result,
+                Err(ServiceError::NotLeader { .. }
+                    | ServiceError::Unavailable(_)
+                    | ServiceError::OutcomeUnknown(_))
+            );
+            if !retry || tokio::time::Instant::now() + pause > deadline {
+                return result;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(1));
         }
     }
 
@@ -763,12 +860,60 @@ fn fresh_request_id() -> RequestId {
     RequestId(hasher.finish())
 }
 
+/// Sends an abandon to the node at `addr` (the leader, as this node believes).
+async fn forward_abandon(
+    addr: &str,
+    session: SessionId,
+    name: &str,
+    (request, attempt): (RequestId, u32),
+) -> Result<Option<u64>, ServiceError> {
+    use picket_proto::connection::Connection;
+    use picket_proto::v1::picket_client::PicketClient;
+    const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+    const MAX_MESSAGE_BYTES: usize = 1 << 20;
+    let connection =
+        Connection::open(addr, CONNECT_TIMEOUT, MAX_MESSAGE_BYTES).await.map_err(|status| {
+            ServiceError::Unavailable(format!("leader at {addr}: {}", status.message()))
+        })?;
+    let origin = connection.origin();
+    let mut client = PicketClient::with_origin(connection, origin);
+    let message = picket_proto::v1::AbandonRequest {
+        name: name.to_owned(),
+        session_id: session.0,
+        request_id: request.0,
+        attempt,
+    };
+    match client.abandon(message).await {
+        Ok(response) => Ok(response.into_inner().released_token),
+        Err(status) => {
+            let code = status
+                .metadata()
+                .get(picket_proto::ERROR_CODE_KEY)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default();
+            Err(match code {
+                "nothing_to_abandon" => ServiceError::Command(CommandError::NothingToAbandon {
+                    name: name.to_owned(),
+                    session,
+                    request,
+                }),
+                "unknown_session" => {
+                    ServiceError::Command(CommandError::UnknownSession { session })
+                }
+                "not_leader" => ServiceError::NotLeader { leader_id: None, leader_addr: None },
+                _ => ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
+            })
+        }
+    }
+}
+
 /// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.
 struct AcquireGuard {
     node: Arc<Node>,
     session: SessionId,
     name: String,
     request: RequestId,
+    attempt: u32,
     registration: u64,
     settled: bool,
 }
@@ -785,18 +930,21 @@ impl Drop for AcquireGuard {
         if self.settled || retried {
             return;
         }
-        let (node, session, name, request) =
-            (self.node.clone(), self.session, std::mem::take(&mut self.name), self.request);
-        // Drop cannot wait; the abandon runs on its own, one proposal.
+        let (node, session) = (self.node.clone(), self.session);
+        let name = std::mem::take(&mut self.name);
+        let (request, attempt) = (self.request, self.attempt);
+        // Drop cannot wait; the abandon runs on its own, on whichever node leads.
         tokio::spawn(async move {
-            let command = Command::Abandon { session, name: name.clone(), request };
-            match node.command(command).await {
-                Ok(Response::Abandoned { released_token: Some(token), .. }) => {
-                    tracing::info!(%session, name, token, %request, "released a grant whose caller went away");
+            match node.abandon_on_leader(session, &name, (request, attempt)).await {
+                Ok(Some(token)) => {
+                    tracing::info!(%session, name, token, %request, attempt, "released a grant whose caller went away");
                 }
-                Ok(_) | Err(ServiceError::Command(CommandError::NothingToAbandon { .. })) => {}
+                Ok(None)
+                | Err(ServiceError::Command(
+                    CommandError::NothingToAbandon { .. } | CommandError::UnknownSession { .. },
+                )) => {}
                 Err(error) => {
-                    tracing::warn!(%session, name, %request, %error, "could not abandon an acquire whose caller went away; its wait or grant stays until the session ends");
+                    tracing::warn!(%session, name, %request, attempt, %error, "could not abandon an acquire whose caller went away; its wait or grant stays until the session ends");
                 }
             }
         });

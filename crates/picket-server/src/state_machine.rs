@@ -61,6 +61,12 @@ impl StateStore {
     /// # Errors
     /// When the snapshot file exists but cannot be read or is damaged.
     pub fn open(dir: &Path, limits: Limits, hub: Arc<Hub>) -> io::Result<Self> {
+        // A snapshot being written when the node stopped is incomplete; the previous one stands.
+        match fs::remove_file(dir.join(SNAPSHOT_TMP)) {
+            Ok(()) => tracing::info!("removed an incomplete snapshot left by a crash"),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
         let stored = read_snapshot_file(&dir.join(SNAPSHOT_FILE))?;
         let state = match &stored {
             Some(snapshot) => Applied {
@@ -276,6 +282,7 @@ mod tests {
                 name: name.into(),
                 wait,
                 request: RequestId(0),
+                attempt: 0,
             },
         };
         Entry { log_id: log_id::<TypeConfig>(1, 1, 9), payload: EntryPayload::Normal(input) }
@@ -295,6 +302,7 @@ mod tests {
                     name: "held".into(),
                     wait: Wait::Try,
                     request: RequestId(0),
+                    attempt: 0,
                 },
             ] {
                 let applied = state.machine.apply(&Input { now_ms: 1, command });

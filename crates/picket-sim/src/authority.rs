@@ -392,7 +392,13 @@ impl Authority for PicketAuthority {
         // A client that asks again while it waits is retrying: the same request, which keeps
         // its place in the queue.
         let request = RequestId(0);
-        let command = Command::Acquire { session, name: LOCK.into(), wait: Wait::Forever, request };
+        let command = Command::Acquire {
+            session,
+            name: LOCK.into(),
+            wait: Wait::Forever,
+            request,
+            attempt: 0,
+        };
         let applied = self.apply(now_us, command);
         match applied.result {
             Ok(Response::Granted { token, already_held, .. }) => Reply::Granted(Granted {

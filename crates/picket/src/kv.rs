@@ -469,15 +469,11 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
         }
     }
     // Verified before the resources are held, so a slow lock service stalls only this unit.
-    for (resource, policy) in &resources {
-        if let Err(response) =
-            picket_fence::http::verify_advance(&kv.config, resource, policy, &presented).await
-        {
-            return response;
-        }
-    }
-    let names: Vec<String> = resources.iter().map(|(resource, _)| resource.clone()).collect();
-    let _held = kv.config.hold(&names).await;
+    let _held = match picket_fence::http::verify_then_hold(&kv.config, &resources, &presented).await
+    {
+        Ok(held) => held,
+        Err(response) => return response,
+    };
     let token = presented.stamp.token;
     let result = blocking(move || {
         let guards: Vec<Guard<'_>> =

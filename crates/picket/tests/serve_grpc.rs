@@ -37,7 +37,7 @@ async fn open(client: &mut PicketClient<Channel>, ttl_ms: u64, lock_delay_ms: u6
 }
 
 fn acquire_request(name: &str, session_id: u64, wait_ms: Option<u64>) -> v1::AcquireRequest {
-    v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms, request_id: None }
+    v1::AcquireRequest { name: name.to_owned(), session_id, wait_ms, request_id: None, attempt: 0 }
 }
 
 fn code_of(status: &Status) -> &str {
