@@ -306,16 +306,29 @@ impl Drop for Session {
     }
 }
 
+/// The share of a TTL the client gives up early, for clock drift: Picket assumes every clock
+/// runs within 1 % of real time, so the client's clock may run 1 % slow while the leader's runs
+/// 1 % fast; 3 % leaves room for both and for rounding (see ARCHITECTURE.md, "Time").
+const DRIFT_MARGIN_PERCENT: u32 = 3;
+
+/// How long after sending a confirmed keepalive the client still counts on its session: the TTL
+/// less the drift margin.
+fn lease_after_send(ttl: Duration) -> Duration {
+    ttl - ttl * DRIFT_MARGIN_PERCENT / 100
+}
+
 /// Keeps the session alive every third of its TTL. Marks it lost when the service says it is
-/// gone, or when no keepalive was confirmed within a TTL of the last confirmed one being sent.
+/// gone, or when no keepalive was confirmed within its lease (the TTL less a drift margin) of
+/// the last confirmed one being sent.
 async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
     let mut stop = shared.stop.subscribe();
     let mut confirmed_sent_at = opened_at;
     let period = shared.ttl / 3;
+    let lease = lease_after_send(shared.ttl);
     let retry_pause = Duration::from_millis(100).min(period);
     let mut next_attempt = opened_at + period;
     loop {
-        let deadline = confirmed_sent_at + shared.ttl;
+        let deadline = confirmed_sent_at + lease;
         tokio::select! {
             () = tokio::time::sleep_until(deadline) => {
                 shared.mark_lost(LostReason::Unconfirmed);
@@ -467,5 +480,16 @@ impl Drop for Guard {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_counts_on_its_session_for_the_ttl_less_three_percent() {
+        assert_eq!(lease_after_send(Duration::from_secs(10)), Duration::from_millis(9_700));
+        assert_eq!(lease_after_send(Duration::from_secs(1)), Duration::from_millis(970));
     }
 }

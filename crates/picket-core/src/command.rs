@@ -96,8 +96,10 @@ pub enum Command {
         /// The token of the grant being released.
         token: u64,
     },
-    /// Advances time: renews the listed sessions, then expires sessions past their deadline,
-    /// times out waits past theirs, and ends lock-delays that are over.
+    /// Advances time: renews the listed sessions, then expires sessions past their deadline
+    /// and its grace ([`crate::Limits::session_expiry_grace_ms`]), times out waits past theirs,
+    /// and ends lock-delays that are over. Expiry goes by the tick's own `now_ms`, even when a
+    /// command stamped later reached the log first; renewals by the state's clock.
     ///
     /// Keepalives reach the leader many times a second; it batches them into the next tick
     /// instead of writing one log entry each.

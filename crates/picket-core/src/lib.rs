@@ -27,8 +27,9 @@
 //! let Ok(Response::Granted { token: token_a, .. }) = first.result else { panic!() };
 //! machine.apply(&Input { now_ms: 20, command: acquire(b) });
 //!
-//! // A stops keeping its session alive; a tick past its deadline expires it and grants B.
-//! machine.apply(&Input { now_ms: 2_500, command: Command::Tick { renew: vec![b] } });
+//! // A stops keeping its session alive; a tick past its deadline (2,000) and the expiry grace
+//! // (500 ms) expires it and grants B.
+//! machine.apply(&Input { now_ms: 2_600, command: Command::Tick { renew: vec![b] } });
 //! let holder = machine.lock("report").unwrap().holder.unwrap();
 //! assert_eq!(holder.session, b);
 //! assert!(holder.token > token_a);
@@ -47,10 +48,10 @@ mod types;
 
 pub use command::{Command, Input};
 pub use error::{CommandError, NameError};
-pub use limits::Limits;
+pub use limits::{DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits};
 pub use machine::{RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
-pub use query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo};
+pub use query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo, SessionLease};
 pub use sequencer::{MAX_SEQUENCER_BYTES, Sequencer, SequencerError};
 pub use types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};

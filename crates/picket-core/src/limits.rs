@@ -29,6 +29,20 @@ pub struct Limits {
     pub max_list: usize,
     /// Most session ids one tick may renew.
     pub max_renewals_per_tick: usize,
+    /// How long past its deadline a session lives before a tick expires it. The deadline is
+    /// what clients are promised (TTL after their last keepalive); the grace is the server's own
+    /// margin for keepalives that reached the leader but were not yet read when a tick fell due.
+    /// States written before the grace existed read as the default.
+    #[serde(default = "default_session_expiry_grace_ms")]
+    pub session_expiry_grace_ms: u64,
+}
+
+/// The default [`Limits::session_expiry_grace_ms`]: half a second, the same bound the leader
+/// uses to tell a stall or a clock jump from ordinary scheduling delay.
+pub const DEFAULT_SESSION_EXPIRY_GRACE_MS: u64 = 500;
+
+fn default_session_expiry_grace_ms() -> u64 {
+    DEFAULT_SESSION_EXPIRY_GRACE_MS
 }
 
 impl Default for Limits {
@@ -44,6 +58,7 @@ impl Default for Limits {
             max_waiters_per_lock: 10_000,
             max_list: 1_000,
             max_renewals_per_tick: 200_000,
+            session_expiry_grace_ms: DEFAULT_SESSION_EXPIRY_GRACE_MS,
         }
     }
 }
@@ -54,7 +69,7 @@ impl Limits {
     /// # Errors
     /// A sentence naming the first limit that is out of place.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 8] = [
+        let checks: [(bool, &str); 9] = [
             (self.max_name_bytes > 0, "max_name_bytes must be at least 1"),
             (self.min_ttl_ms > 0, "min_ttl_ms must be at least 1"),
             (self.min_ttl_ms <= self.max_ttl_ms, "min_ttl_ms must not exceed max_ttl_ms"),
@@ -65,6 +80,10 @@ impl Limits {
             (
                 self.max_renewals_per_tick >= self.max_sessions,
                 "max_renewals_per_tick must allow renewing every session in one tick",
+            ),
+            (
+                self.session_expiry_grace_ms <= self.min_ttl_ms,
+                "session_expiry_grace_ms must not exceed min_ttl_ms",
             ),
         ];
         match checks.iter().find(|(ok, _)| !ok) {

@@ -30,7 +30,7 @@ use crate::error::CommandError;
 use crate::limits::Limits;
 use crate::name::validate_name;
 use crate::outcome::{Applied, Event, Response};
-use crate::query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo};
+use crate::query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo, SessionLease};
 use crate::record::{Delay, Holder, LockRecord, SessionRecord, Waiter};
 use crate::sequencer::Sequencer;
 use crate::types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};
@@ -71,7 +71,13 @@ pub struct StateMachine {
 
 /// What one command did so far: its clock, its events, and the locks it granted.
 struct Step {
+    /// The state's clock once this command is accepted: never behind the previous command's.
     now_ms: u64,
+    /// The command's own reading of the leader's clock, which may be behind `now_ms` when
+    /// commands stamped concurrently reach the log out of order. A tick expires by this reading
+    /// alone: the leader read it before taking the keepalives the tick carries, so a keepalive
+    /// it acknowledged after that reading is never expired by this tick.
+    stamp_ms: u64,
     events: Vec<Event>,
     granted: BTreeSet<String>,
 }
@@ -122,14 +128,21 @@ impl StateMachine {
     /// pending. The leader sleeps until then instead of ticking on a fixed period.
     #[must_use]
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        // Sessions and waits end once the clock is past their deadline; delays once it reaches
-        // their end.
-        let session =
-            self.session_deadlines.first().map(|(deadline_ms, _)| deadline_ms.saturating_add(1));
+        // Sessions end once the clock is past their deadline and its grace, waits once it is
+        // past their deadline, delays once it reaches their end.
+        let session = self
+            .session_deadlines
+            .first()
+            .map(|(deadline_ms, _)| self.session_expiry_ms(*deadline_ms).saturating_add(1));
         let wait =
             self.wait_deadlines.first().map(|(deadline_ms, _, _)| deadline_ms.saturating_add(1));
         let delay = self.delay_ends.first().map(|(until_ms, _)| *until_ms);
         [session, wait, delay].into_iter().flatten().min()
+    }
+
+    /// The last clock reading at which a session with this deadline is still alive.
+    fn session_expiry_ms(&self, deadline_ms: u64) -> u64 {
+        deadline_ms.saturating_add(self.limits.session_expiry_grace_ms)
     }
 
     /// Number of live sessions.
@@ -154,7 +167,8 @@ impl StateMachine {
             _ => self.now_ms.max(input.now_ms),
         };
         let revision_before = self.revision;
-        let mut step = Step { now_ms, events: Vec::new(), granted: BTreeSet::new() };
+        let mut step =
+            Step { now_ms, stamp_ms: input.now_ms, events: Vec::new(), granted: BTreeSet::new() };
         let result = self.dispatch(&input.command, &mut step);
         match &result {
             Ok(_) => assert_eq!(
@@ -618,23 +632,24 @@ impl StateMachine {
                 self.renew(session, step.now_ms);
             }
         }
-        let now_ms = step.now_ms;
+        let stamp_ms = step.stamp_ms;
         let expired: Vec<SessionId> = self
             .session_deadlines
             .iter()
-            .take_while(|(deadline_ms, _)| *deadline_ms < now_ms)
+            .take_while(|(deadline_ms, _)| self.session_expiry_ms(*deadline_ms) < stamp_ms)
             .map(|(_, session)| *session)
             .collect();
         let mut freed = self.end_sessions(&expired, SessionEnd::Expired, step);
         freed.append(&mut self.time_out_waits(step));
-        freed.append(&mut self.end_delays(now_ms));
+        freed.append(&mut self.end_delays(stamp_ms));
         self.promote_all(&freed, step);
         Ok(Response::Ticked)
     }
 
-    /// Drops every bounded wait whose deadline has passed. Returns the locks touched.
+    /// Drops every bounded wait whose deadline has passed by the tick's own reading. Returns
+    /// the locks touched.
     fn time_out_waits(&mut self, step: &mut Step) -> BTreeSet<String> {
-        let now_ms = step.now_ms;
+        let now_ms = step.stamp_ms;
         let timed_out: Vec<(u64, SessionId, String)> = self
             .wait_deadlines
             .iter()
@@ -806,6 +821,16 @@ impl StateMachine {
     #[must_use]
     pub fn session(&self, session: SessionId) -> Option<SessionInfo> {
         self.sessions.get(&session).map(|record| session_info(session, record))
+    }
+
+    /// A live session's TTL and deadlines, cheaper than [`StateMachine::session`].
+    #[must_use]
+    pub fn session_lease(&self, session: SessionId) -> Option<SessionLease> {
+        self.sessions.get(&session).map(|record| SessionLease {
+            ttl_ms: record.ttl_ms,
+            deadline_ms: record.deadline_ms,
+            alive_until_ms: self.session_expiry_ms(record.deadline_ms),
+        })
     }
 
     /// Sessions in id order after `after`, at most `limit` and never more than the listing limit.

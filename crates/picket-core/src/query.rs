@@ -43,6 +43,18 @@ pub struct SessionInfo {
 }
 
 /// Whether a sequencer names the current grant of its lock.
+/// What a keepalive needs to know of a session, without its lists of locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLease {
+    /// Its TTL.
+    pub ttl_ms: u64,
+    /// When it expires without a keepalive, on the state machine's clock: what its client was
+    /// promised.
+    pub deadline_ms: u64,
+    /// The last clock reading at which a tick leaves it alive: its deadline plus the grace.
+    pub alive_until_ms: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CheckOutcome {

@@ -244,12 +244,20 @@ impl Model {
                 for session in self.sessions.iter_mut().filter(|s| renew.contains(&s.id)) {
                     session.deadline_ms = now_ms + session.ttl_ms;
                 }
-                let expired: Vec<SessionId> =
-                    self.sessions.iter().filter(|s| s.deadline_ms < now_ms).map(|s| s.id).collect();
+                // Expiry goes by the tick's own reading, which may be behind the state's clock,
+                // and a session lives through its deadline's grace.
+                let stamp_ms = input.now_ms;
+                let grace_ms = self.limits.session_expiry_grace_ms;
+                let expired: Vec<SessionId> = self
+                    .sessions
+                    .iter()
+                    .filter(|s| s.deadline_ms + grace_ms < stamp_ms)
+                    .map(|s| s.id)
+                    .collect();
                 self.end(&expired, true);
                 for lock in self.locks.values_mut() {
-                    lock.queue.retain(|w| w.deadline_ms.is_none_or(|d| d >= now_ms));
-                    if lock.delay.is_some_and(|(until, _)| until <= now_ms) {
+                    lock.queue.retain(|w| w.deadline_ms.is_none_or(|d| d >= stamp_ms));
+                    if lock.delay.is_some_and(|(until, _)| until <= stamp_ms) {
                         lock.delay = None;
                     }
                 }

@@ -244,7 +244,9 @@ fn canonical_trace_expired_holder_is_superseded_by_a_greater_token() {
     story.acquire(20, "B", "res", Wait::Forever);
     // A is paused: only B's keepalives reach the service.
     story.tick(1_000, &["B"]);
-    story.tick(2_001, &["B"]);
+    // A's deadline is 2,000; it lives through the 500 ms grace and expires after it.
+    story.tick(2_500, &["B"]);
+    story.tick(2_501, &["B"]);
     story.assert_transcript(
         "
         t=0 open A ttl=2000 delay=0
@@ -254,10 +256,11 @@ fn canonical_trace_expired_holder_is_superseded_by_a_greater_token() {
         t=20 acquire B \"res\" Forever -> queued position=0
             queued B for \"res\" at 0
         t=1000 tick renew=[B] -> ok
-        t=2001 tick renew=[B] -> ok
+        t=2500 tick renew=[B] -> ok
+        t=2501 tick renew=[B] -> ok
             released \"res\" by A token=3 (SessionExpired)
             session A ended (Expired)
-            granted \"res\" to B token=6
+            granted \"res\" to B token=7
         ",
     );
     let holder = story.machine.lock("res").unwrap().holder.unwrap();
@@ -369,12 +372,15 @@ fn lock_delay_holds_the_lock_after_expiry_but_not_after_close() {
     story.open(0, "C", 10_000, 0);
     story.acquire(1, "A", "x", Wait::Try);
     story.acquire(2, "B", "x", Wait::Forever);
-    story.tick(1_001, &[]);
-    let delayed = story.acquire(1_100, "C", "x", Wait::Try);
-    assert_eq!(error_of(&delayed), CommandError::LockDelayed { name: "x".into(), until_ms: 1_501 });
+    // A's deadline is 1,000; past its 500 ms grace it expires, and its delay starts then.
     story.tick(1_500, &[]);
-    assert_eq!(story.machine.lock("x").unwrap().holder, None, "still inside the delay");
+    assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().session, story.id("A"));
     story.tick(1_501, &[]);
+    let delayed = story.acquire(1_600, "C", "x", Wait::Try);
+    assert_eq!(error_of(&delayed), CommandError::LockDelayed { name: "x".into(), until_ms: 2_001 });
+    story.tick(2_000, &[]);
+    assert_eq!(story.machine.lock("x").unwrap().holder, None, "still inside the delay");
+    story.tick(2_001, &[]);
     assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().session, story.id("B"));
 
     let mut story = Story::new();
@@ -387,6 +393,25 @@ fn lock_delay_holds_the_lock_after_expiry_but_not_after_close() {
     assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().session, story.id("B"));
 }
 
+/// Issue 21: a tick expires by its own reading of the leader's clock. The leader reads its clock
+/// and then takes the keepalives it holds; an acquire stamped later can reach the log first and
+/// move the state's clock on, yet the tick must not expire a session whose keepalive the leader
+/// acknowledged after the tick's reading (that keepalive rides in the next tick).
+#[test]
+fn a_tick_expires_by_its_own_stamp_even_behind_the_state_clock() {
+    let mut story = Story::new();
+    story.open(0, "A", 1_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    // Stamped 1,600 (past A's deadline and grace), applied before the tick stamped 1,400.
+    story.acquire(1_600, "B", "y", Wait::Try);
+    story.tick(1_400, &[]);
+    assert!(story.machine.session(story.id("A")).is_some(), "A expires by the tick's stamp");
+    assert_eq!(story.machine.now_ms(), 1_600, "the state's clock never goes back");
+    story.tick(1_501, &[]);
+    assert!(story.machine.session(story.id("A")).is_none(), "A expires past its grace");
+}
+
 /// A new leader's refresh gives every session a full TTL on the new clock, so a session is not
 /// expired early because the new leader's clock reads far ahead of the old one's.
 #[test]
@@ -396,10 +421,10 @@ fn refresh_gives_every_session_a_full_ttl_on_the_new_clock() {
     story.acquire(1, "A", "x", Wait::Try);
     // The new leader's monotonic clock reads 1,000,000 ms.
     story.run(1_000_000, Command::Refresh);
-    story.tick(1_001_999, &[]);
-    assert!(story.machine.lock("x").is_some(), "A keeps its lock within its full TTL");
-    story.tick(1_002_001, &[]);
-    assert!(story.machine.lock("x").is_none(), "A expires a full TTL after the refresh");
+    story.tick(1_002_500, &[]);
+    assert!(story.machine.lock("x").is_some(), "A keeps its lock within its full TTL and grace");
+    story.tick(1_002_501, &[]);
+    assert!(story.machine.lock("x").is_none(), "A expires a full TTL and grace after the refresh");
 }
 
 /// Operators can revoke a session: like expiry, it releases its locks and applies lock-delay.

@@ -4,12 +4,18 @@
 //! When a node becomes leader it first proposes `Refresh`, which gives every session a full TTL
 //! on the new leader's clock: the new leader cannot know how long ago the old one last heard from
 //! each client, and must never expire a session early. After that it sleeps until the state's
-//! next deadline (a session, a bounded wait or a lock-delay running out) and then proposes a
-//! `Tick` carrying every keepalive received since the last tick, so kept-alive sessions are
-//! renewed in the same entry that expires the others. An idle cluster writes nothing.
+//! next deadline (a session, a bounded wait or a lock-delay running out), or until the oldest
+//! keepalive received has waited half a second, and then proposes a `Tick` carrying every
+//! keepalive received since the last tick, so kept-alive sessions are renewed in the same entry
+//! that expires the others. An idle cluster writes nothing.
+//!
+//! A leader that lost time (its process stalled, or its clock jumped or raced ahead, see
+//! [`crate::clock`]) cannot tell which clients tried to reach it meanwhile: keepalives may still
+//! sit unread in its sockets. Its next tick is then a `Refresh` again instead of an expiry.
 
-use crate::node::{Node, RENEWAL_FLUSH_THRESHOLD};
+use crate::node::Node;
 use crate::raft_types::{TypeConfig, Vote};
+use crate::renewals::Batch;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use picket_core::Command;
@@ -46,7 +52,8 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
                 _ = shutdown.changed() => return,
             }
         };
-        if let Err(error) = node.propose(Command::Refresh).await {
+        let batch = take(&node);
+        if let Err(error) = write(&node, batch, Command::Refresh).await {
             tracing::debug!(%error, "refresh after election failed; retrying");
             tokio::time::sleep(RETRY_PAUSE).await;
             continue;
@@ -68,14 +75,14 @@ async fn tick_while_leader(
     shutdown: &mut watch::Receiver<bool>,
 ) -> bool {
     loop {
-        let next_deadline_ms = node.read_local(|state| state.machine.next_deadline_ms());
+        let next_deadline_ms = next_due_ms(node);
         let now_ms = node.clock().now_ms();
         let sleep = next_deadline_ms
             .map_or(MAX_SLEEP, |due_ms| Duration::from_millis(due_ms.saturating_sub(now_ms)))
             .clamp(MIN_TICK_GAP, MAX_SLEEP);
         tokio::select! {
             () = tokio::time::sleep(sleep) => {}
-            () = node.renewals_waiting().notified() => {}
+            () = node.renewals().wake().notified() => {}
             changed = metrics.changed() => if changed.is_err() { return false },
             _ = shutdown.changed() => return false,
         }
@@ -87,17 +94,55 @@ async fn tick_while_leader(
             return true;
         }
         let now_ms = node.clock().now_ms();
-        let due = node
-            .read_local(|state| state.machine.next_deadline_ms())
-            .is_some_and(|due_ms| due_ms <= now_ms);
-        if due || node.pending_renewals() >= RENEWAL_FLUSH_THRESHOLD {
-            let renew = node.take_renewals();
-            if let Err(error) = node.propose(Command::Tick { renew }).await {
-                // The renewals are lost with this leadership; the next leader's refresh gives
-                // every session a full TTL anyway.
+        let due = next_due_ms(node).is_some_and(|due_ms| due_ms <= now_ms);
+        if due || node.gaps().gap_pending() {
+            let batch = take(node);
+            let command = if batch.after_gap {
+                tracing::warn!(
+                    node = node.id(),
+                    "the leader lost time: refreshing every session instead of expiring any"
+                );
+                Command::Refresh
+            } else {
+                Command::Tick { renew: batch.sessions.clone() }
+            };
+            if let Err(error) = write(node, batch, command).await {
                 tracing::debug!(%error, "tick failed");
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
         }
     }
+}
+
+/// When the next tick is due: at the state's next deadline, or when pending keepalives should
+/// be written, whichever comes first.
+fn next_due_ms(node: &Node) -> Option<u64> {
+    let deadline_ms = node.read_local(|state| state.machine.next_deadline_ms());
+    let renewals_ms = node.renewals().tick_due_ms();
+    deadline_ms.into_iter().chain(renewals_ms).min()
+}
+
+/// Takes the pending keepalives for one tick, at most as many as the state lets one tick renew.
+fn take(node: &Node) -> Batch {
+    let max = node.read_local(|state| state.machine.limits().max_renewals_per_tick);
+    node.renewals().take(node.clock(), node.gaps(), max)
+}
+
+/// Proposes a tick or refresh stamped with its batch's reading. Once it is applied, the
+/// keepalives that waited for the batch are answered; if it fails or is refused, they are kept
+/// for the next tick (a refused tick would otherwise drop keepalives the leader acknowledged).
+async fn write(
+    node: &Node,
+    batch: Batch,
+    command: Command,
+) -> Result<(), crate::error::ServiceError> {
+    let result = match node.propose_at(batch.stamp_ms, command).await {
+        Ok(applied) => applied.result.map(|_| ()).map_err(crate::error::ServiceError::from),
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(()) => node.renewals().written(batch.number),
+        Err(_) => node.renewals().give_back(batch),
+    }
+    result
 }

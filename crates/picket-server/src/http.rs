@@ -438,6 +438,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "applied_log_index": view.applied_log_index,
         "snapshot_log_index": view.snapshot_log_index,
         "purged_log_index": view.purged_log_index,
+        "clock_gaps_total": view.clock_gaps_total,
     })
 }
 

@@ -7,10 +7,12 @@
 //!  HTTP (axum) ──┘    ▲                └─► state_machine: picket-core + snapshots ─► hub
 //!                     │                                                     (waiters, watches)
 //!                  driver: the leader proposes Refresh, then Ticks carrying keepalives
+//!                  (renewals), or a Refresh again after the clock lost time (clock)
 //! ```
 //!
 //! Start a node with [`start`]; [`ServerConfig::single`] is a one-node cluster.
 
+pub mod clock;
 mod driver;
 pub mod error;
 pub mod grpc;
@@ -20,6 +22,7 @@ mod log_store;
 mod network;
 pub mod node;
 mod raft_types;
+mod renewals;
 mod server;
 mod state_machine;
 mod wal;

@@ -6,10 +6,12 @@
 //! log entries: the leader remembers them and folds them into the next tick (see
 //! [`crate::driver`]).
 
+use crate::clock::{Clock, ClockSource, GapWatch};
 use crate::error::ServiceError;
 use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome, WaiterRegistration};
 use crate::log_store::WriterStats;
 use crate::raft_types::{NodeId, Raft, Reply};
+use crate::renewals::{Noted, Renewals};
 use crate::state_machine::{Applied, StateStore};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
@@ -19,33 +21,11 @@ use picket_core::{
     Sequencer, SessionId, SessionInfo, Wait,
 };
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
-use tokio::sync::Notify;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Most sessions one batched keepalive may name.
 pub const MAX_KEEPALIVE_BATCH: usize = 10_000;
-/// Most keepalives the leader holds before it writes a tick early.
-pub const RENEWAL_FLUSH_THRESHOLD: usize = 50_000;
-
-/// A monotonic clock in milliseconds since the node started. Only the leader's readings enter
-/// the log, and a new leader starts its readings with a `Refresh`.
-#[derive(Debug)]
-pub struct Clock {
-    origin: tokio::time::Instant,
-}
-
-impl Clock {
-    fn new() -> Self {
-        Self { origin: tokio::time::Instant::now() }
-    }
-
-    /// Milliseconds since the node started.
-    #[must_use]
-    pub fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
 /// How an acquire asks: how long to wait, and which request (and attempt at it) this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcquireRequest {
@@ -189,6 +169,9 @@ pub struct ClusterView {
     pub snapshot_log_index: u64,
     /// The last log index this node has purged from its log, 0 if none.
     pub purged_log_index: u64,
+    /// How many times this node saw its clock or its process lose time (a stall or a jump)
+    /// since it started; see [`crate::clock`].
+    pub clock_gaps_total: u64,
 }
 
 /// One running node. Shared by the API front ends and the leader's background duties.
@@ -198,8 +181,8 @@ pub struct Node {
     raft: Raft,
     store: StateStore,
     clock: Clock,
-    renewals: Mutex<BTreeSet<SessionId>>,
-    renewals_waiting: Notify,
+    gaps: GapWatch,
+    renewals: Renewals,
     log_stats: Arc<WriterStats>,
     /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
     /// has committed and applied an entry of its own term.
@@ -207,6 +190,10 @@ pub struct Node {
     /// How long a leader may go without hearing from a quorum before it is not ready.
     leader_lease: std::time::Duration,
 }
+
+/// How long a keepalive that reached the leader after its session's deadline waits for the
+/// tick that decides whether the session survived.
+const KEEPALIVE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Most committed entries a node may have left to apply and still count as caught up.
 const MAX_READY_APPLY_LAG: u64 = 1_000;
@@ -271,14 +258,15 @@ impl Node {
         store: StateStore,
         log_stats: Arc<WriterStats>,
         leader_lease: std::time::Duration,
+        clock: &ClockSource,
     ) -> Self {
         Self {
             id,
             raft,
             store,
-            clock: Clock::new(),
-            renewals: Mutex::new(BTreeSet::new()),
-            renewals_waiting: Notify::new(),
+            clock: Clock::new(clock),
+            gaps: GapWatch::default(),
+            renewals: Renewals::default(),
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             leader_lease,
@@ -301,6 +289,16 @@ impl Node {
     #[must_use]
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// The watch for stalls and clock jumps.
+    pub(crate) fn gaps(&self) -> &GapWatch {
+        &self.gaps
+    }
+
+    /// The keepalives waiting for the next tick.
+    pub(crate) fn renewals(&self) -> &Renewals {
+        &self.renewals
     }
 
     /// Where applied events go.
@@ -373,7 +371,17 @@ impl Node {
     /// [`ServiceError::NotLeader`] on a follower, and the other cluster-level failures; a command
     /// the state machine refused is *not* an error here (see [`Node::command`]).
     pub async fn propose(&self, command: Command) -> Result<picket_core::Applied, ServiceError> {
-        let input = Input { now_ms: self.clock.now_ms(), command };
+        self.propose_at(self.clock.now_ms(), command).await
+    }
+
+    /// Proposes a command stamped with a clock reading taken earlier (a tick's, taken with the
+    /// keepalives it carries).
+    pub(crate) async fn propose_at(
+        &self,
+        now_ms: u64,
+        command: Command,
+    ) -> Result<picket_core::Applied, ServiceError> {
+        let input = Input { now_ms, command };
         match self.raft.client_write(input).await {
             Ok(response) => match response.data {
                 Reply::Applied(applied) => Ok(applied),
@@ -444,6 +452,8 @@ impl Node {
 
     /// Keeps a session alive: it gets a full TTL from the next tick. No log entry is written
     /// for it; the leader batches keepalives into the tick that would otherwise expire them.
+    /// Once answered, the session is not expired before a TTL from now by the leader's clock
+    /// (see [`crate::renewals`]).
     ///
     /// The leader first confirms it still holds its leader lease, so a deposed leader never
     /// confirms a keepalive the new leader will not honour.
@@ -451,20 +461,8 @@ impl Node {
     /// # Errors
     /// [`CommandError::UnknownSession`] when the session is gone; cluster failures.
     pub async fn keep_alive(&self, session: SessionId) -> Result<u64, ServiceError> {
-        self.ensure_leader(ReadPolicy::LeaseRead).await?;
-        let ttl_ms = self
-            .read_local(|state| state.machine.session(session).map(|info| info.ttl_ms))
-            .ok_or(CommandError::UnknownSession { session })?;
-        let pending = {
-            let mut renewals =
-                self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            renewals.insert(session);
-            renewals.len()
-        };
-        if pending >= RENEWAL_FLUSH_THRESHOLD {
-            self.renewals_waiting.notify_one();
-        }
-        Ok(ttl_ms)
+        let ttls = self.keep_alive_many(&[session]).await?;
+        ttls.first().copied().flatten().ok_or(CommandError::UnknownSession { session }.into())
     }
 
     /// Keeps many sessions alive at once: one leadership check for all of them. Returns each
@@ -483,40 +481,35 @@ impl Node {
             )));
         }
         self.ensure_leader(ReadPolicy::LeaseRead).await?;
-        let ttls: Vec<Option<u64>> = self.read_local(|state| {
-            sessions
-                .iter()
-                .map(|session| state.machine.session(*session).map(|info| info.ttl_ms))
-                .collect()
+        let leases = |session| self.read_local(|state| state.machine.session_lease(session));
+        let noted = self.renewals.note(&self.clock, sessions, leases);
+        let wait_for = noted.iter().filter_map(|answer| match answer {
+            Noted::AfterBatch(batch) => Some(*batch),
+            Noted::Alive { .. } | Noted::Unknown => None,
         });
-        let pending = {
-            let mut renewals =
-                self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (session, ttl) in sessions.iter().zip(&ttls) {
-                if ttl.is_some() {
-                    renewals.insert(*session);
-                }
-            }
-            renewals.len()
-        };
-        if pending >= RENEWAL_FLUSH_THRESHOLD {
-            self.renewals_waiting.notify_one();
+        if let Some(batch) = wait_for.max() {
+            // A session past its deadline on the applied state is answered only once a tick that
+            // carries its keepalive has been applied: the tick renews it if it was still alive by
+            // the tick's reading, and expires it otherwise.
+            tokio::time::timeout(KEEPALIVE_CONFIRM_TIMEOUT, self.renewals.wait_written(batch))
+                .await
+                .map_err(|_| {
+                    ServiceError::Unavailable(format!(
+                        "the keepalive reached the leader after its session's deadline and no \
+                         tick confirmed it within {} ms: retry",
+                        KEEPALIVE_CONFIRM_TIMEOUT.as_millis()
+                    ))
+                })?;
         }
-        Ok(ttls)
-    }
-
-    /// Takes every keepalive received since the last tick.
-    pub(crate) fn take_renewals(&self) -> Vec<SessionId> {
-        let mut renewals = self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        std::mem::take(&mut *renewals).into_iter().collect()
-    }
-
-    pub(crate) fn pending_renewals(&self) -> usize {
-        self.renewals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
-    }
-
-    pub(crate) fn renewals_waiting(&self) -> &Notify {
-        &self.renewals_waiting
+        Ok(sessions
+            .iter()
+            .zip(&noted)
+            .map(|(session, answer)| match answer {
+                Noted::Alive { ttl_ms } => Some(*ttl_ms),
+                Noted::AfterBatch(_) => leases(*session).map(|lease| lease.ttl_ms),
+                Noted::Unknown => None,
+            })
+            .collect())
     }
 
     /// Closes a session at its client's request.
@@ -794,6 +787,7 @@ impl Node {
             applied_log_index,
             snapshot_log_index: metrics.snapshot.map_or(0, |log_id| log_id.index()),
             purged_log_index: metrics.purged.map_or(0, |log_id| log_id.index()),
+            clock_gaps_total: self.gaps.gaps_total(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! Starting and stopping a node: storage, Raft, the leader's duties, and one port that serves
 //! gRPC (clients and peers) and HTTP/JSON.
 
+use crate::clock::ClockSource;
 use crate::driver;
 use crate::grpc::ClientService;
 use crate::http;
@@ -79,6 +80,8 @@ pub struct ServerConfig {
     pub join: bool,
     /// Raft timing and compaction.
     pub tuning: RaftTuning,
+    /// Where the lock state's time comes from: the monotonic clock, or a script in fault tests.
+    pub clock: ClockSource,
 }
 
 impl ServerConfig {
@@ -93,6 +96,7 @@ impl ServerConfig {
             peers: BTreeMap::new(),
             join: false,
             tuning: RaftTuning::default(),
+            clock: ClockSource::Monotonic,
         }
     }
 }
@@ -276,8 +280,20 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     }
 
     let leader_lease = std::time::Duration::from_millis(config.tuning.election_timeout_max_ms);
-    let node = Arc::new(Node::new(config.node_id, raft.clone(), store, log_stats, leader_lease));
+    let node = Arc::new(Node::new(
+        config.node_id,
+        raft.clone(),
+        store,
+        log_stats,
+        leader_lease,
+        &config.clock,
+    ));
     let (shutdown, shutdown_signal) = watch::channel(false);
+    let pulse_node = node.clone();
+    let pulse_signal = shutdown_signal.clone();
+    tokio::spawn(async move {
+        crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), pulse_signal).await;
+    });
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
         .add_service(RaftService::new(raft, config.node_id).into_server())

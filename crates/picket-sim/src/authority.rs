@@ -322,7 +322,10 @@ impl PicketAuthority {
     /// A fresh lock service.
     #[must_use]
     pub fn new(config: &SimConfig, clock_rate: f64) -> Self {
-        let limits = Limits { min_ttl_ms: 1, ..Limits::default() };
+        // Every simulated authority expires a lease exactly at its TTL, so the strategies are
+        // compared on equal terms; the server's expiry grace covers keepalives waiting unread
+        // in a leader's sockets, which the simulation does not model.
+        let limits = Limits { min_ttl_ms: 1, session_expiry_grace_ms: 0, ..Limits::default() };
         Self {
             machine: StateMachine::new(limits),
             ttl_ms: config.ttl_ms,

@@ -22,6 +22,15 @@ impl Cluster {
     /// When a node does not start.
     #[must_use]
     pub fn start(binary: &Path, size: usize, extra: &[String]) -> Self {
+        Self::start_each(binary, size, |_| extra.to_vec())
+    }
+
+    /// Like [`Cluster::start`], with arguments of each node's own: `extra(node_id)`.
+    ///
+    /// # Panics
+    /// When a node does not start.
+    #[must_use]
+    pub fn start_each(binary: &Path, size: usize, extra: impl Fn(usize) -> Vec<String>) -> Self {
         let dir = temp_dir();
         let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
         let peers = ports
@@ -37,7 +46,7 @@ impl Cluster {
                 let mut args =
                     vec!["--node-id".to_owned(), (index + 1).to_string(), "--peers".to_owned()];
                 args.push(peers.clone());
-                args.extend_from_slice(extra);
+                args.extend(extra(index + 1));
                 ServerProcess::start(
                     binary,
                     &dir.path().join(format!("node{}", index + 1)),

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, bail};
 use clap::Args;
+use picket_server::clock::ClockSource;
 use picket_server::{DEFAULT_PORT, NodeId, RaftTuning, ServerConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -50,6 +51,11 @@ pub struct ServeArgs {
     /// 1 GiB). A sync into allocated space is cheaper than one that grows the file.
     #[arg(long, default_value_t = RaftTuning::default().wal_segment_bytes)]
     wal_segment_bytes: u64,
+    /// For fault tests only: take the lock state's time from a script file holding
+    /// `rate=R jump_ms=J` (the clock runs R times real time, plus a total jump of J ms), reread
+    /// every 10 ms. Raft's own timers keep the real clock.
+    #[arg(long, hide = true)]
+    test_clock_file: Option<PathBuf>,
 }
 
 fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -98,6 +104,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         data_dir: args.data_dir,
         peers: args.peers.unwrap_or_default(),
         join: args.join,
+        clock: args.test_clock_file.map_or(ClockSource::Monotonic, ClockSource::Scripted),
         tuning,
     };
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -1,0 +1,362 @@
+//! Regression tests for issue 21: a leader whose clock jumps or runs fast or slow, or whose
+//! process stalls, must not expire sessions that were kept alive.
+//!
+//! Before the fix, expiry went by the leader's clock alone and keepalives waited in the leader's
+//! memory until its next tick: a leader whose clock jumped 8 s expired every session it had not
+//! heard from since its last tick, and a leader that woke from a stall expired sessions whose
+//! keepalives still sat unread in its sockets. Now a tick that follows a gap in the leader's
+//! clock (a stall or a jump) refreshes every session instead, a tick expires by its own reading
+//! taken together with the keepalives it carries, and a session lives half a second past its
+//! deadline on the leader's clock.
+//!
+//! The clock faults are driven through `picket serve`'s hidden `--test-clock-file`: the lock
+//! state's time then follows a script file (`rate=R jump_ms=J`) while Raft keeps the real clock.
+//! Every test runs real processes; one test at a time, as they share two cores.
+
+use picket_testkit::cluster::{Cluster, send};
+use picket_testkit::http::try_request;
+use picket_testkit::{ServerProcess, free_port, temp_dir, wait_until};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_picket"))
+}
+
+/// One script file per node.
+struct Clocks {
+    dir: tempfile::TempDir,
+}
+
+impl Clocks {
+    fn new() -> Self {
+        Self { dir: temp_dir() }
+    }
+
+    fn path(&self, node_id: usize) -> PathBuf {
+        self.dir.path().join(format!("clock-{node_id}"))
+    }
+
+    fn set(&self, node_id: usize, rate: f64, jump_ms: i64) {
+        let script = format!("rate={rate} jump_ms={jump_ms}\n");
+        let temporary = self.dir.path().join("clock.tmp");
+        std::fs::write(&temporary, script).expect("the script is written");
+        std::fs::rename(&temporary, self.path(node_id)).expect("the script is replaced");
+    }
+
+    fn args(&self, node_id: usize) -> Vec<String> {
+        vec!["--test-clock-file".to_owned(), self.path(node_id).display().to_string()]
+    }
+}
+
+fn post(addrs: &[String], path: &str, body: &Value) -> picket_testkit::http::Reply {
+    send(addrs, "POST", path, Some(body), Duration::from_secs(30)).expect("the service answers")
+}
+
+fn open_session(addrs: &[String], ttl_ms: u64) -> u64 {
+    let reply = post(addrs, "/v1/sessions", &json!({ "ttl_ms": ttl_ms }));
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["session_id"].as_u64().expect("a session id")
+}
+
+fn acquire_try(addrs: &[String], session: u64, name: &str) -> u64 {
+    let body = json!({ "name": name, "session_id": session, "wait_ms": 0 });
+    let reply = post(addrs, "/v1/locks/acquire", &body);
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["token"].as_u64().expect("a token")
+}
+
+fn live_sessions(addrs: &[String]) -> Vec<u64> {
+    let reply = send(addrs, "GET", "/v1/sessions", None, Duration::from_secs(30))
+        .expect("the service answers");
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["sessions"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|session| session["session_id"].as_u64())
+        .collect()
+}
+
+/// A waiting acquire in its own thread: its reply and when it came.
+fn wait_for_lock(
+    addrs: &[String],
+    session: u64,
+    name: &str,
+) -> JoinHandle<(picket_testkit::http::Reply, Instant)> {
+    let addrs_again = addrs;
+    let addrs = addrs.to_vec();
+    let body = json!({ "name": name, "session_id": session, "wait_ms": 60_000 });
+    let handle = std::thread::spawn(move || {
+        let reply = send(&addrs, "POST", "/v1/locks/acquire", Some(&body), Duration::from_secs(90))
+            .expect("the service answers");
+        (reply, Instant::now())
+    });
+    wait_until("the waiter to be queued", Duration::from_secs(10), || {
+        let lock = lock(addrs_again, name);
+        lock["waiters"].as_array()?.contains(&json!(session)).then_some(())
+    });
+    handle
+}
+
+fn lock(addrs: &[String], name: &str) -> Value {
+    let reply = send(addrs, "GET", &format!("/v1/locks/{name}"), None, Duration::from_secs(30))
+        .expect("the service answers");
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body
+}
+
+/// Keepalives of some sessions every `period`, each answer kept, until stopped.
+struct Keeper {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Vec<KeepAlive>>>,
+}
+
+#[derive(Debug)]
+#[allow(dead_code, reason = "the session and code are read in failure messages, through Debug")]
+struct KeepAlive {
+    session: u64,
+    sent_at: Instant,
+    status: u16,
+    code: String,
+}
+
+impl Keeper {
+    fn start(addrs: &[String], sessions: &[u64], period: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (addrs, sessions, stopping) = (addrs.to_vec(), sessions.to_vec(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while !stopping.load(Ordering::SeqCst) {
+                let round = Instant::now();
+                for session in &sessions {
+                    answers.push(keep_alive(&addrs, *session));
+                }
+                std::thread::sleep(period.saturating_sub(round.elapsed()));
+            }
+            answers
+        });
+        Self { stop, thread: Some(thread) }
+    }
+
+    fn stop(self) -> Vec<KeepAlive> {
+        Self::stop_all(vec![self])
+    }
+
+    /// Stops every keeper at once, then collects their answers.
+    fn stop_all(keepers: Vec<Self>) -> Vec<KeepAlive> {
+        for keeper in &keepers {
+            keeper.stop.store(true, Ordering::SeqCst);
+        }
+        keepers
+            .into_iter()
+            .flat_map(|mut keeper| {
+                let thread = keeper.thread.take().expect("running");
+                thread.join().expect("the keeper does not panic")
+            })
+            .collect()
+    }
+}
+
+fn keep_alive(addrs: &[String], session: u64) -> KeepAlive {
+    let sent_at = Instant::now();
+    let reply = post(addrs, &format!("/v1/sessions/{session}/keepalive"), &json!({}));
+    KeepAlive {
+        session,
+        sent_at,
+        status: reply.status,
+        code: reply.body["code"].as_str().unwrap_or_default().to_owned(),
+    }
+}
+
+fn assert_all_kept_alive(answers: &[KeepAlive], after: Instant) {
+    let refused: Vec<&KeepAlive> = answers.iter().filter(|answer| answer.status != 200).collect();
+    assert!(refused.is_empty(), "keepalives refused: {refused:?}");
+    let after_fault = answers.iter().filter(|answer| answer.sent_at > after).count();
+    assert!(after_fault >= 3, "only {after_fault} keepalives were sent after the fault");
+}
+
+fn clock_gaps(addr: &str) -> u64 {
+    let reply = try_request(addr, "GET", "/v1/cluster", None).expect("the node answers");
+    reply.body["clock_gaps_total"].as_u64().expect("a gap count")
+}
+
+/// The issue's scenario. Session A (TTL 5 s) holds `L` and keeps alive; session C waits for `L`;
+/// session B's keepalive is acknowledged once, then B goes quiet. The leader's clock jumps 8 s
+/// forward. Before the fix, the next tick expired A and B and granted `L` to C about a second
+/// after A's last acknowledged keepalive.
+#[test]
+fn leader_clock_jump_expires_no_kept_alive_session_and_grants_no_waiter_early() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let clocks = Clocks::new();
+    for node_id in 1..=3 {
+        clocks.set(node_id, 1.0, 0);
+    }
+    let cluster = Cluster::start_each(binary(), 3, |node_id| {
+        let mut args: Vec<String> = ["--heartbeat-ms", "50", "--election-timeout-ms", "500"]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .collect();
+        args.extend(clocks.args(node_id));
+        args
+    });
+    let leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let a = open_session(&addrs, 5_000);
+    let b = open_session(&addrs, 5_000);
+    let c = open_session(&addrs, 10_000);
+    let token_a = acquire_try(&addrs, a, "L");
+    let waiter = wait_for_lock(&addrs, c, "L");
+    let keeper = Keeper::start(&addrs, &[a, c], Duration::from_millis(400));
+    let b_kept = keep_alive(&addrs, b);
+    assert_eq!(b_kept.status, 200);
+    // A tick writes a keepalive within half a second; after a second, B's renewal is in the log
+    // and nothing pending protects it from the jump.
+    std::thread::sleep(Duration::from_secs(1));
+
+    let jumped_at = Instant::now();
+    clocks.set(leader + 1, 1.0, 8_000);
+    // B was promised 5 s from its keepalive; look just before that runs out.
+    let promised = b_kept.sent_at + Duration::from_millis(4_700);
+    std::thread::sleep(promised.saturating_duration_since(Instant::now()));
+    assert!(
+        live_sessions(&addrs).contains(&b),
+        "B expired before the TTL its acknowledged keepalive promised"
+    );
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(jumped_at.elapsed()));
+    let answers = keeper.stop();
+    assert_all_kept_alive(&answers, jumped_at);
+    assert!(!waiter.is_finished(), "C was granted L while A kept its session alive");
+    assert_eq!(lock(&addrs, "L")["holder"]["session_id"], json!(a));
+    assert_eq!(cluster.agreed_leader(), Some(leader), "the jump must not move leadership");
+    assert!(clock_gaps(&addrs[leader]) >= 1, "the leader counts the jump as a gap");
+
+    let released = post(
+        &addrs,
+        "/v1/locks/release",
+        &json!({ "name": "L", "session_id": a, "token": token_a }),
+    );
+    assert_eq!(released.status, 200, "{}", released.text);
+    let (granted, _) = waiter.join().expect("the waiter does not panic");
+    assert_eq!(granted.status, 200, "{}", granted.text);
+    assert!(granted.body["token"].as_u64().expect("a token") > token_a);
+    // B went quiet: it still expires, a TTL and grace after the leader's refresh.
+    wait_until("B to expire", Duration::from_secs(20), || {
+        (!live_sessions(&addrs).contains(&b)).then_some(())
+    });
+}
+
+/// A one-node leader is stopped for three TTLs while the clients of 40 sessions keep sending
+/// keepalives, each on its own connection, then continued. Before the fix, its first tick after
+/// the stall expired every session whose keepalive still sat unread in its sockets, and granted
+/// the lock to the waiter.
+#[test]
+fn stalled_leader_expires_no_session_kept_alive_through_the_stall() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = temp_dir();
+    let listen = format!("127.0.0.1:{}", free_port()).parse().expect("an address");
+    let server = ServerProcess::start(binary(), &dir.path().join("node"), listen, &[]);
+    let addrs = vec![server.addr.clone()];
+    let sessions: Vec<u64> = (0..40).map(|_| open_session(&addrs, 2_000)).collect();
+    let w = open_session(&addrs, 60_000);
+    acquire_try(&addrs, sessions[0], "L");
+    let waiter = wait_for_lock(&addrs, w, "L");
+    let mut keepers: Vec<Keeper> = sessions
+        .iter()
+        .map(|session| Keeper::start(&addrs, &[*session], Duration::from_millis(600)))
+        .collect();
+    keepers.push(Keeper::start(&addrs, &[w], Duration::from_millis(600)));
+    std::thread::sleep(Duration::from_secs(1));
+
+    let stalled_at = Instant::now();
+    server.signal("-STOP");
+    std::thread::sleep(Duration::from_secs(6));
+    server.signal("-CONT");
+    std::thread::sleep(Duration::from_secs(2));
+    let answers = Keeper::stop_all(keepers);
+    assert_all_kept_alive(&answers, stalled_at + Duration::from_secs(6));
+    let live = live_sessions(&addrs);
+    let gone: Vec<&u64> = sessions.iter().filter(|id| !live.contains(id)).collect();
+    let of_gone: Vec<&KeepAlive> =
+        answers.iter().filter(|answer| gone.contains(&&answer.session)).collect();
+    assert!(
+        gone.is_empty(),
+        "sessions kept alive through the stall expired: {gone:?}: {of_gone:?}"
+    );
+    assert!(!waiter.is_finished(), "the waiter was granted L while its holder kept alive");
+    assert_eq!(lock(&addrs, "L")["holder"]["session_id"], json!(sessions[0]));
+    assert!(clock_gaps(&server.addr) >= 1, "the node counts the stall as a gap");
+    // The waiter's thread ends with the server's process; it is not joined.
+    drop(server);
+    drop(waiter);
+}
+
+/// A leader whose clock runs at 1.5 or 0.5 times real time, under acquire and release load:
+/// sessions kept alive every third of their TTL never expire; a session whose client stops is
+/// still expired, a TTL and grace later by the leader's clock.
+#[test]
+fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for rate in [1.5, 0.5] {
+        let clocks = Clocks::new();
+        clocks.set(1, rate, 0);
+        let dir = temp_dir();
+        let listen = format!("127.0.0.1:{}", free_port()).parse().expect("an address");
+        let server =
+            ServerProcess::start(binary(), &dir.path().join("node"), listen, &clocks.args(1));
+        let addrs = vec![server.addr.clone()];
+        let sessions: Vec<u64> = (0..20).map(|_| open_session(&addrs, 1_500)).collect();
+        let quiet = open_session(&addrs, 1_500);
+        let quiet_kept = keep_alive(&addrs, quiet);
+        let quiet_expiry = {
+            let addrs = addrs.clone();
+            std::thread::spawn(move || {
+                wait_until("the quiet session to expire", Duration::from_secs(20), || {
+                    (!live_sessions(&addrs).contains(&quiet)).then(Instant::now)
+                })
+            })
+        };
+        let started = Instant::now();
+        let keeper = Keeper::start(&addrs, &sessions, Duration::from_millis(500));
+        let load = {
+            let addrs = addrs.clone();
+            let worker = open_session(&addrs, 60_000);
+            std::thread::spawn(move || {
+                let mut cycles = 0_u64;
+                while started.elapsed() < Duration::from_secs(5) {
+                    let name = format!("load/{}", cycles % 8);
+                    let token = acquire_try(&addrs, worker, &name);
+                    let body = json!({ "name": name, "session_id": worker, "token": token });
+                    let released = post(&addrs, "/v1/locks/release", &body);
+                    assert_eq!(released.status, 200, "{}", released.text);
+                    cycles += 1;
+                }
+                cycles
+            })
+        };
+        let cycles = load.join().expect("the load does not panic");
+        let answers = keeper.stop();
+        assert!(cycles > 100, "rate {rate}: only {cycles} acquire-release cycles");
+        assert_all_kept_alive(&answers, started);
+        let live = live_sessions(&addrs);
+        let expired: Vec<&u64> = sessions.iter().filter(|id| !live.contains(id)).collect();
+        assert!(expired.is_empty(), "rate {rate}: kept-alive sessions expired: {expired:?}");
+        // The quiet session is renewed by a tick at most 500 ms (leader clock) after its
+        // keepalive, then lives its TTL and the 500 ms grace: 2,000 to 2,500 ms of the leader's
+        // clock after its keepalive, which is that divided by the rate in real time.
+        let expired_at = quiet_expiry.join().expect("the quiet session expires");
+        let lived_ms = expired_at.duration_since(quiet_kept.sent_at).as_secs_f64() * 1_000.0;
+        let (shortest_ms, longest_ms) = (2_000.0 / rate, 2_500.0 / rate);
+        assert!(
+            lived_ms > shortest_ms - 100.0 && lived_ms < longest_ms + 1_000.0,
+            "rate {rate}: the quiet session lived {lived_ms:.0} ms after its keepalive, \
+             expected {shortest_ms:.0} to {longest_ms:.0} ms"
+        );
+    }
+}
