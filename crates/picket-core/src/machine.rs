@@ -69,6 +69,37 @@ pub struct StateMachine {
     delay_ends: BTreeSet<(u64, String)>,
 }
 
+/// What an accepted command will do, decided from the state before any change.
+#[derive(Debug)]
+enum Plan {
+    /// Nothing to decide beyond acceptance.
+    Simple,
+    Acquire(AcquirePlan),
+    Abandon(AbandonPlan),
+}
+
+#[derive(Debug)]
+enum AcquirePlan {
+    /// The session holds the lock already, with this token.
+    AlreadyHeld {
+        token: u64,
+    },
+    Grant,
+    /// The session waits already under this request: it keeps its place with the new wait.
+    Rewait {
+        wait_ms: Option<u64>,
+    },
+    Enqueue {
+        wait_ms: Option<u64>,
+    },
+}
+
+#[derive(Debug)]
+enum AbandonPlan {
+    Wait,
+    Grant { token: u64 },
+}
+
 /// What one command did so far: its clock, its events, and the locks it granted.
 struct Step {
     /// The state's clock once this command is accepted: never behind the previous command's.
@@ -184,29 +215,100 @@ impl StateMachine {
         Applied { revision: self.revision, result, events: step.events }
     }
 
-    fn dispatch(&mut self, command: &Command, step: &mut Step) -> Result<Response, CommandError> {
+    /// Whether `command` would be accepted by the current state, and if not, the refusal that
+    /// applying it now would return. The same code decides at apply time, so a leader can refuse
+    /// a command before it reaches the log (the state may still change before it is applied;
+    /// apply decides again).
+    ///
+    /// # Errors
+    /// The refusal.
+    pub fn validate(&self, command: &Command) -> Result<(), CommandError> {
+        self.plan(command).map(|_| ())
+    }
+
+    /// The refusal of `command` that no command not yet applied could overturn, if any: the
+    /// leader answers it without writing the command to the log, so input that would be
+    /// refused costs no log entry, no sync and no replication.
+    ///
+    /// Only refusals that hold whatever comes next qualify: bad input (a name, a TTL, a
+    /// lock-delay, a wait, a tick's size), and an unknown session whose id is not above the
+    /// revision (ids are revisions and never reused, so that session ended for good). Other
+    /// refusals depend on state that an entry still in flight may change (an acquire proposed
+    /// just before an abandon of it), and are decided at apply.
+    #[must_use]
+    pub fn refusal_before_log(&self, command: &Command) -> Option<CommandError> {
+        let refusal = self.validate(command).err()?;
+        let lasting = match &refusal {
+            CommandError::InvalidName(_)
+            | CommandError::TtlOutOfRange { .. }
+            | CommandError::LockDelayOutOfRange { .. }
+            | CommandError::WaitOutOfRange { .. }
+            | CommandError::TooManyRenewals { .. } => true,
+            CommandError::UnknownSession { session } => session.0 <= self.revision,
+            _ => false,
+        };
+        lasting.then_some(refusal)
+    }
+
+    /// Decides, from the state before any change, whether the command is accepted and what it
+    /// will do.
+    fn plan(&self, command: &Command) -> Result<Plan, CommandError> {
         match command {
             Command::OpenSession { ttl_ms, lock_delay_ms } => {
-                self.open_session(*ttl_ms, *lock_delay_ms, step)
+                self.plan_open(*ttl_ms, *lock_delay_ms).map(|()| Plan::Simple)
             }
-            Command::KeepAlive { session } => self.keep_alive(*session, step),
-            Command::CloseSession { session } => self.end_one(*session, SessionEnd::Closed, step),
-            Command::RevokeSession { session } => self.end_one(*session, SessionEnd::Revoked, step),
-            Command::Acquire { session, name, wait, request, attempt } => {
-                self.acquire(*session, name, *wait, (*request, *attempt), step)
+            Command::KeepAlive { session }
+            | Command::CloseSession { session }
+            | Command::RevokeSession { session } => {
+                self.session_record(*session).map(|_| Plan::Simple)
+            }
+            Command::Acquire { session, name, wait, request, .. } => {
+                self.plan_acquire(*session, name, *wait, *request).map(Plan::Acquire)
             }
             Command::Abandon { session, name, request, attempt } => {
-                self.abandon(*session, name, (*request, *attempt), step)
+                self.plan_abandon(*session, name, (*request, *attempt)).map(Plan::Abandon)
             }
-            Command::Cancel { session, name } => self.cancel(*session, name, step),
-            Command::Release { session, name, token } => self.release(*session, name, *token, step),
-            Command::Tick { renew } => self.tick(renew, step),
-            Command::Refresh => Ok(self.refresh(step)),
+            Command::Cancel { session, name } => {
+                self.plan_cancel(*session, name).map(|()| Plan::Simple)
+            }
+            Command::Release { session, name, token } => {
+                self.plan_release(*session, name, *token).map(|()| Plan::Simple)
+            }
+            Command::Tick { renew } => self.plan_tick(renew).map(|()| Plan::Simple),
+            Command::Refresh => Ok(Plan::Simple),
         }
     }
 
-    /// Marks the command accepted. Called exactly once per accepted command, after validation
-    /// and before the first change.
+    fn dispatch(&mut self, command: &Command, step: &mut Step) -> Result<Response, CommandError> {
+        let plan = self.plan(command)?;
+        self.accept(step);
+        Ok(match (command, plan) {
+            (Command::OpenSession { ttl_ms, lock_delay_ms }, _) => {
+                self.open_session(*ttl_ms, *lock_delay_ms, step)
+            }
+            (Command::KeepAlive { session }, _) => self.keep_alive(*session, step),
+            (Command::CloseSession { session }, _) => {
+                self.end_one(*session, SessionEnd::Closed, step)
+            }
+            (Command::RevokeSession { session }, _) => {
+                self.end_one(*session, SessionEnd::Revoked, step)
+            }
+            (Command::Acquire { session, name, request, attempt, .. }, Plan::Acquire(plan)) => {
+                self.acquire(*session, name, (*request, *attempt), plan, step)
+            }
+            (Command::Abandon { session, name, .. }, Plan::Abandon(plan)) => {
+                self.abandon(*session, name, plan, step)
+            }
+            (Command::Cancel { session, name }, _) => self.cancel(*session, name, step),
+            (Command::Release { session, name, .. }, _) => self.release(*session, name, step),
+            (Command::Tick { renew }, _) => self.tick(renew, step),
+            (Command::Refresh, _) => self.refresh(step),
+            (command, plan) => unreachable!("{command} was planned as {plan:?}"),
+        })
+    }
+
+    /// Marks the command accepted. Called exactly once per accepted command, by `dispatch`,
+    /// after its plan and before the first change.
     fn accept(&mut self, step: &Step) {
         self.revision =
             self.revision.checked_add(1).expect("revision overflow after 2^64 commands");
@@ -217,12 +319,7 @@ impl StateMachine {
         self.sessions.get(&session).ok_or(CommandError::UnknownSession { session })
     }
 
-    fn open_session(
-        &mut self,
-        ttl_ms: u64,
-        lock_delay_ms: u64,
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
+    fn plan_open(&self, ttl_ms: u64, lock_delay_ms: u64) -> Result<(), CommandError> {
         let limits = &self.limits;
         if !(limits.min_ttl_ms..=limits.max_ttl_ms).contains(&ttl_ms) {
             return Err(CommandError::TtlOutOfRange {
@@ -240,7 +337,10 @@ impl StateMachine {
         if self.sessions.len() >= limits.max_sessions {
             return Err(CommandError::TooManySessions { max_sessions: limits.max_sessions });
         }
-        self.accept(step);
+        Ok(())
+    }
+
+    fn open_session(&mut self, ttl_ms: u64, lock_delay_ms: u64, step: &mut Step) -> Response {
         let session = SessionId(self.revision);
         let deadline_ms = step.now_ms.saturating_add(ttl_ms);
         let record = SessionRecord {
@@ -252,18 +352,12 @@ impl StateMachine {
         };
         assert!(self.sessions.insert(session, record).is_none(), "session ids are never reused");
         assert!(self.session_deadlines.insert((deadline_ms, session)));
-        Ok(Response::SessionOpened { session, ttl_ms, deadline_ms })
+        Response::SessionOpened { session, ttl_ms, deadline_ms }
     }
 
-    fn keep_alive(
-        &mut self,
-        session: SessionId,
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
-        self.session_record(session)?;
-        self.accept(step);
+    fn keep_alive(&mut self, session: SessionId, step: &Step) -> Response {
         let deadline_ms = self.renew(session, step.now_ms);
-        Ok(Response::KeptAlive { session, deadline_ms })
+        Response::KeptAlive { session, deadline_ms }
     }
 
     /// Gives a live session a full TTL from `now_ms` and returns its new deadline.
@@ -277,17 +371,10 @@ impl StateMachine {
         deadline_ms
     }
 
-    fn end_one(
-        &mut self,
-        session: SessionId,
-        end: SessionEnd,
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
-        self.session_record(session)?;
-        self.accept(step);
+    fn end_one(&mut self, session: SessionId, end: SessionEnd, step: &mut Step) -> Response {
         let freed = self.end_sessions(&[session], end, step);
         self.promote_all(&freed, step);
-        Ok(Response::SessionEnded { session })
+        Response::SessionEnded { session }
     }
 
     /// Ends the sessions: cancels their waits, releases their grants (with lock-delay where the
@@ -324,14 +411,13 @@ impl StateMachine {
         freed
     }
 
-    fn acquire(
-        &mut self,
+    fn plan_acquire(
+        &self,
         session: SessionId,
         name: &str,
         wait: Wait,
-        (request, attempt): (RequestId, u32),
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
+        request: RequestId,
+    ) -> Result<AcquirePlan, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         // Waiting zero milliseconds is trying.
         let wait = if wait == (Wait::For { wait_ms: 0 }) { Wait::Try } else { wait };
@@ -340,30 +426,17 @@ impl StateMachine {
         let lock_record = self.locks.get(name);
         let holder = lock_record.and_then(|lock| lock.holder);
         if let Some(holder) = holder.filter(|holder| holder.session == session) {
-            self.accept(step);
-            if holder.request == request {
-                let lock = self.locks.get_mut(name).expect("a held lock has a record");
-                let stored = lock.holder.as_mut().expect("the lock is held");
-                stored.attempt = stored.attempt.max(attempt);
-            }
-            return Ok(Response::Granted {
-                name: name.to_owned(),
-                token: holder.token,
-                already_held: true,
-            });
+            return Ok(AcquirePlan::AlreadyHeld { token: holder.token });
         }
         let free = lock_record.is_none_or(LockRecord::is_free);
-        let waiting = session_record.waiting.contains(name);
         if wait == Wait::Try {
             if free {
                 self.check_session_room(session)?;
-                self.accept(step);
-                let token = self.grant(name, session, (request, attempt), step);
-                return Ok(Response::Granted { name: name.to_owned(), token, already_held: false });
+                return Ok(AcquirePlan::Grant);
             }
             return Err(self.busy_error(name));
         }
-        if waiting {
+        if session_record.waiting.contains(name) {
             let waiting_request = self.waiter(name, session).request;
             if waiting_request != request {
                 return Err(CommandError::AlreadyWaiting {
@@ -372,14 +445,11 @@ impl StateMachine {
                     waiting_request,
                 });
             }
-            self.accept(step);
-            return Ok(self.rewait(name, session, wait_ms, attempt, step.now_ms));
+            return Ok(AcquirePlan::Rewait { wait_ms });
         }
         self.check_session_room(session)?;
         if free {
-            self.accept(step);
-            let token = self.grant(name, session, (request, attempt), step);
-            return Ok(Response::Granted { name: name.to_owned(), token, already_held: false });
+            return Ok(AcquirePlan::Grant);
         }
         let queue_len = lock_record.map_or(0, |lock| lock.waiters.len());
         if queue_len >= self.limits.max_waiters_per_lock {
@@ -388,9 +458,38 @@ impl StateMachine {
                 max_waiters: self.limits.max_waiters_per_lock,
             });
         }
-        self.accept(step);
-        let position = self.enqueue(name, session, wait_ms, (request, attempt), step);
-        Ok(Response::Queued { name: name.to_owned(), position })
+        Ok(AcquirePlan::Enqueue { wait_ms })
+    }
+
+    fn acquire(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        (request, attempt): (RequestId, u32),
+        plan: AcquirePlan,
+        step: &mut Step,
+    ) -> Response {
+        match plan {
+            AcquirePlan::AlreadyHeld { token } => {
+                let lock = self.locks.get_mut(name).expect("a held lock has a record");
+                let stored = lock.holder.as_mut().expect("the lock is held");
+                if stored.request == request {
+                    stored.attempt = stored.attempt.max(attempt);
+                }
+                Response::Granted { name: name.to_owned(), token, already_held: true }
+            }
+            AcquirePlan::Grant => {
+                let token = self.grant(name, session, (request, attempt), step);
+                Response::Granted { name: name.to_owned(), token, already_held: false }
+            }
+            AcquirePlan::Rewait { wait_ms } => {
+                self.rewait(name, session, wait_ms, attempt, step.now_ms)
+            }
+            AcquirePlan::Enqueue { wait_ms } => {
+                let position = self.enqueue(name, session, wait_ms, (request, attempt), step);
+                Response::Queued { name: name.to_owned(), position }
+            }
+        }
     }
 
     /// The queue entry of a session that waits for `name`.
@@ -400,15 +499,14 @@ impl StateMachine {
         &lock.waiters[position]
     }
 
-    /// Undoes what `request` did to `name`: its wait, or the grant it produced, unless a later
-    /// attempt of the request reached them since.
-    fn abandon(
-        &mut self,
+    /// Decides what abandoning `request`'s attempt undoes at `name`: its wait, or the grant it
+    /// produced, unless a later attempt of the request reached them since.
+    fn plan_abandon(
+        &self,
         session: SessionId,
         name: &str,
         (request, attempt): (RequestId, u32),
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
+    ) -> Result<AbandonPlan, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         let record = self.session_record(session)?;
         let abandons = |made_by: RequestId, latest_attempt: u32| {
@@ -418,22 +516,37 @@ impl StateMachine {
             let waiter = self.waiter(name, session);
             abandons(waiter.request, waiter.attempt)
         } {
-            self.accept(step);
-            self.leave_queue(name, session, CancelCause::Abandoned, step);
-            return Ok(Response::Abandoned { name: name.to_owned(), released_token: None });
+            return Ok(AbandonPlan::Wait);
         }
         let holder = self.locks.get(name).and_then(|lock| lock.holder);
-        let Some(holder) = holder
+        match holder
             .filter(|holder| holder.session == session && abandons(holder.request, holder.attempt))
-        else {
-            return Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request });
-        };
-        self.accept(step);
-        let record = self.sessions.get_mut(&session).expect("checked above");
-        assert!(record.held.remove(name));
-        self.end_grant(name, session, ReleaseCause::Abandoned, 0, step);
-        self.promote(name, step);
-        Ok(Response::Abandoned { name: name.to_owned(), released_token: Some(holder.token) })
+        {
+            Some(holder) => Ok(AbandonPlan::Grant { token: holder.token }),
+            None => Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request }),
+        }
+    }
+
+    fn abandon(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        plan: AbandonPlan,
+        step: &mut Step,
+    ) -> Response {
+        match plan {
+            AbandonPlan::Wait => {
+                self.leave_queue(name, session, CancelCause::Abandoned, step);
+                Response::Abandoned { name: name.to_owned(), released_token: None }
+            }
+            AbandonPlan::Grant { token } => {
+                let record = self.sessions.get_mut(&session).expect("planned on a live session");
+                assert!(record.held.remove(name));
+                self.end_grant(name, session, ReleaseCause::Abandoned, 0, step);
+                self.promote(name, step);
+                Response::Abandoned { name: name.to_owned(), released_token: Some(token) }
+            }
+        }
     }
 
     /// Returns the bounded wait in milliseconds, `None` for waiting without a deadline or not at
@@ -520,20 +633,18 @@ impl StateMachine {
         position
     }
 
-    fn cancel(
-        &mut self,
-        session: SessionId,
-        name: &str,
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
+    fn plan_cancel(&self, session: SessionId, name: &str) -> Result<(), CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         let record = self.session_record(session)?;
         if !record.waiting.contains(name) {
             return Err(CommandError::NotWaiting { name: name.to_owned(), session });
         }
-        self.accept(step);
+        Ok(())
+    }
+
+    fn cancel(&mut self, session: SessionId, name: &str, step: &mut Step) -> Response {
         self.leave_queue(name, session, CancelCause::Requested, step);
-        Ok(Response::Cancelled { name: name.to_owned() })
+        Response::Cancelled { name: name.to_owned() }
     }
 
     /// Takes a live session out of a lock's queue for `cause`, and grants the lock on if that
@@ -557,13 +668,7 @@ impl StateMachine {
         }
     }
 
-    fn release(
-        &mut self,
-        session: SessionId,
-        name: &str,
-        token: u64,
-        step: &mut Step,
-    ) -> Result<Response, CommandError> {
+    fn plan_release(&self, session: SessionId, name: &str, token: u64) -> Result<(), CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         self.session_record(session)?;
         let holder = self.locks.get(name).and_then(|lock| lock.holder);
@@ -584,12 +689,15 @@ impl StateMachine {
                 });
             }
         }
-        self.accept(step);
-        let record = self.sessions.get_mut(&session).expect("checked above");
+        Ok(())
+    }
+
+    fn release(&mut self, session: SessionId, name: &str, step: &mut Step) -> Response {
+        let record = self.sessions.get_mut(&session).expect("planned on a live session");
         assert!(record.held.remove(name));
         self.end_grant(name, session, ReleaseCause::Released, 0, step);
         self.promote(name, step);
-        Ok(Response::Released { name: name.to_owned() })
+        Response::Released { name: name.to_owned() }
     }
 
     /// Clears a lock's holder, starting a lock-delay if `delay_ms` is positive. The caller
@@ -619,14 +727,17 @@ impl StateMachine {
         });
     }
 
-    fn tick(&mut self, renew: &[SessionId], step: &mut Step) -> Result<Response, CommandError> {
+    fn plan_tick(&self, renew: &[SessionId]) -> Result<(), CommandError> {
         if renew.len() > self.limits.max_renewals_per_tick {
             return Err(CommandError::TooManyRenewals {
                 count: renew.len(),
                 max: self.limits.max_renewals_per_tick,
             });
         }
-        self.accept(step);
+        Ok(())
+    }
+
+    fn tick(&mut self, renew: &[SessionId], step: &mut Step) -> Response {
         for &session in renew {
             if self.sessions.contains_key(&session) {
                 self.renew(session, step.now_ms);
@@ -643,7 +754,7 @@ impl StateMachine {
         freed.append(&mut self.time_out_waits(step));
         freed.append(&mut self.end_delays(stamp_ms));
         self.promote_all(&freed, step);
-        Ok(Response::Ticked)
+        Response::Ticked
     }
 
     /// Drops every bounded wait whose deadline has passed by the tick's own reading. Returns
@@ -690,8 +801,7 @@ impl StateMachine {
         touched
     }
 
-    fn refresh(&mut self, step: &mut Step) -> Response {
-        self.accept(step);
+    fn refresh(&mut self, step: &Step) -> Response {
         let now_ms = step.now_ms;
         for record in self.sessions.values_mut() {
             record.deadline_ms = now_ms.saturating_add(record.ttl_ms);

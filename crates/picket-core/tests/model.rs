@@ -4,7 +4,8 @@
 //! The model keeps plain vectors and rescans everything on every command; it has no indices and
 //! no incremental promotion. Where the two disagree on a response, an error code or the visible
 //! state, the state machine is wrong (or the model is, which is as good to know). On top of the
-//! comparison, every step checks the invariants a user relies on: one holder per lock, tokens of
+//! comparison, every step checks that `validate` predicted apply's refusal exactly, and the
+//! invariants a user relies on: one holder per lock, tokens of
 //! a lock always greater than any earlier token of that lock (across dropped records, name reuse
 //! and snapshot restores), FIFO grants, nothing held or awaited by an ended session, lock-delay
 //! honoured, and refused commands changing nothing.
@@ -626,8 +627,29 @@ fn run_sequence(steps: &[Step], restore_at: Option<usize>) -> Result<Vec<u8>, Te
                 .map_err(|error| TestCaseError::fail(error.to_string()))?;
         }
         let input = to_input(step, &model, &opened);
+        // A refusal given before the log must hold whatever is applied first.
+        if let (Some(refusal), Some(next)) =
+            (machine.refusal_before_log(&input.command), steps.get(index + 1))
+        {
+            let mut later = machine.clone();
+            later.apply(&to_input(next, &model, &opened));
+            prop_assert_eq!(
+                later.apply(&input).result.err(),
+                Some(refusal),
+                "a refusal before the log was overturned by {}",
+                to_input(next, &model, &opened)
+            );
+        }
         let before = machine.snapshot();
+        let predicted = machine.validate(&input.command);
         let applied = machine.apply(&input);
+        // The leader's check before proposing is the very decision apply makes.
+        prop_assert_eq!(
+            predicted.err(),
+            applied.result.clone().err(),
+            "validate disagrees with apply on {}",
+            input
+        );
         let expected = model.apply(&input);
         if applied.result.is_err() {
             prop_assert_eq!(&before, &machine.snapshot(), "refused {} changed the state", input);

@@ -97,11 +97,13 @@ async fn tick_while_leader(
         let due = next_due_ms(node).is_some_and(|due_ms| due_ms <= now_ms);
         if due || node.gaps().gap_pending() {
             let batch = take(node);
-            let command = if batch.after_gap {
-                tracing::warn!(
-                    node = node.id(),
-                    "the leader lost time: refreshing every session instead of expiring any"
-                );
+            let command = if batch.refresh {
+                if batch.after_gap {
+                    tracing::warn!(
+                        node = node.id(),
+                        "the leader lost time: refreshing every session instead of expiring any"
+                    );
+                }
                 Command::Refresh
             } else {
                 Command::Tick { renew: batch.sessions.clone() }

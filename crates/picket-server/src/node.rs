@@ -367,9 +367,13 @@ impl Node {
 
     /// Proposes a command stamped with this node's clock and returns what applying it did.
     ///
+    /// A command whose refusal no later entry could overturn (bad input, a session that ended
+    /// for good; `StateMachine::refusal_before_log`) is refused here without reaching the log.
+    ///
     /// # Errors
-    /// [`ServiceError::NotLeader`] on a follower, and the other cluster-level failures; a command
-    /// the state machine refused is *not* an error here (see [`Node::command`]).
+    /// That refusal as [`ServiceError::Command`]; [`ServiceError::NotLeader`] on a follower, and
+    /// the other cluster-level failures. A command the state machine refused at apply is *not*
+    /// an error here (see [`Node::command`]).
     pub async fn propose(&self, command: Command) -> Result<picket_core::Applied, ServiceError> {
         self.propose_at(self.clock.now_ms(), command).await
     }
@@ -381,6 +385,9 @@ impl Node {
         now_ms: u64,
         command: Command,
     ) -> Result<picket_core::Applied, ServiceError> {
+        if let Some(refusal) = self.read_local(|state| state.machine.refusal_before_log(&command)) {
+            return Err(ServiceError::Command(refusal));
+        }
         let input = Input { now_ms, command };
         match self.raft.client_write(input).await {
             Ok(response) => match response.data {
@@ -480,8 +487,14 @@ impl Node {
                 sessions.len()
             )));
         }
+        let leases = |sessions: &[SessionId]| {
+            self.read_local(|state| {
+                sessions.iter().map(|session| state.machine.session_lease(*session)).collect()
+            })
+        };
+        // Noted on arrival, so a tick taken while the lease check below waits carries it.
+        self.renewals.note_arrival(&self.clock, sessions, leases);
         self.ensure_leader(ReadPolicy::LeaseRead).await?;
-        let leases = |session| self.read_local(|state| state.machine.session_lease(session));
         let noted = self.renewals.note(&self.clock, sessions, leases);
         let wait_for = noted.iter().filter_map(|answer| match answer {
             Noted::AfterBatch(batch) => Some(*batch),
@@ -501,12 +514,13 @@ impl Node {
                     ))
                 })?;
         }
-        Ok(sessions
+        let now_leases = leases(sessions);
+        Ok(noted
             .iter()
-            .zip(&noted)
-            .map(|(session, answer)| match answer {
+            .zip(now_leases)
+            .map(|(answer, lease)| match answer {
                 Noted::Alive { ttl_ms } => Some(*ttl_ms),
-                Noted::AfterBatch(_) => leases(*session).map(|lease| lease.ttl_ms),
+                Noted::AfterBatch(_) => lease.map(|lease| lease.ttl_ms),
                 Noted::Unknown => None,
             })
             .collect())

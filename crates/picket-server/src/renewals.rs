@@ -9,7 +9,13 @@
 //!   read at `t` >= the tick's reading, and the tick expires by its own reading only.
 //! - A keepalive is acknowledged at once only if its session is alive at `t` by the applied
 //!   state. Otherwise (its deadline passed and no tick has run since) it waits until a tick
-//!   that carries it has been applied, and is then answered by whether the session survived.
+//!   that carries it has been applied, and is then answered by whether its session still exists
+//!   (the tick renews before it expires, so only a close or a revocation meanwhile ends it).
+//! - A keepalive is also noted the moment it arrives, before the leader confirms its lease
+//!   (which may wait for a heartbeat round): a tick taken meanwhile carries it, so a keepalive
+//!   the node already received is never expired by the tick it was waiting behind.
+//! - A tick never carries only part of the pending keepalives: if more are pending than one tick
+//!   may renew, the leader writes a `Refresh` instead, which renews every session.
 
 use crate::clock::{Clock, GapWatch};
 use picket_core::{SessionId, SessionLease};
@@ -54,7 +60,10 @@ pub struct Batch {
     pub stamp_ms: u64,
     /// The sessions to renew.
     pub sessions: Vec<SessionId>,
-    /// A gap (a stall or a clock jump) was seen since the last batch: refresh, do not expire.
+    /// Write a `Refresh` instead of a tick: after a gap, or for more keepalives than one tick
+    /// may renew.
+    pub refresh: bool,
+    /// A gap (a stall or a clock jump) was seen since the last batch.
     pub after_gap: bool,
 }
 
@@ -85,21 +94,44 @@ impl Renewals {
         self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Notes keepalives of `sessions`, reading the clock inside the lock; `lease` looks a session
-    /// up in the applied state. Returns how to answer each, in order.
+    /// Notes keepalives the moment they arrive, before they are answered: the next tick carries
+    /// them whatever happens to their answer. `leases` looks the sessions up in the applied state;
+    /// unknown ones are not noted.
+    pub fn note_arrival(
+        &self,
+        clock: &Clock,
+        sessions: &[SessionId],
+        leases: impl FnOnce(&[SessionId]) -> Vec<Option<SessionLease>>,
+    ) {
+        let mut pending = self.lock();
+        let now_ms = clock.now_ms();
+        for (session, lease) in sessions.iter().zip(leases(sessions)) {
+            if lease.is_some() {
+                pending.sessions.insert(*session);
+            }
+        }
+        if !pending.sessions.is_empty() && pending.oldest_ms.is_none() {
+            pending.oldest_ms = Some(now_ms);
+        }
+    }
+
+    /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
+    /// `leases` looks the sessions up in the applied state, all under one read. Returns how to
+    /// answer each, in order.
     pub fn note(
         &self,
         clock: &Clock,
         sessions: &[SessionId],
-        lease: impl Fn(SessionId) -> Option<SessionLease>,
+        leases: impl FnOnce(&[SessionId]) -> Vec<Option<SessionLease>>,
     ) -> Vec<Noted> {
         let mut pending = self.lock();
         let now_ms = clock.now_ms();
         let batch = pending.batch;
         let answers: Vec<Noted> = sessions
             .iter()
-            .map(|session| {
-                let Some(lease) = lease(*session) else { return Noted::Unknown };
+            .zip(leases(sessions))
+            .map(|(session, lease)| {
+                let Some(lease) = lease else { return Noted::Unknown };
                 pending.sessions.insert(*session);
                 if lease.alive_until_ms >= now_ms {
                     Noted::Alive { ttl_ms: lease.ttl_ms }
@@ -121,9 +153,10 @@ impl Renewals {
         answers
     }
 
-    /// Takes at most `max` pending keepalives (the state's renewals-per-tick limit) for a tick
-    /// stamped with a reading taken inside the lock, and whether a gap was seen since the last
-    /// batch. Keepalives beyond `max` stay for the next tick, which is then due at once.
+    /// Takes every pending keepalive for a tick stamped with a reading taken inside the lock.
+    /// The batch must be written as a `Refresh` (`refresh` is set) after a gap in the clock, or
+    /// when more keepalives are pending than one tick may renew (`max`, the state's limit):
+    /// a tick that renewed only some of them could expire the others.
     pub fn take(&self, clock: &Clock, gaps: &GapWatch, max: usize) -> Batch {
         let mut pending = self.lock();
         let stamp_ms = clock.now_ms();
@@ -131,20 +164,11 @@ impl Renewals {
         let after_gap = gaps.take_gap();
         let number = pending.batch;
         pending.batch += 1;
-        let sessions: Vec<SessionId> = if pending.sessions.len() <= max {
-            pending.oldest_ms = None;
-            pending.urgent = false;
-            std::mem::take(&mut pending.sessions).into_iter().collect()
-        } else {
-            // The rest keep their place and make the next tick due at once.
-            pending.urgent = true;
-            let rest = match pending.sessions.iter().nth(max).copied() {
-                Some(first_left) => pending.sessions.split_off(&first_left),
-                None => BTreeSet::new(),
-            };
-            std::mem::replace(&mut pending.sessions, rest).into_iter().collect()
-        };
-        Batch { number, stamp_ms, sessions, after_gap }
+        pending.oldest_ms = None;
+        pending.urgent = false;
+        let too_many = pending.sessions.len() > max;
+        let sessions = std::mem::take(&mut pending.sessions).into_iter().collect();
+        Batch { number, stamp_ms, sessions, refresh: after_gap || too_many, after_gap }
     }
 
     /// Gives back the keepalives of a batch whose tick failed; they ride in the next one.
@@ -156,6 +180,8 @@ impl Renewals {
         pending.sessions.extend(batch.sessions);
         pending.oldest_ms =
             Some(pending.oldest_ms.map_or(batch.stamp_ms, |ms| ms.min(batch.stamp_ms)));
+        // Keepalives may be waiting for this batch: the next tick is due at once.
+        pending.urgent = true;
     }
 
     /// Records that the tick carrying batch `number` was applied, and answers the keepalives
@@ -207,13 +233,12 @@ mod tests {
     fn a_live_session_is_answered_at_once_an_overdue_one_after_the_next_batch() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
-        let noted = renewals.note(&clock, &[SessionId(1), SessionId(3)], |session| {
-            (session == SessionId(1)).then_some(()).and(lease(u64::MAX))
-        });
+        let noted =
+            renewals.note(&clock, &[SessionId(1), SessionId(3)], |_| vec![lease(u64::MAX), None]);
         assert_eq!(noted, vec![Noted::Alive { ttl_ms: 5_000 }, Noted::Unknown]);
         // Alive until reading 0 is overdue once the clock has moved; the first batch is 1.
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let overdue = renewals.note(&clock, &[SessionId(2)], |_| lease(0));
+        let overdue = renewals.note(&clock, &[SessionId(2)], |_| vec![lease(0)]);
         assert_eq!(overdue, vec![Noted::AfterBatch(1)]);
         assert_eq!(renewals.tick_due_ms(), Some(0), "an overdue keepalive makes a tick due now");
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
@@ -223,29 +248,41 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_takes_at_most_the_limit_and_the_rest_is_due_at_once() {
+    fn more_keepalives_than_one_tick_may_renew_make_a_refresh_never_a_partial_tick() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
         let sessions: Vec<SessionId> = (1..=5).map(SessionId).collect();
-        renewals.note(&clock, &sessions, |_| lease(u64::MAX));
+        renewals.note(&clock, &sessions, |sessions| vec![lease(u64::MAX); sessions.len()]);
         let due_ms = renewals.tick_due_ms().expect("a tick is due");
         assert!(due_ms >= MAX_RENEWAL_DELAY_MS, "the oldest keepalive waits at most 500 ms");
-        let first = renewals.take(&clock, &GapWatch::default(), 3);
-        assert_eq!(first.sessions, vec![SessionId(1), SessionId(2), SessionId(3)]);
-        assert_eq!(renewals.tick_due_ms(), Some(0));
-        let second = renewals.take(&clock, &GapWatch::default(), 3);
-        assert_eq!(second.sessions, vec![SessionId(4), SessionId(5)]);
-        assert_eq!(second.number, first.number + 1);
+        let within = renewals.take(&clock, &GapWatch::default(), 5);
+        assert!(!within.refresh);
+        renewals.note(&clock, &sessions, |sessions| vec![lease(u64::MAX); sessions.len()]);
+        let beyond = renewals.take(&clock, &GapWatch::default(), 4);
+        assert!(beyond.refresh, "a tick may not renew some and expire the rest");
+        assert_eq!(beyond.sessions.len(), 5);
+        assert_eq!(renewals.tick_due_ms(), None);
+    }
+
+    #[test]
+    fn a_keepalive_noted_on_arrival_rides_in_the_next_tick_unknown_ones_do_not() {
+        let renewals = Renewals::default();
+        let clock = Clock::new(&ClockSource::Monotonic);
+        renewals
+            .note_arrival(&clock, &[SessionId(1), SessionId(2)], |_| vec![lease(u64::MAX), None]);
+        let batch = renewals.take(&clock, &GapWatch::default(), 10);
+        assert_eq!(batch.sessions, vec![SessionId(1)]);
     }
 
     #[tokio::test]
     async fn a_failed_batch_is_given_back_and_waiters_hear_only_a_written_one() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
-        renewals.note(&clock, &[SessionId(7)], |_| lease(u64::MAX));
+        renewals.note(&clock, &[SessionId(7)], |_| vec![lease(u64::MAX)]);
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
         let number = batch.number;
         renewals.give_back(batch);
+        assert_eq!(renewals.tick_due_ms(), Some(0), "a given-back batch is due again at once");
         let again = renewals.take(&clock, &GapWatch::default(), 10);
         assert_eq!(again.sessions, vec![SessionId(7)], "the failed tick's keepalive rides again");
         let waiting = renewals.wait_written(number);
@@ -272,7 +309,8 @@ mod tests {
         let gaps = GapWatch::default();
         gaps.observe(0);
         gaps.observe(10_000);
-        assert!(renewals.take(&clock, &gaps, 10).after_gap);
-        assert!(!renewals.take(&clock, &gaps, 10).after_gap, "the gap is taken once");
+        let batch = renewals.take(&clock, &gaps, 10);
+        assert!(batch.after_gap && batch.refresh);
+        assert!(!renewals.take(&clock, &gaps, 10).refresh, "the gap is taken once");
     }
 }

@@ -94,7 +94,22 @@ fn exit_code_of(status: std::process::ExitStatus) -> u8 {
 pub async fn run(args: LockArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
     let client = Client::connect(endpoints).await?;
     let session = client.session_with_lock_delay(args.ttl, args.lock_delay).await?;
-    let guard = match acquire(&session, &args.name, args.wait, args.try_only).await {
+    let session_id = session.id();
+    let outcome = hold_and_run(&session, &args).await;
+    // Every way out ends here: the session is closed, so it does not linger for its TTL (a
+    // session dropped as the process exits never gets to close). Closing also releases
+    // anything still held, without lock-delay.
+    if let Err(error) = session.close().await {
+        eprintln!(
+            "picket: could not close session {session_id} ({error}); it expires after its TTL"
+        );
+    }
+    outcome
+}
+
+/// Acquires the lock, registers it with the fences, and runs the command under it.
+async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<ExitCode> {
+    let guard = match acquire(session, &args.name, args.wait, args.try_only).await {
         Ok(guard) => guard,
         Err(error) => {
             eprintln!("picket: {}", not_acquired(&args.name, &error));
@@ -142,7 +157,6 @@ pub async fn run(args: LockArgs, endpoints: Vec<String>) -> anyhow::Result<ExitC
                     args.name
                 );
             }
-            drop(session);
             Ok(ExitCode::from(exit_code_of(status)))
         }
         Outcome::Lost(reason) => {

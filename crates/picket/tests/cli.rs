@@ -64,20 +64,21 @@ fn lock_exports_the_grant_and_propagates_the_exit_code() {
     assert_eq!(ok.status.code(), Some(0));
 }
 
+/// Opens a session that holds `name`; returns the session and its token.
+fn hold(addr: &str, name: &str) -> (u64, u64) {
+    let opened = http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 30_000 }));
+    let session = opened.body["session_id"].as_u64().expect("a session");
+    let body = json!({ "name": name, "session_id": session, "wait_ms": 0 });
+    let held = http::post(addr, "/v1/locks/acquire", &body);
+    assert_eq!(held.status, 200, "{}", held.text);
+    (session, held.body["token"].as_u64().expect("a token"))
+}
+
 /// `--try` on a taken lock fails at once, naming the holder's token, and never runs the command.
 #[test]
 fn try_on_a_held_lock_fails_at_once_naming_the_token() {
     let (dir, server) = start();
-    let session =
-        http::post(&server.addr, "/v1/sessions", &json!({ "ttl_ms": 30_000 })).body["session_id"]
-            .as_u64()
-            .unwrap();
-    let held = http::post(
-        &server.addr,
-        "/v1/locks/acquire",
-        &json!({ "name": "busy", "session_id": session, "wait_ms": 0 }),
-    );
-    let token = held.body["token"].as_u64().unwrap();
+    let (_, token) = hold(&server.addr, "busy");
     let marker = dir.path().join("ran");
     let started = Instant::now();
     let output =
@@ -86,6 +87,33 @@ fn try_on_a_held_lock_fails_at_once_naming_the_token() {
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(stderr(&output).contains(&format!("token {token}")), "{}", stderr(&output));
     assert!(!marker.exists(), "the command ran without the lock");
+}
+
+fn session_ids(addr: &str) -> Vec<u64> {
+    http::get(addr, "/v1/sessions").body["sessions"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|session| session["session_id"].as_u64())
+        .collect()
+}
+
+/// Issue 13, point 5: `picket lock` that does not get its lock (a `--try` miss, a `--wait`
+/// timeout) closed nothing, so its session lingered for its TTL. Every way out closes it.
+#[test]
+fn lock_that_misses_or_ends_closes_its_session() {
+    let (_dir, server) = start();
+    let (holder, _) = hold(&server.addr, "busy");
+    let runs: [&[&str]; 3] = [
+        &["lock", "--ttl", "30s", "--try", "busy", "--", "true"],
+        &["lock", "--ttl", "30s", "--wait", "200ms", "busy", "--", "true"],
+        &["lock", "--ttl", "30s", "free", "--", "false"],
+    ];
+    for args in runs {
+        let output = picket(&server.addr, args);
+        assert_ne!(output.status.code(), Some(0), "{args:?}: {}", stderr(&output));
+        assert_eq!(session_ids(&server.addr), vec![holder], "{args:?} left its session open");
+    }
 }
 
 fn alive(pid: u32) -> bool {

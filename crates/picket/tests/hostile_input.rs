@@ -1,0 +1,112 @@
+//! Hostile input against a real `picket serve` (issue 13).
+//!
+//! Regression for point 1 of the issue: refused commands entered the Raft log. `Acquire`,
+//! `Release` and `Cancel` were proposed before anything was validated, and refused only at
+//! apply, after the entry was durable: 200 acquires with 60,000-byte names cost 200 syncs and
+//! 12 MB of log, and kept on, a crash loop. Now a refusal that no later entry could overturn
+//! (bad input, a session that ended for good) is answered before the log.
+
+use picket_proto::ERROR_CODE_KEY;
+use picket_proto::v1::picket_client::PicketClient;
+use picket_proto::v1::{self};
+use picket_testkit::http::{Reply, get, post};
+use picket_testkit::{ServerProcess, temp_dir};
+use serde_json::{Value, json};
+use std::path::Path;
+use tonic::Status;
+
+fn applied_log_index(addr: &str) -> u64 {
+    get(addr, "/v1/cluster").body["applied_log_index"].as_u64().expect("an applied index")
+}
+
+fn assert_refused(reply: &Reply, code: &str) {
+    assert_eq!(reply.body["code"], code, "{}", reply.text);
+}
+
+fn grpc_code(status: &Status) -> &str {
+    status.metadata().get(ERROR_CODE_KEY).and_then(|value| value.to_str().ok()).unwrap_or_default()
+}
+
+fn acquire(name: &str, session_id: u64, wait_ms: Option<u64>) -> Value {
+    json!({ "name": name, "session_id": session_id, "wait_ms": wait_ms })
+}
+
+#[tokio::test]
+async fn refused_commands_never_enter_the_raft_log() {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("an address"),
+        &[],
+    );
+    let addr = server.addr.clone();
+    let opened = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+    let session = opened.body["session_id"].as_u64().expect("a session");
+    // A closed session is unknown for good: session ids are revisions, never reused.
+    let closed = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+    let ended = closed.body["session_id"].as_u64().expect("a session");
+    let reply =
+        picket_testkit::http::request(&addr, "DELETE", &format!("/v1/sessions/{ended}"), None);
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let before = applied_log_index(&addr);
+
+    let long_name = "x".repeat(60_000);
+    for _ in 0..200 {
+        let reply = post(&addr, "/v1/locks/acquire", &acquire(&long_name, session, Some(0)));
+        assert_refused(&reply, "invalid_name");
+    }
+    let nul_name = "\u{0}".repeat(100);
+    assert_refused(
+        &post(&addr, "/v1/locks/acquire", &acquire(&nul_name, session, None)),
+        "invalid_name",
+    );
+    let release = json!({ "name": nul_name, "session_id": session, "token": 1 });
+    assert_refused(&post(&addr, "/v1/locks/release", &release), "invalid_name");
+    assert_refused(&post(&addr, "/v1/sessions", &json!({ "ttl_ms": 0 })), "ttl_out_of_range");
+    let delay = json!({ "ttl_ms": 10_000, "lock_delay_ms": 999_999_999 });
+    assert_refused(&post(&addr, "/v1/sessions", &delay), "lock_delay_out_of_range");
+    let too_long = acquire("jobs/x", session, Some(u64::MAX / 2));
+    assert_refused(&post(&addr, "/v1/locks/acquire", &too_long), "wait_out_of_range");
+    assert_refused(
+        &post(&addr, "/v1/locks/acquire", &acquire("jobs/x", ended, Some(0))),
+        "unknown_session",
+    );
+    let release = json!({ "name": "jobs/x", "session_id": ended, "token": 1 });
+    assert_refused(&post(&addr, "/v1/locks/release", &release), "unknown_session");
+    let cancel = json!({ "name": "jobs/x", "session_id": ended });
+    assert_refused(&post(&addr, "/v1/locks/cancel", &cancel), "unknown_session");
+    let abandon = json!({ "name": "jobs/x", "session_id": ended, "request_id": 5 });
+    assert_refused(&post(&addr, "/v1/locks/abandon", &abandon), "unknown_session");
+    assert_refused(
+        &post(&addr, &format!("/v1/sessions/{ended}/revoke"), &json!({})),
+        "unknown_session",
+    );
+
+    let mut grpc = PicketClient::connect(format!("http://{addr}")).await.expect("connects");
+    for _ in 0..50 {
+        let request = v1::AcquireRequest {
+            name: long_name.clone(),
+            session_id: session,
+            wait_ms: Some(0),
+            request_id: None,
+            attempt: 0,
+        };
+        let refused = grpc.acquire(request).await.expect_err("refused");
+        assert_eq!(grpc_code(&refused), "invalid_name");
+    }
+    let refused = grpc
+        .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0 })
+        .await
+        .expect_err("refused");
+    assert_eq!(grpc_code(&refused), "ttl_out_of_range");
+    let release = v1::ReleaseRequest { name: "jobs/x".to_owned(), session_id: ended, token: 1 };
+    let refused = grpc.release(release).await.expect_err("refused");
+    assert_eq!(grpc_code(&refused), "unknown_session");
+
+    assert_eq!(applied_log_index(&addr), before, "a refused command reached the log");
+    // The index does move for a command that is accepted, so the check above can fail.
+    let granted = post(&addr, "/v1/locks/acquire", &acquire("jobs/x", session, Some(0)));
+    assert_eq!(granted.status, 200, "{}", granted.text);
+    assert_eq!(applied_log_index(&addr), before + 1);
+}
