@@ -237,8 +237,14 @@ impl StateMachine {
     /// just before an abandon of it), and are decided at apply.
     #[must_use]
     pub fn refusal_before_log(&self, command: &Command) -> Option<CommandError> {
-        let refusal = self.validate(command).err()?;
-        let lasting = match &refusal {
+        self.validate(command).err().filter(|refusal| self.refusal_lasts(refusal))
+    }
+
+    /// Whether a refusal by this state holds whatever is applied next (see
+    /// [`StateMachine::refusal_before_log`]).
+    #[must_use]
+    pub fn refusal_lasts(&self, refusal: &CommandError) -> bool {
+        match refusal {
             CommandError::InvalidName(_)
             | CommandError::TtlOutOfRange { .. }
             | CommandError::LockDelayOutOfRange { .. }
@@ -246,8 +252,7 @@ impl StateMachine {
             | CommandError::TooManyRenewals { .. } => true,
             CommandError::UnknownSession { session } => session.0 <= self.revision,
             _ => false,
-        };
-        lasting.then_some(refusal)
+        }
     }
 
     /// Decides, from the state before any change, whether the command is accepted and what it

@@ -367,8 +367,8 @@ impl Node {
 
     /// Proposes a command stamped with this node's clock and returns what applying it did.
     ///
-    /// A command whose refusal no later entry could overturn (bad input, a session that ended
-    /// for good; `StateMachine::refusal_before_log`) is refused here without reaching the log.
+    /// A command that would be refused is refused here without reaching the log, when the
+    /// refusal is sure (see `Node::refusal_before_log`).
     ///
     /// # Errors
     /// That refusal as [`ServiceError::Command`]; [`ServiceError::NotLeader`] on a follower, and
@@ -385,7 +385,7 @@ impl Node {
         now_ms: u64,
         command: Command,
     ) -> Result<picket_core::Applied, ServiceError> {
-        if let Some(refusal) = self.read_local(|state| state.machine.refusal_before_log(&command)) {
+        if let Some(refusal) = self.refusal_before_log(&command).await {
             return Err(ServiceError::Command(refusal));
         }
         let input = Input { now_ms, command };
@@ -408,6 +408,42 @@ impl Node {
             Err(RaftError::APIError(other)) => Err(ServiceError::Unavailable(other.to_string())),
             Err(RaftError::Fatal(fatal)) => Err(ServiceError::Stopped(fatal.to_string())),
         }
+    }
+
+    /// The refusal of `command` to answer without writing it to the log, if any.
+    ///
+    /// Any node refuses what no later entry could overturn (bad input, a session that ended for
+    /// good). A settled leader (it applied its own term's `Refresh`, so every entry committed
+    /// before its term) refuses anything its applied state refuses, once its leader lease
+    /// confirms it still leads: its applied state then holds every entry whose outcome any
+    /// client was told (a proposal is answered only after the leader applied it), so the refusal
+    /// is a linearizable answer. The exceptions are `Abandon`, which must be ordered after the
+    /// acquire it undoes even while that acquire is still in flight, and the leader's own ticks.
+    async fn refusal_before_log(&self, command: &Command) -> Option<CommandError> {
+        let (refusal, lasts) = self.read_local(|state| {
+            let refusal = state.machine.validate(command).err()?;
+            let lasts = state.machine.refusal_lasts(&refusal);
+            Some((refusal, lasts))
+        })?;
+        if lasts {
+            return Some(refusal);
+        }
+        let ordered =
+            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh);
+        if ordered || !self.settled_leader() {
+            return None;
+        }
+        self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
+        self.settled_leader().then_some(refusal)
+    }
+
+    /// Whether this node leads and has applied its own term's `Refresh`.
+    fn settled_leader(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        metrics.state == ServerState::Leader
+            && self.refreshed_term.load(std::sync::atomic::Ordering::Acquire)
+                == metrics.current_term
     }
 
     /// Proposes a command and returns the state machine's response, or its refusal as an error.

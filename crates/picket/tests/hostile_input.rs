@@ -4,15 +4,17 @@
 //! `Release` and `Cancel` were proposed before anything was validated, and refused only at
 //! apply, after the entry was durable: 200 acquires with 60,000-byte names cost 200 syncs and
 //! 12 MB of log, and kept on, a crash loop. Now a refusal that no later entry could overturn
-//! (bad input, a session that ended for good) is answered before the log.
+//! (bad input, a session that ended for good) is answered before the log on any node, and a
+//! settled leader answers every other refusal from its applied state, before the log too.
 
 use picket_proto::ERROR_CODE_KEY;
 use picket_proto::v1::picket_client::PicketClient;
 use picket_proto::v1::{self};
 use picket_testkit::http::{Reply, get, post};
-use picket_testkit::{ServerProcess, temp_dir};
+use picket_testkit::{ServerProcess, temp_dir, wait_until};
 use serde_json::{Value, json};
 use std::path::Path;
+use std::time::Duration;
 use tonic::Status;
 
 fn applied_log_index(addr: &str) -> u64 {
@@ -41,6 +43,9 @@ async fn refused_commands_never_enter_the_raft_log() {
         &[],
     );
     let addr = server.addr.clone();
+    wait_until("the node to be ready", Duration::from_secs(10), || {
+        (get(&addr, "/readyz").status == 200).then_some(())
+    });
     let opened = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
     let session = opened.body["session_id"].as_u64().expect("a session");
     // A closed session is unknown for good: session ids are revisions, never reused.
@@ -82,6 +87,25 @@ async fn refused_commands_never_enter_the_raft_log() {
         &post(&addr, &format!("/v1/sessions/{ended}/revoke"), &json!({})),
         "unknown_session",
     );
+
+    assert_eq!(applied_log_index(&addr), before, "a refused command reached the log");
+
+    // Refusals that depend on the state: a settled leader answers them from its applied state.
+    let other = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+    let other = other.body["session_id"].as_u64().expect("a session");
+    let held = post(&addr, "/v1/locks/acquire", &acquire("jobs/held", other, Some(0)));
+    let held_token = held.body["token"].as_u64().expect("a token");
+    let before = applied_log_index(&addr);
+    for _ in 0..50 {
+        let busy = post(&addr, "/v1/locks/acquire", &acquire("jobs/held", session, Some(0)));
+        assert_refused(&busy, "lock_busy");
+    }
+    let release = json!({ "name": "jobs/held", "session_id": session, "token": held_token });
+    assert_refused(&post(&addr, "/v1/locks/release", &release), "not_held");
+    let release = json!({ "name": "jobs/held", "session_id": other, "token": held_token + 1 });
+    assert_refused(&post(&addr, "/v1/locks/release", &release), "token_mismatch");
+    let cancel = json!({ "name": "jobs/held", "session_id": session });
+    assert_refused(&post(&addr, "/v1/locks/cancel", &cancel), "not_waiting");
 
     let mut grpc = PicketClient::connect(format!("http://{addr}")).await.expect("connects");
     for _ in 0..50 {

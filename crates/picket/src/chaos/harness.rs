@@ -24,12 +24,27 @@ pub enum FaultKind {
     /// SIGSTOP a client for half to twice its session TTL, then SIGCONT: its session expires
     /// and it wakes up writing with a superseded token.
     ClientPause,
+    /// SIGSTOP the leader for one to four election timeouts, then SIGCONT: it wakes up deposed
+    /// or, if it was quick, still leading after a gap in its clock.
+    LeaderPause,
+    /// The leader's clock (the lock state's time, through `--test-clock-file`) jumps forward or
+    /// back by one to three session TTLs.
+    LeaderClockJump,
+    /// The leader's clock runs at 0.5, 1.5 or 2 times real time for one to three session TTLs.
+    LeaderClockRate,
 }
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 4] =
-        [Self::LeaderKillQuick, Self::LeaderKillLong, Self::FollowerKill, Self::ClientPause];
+    pub const ALL: [Self; 7] = [
+        Self::LeaderKillQuick,
+        Self::LeaderKillLong,
+        Self::FollowerKill,
+        Self::ClientPause,
+        Self::LeaderPause,
+        Self::LeaderClockJump,
+        Self::LeaderClockRate,
+    ];
 
     /// The name in the history and on the command line.
     #[must_use]
@@ -39,6 +54,9 @@ impl FaultKind {
             Self::LeaderKillLong => "leader_kill_long",
             Self::FollowerKill => "follower_kill",
             Self::ClientPause => "client_pause",
+            Self::LeaderPause => "leader_pause",
+            Self::LeaderClockJump => "leader_clock_jump",
+            Self::LeaderClockRate => "leader_clock_rate",
         }
     }
 
@@ -127,9 +145,25 @@ struct Node {
     args: Vec<String>,
     dir: PathBuf,
     child: Option<Child>,
+    /// The script of the node's test clock, and the total jump written to it so far.
+    clock: PathBuf,
+    jump_ms: i64,
 }
 
 impl Node {
+    /// Sets the node's clock to run at `rate` with a total jump of `jump_ms`.
+    fn set_clock(&mut self, rate: f64, jump_ms: i64) -> anyhow::Result<()> {
+        let temporary = self.clock.with_extension("tmp");
+        std::fs::write(&temporary, format!("rate={rate} jump_ms={jump_ms}\n"))?;
+        std::fs::rename(&temporary, &self.clock)?;
+        self.jump_ms = jump_ms;
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     fn start(&mut self, exe: &Path) -> anyhow::Result<()> {
         let mut command = Command::new(exe);
         command.args(&self.args).stderr(log_file(&self.dir.with_extension("log"))?);
@@ -166,6 +200,7 @@ impl Cluster {
             let id = index as u64 + 1;
             let dir = out.join(format!("node{id}"));
             let addr = format!("127.0.0.1:{port}");
+            let clock = out.join(format!("node{id}.clock"));
             let args: Vec<String> = [
                 "serve",
                 "--node-id",
@@ -180,11 +215,14 @@ impl Cluster {
                 "50",
                 "--election-timeout-ms",
                 &election_timeout.as_millis().to_string(),
+                "--test-clock-file",
+                &clock.display().to_string(),
             ]
             .iter()
             .map(|arg| (*arg).to_owned())
             .collect();
-            let mut node = Node { id, addr, args, dir, child: None };
+            let mut node = Node { id, addr, args, dir, child: None, clock, jump_ms: 0 };
+            node.set_clock(1.0, 0)?;
             node.start(exe)?;
             nodes.push(node);
         }
@@ -393,13 +431,23 @@ async fn run_nemesis(
     let ttl_ms = u64::try_from(plan.ttl.as_millis()).unwrap_or(1_000).max(2);
     let gap_ms = u64::try_from(plan.max_fault_gap.as_millis()).unwrap_or(1_000).max(2);
     let mut pauses: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let mut deck: Vec<FaultKind> = Vec::new();
     while started.elapsed() < plan.duration {
         tokio::time::sleep(Duration::from_millis(rng.range(gap_ms / 2, gap_ms))).await;
         if plan.faults.is_empty() {
             continue;
         }
-        let pick = usize::try_from(rng.range(0, plan.faults.len() as u64)).unwrap_or(0);
-        match plan.faults[pick] {
+        // Faults are dealt from a shuffled deck of the kinds, so every kind fires once in each
+        // round of as many faults as there are kinds, whatever the seed.
+        if deck.is_empty() {
+            deck = plan.faults.clone();
+            for index in (1..deck.len()).rev() {
+                let other = usize::try_from(rng.range(0, index as u64 + 1)).unwrap_or(0);
+                deck.swap(index, other);
+            }
+        }
+        let Some(kind) = deck.pop() else { continue };
+        match kind {
             FaultKind::ClientPause => {
                 // The classic race wants the holder frozen after its read and before its write;
                 // freeze that client when there is one, any client otherwise.
@@ -440,6 +488,43 @@ async fn run_nemesis(
                 cluster.nodes[index].kill();
                 tokio::time::sleep(Duration::from_millis(down_ms)).await;
                 cluster.restart(index)?;
+            }
+            kind @ (FaultKind::LeaderPause
+            | FaultKind::LeaderClockJump
+            | FaultKind::LeaderClockRate) => {
+                let Some(leader) = cluster.wait_for_leader(Duration::from_secs(20)).await else {
+                    record("no_leader_for_20s".into());
+                    continue;
+                };
+                let node = &mut cluster.nodes[leader];
+                match kind {
+                    FaultKind::LeaderPause => {
+                        let Some(pid) = node.pid() else { continue };
+                        let pause_ms = rng.range(election_ms, 4 * election_ms);
+                        record(format!("leader_pause node={} pause_ms={pause_ms}", node.id));
+                        signal(pid, nix::sys::signal::Signal::SIGSTOP);
+                        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                        signal(pid, nix::sys::signal::Signal::SIGCONT);
+                    }
+                    FaultKind::LeaderClockJump => {
+                        let size_ms = i64::try_from(rng.range(ttl_ms, 3 * ttl_ms)).unwrap_or(0);
+                        let jump_ms = if rng.range(0, 2) == 0 { size_ms } else { -size_ms };
+                        record(format!("leader_clock_jump node={} jump_ms={jump_ms}", node.id));
+                        node.set_clock(1.0, node.jump_ms + jump_ms)?;
+                    }
+                    _ => {
+                        let rate = [0.5, 1.5, 2.0][usize::try_from(rng.range(0, 3)).unwrap_or(0)];
+                        let for_ms = rng.range(ttl_ms, 3 * ttl_ms);
+                        record(format!(
+                            "leader_clock_rate node={} rate={rate} for_ms={for_ms}",
+                            node.id
+                        ));
+                        node.set_clock(rate, node.jump_ms)?;
+                        tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                        let node = &mut cluster.nodes[leader];
+                        node.set_clock(1.0, node.jump_ms)?;
+                    }
+                }
             }
         }
     }

@@ -62,7 +62,7 @@ struct RunArgs {
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     fault_gap: Duration,
     /// The faults to draw from, comma-separated: leader_kill_quick, leader_kill_long,
-    /// follower_kill, client_pause.
+    /// follower_kill, client_pause, leader_pause, leader_clock_jump, leader_clock_rate.
     #[arg(
         long,
         value_delimiter = ',',
