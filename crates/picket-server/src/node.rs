@@ -413,12 +413,13 @@ impl Node {
     /// The refusal of `command` to answer without writing it to the log, if any.
     ///
     /// Any node refuses what no later entry could overturn (bad input, a session that ended for
-    /// good). A settled leader (it applied its own term's `Refresh`, so every entry committed
-    /// before its term) refuses anything its applied state refuses, once its leader lease
-    /// confirms it still leads: its applied state then holds every entry whose outcome any
-    /// client was told (a proposal is answered only after the leader applied it), so the refusal
-    /// is a linearizable answer. The exceptions are `Abandon`, which must be ordered after the
-    /// acquire it undoes even while that acquire is still in flight, and the leader's own ticks.
+    /// good). A settled leader (it applied its own term's `Refresh`) refuses anything else its
+    /// state refuses once its lease check has also waited until it applied everything committed
+    /// so far: every outcome any node told a client (a proposal's reply, a waiting acquire's
+    /// grant, a watch event) was committed before, so the refusal is a linearizable answer.
+    /// Never refused early: `Abandon`, which must follow the acquire it undoes even while that
+    /// acquire is in flight; a retried acquire (attempt above 0), whose first attempt may be in
+    /// flight and grant it; and the leader's own ticks.
     async fn refusal_before_log(&self, command: &Command) -> Option<CommandError> {
         let (refusal, lasts) = self.read_local(|state| {
             let refusal = state.machine.validate(command).err()?;
@@ -429,21 +430,26 @@ impl Node {
             return Some(refusal);
         }
         let ordered =
-            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh);
-        if ordered || !self.settled_leader() {
+            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh)
+                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0);
+        let term = self.settled_term();
+        if ordered || term.is_none() {
             return None;
         }
+        // LeaseRead confirms leadership and waits until this node applied every entry committed
+        // before the call; decide again on that state, in the same term.
         self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
-        self.settled_leader().then_some(refusal)
+        let refusal = self.read_local(|state| state.machine.validate(command).err())?;
+        (self.settled_term() == term).then_some(refusal)
     }
 
-    /// Whether this node leads and has applied its own term's `Refresh`.
-    fn settled_leader(&self) -> bool {
+    /// The term in which this node leads and has applied its own `Refresh`, if it does.
+    fn settled_term(&self) -> Option<u64> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow_watched();
-        metrics.state == ServerState::Leader
-            && self.refreshed_term.load(std::sync::atomic::Ordering::Acquire)
-                == metrics.current_term
+        let refreshed = self.refreshed_term.load(std::sync::atomic::Ordering::Acquire);
+        (metrics.state == ServerState::Leader && refreshed == metrics.current_term)
+            .then_some(metrics.current_term)
     }
 
     /// Proposes a command and returns the state machine's response, or its refusal as an error.
