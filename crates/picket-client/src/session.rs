@@ -194,12 +194,17 @@ impl Session {
                 async move { grpc.acquire(request).await }
             })
             .await?;
-        let signal = Arc::new(watch::channel(*self.shared.lost.borrow()).0);
-        self.shared
-            .grants
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(name.to_owned(), (granted.token, signal.clone()));
+        // The signal starts from the session's state read under the grants lock, the lock
+        // `mark_lost` takes after marking the session: a loss either shows in the state read
+        // here or finds this grant in the map. (Created outside the lock, a loss between the
+        // read and the insert reached neither, and the guard never heard of it.)
+        let signal = {
+            let mut grants =
+                self.shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let signal = Arc::new(watch::channel(*self.shared.lost.borrow()).0);
+            grants.insert(name.to_owned(), (granted.token, signal.clone()));
+            signal
+        };
         Ok(Guard {
             shared: self.shared.clone(),
             name: name.to_owned(),
