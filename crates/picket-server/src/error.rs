@@ -56,6 +56,14 @@ pub enum ServiceError {
     /// The node is shutting down or its consensus engine stopped.
     #[error("this node has stopped serving ({0}): use another node")]
     Stopped(String),
+    /// One of this node's own bounds is full.
+    #[error("this node already has {max} {}: retry later, or use another node", .limit.what())]
+    Exhausted {
+        /// Which bound.
+        limit: crate::limits::ServerLimit,
+        /// Its value.
+        max: usize,
+    },
 }
 
 fn leader_suffix(leader_id: &Option<NodeId>, leader_addr: &Option<String>) -> String {
@@ -93,6 +101,7 @@ impl ServiceError {
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::BadRequest(_) => "bad_request",
             Self::Stopped(_) => "stopped",
+            Self::Exhausted { limit, .. } => limit.code(),
         }
     }
 
@@ -121,6 +130,7 @@ impl ServiceError {
             | Self::Stopped(_)
             | Self::WaitUntracked { .. } => 503,
             Self::BadRequest(_) => 400,
+            Self::Exhausted { .. } => 429,
         }
     }
 

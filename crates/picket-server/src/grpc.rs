@@ -326,7 +326,7 @@ impl picket_server::Picket for ClientService {
                 ));
             }
         };
-        let watch = self.node.watch(target);
+        let watch = self.node.watch(target).map_err(|error| status(&error))?;
         let stream = futures_util::stream::unfold(watch, |mut watch| async move {
             let item = watch.next().await?;
             Some((item.map(watch_message).map_err(|error| status(&error)), watch))

@@ -540,7 +540,7 @@ async fn watch(
             ));
         }
     };
-    let watch = node.watch(target);
+    let watch = node.watch(target)?;
     let stream = futures_util::stream::unfold(watch, |mut watch| async move {
         let item = watch.next().await?;
         let event = match item {

@@ -18,6 +18,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 mod hub;
+pub mod limits;
 mod log_store;
 mod network;
 pub mod node;
@@ -29,6 +30,7 @@ mod wal;
 
 pub use error::ServiceError;
 pub use hub::WaitOutcome;
+pub use limits::{ServerLimit, ServerLimits};
 pub use log_store::{StoredEntry, WriterStats, read_entries};
 pub use node::{
     AcquireRequest, ClusterView, Grant, Node, NotReady, WatchItem, WatchStream, WatchTarget,

@@ -9,6 +9,7 @@
 use crate::clock::{Clock, ClockSource, GapWatch};
 use crate::error::ServiceError;
 use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome, WaiterRegistration};
+use crate::limits::{Budget, ServerLimit, ServerLimits};
 use crate::log_store::WriterStats;
 use crate::raft_types::{NodeId, Raft, Reply};
 use crate::renewals::{Noted, Renewals};
@@ -105,6 +106,8 @@ impl WatchTarget {
 pub struct WatchStream {
     subscription: Subscription,
     ended: bool,
+    /// This stream's place under `--max-watch-streams`, given back when it is dropped.
+    _place: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl WatchStream {
@@ -183,6 +186,9 @@ pub struct Node {
     clock: Clock,
     gaps: GapWatch,
     renewals: Renewals,
+    /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
+    watch_streams: Budget,
+    pending_acquires: Budget,
     log_stats: Arc<WriterStats>,
     /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
     /// has committed and applied an entry of its own term.
@@ -259,6 +265,7 @@ impl Node {
         log_stats: Arc<WriterStats>,
         leader_lease: std::time::Duration,
         clock: &ClockSource,
+        limits: &ServerLimits,
     ) -> Self {
         Self {
             id,
@@ -267,6 +274,11 @@ impl Node {
             clock: Clock::new(clock),
             gaps: GapWatch::default(),
             renewals: Renewals::default(),
+            watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
+            pending_acquires: Budget::new(
+                ServerLimit::PendingAcquires,
+                limits.max_pending_acquires,
+            ),
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             leader_lease,
@@ -609,8 +621,10 @@ impl Node {
         }
         let AcquireRequest { wait, attempt, .. } = asked;
         let request = asked.request.unwrap_or_else(fresh_request_id);
+        let place = self.pending_acquires.take()?;
         let registration = self.hub().register_waiter(session, name, request);
         let mut guard = AcquireGuard {
+            _place: place,
             node: self.clone(),
             session,
             name: name.to_owned(),
@@ -805,9 +819,13 @@ impl Node {
 
     /// Streams events for `target` from now on. The stream ends with an error if the reader falls
     /// too far behind; it then has to re-read the state and watch again.
-    #[must_use]
-    pub fn watch(&self, target: WatchTarget) -> WatchStream {
-        WatchStream { subscription: self.hub().watch(target.into_hub_target()), ended: false }
+    ///
+    /// # Errors
+    /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows.
+    pub fn watch(&self, target: WatchTarget) -> Result<WatchStream, ServiceError> {
+        let place = self.watch_streams.take()?;
+        let subscription = self.hub().watch(target.into_hub_target());
+        Ok(WatchStream { subscription, ended: false, _place: place })
     }
 
     /// Membership and leadership as this node sees them.
@@ -959,6 +977,8 @@ async fn forward_abandon(
 
 /// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.
 struct AcquireGuard {
+    /// The request's place under `--max-pending-acquires`, given back when it is answered.
+    _place: tokio::sync::OwnedSemaphorePermit,
     node: Arc<Node>,
     session: SessionId,
     name: String,

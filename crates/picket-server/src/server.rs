@@ -6,6 +6,7 @@ use crate::driver;
 use crate::grpc::ClientService;
 use crate::http;
 use crate::hub::Hub;
+use crate::limits::ServerLimits;
 use crate::log_store::LogStore;
 use crate::network::{Network, RaftService};
 use crate::node::Node;
@@ -82,6 +83,8 @@ pub struct ServerConfig {
     pub tuning: RaftTuning,
     /// Where the lock state's time comes from: the monotonic clock, or a script in fault tests.
     pub clock: ClockSource,
+    /// This node's own bounds (watch streams, acquires in flight).
+    pub limits: ServerLimits,
 }
 
 impl ServerConfig {
@@ -97,6 +100,7 @@ impl ServerConfig {
             join: false,
             tuning: RaftTuning::default(),
             clock: ClockSource::Monotonic,
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -287,6 +291,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         log_stats,
         leader_lease,
         &config.clock,
+        &config.limits,
     ));
     let (shutdown, shutdown_signal) = watch::channel(false);
     let pulse_node = node.clone();

@@ -3,7 +3,7 @@
 use anyhow::{Context, bail};
 use clap::Args;
 use picket_server::clock::ClockSource;
-use picket_server::{DEFAULT_PORT, NodeId, RaftTuning, ServerConfig};
+use picket_server::{DEFAULT_PORT, NodeId, RaftTuning, ServerConfig, ServerLimits};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// every 10 ms. Raft's own timers keep the real clock.
     #[arg(long, hide = true)]
     test_clock_file: Option<PathBuf>,
+    /// Most watch streams open on this node at once; more get 429 `too_many_watch_streams`.
+    #[arg(long, default_value_t = ServerLimits::default().max_watch_streams)]
+    max_watch_streams: usize,
+    /// Most acquire requests in flight on this node at once (waiting ones included); more get
+    /// 429 `too_many_pending_acquires`.
+    #[arg(long, default_value_t = ServerLimits::default().max_pending_acquires)]
+    max_pending_acquires: usize,
 }
 
 fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -105,6 +112,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         peers: args.peers.unwrap_or_default(),
         join: args.join,
         clock: args.test_clock_file.map_or(ClockSource::Monotonic, ClockSource::Scripted),
+        limits: ServerLimits {
+            max_watch_streams: args.max_watch_streams,
+            max_pending_acquires: args.max_pending_acquires,
+        },
         tuning,
     };
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -134,3 +134,75 @@ async fn refused_commands_never_enter_the_raft_log() {
     assert_eq!(granted.status, 200, "{}", granted.text);
     assert_eq!(applied_log_index(&addr), before + 1);
 }
+
+/// Opens a watch stream by hand; returns the response's status line and the open connection.
+fn open_watch(addr: &str) -> (String, std::net::TcpStream) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("a timeout");
+    let head = format!("GET /v1/watch?prefix=jobs/ HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(head.as_bytes()).expect("send");
+    let mut status_line = String::new();
+    BufReader::new(stream.try_clone().expect("a clone"))
+        .read_line(&mut status_line)
+        .expect("a status line");
+    (status_line, stream)
+}
+
+/// Issue 13, point 2 (in part): a node bounds its watch streams and its acquires in flight,
+/// refuses past the bound with 429 and a code naming it, and takes a place back when a stream
+/// or a request ends.
+#[test]
+fn watch_streams_and_pending_acquires_are_bounded_per_node() {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("an address"),
+        &["--max-watch-streams".into(), "2".into(), "--max-pending-acquires".into(), "1".into()],
+    );
+    let addr = server.addr.clone();
+    wait_until("the node to be ready", Duration::from_secs(10), || {
+        (get(&addr, "/readyz").status == 200).then_some(())
+    });
+
+    let first = open_watch(&addr);
+    let second = open_watch(&addr);
+    assert!(first.0.contains(" 200 ") && second.0.contains(" 200 "), "{first:?} {second:?}");
+    let refused = get(&addr, "/v1/watch?prefix=jobs/");
+    assert_eq!(refused.status, 429, "{}", refused.text);
+    assert_refused(&refused, "too_many_watch_streams");
+    drop(first);
+    let _third = wait_until("a freed place for a watch", Duration::from_secs(10), || {
+        let (status_line, stream) = open_watch(&addr);
+        status_line.contains(" 200 ").then_some(stream)
+    });
+
+    let open = |ttl_ms: u64| {
+        post(&addr, "/v1/sessions", &json!({ "ttl_ms": ttl_ms })).body["session_id"]
+            .as_u64()
+            .expect("a session")
+    };
+    let (holder, waiter, other) = (open(60_000), open(60_000), open(60_000));
+    let held = post(&addr, "/v1/locks/acquire", &acquire("jobs/l", holder, Some(0)));
+    let token = held.body["token"].as_u64().expect("a token");
+    let waiting = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            post(&addr, "/v1/locks/acquire", &acquire("jobs/l", waiter, Some(30_000)))
+        })
+    };
+    wait_until("the waiter to queue", Duration::from_secs(10), || {
+        let lock = get(&addr, "/v1/locks/jobs/l").body;
+        lock["waiters"].as_array()?.contains(&json!(waiter)).then_some(())
+    });
+    let refused = post(&addr, "/v1/locks/acquire", &acquire("jobs/m", other, Some(0)));
+    assert_eq!(refused.status, 429, "{}", refused.text);
+    assert_refused(&refused, "too_many_pending_acquires");
+    let release = json!({ "name": "jobs/l", "session_id": holder, "token": token });
+    assert_eq!(post(&addr, "/v1/locks/release", &release).status, 200);
+    let granted = waiting.join().expect("the waiter does not panic");
+    assert_eq!(granted.status, 200, "{}", granted.text);
+    let free_again = post(&addr, "/v1/locks/acquire", &acquire("jobs/m", other, Some(0)));
+    assert_eq!(free_again.status, 200, "{}", free_again.text);
+}

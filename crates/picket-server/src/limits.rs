@@ -1,0 +1,96 @@
+//! Bounds on what one node holds for its clients, beside the replicated `picket_core::Limits`.
+//!
+//! The core's limits bound the lock state and are the same on every replica. These bound a
+//! node's own resources: they may differ from node to node, and refusing for them changes no
+//! state. A request over a bound gets 429 (gRPC `RESOURCE_EXHAUSTED`) with a code naming it.
+
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A node's own bounds. See the fields for the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Most watch streams open on this node at once (default 10,000). Each holds a buffer of
+    /// events and a place in the fan-out of every applied command.
+    pub max_watch_streams: usize,
+    /// Most acquire requests in flight on this node at once, waiting ones included (default
+    /// 100,000). Each holds a registration for its outcome until it is answered.
+    pub max_pending_acquires: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self { max_watch_streams: 10_000, max_pending_acquires: 100_000 }
+    }
+}
+
+/// Which of a node's bounds a request ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerLimit {
+    /// [`ServerLimits::max_watch_streams`].
+    WatchStreams,
+    /// [`ServerLimits::max_pending_acquires`].
+    PendingAcquires,
+}
+
+impl ServerLimit {
+    /// The stable code on the wire.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::WatchStreams => "too_many_watch_streams",
+            Self::PendingAcquires => "too_many_pending_acquires",
+        }
+    }
+
+    /// What the bound is, for a person.
+    #[must_use]
+    pub fn what(self) -> &'static str {
+        match self {
+            Self::WatchStreams => "watch streams open on this node (--max-watch-streams)",
+            Self::PendingAcquires => {
+                "acquire requests in flight on this node (--max-pending-acquires)"
+            }
+        }
+    }
+}
+
+/// Counts one kind of resource against its bound; a permit gives its place back when dropped.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    limit: ServerLimit,
+    max: usize,
+    permits: Arc<Semaphore>,
+}
+
+impl Budget {
+    pub(crate) fn new(limit: ServerLimit, max: usize) -> Self {
+        Self { limit, max, permits: Arc::new(Semaphore::new(max)) }
+    }
+
+    /// Takes a place, or says which bound is full.
+    pub(crate) fn take(&self) -> Result<OwnedSemaphorePermit, crate::ServiceError> {
+        self.permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| crate::ServiceError::Exhausted { limit: self.limit, max: self.max })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_refuses_past_its_bound_and_takes_back_a_dropped_place() {
+        let budget = Budget::new(ServerLimit::WatchStreams, 2);
+        let first = budget.take().expect("a place");
+        let _second = budget.take().expect("a place");
+        let refused = budget.take().expect_err("full");
+        assert_eq!(refused.code(), "too_many_watch_streams");
+        assert_eq!(refused.http_status(), 429);
+        drop(first);
+        assert!(budget.take().is_ok(), "a dropped permit frees its place");
+    }
+}
