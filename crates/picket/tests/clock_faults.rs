@@ -164,6 +164,17 @@ impl Keeper {
     }
 }
 
+/// Opens `count` sessions of `ttl_ms`, each kept alive every third of its TTL from the moment
+/// it opens, so a slow machine cannot let one expire before the test's fault.
+fn open_kept(addrs: &[String], count: usize, ttl_ms: u64) -> (Vec<u64>, Vec<Keeper>) {
+    (0..count)
+        .map(|_| {
+            let session = open_session(addrs, ttl_ms);
+            (session, Keeper::start(addrs, &[session], Duration::from_millis(ttl_ms / 3)))
+        })
+        .unzip()
+}
+
 fn keep_alive(addrs: &[String], session: u64) -> KeepAlive {
     let sent_at = Instant::now();
     let reply = post(addrs, &format!("/v1/sessions/{session}/keepalive"), &json!({}));
@@ -267,13 +278,7 @@ fn stalled_leader_expires_no_session_kept_alive_through_the_stall() {
     let addrs = vec![server.addr.clone()];
     // Each session is kept alive from the moment it opens, so a slow machine cannot let one
     // expire before the stall.
-    let mut keepers = Vec::new();
-    let mut sessions = Vec::new();
-    for _ in 0..40 {
-        let session = open_session(&addrs, 2_000);
-        keepers.push(Keeper::start(&addrs, &[session], Duration::from_millis(600)));
-        sessions.push(session);
-    }
+    let (sessions, mut keepers) = open_kept(&addrs, 40, 2_000);
     let w = open_session(&addrs, 60_000);
     keepers.push(Keeper::start(&addrs, &[w], Duration::from_millis(600)));
     acquire_try(&addrs, sessions[0], "L");
@@ -321,13 +326,7 @@ fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
         let server =
             ServerProcess::start(binary(), &dir.path().join("node"), listen, &clocks.args(1));
         let addrs = vec![server.addr.clone()];
-        let mut keepers = Vec::new();
-        let mut sessions = Vec::new();
-        for _ in 0..20 {
-            let session = open_session(&addrs, 1_500);
-            keepers.push(Keeper::start(&addrs, &[session], Duration::from_millis(500)));
-            sessions.push(session);
-        }
+        let (sessions, keepers) = open_kept(&addrs, 20, 1_500);
         let quiet = open_session(&addrs, 1_500);
         let quiet_kept = keep_alive(&addrs, quiet);
         let quiet_expiry = {

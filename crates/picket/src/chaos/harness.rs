@@ -463,73 +463,78 @@ async fn run_nemesis(
                     signal(pid, nix::sys::signal::Signal::SIGCONT);
                 }));
             }
-            kind @ (FaultKind::LeaderKillQuick
-            | FaultKind::LeaderKillLong
-            | FaultKind::FollowerKill) => {
+            kind => {
+                // Every other fault is aimed at the leader, or placed relative to it.
                 let Some(leader) = cluster.wait_for_leader(Duration::from_secs(20)).await else {
                     record("no_leader_for_20s".into());
                     continue;
                 };
-                let (index, down_ms) = match kind {
-                    FaultKind::LeaderKillQuick => (leader, 0),
-                    FaultKind::LeaderKillLong => {
-                        (leader, rng.range(2 * election_ms, 6 * election_ms))
-                    }
-                    _ => {
-                        let step = usize::try_from(rng.range(1, 3)).unwrap_or(1);
-                        ((leader + step) % cluster.nodes.len(), rng.range(0, 3 * election_ms))
-                    }
-                };
-                record(format!(
-                    "{} node={} down_ms={down_ms}",
-                    kind.name(),
-                    cluster.nodes[index].id
-                ));
-                cluster.nodes[index].kill();
-                tokio::time::sleep(Duration::from_millis(down_ms)).await;
-                cluster.restart(index)?;
-            }
-            kind @ (FaultKind::LeaderPause
-            | FaultKind::LeaderClockJump
-            | FaultKind::LeaderClockRate) => {
-                let Some(leader) = cluster.wait_for_leader(Duration::from_secs(20)).await else {
-                    record("no_leader_for_20s".into());
-                    continue;
-                };
-                let node = &mut cluster.nodes[leader];
-                match kind {
-                    FaultKind::LeaderPause => {
-                        let Some(pid) = node.pid() else { continue };
-                        let pause_ms = rng.range(election_ms, 4 * election_ms);
-                        record(format!("leader_pause node={} pause_ms={pause_ms}", node.id));
-                        signal(pid, nix::sys::signal::Signal::SIGSTOP);
-                        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                        signal(pid, nix::sys::signal::Signal::SIGCONT);
-                    }
-                    FaultKind::LeaderClockJump => {
-                        let size_ms = i64::try_from(rng.range(ttl_ms, 3 * ttl_ms)).unwrap_or(0);
-                        let jump_ms = if rng.range(0, 2) == 0 { size_ms } else { -size_ms };
-                        record(format!("leader_clock_jump node={} jump_ms={jump_ms}", node.id));
-                        node.set_clock(1.0, node.jump_ms + jump_ms)?;
-                    }
-                    _ => {
-                        let rate = [0.5, 1.5, 2.0][usize::try_from(rng.range(0, 3)).unwrap_or(0)];
-                        let for_ms = rng.range(ttl_ms, 3 * ttl_ms);
-                        record(format!(
-                            "leader_clock_rate node={} rate={rate} for_ms={for_ms}",
-                            node.id
-                        ));
-                        node.set_clock(rate, node.jump_ms)?;
-                        tokio::time::sleep(Duration::from_millis(for_ms)).await;
-                        let node = &mut cluster.nodes[leader];
-                        node.set_clock(1.0, node.jump_ms)?;
-                    }
-                }
+                node_fault(kind, leader, cluster, &mut rng, &record, (election_ms, ttl_ms)).await?;
             }
         }
     }
     for pause in pauses {
         let _ = pause.await;
+    }
+    Ok(())
+}
+
+/// Injects one fault on a node, `leader` being the index of the current leader.
+async fn node_fault(
+    kind: FaultKind,
+    leader: usize,
+    cluster: &mut Cluster,
+    rng: &mut picket_sim::Rng,
+    record: &impl Fn(String),
+    (election_ms, ttl_ms): (u64, u64),
+) -> anyhow::Result<()> {
+    match kind {
+        FaultKind::LeaderKillQuick | FaultKind::LeaderKillLong | FaultKind::FollowerKill => {
+            let (index, down_ms) = match kind {
+                FaultKind::LeaderKillQuick => (leader, 0),
+                FaultKind::LeaderKillLong => (leader, rng.range(2 * election_ms, 6 * election_ms)),
+                _ => {
+                    let step = usize::try_from(rng.range(1, 3)).unwrap_or(1);
+                    ((leader + step) % cluster.nodes.len(), rng.range(0, 3 * election_ms))
+                }
+            };
+            record(format!("{} node={} down_ms={down_ms}", kind.name(), cluster.nodes[index].id));
+            cluster.nodes[index].kill();
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            cluster.restart(index)?;
+        }
+        FaultKind::ClientPause => unreachable!("client pauses are not node faults"),
+        _ => {
+            let node = &mut cluster.nodes[leader];
+            match kind {
+                FaultKind::LeaderPause => {
+                    let Some(pid) = node.pid() else { return Ok(()) };
+                    let pause_ms = rng.range(election_ms, 4 * election_ms);
+                    record(format!("leader_pause node={} pause_ms={pause_ms}", node.id));
+                    signal(pid, nix::sys::signal::Signal::SIGSTOP);
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    signal(pid, nix::sys::signal::Signal::SIGCONT);
+                }
+                FaultKind::LeaderClockJump => {
+                    let size_ms = i64::try_from(rng.range(ttl_ms, 3 * ttl_ms)).unwrap_or(0);
+                    let jump_ms = if rng.range(0, 2) == 0 { size_ms } else { -size_ms };
+                    record(format!("leader_clock_jump node={} jump_ms={jump_ms}", node.id));
+                    node.set_clock(1.0, node.jump_ms + jump_ms)?;
+                }
+                _ => {
+                    let rate = [0.5, 1.5, 2.0][usize::try_from(rng.range(0, 3)).unwrap_or(0)];
+                    let for_ms = rng.range(ttl_ms, 3 * ttl_ms);
+                    record(format!(
+                        "leader_clock_rate node={} rate={rate} for_ms={for_ms}",
+                        node.id
+                    ));
+                    node.set_clock(rate, node.jump_ms)?;
+                    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                    let node = &mut cluster.nodes[leader];
+                    node.set_clock(1.0, node.jump_ms)?;
+                }
+            }
+        }
     }
     Ok(())
 }
