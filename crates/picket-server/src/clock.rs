@@ -42,10 +42,36 @@ pub enum ClockSource {
 }
 
 /// A node's clock in milliseconds since the node started.
+///
+/// The reading is the source's (monotonic or scripted) times a rate factor, 1 unless the
+/// leader's peers found its clock running fast or slow against theirs (see [`crate::rate`]).
+/// A change of factor applies from the moment it is made, so the reading never jumps.
 #[derive(Debug)]
 pub struct Clock {
     origin: Instant,
     script: Option<Mutex<Script>>,
+    correction: Mutex<Correction>,
+}
+
+/// The reading as a line through one point: `anchor_ms + (source - source_anchor_ms) * factor`.
+#[derive(Debug)]
+struct Correction {
+    source_anchor_ms: f64,
+    anchor_ms: f64,
+    factor: f64,
+}
+
+impl Correction {
+    fn reading_ms(&self, source_ms: f64) -> f64 {
+        self.anchor_ms + (source_ms - self.source_anchor_ms) * self.factor
+    }
+
+    /// Runs at `factor` from `source_ms` on, continuing from the reading there.
+    fn rebase(&mut self, source_ms: f64, factor: f64) {
+        self.anchor_ms = self.reading_ms(source_ms);
+        self.source_anchor_ms = source_ms;
+        self.factor = factor;
+    }
 }
 
 impl Clock {
@@ -57,19 +83,54 @@ impl Clock {
             ClockSource::Monotonic => None,
             ClockSource::Scripted(path) => Some(Mutex::new(Script::new(path.clone(), origin))),
         };
-        Self { origin, script }
+        let correction =
+            Mutex::new(Correction { source_anchor_ms: 0.0, anchor_ms: 0.0, factor: 1.0 });
+        Self { origin, script, correction }
     }
 
     /// Milliseconds since the node started, by this clock.
     #[must_use]
     pub fn now_ms(&self) -> u64 {
+        let correction = lock(&self.correction);
+        // The source is read under the correction's lock, so a reading taken while the factor
+        // changes cannot fall before the new anchor: the clock never goes back.
+        let reading = correction.reading_ms(self.source_ms());
+        // Truncation is what a millisecond clock does; the value is never negative.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let reading = reading.max(0.0) as u64;
+        reading
+    }
+
+    /// The source's reading in milliseconds since the node started, without the rate factor:
+    /// what this node tells a leader that compares its clock with its peers'.
+    #[must_use]
+    pub fn source_ms(&self) -> f64 {
         match &self.script {
-            None => u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX),
-            Some(script) => {
-                script.lock().unwrap_or_else(std::sync::PoisonError::into_inner).now_ms()
-            }
+            None => self.origin.elapsed().as_secs_f64() * 1_000.0,
+            Some(script) => lock(script).now_ms(),
         }
     }
+
+    /// Makes the clock run at `factor` times its source from now on.
+    ///
+    /// # Panics
+    /// If `factor` is not a positive finite number: the caller bounds it.
+    pub fn set_rate_factor(&self, factor: f64) {
+        assert!(factor.is_finite() && factor > 0.0, "a clock's rate factor is positive");
+        let mut correction = lock(&self.correction);
+        let source_ms = self.source_ms();
+        correction.rebase(source_ms, factor);
+    }
+
+    /// The rate factor in use: 1 unless peers found this leader's clock fast or slow.
+    #[must_use]
+    pub fn rate_factor(&self) -> f64 {
+        lock(&self.correction).factor
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A scripted clock's state: the reading at an anchor instant, and the rate since then.
@@ -88,7 +149,7 @@ impl Script {
         Self { path, anchor: origin, anchor_ms: 0.0, rate: 1.0, jump_ms: 0, last_read: None }
     }
 
-    fn now_ms(&mut self) -> u64 {
+    fn now_ms(&mut self) -> f64 {
         let now = Instant::now();
         if self.last_read.is_none_or(|read| now.duration_since(read) >= SCRIPT_REREAD) {
             self.last_read = Some(now);
@@ -97,10 +158,7 @@ impl Script {
             }
         }
         let elapsed_ms = now.duration_since(self.anchor).as_secs_f64() * 1_000.0;
-        // Truncation is what a millisecond clock does; the value is never negative.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let reading = (self.anchor_ms + elapsed_ms * self.rate).max(0.0) as u64;
-        reading
+        (self.anchor_ms + elapsed_ms * self.rate).max(0.0)
     }
 
     /// Moves the anchor to `now` so a new rate applies from here on, and applies any new jump.
@@ -150,7 +208,7 @@ impl GapWatch {
     /// before each tick; returns whether the reading follows a gap.
     pub fn observe(&self, now_ms: u64) -> bool {
         let gap_ms = u64::try_from(GAP.as_millis()).unwrap_or(u64::MAX);
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = lock(&self.state);
         let gap = state.last_reading_ms.is_some_and(|last_ms| {
             now_ms.saturating_sub(last_ms) > gap_ms || last_ms.saturating_sub(now_ms) > gap_ms
         });
@@ -174,19 +232,19 @@ impl GapWatch {
 
     /// Whether a gap was seen since the last call; clears it.
     pub fn take_gap(&self) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = lock(&self.state);
         std::mem::take(&mut state.pending)
     }
 
     /// Whether a gap was seen and not yet taken.
     pub fn gap_pending(&self) -> bool {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending
+        lock(&self.state).pending
     }
 
     /// How many gaps this node has seen since it started.
     #[must_use]
     pub fn gaps_total(&self) -> u64 {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).gaps_total
+        lock(&self.state).gaps_total
     }
 }
 
@@ -238,6 +296,17 @@ mod tests {
             assert_eq!(read_script(&path), None, "{bad}");
         }
         assert_eq!(read_script(&dir.path().join("missing")), None);
+    }
+
+    #[test]
+    fn a_new_rate_factor_applies_from_where_the_clock_was() {
+        let mut correction = Correction { source_anchor_ms: 0.0, anchor_ms: 0.0, factor: 1.0 };
+        assert!((correction.reading_ms(1_000.0) - 1_000.0).abs() < 1e-9);
+        correction.rebase(1_000.0, 2.0);
+        assert!((correction.reading_ms(1_000.0) - 1_000.0).abs() < 1e-9, "no jump at the change");
+        assert!((correction.reading_ms(1_500.0) - 2_000.0).abs() < 1e-9, "twice as fast after");
+        correction.rebase(1_500.0, 0.5);
+        assert!((correction.reading_ms(2_500.0) - 2_500.0).abs() < 1e-9, "then half as fast");
     }
 
     #[test]

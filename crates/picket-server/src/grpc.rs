@@ -106,6 +106,9 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         role: view.role.to_owned(),
         applied_revision: view.applied_revision,
         applied_log_index: view.applied_log_index,
+        clock_gaps_total: view.clock_gaps_total,
+        clock_rate_factor: view.clock_rate_factor,
+        peer_clock_rates: view.peer_clock_rates.into_iter().collect(),
     }
 }
 

@@ -439,6 +439,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "snapshot_log_index": view.snapshot_log_index,
         "purged_log_index": view.purged_log_index,
         "clock_gaps_total": view.clock_gaps_total,
+        "clock_rate_factor": view.clock_rate_factor,
+        "peer_clock_rates": view.peer_clock_rates,
     })
 }
 

@@ -23,6 +23,7 @@ mod log_store;
 mod network;
 pub mod node;
 mod raft_types;
+mod rate;
 mod renewals;
 mod server;
 mod state_machine;

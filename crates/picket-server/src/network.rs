@@ -5,6 +5,7 @@
 //! request names the node it is meant for; a node that receives a request for another id refuses
 //! it, so a peer that moved to another address is never mistaken for the one that left.
 
+use crate::clock::Clock;
 use crate::raft_types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
@@ -13,12 +14,13 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, RaftNetworkV2};
 use picket_proto::connection::Connection;
-use picket_proto::v1::RaftPayload;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_proto::v1::raft_server;
+use picket_proto::v1::{ClockReading, Empty, RaftPayload};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
@@ -78,8 +80,8 @@ impl PeerClient {
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES))
     }
 
-    fn request(&self, data: Vec<u8>, timeout: Duration) -> Request<RaftPayload> {
-        let mut request = Request::new(RaftPayload { data, error: String::new() });
+    fn request<T>(&self, body: T, timeout: Duration) -> Request<T> {
+        let mut request = Request::new(body);
         request.set_timeout(timeout);
         request.metadata_mut().insert(
             TARGET_NODE_KEY,
@@ -102,7 +104,7 @@ impl PeerClient {
         Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
     {
         let client = self.client().await?;
-        let request = self.request(data, timeout);
+        let request = self.request(RaftPayload { data, error: String::new() }, timeout);
         // The deadline travels as `grpc-timeout` too; it is enforced here so a peer that stops
         // answering cannot hold replication longer than openraft allowed.
         let answer = tokio::time::timeout(timeout, send(client, request))
@@ -124,6 +126,45 @@ impl PeerClient {
             return Err(unreachable(format!("node {} refused: {}", self.target, payload.error)));
         }
         decode(&payload.data).map_err(unreachable)
+    }
+}
+
+/// Reads a peer's clock (see [`crate::rate`]).
+#[derive(Debug)]
+pub(crate) struct ClockProbe {
+    peer: PeerClient,
+}
+
+impl ClockProbe {
+    /// A probe of node `target` at `addr`; connects on first use.
+    pub(crate) fn new(target: NodeId, addr: String) -> Self {
+        Self { peer: PeerClient { target, addr, connection: None } }
+    }
+
+    /// The peer's address.
+    pub(crate) fn addr(&self) -> &str {
+        &self.peer.addr
+    }
+
+    /// The peer's clock source reading, in milliseconds.
+    pub(crate) async fn read(&mut self, timeout: Duration) -> Result<f64, String> {
+        let mut client = self.peer.client().await.map_err(|error| error.to_string())?;
+        let request = self.peer.request(Empty {}, timeout);
+        let answer = tokio::time::timeout(timeout, client.read_clock(request))
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded("the peer did not answer in time")));
+        match answer {
+            Ok(reading) => Ok(reading.into_inner().source_ms),
+            Err(status) => {
+                self.peer.connection = None;
+                Err(format!(
+                    "node {} at {}: {}",
+                    self.peer.target,
+                    self.peer.addr,
+                    status.message()
+                ))
+            }
+        }
     }
 }
 
@@ -209,6 +250,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<(Vote, Snapshot), String> {
 pub struct RaftService {
     raft: Raft,
     node_id: NodeId,
+    clock: Arc<Clock>,
 }
 
 impl std::fmt::Debug for RaftService {
@@ -218,10 +260,10 @@ impl std::fmt::Debug for RaftService {
 }
 
 impl RaftService {
-    /// Serves `raft` as node `node_id`.
+    /// Serves `raft` as node `node_id`, and `clock`'s readings to a leader that compares rates.
     #[must_use]
-    pub fn new(raft: Raft, node_id: NodeId) -> Self {
-        Self { raft, node_id }
+    pub fn new(raft: Raft, node_id: NodeId, clock: Arc<Clock>) -> Self {
+        Self { raft, node_id, clock }
     }
 
     /// The tonic service, with message size bounds.
@@ -232,7 +274,7 @@ impl RaftService {
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
     }
 
-    fn check_target(&self, request: &Request<RaftPayload>) -> Result<(), Status> {
+    fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
         match target.and_then(|target| target.parse::<NodeId>().ok()) {
             Some(target) if target == self.node_id => Ok(()),
@@ -291,6 +333,11 @@ impl raft_server::Raft for RaftService {
         let (vote, snapshot) =
             decode_snapshot(&request.into_inner().data).map_err(Status::invalid_argument)?;
         reply(self.raft.install_full_snapshot(vote, snapshot).await)
+    }
+
+    async fn read_clock(&self, request: Request<Empty>) -> Result<Response<ClockReading>, Status> {
+        self.check_target(&request)?;
+        Ok(Response::new(ClockReading { source_ms: self.clock.source_ms() }))
     }
 }
 

@@ -6,7 +6,7 @@
 //! log entries: the leader remembers them and folds them into the next tick (see
 //! [`crate::driver`]).
 
-use crate::clock::{Clock, ClockSource, GapWatch};
+use crate::clock::{Clock, GapWatch};
 use crate::error::ServiceError;
 use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome, WaiterRegistration};
 use crate::limits::{Budget, ServerLimit, ServerLimits};
@@ -21,7 +21,7 @@ use picket_core::{
     CancelCause, CheckOutcome, Command, CommandError, Event, Input, LockInfo, RequestId, Response,
     Sequencer, SessionId, SessionInfo, Wait,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,7 +152,7 @@ pub enum WatchItem {
 }
 
 /// Membership and leadership as one node sees them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClusterView {
     /// (id, address, voter) of every member.
     pub members: Vec<(NodeId, String, bool)>,
@@ -175,6 +175,12 @@ pub struct ClusterView {
     /// How many times this node saw its clock or its process lose time (a stall or a jump)
     /// since it started; see [`crate::clock`].
     pub clock_gaps_total: u64,
+    /// The factor this node's clock runs at against its source: 1 unless, as leader, its peers
+    /// found its clock fast or slow against theirs (see [`crate::rate`]).
+    pub clock_rate_factor: f64,
+    /// As leader, each voter's clock rate against this node's clock, once known (see
+    /// [`crate::rate`]); empty on a follower.
+    pub peer_clock_rates: BTreeMap<NodeId, f64>,
 }
 
 /// One running node. Shared by the API front ends and the leader's background duties.
@@ -183,7 +189,9 @@ pub struct Node {
     id: NodeId,
     raft: Raft,
     store: StateStore,
-    clock: Clock,
+    clock: Arc<Clock>,
+    /// Written by the leader's rate check, read by `cluster()`.
+    peer_clock_rates: std::sync::Mutex<BTreeMap<NodeId, f64>>,
     gaps: GapWatch,
     renewals: Renewals,
     /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
@@ -264,14 +272,15 @@ impl Node {
         store: StateStore,
         log_stats: Arc<WriterStats>,
         leader_lease: std::time::Duration,
-        clock: &ClockSource,
+        clock: Arc<Clock>,
         limits: &ServerLimits,
     ) -> Self {
         Self {
             id,
             raft,
             store,
-            clock: Clock::new(clock),
+            clock,
+            peer_clock_rates: std::sync::Mutex::default(),
             gaps: GapWatch::default(),
             renewals: Renewals::default(),
             watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
@@ -301,6 +310,13 @@ impl Node {
     #[must_use]
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// Records the voters' clock rates the leader's rate check found.
+    pub(crate) fn set_peer_clock_rates(&self, rates: BTreeMap<NodeId, f64>) {
+        if let Ok(mut known) = self.peer_clock_rates.lock() {
+            *known = rates;
+        }
     }
 
     /// The watch for stalls and clock jumps.
@@ -862,6 +878,12 @@ impl Node {
             snapshot_log_index: metrics.snapshot.map_or(0, |log_id| log_id.index()),
             purged_log_index: metrics.purged.map_or(0, |log_id| log_id.index()),
             clock_gaps_total: self.gaps.gaps_total(),
+            clock_rate_factor: self.clock.rate_factor(),
+            peer_clock_rates: self
+                .peer_clock_rates
+                .lock()
+                .map(|rates| rates.clone())
+                .unwrap_or_default(),
         }
     }
 

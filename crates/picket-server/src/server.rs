@@ -284,13 +284,14 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     }
 
     let leader_lease = std::time::Duration::from_millis(config.tuning.election_timeout_max_ms);
+    let clock = Arc::new(crate::clock::Clock::new(&config.clock));
     let node = Arc::new(Node::new(
         config.node_id,
         raft.clone(),
         store,
         log_stats,
         leader_lease,
-        &config.clock,
+        clock.clone(),
         &config.limits,
     ));
     let (shutdown, shutdown_signal) = watch::channel(false);
@@ -300,8 +301,9 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), pulse_signal).await;
     });
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
+    tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
     let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
-        .add_service(RaftService::new(raft, config.node_id).into_server())
+        .add_service(RaftService::new(raft, config.node_id, clock).into_server())
         .into_axum_router();
     // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
     // the HTTP API's JSON error format instead.

@@ -55,6 +55,25 @@ impl Clocks {
     }
 }
 
+/// A 3-node cluster, every node's clock scripted at rate 1 for now.
+fn scripted_cluster() -> (Clocks, Cluster) {
+    let clocks = Clocks::new();
+    for node_id in 1..=3 {
+        clocks.set(node_id, 1.0, 0);
+    }
+    let cluster = Cluster::start_each(binary(), 3, |node_id| {
+        // Raft's timing does not matter here; a long election timeout keeps a loaded machine
+        // from moving leadership in the middle of the test.
+        let mut args: Vec<String> = ["--heartbeat-ms", "100", "--election-timeout-ms", "2000"]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .collect();
+        args.extend(clocks.args(node_id));
+        args
+    });
+    (clocks, cluster)
+}
+
 fn post(addrs: &[String], path: &str, body: &Value) -> picket_testkit::http::Reply {
     send(addrs, "POST", path, Some(body), Duration::from_secs(30)).expect("the service answers")
 }
@@ -205,20 +224,7 @@ fn clock_gaps(addr: &str) -> u64 {
 #[test]
 fn leader_clock_jump_expires_no_kept_alive_session_and_grants_no_waiter_early() {
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let clocks = Clocks::new();
-    for node_id in 1..=3 {
-        clocks.set(node_id, 1.0, 0);
-    }
-    let cluster = Cluster::start_each(binary(), 3, |node_id| {
-        // Raft's timing does not matter here; a long election timeout keeps a loaded machine
-        // from moving leadership in the middle of the test.
-        let mut args: Vec<String> = ["--heartbeat-ms", "100", "--election-timeout-ms", "2000"]
-            .iter()
-            .map(|arg| (*arg).to_owned())
-            .collect();
-        args.extend(clocks.args(node_id));
-        args
-    });
+    let (clocks, cluster) = scripted_cluster();
     let leader = cluster.leader(Duration::from_secs(20));
     let addrs = cluster.addrs();
     let a = open_session(&addrs, 5_000);
@@ -308,7 +314,8 @@ fn stalled_leader_expires_no_session_kept_alive_through_the_stall() {
     drop(waiter);
 }
 
-/// A leader whose clock runs at 1.5 or 0.5 times real time, under acquire and release load:
+/// A one-node leader (no other clock to check its rate against, unlike a cluster's leader: see
+/// the last test) whose clock runs at 1.5 or 0.5 times real time, under acquire and release load:
 /// sessions kept alive every third of their TTL never expire; a session whose client stops is
 /// expired a TTL and grace (plus at most half a second of renewal delay) later by the leader's
 /// clock. Both rates are far outside the 1 % drift Picket assumes, so in real time the fast
@@ -382,4 +389,81 @@ fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
             );
         }
     }
+}
+
+fn cluster_view(addr: &str) -> Value {
+    try_request(addr, "GET", "/v1/cluster", None).expect("the node answers").body
+}
+
+fn rate_factor(addr: &str) -> f64 {
+    cluster_view(addr)["clock_rate_factor"].as_f64().expect("a rate factor")
+}
+
+/// Waits until the leader at `addr` runs its clock at `factor` (within 5 %).
+fn wait_for_factor(addr: &str, factor: f64) {
+    wait_until(
+        &format!("the leader's clock factor to reach {factor}"),
+        Duration::from_secs(20),
+        || ((rate_factor(addr) - factor).abs() < factor * 0.05).then_some(()),
+    );
+}
+
+/// A 3-node cluster whose leader's clock runs at 0.5, then at 1.5 times real time. Its peers'
+/// clocks show it: the leader's lock state then runs at their rate, so a session whose client
+/// stops is expired a TTL and grace (plus at most half a second of renewal delay) after its last
+/// keepalive in *real* time, and kept-alive sessions live on. Before the rate check, the slow
+/// leader kept the quiet session twice as long and the fast one expired it a third early, while
+/// its client still counted on it. A follower's slow clock, one clock of three, moves nothing.
+#[test]
+fn slow_or_fast_leader_clock_is_corrected_by_its_peers_clocks() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (clocks, cluster) = scripted_cluster();
+    let leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let (kept, keepers) = open_kept(&addrs, 5, 3_000);
+    let started = Instant::now();
+    for rate in [0.5, 1.5] {
+        clocks.set(leader + 1, rate, 0);
+        wait_for_factor(&addrs[leader], 1.0 / rate);
+        let quiet = open_session(&addrs, 2_000);
+        let quiet_kept = keep_alive(&addrs, quiet);
+        assert_eq!(quiet_kept.status, 200);
+        wait_until("the quiet session to expire", Duration::from_secs(20), || {
+            (!live_sessions(&addrs).contains(&quiet)).then_some(())
+        });
+        let lived_ms = quiet_kept.sent_at.elapsed().as_secs_f64() * 1_000.0;
+        assert!(
+            lived_ms > 1_900.0,
+            "rate {rate}: the quiet session lived {lived_ms:.0} ms after its keepalive, less \
+             than its 2,000 ms TTL"
+        );
+        // TTL 2,000 ms + grace 500 ms + renewal delay up to 500 ms, the factor's 5 % tolerance
+        // and a second of polling on a loaded machine; uncorrected, the slow leader takes 4 s.
+        if clock_gaps(&addrs[leader]) == 0 {
+            assert!(
+                lived_ms < 3_900.0,
+                "rate {rate}: the quiet session lived {lived_ms:.0} ms after its keepalive"
+            );
+        }
+        clocks.set(leader + 1, 1.0, 0);
+        wait_for_factor(&addrs[leader], 1.0);
+    }
+
+    let follower = (leader + 1) % 3;
+    clocks.set(follower + 1, 0.5, 0);
+    wait_until("the leader to see the follower's slow clock", Duration::from_secs(20), || {
+        let rate = cluster_view(&addrs[leader])["peer_clock_rates"][(follower + 1).to_string()]
+            .as_f64()?;
+        ((rate - 0.5).abs() < 0.05).then_some(())
+    });
+    assert!(
+        (rate_factor(&addrs[leader]) - 1.0).abs() < 1e-9,
+        "one slow follower of three moved the leader's clock"
+    );
+    let answers = Keeper::stop_all(keepers);
+    assert_all_kept_alive(&answers, started);
+    let live = live_sessions(&addrs);
+    let expired: Vec<&u64> = kept.iter().filter(|id| !live.contains(id)).collect();
+    assert!(expired.is_empty(), "kept-alive sessions expired: {expired:?}");
+    assert_eq!(cluster.agreed_leader(), Some(leader), "clock rates must not move leadership");
 }

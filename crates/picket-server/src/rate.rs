@@ -1,0 +1,289 @@
+//! The leader's clock rate, checked against its peers' clocks.
+//!
+//! A leader's clock that runs at a steady wrong rate is invisible to the leader itself: its
+//! timers run on the same clock. Yet it decides every expiry: a slow leader keeps a silent
+//! session alive long past its TTL in real time (a waiter waits that much longer), and a fast one
+//! expires a quiet session before its client's own lease ends. Only another clock can tell.
+//!
+//! So every [`PROBE_EVERY`] the leader reads each voter's clock ([`ClockProbe`], the `ReadClock`
+//! RPC), taking its own reading just before and just after. Between two probes of a peer, the
+//! peer's clock advanced by some amount and the leader's by another; their ratio is the peer's
+//! rate against the leader's clock. A peer's rate is the median of its last [`INTERVALS`] such
+//! ratios, so one interval spoiled by a jump or a late answer does not count. The leader's clock
+//! then runs at the *median* rate over all voters, the leader counting itself at 1 and a peer it
+//! cannot read also at 1: the factor moves only when a majority of the voters' clocks agree
+//! against the leader's, so one faulty clock in three (the leader's own, or a peer's) cannot
+//! move the cluster's time. A median within [`DEADBAND`] of 1 is drift, not a fault, and leaves
+//! the factor at 1 (see ARCHITECTURE.md, "Time").
+//!
+//! Everything here is a margin against a broken clock, not a safety rule: sessions and tokens do
+//! not depend on it. A single node has no peer to compare with and runs on its own clock.
+
+use crate::network::ClockProbe;
+use crate::node::Node;
+use crate::raft_types::NodeId;
+use openraft::async_runtime::WatchReceiver;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the leader reads its peers' clocks.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How long the leader waits for a peer's reading.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// A reading whose round trip took longer than this (leader's clock) is dropped: the peer read
+/// its clock somewhere in the round trip, and over [`PROBE_EVERY`] an error of half of it on each
+/// end bounds one interval's ratio within 4 %.
+const MAX_ROUND_TRIP_MS: f64 = 20.0;
+/// Two readings of one peer closer than this (leader's clock) are too close for a ratio.
+const MIN_INTERVAL_MS: f64 = 200.0;
+/// How many of a peer's latest ratios are kept; its rate is their median.
+const INTERVALS: usize = 5;
+/// How many ratios a peer needs before its rate counts: the median of three drops one outlier.
+const MIN_INTERVALS: usize = 3;
+/// Rates within this of 1 are left alone: clocks drift by far less (see "Time"), and one
+/// interval's ratio is only known within [`MAX_ROUND_TRIP_MS`]'s 4 %.
+pub const DEADBAND: f64 = 0.10;
+/// The largest factor either way.
+const MAX_FACTOR: f64 = 4.0;
+
+/// The peers' clock rates against the leader's, from their readings. Pure: readings in,
+/// factor out.
+#[derive(Debug, Default)]
+pub struct RateEstimate {
+    peers: BTreeMap<NodeId, PeerRate>,
+}
+
+#[derive(Debug, Default)]
+struct PeerRate {
+    /// The last usable reading: (the leader's clock at the round trip's middle, the peer's).
+    last: Option<(f64, f64)>,
+    ratios: VecDeque<f64>,
+}
+
+impl PeerRate {
+    fn rate(&self) -> Option<f64> {
+        (self.ratios.len() >= MIN_INTERVALS).then(|| median(self.ratios.iter().copied().collect()))
+    }
+}
+
+impl RateEstimate {
+    /// Records a reading `peer_ms` of `peer`'s clock, asked for at `sent_ms` and answered at
+    /// `received_ms` by the leader's clock (its source, without any factor).
+    pub fn record(&mut self, peer: NodeId, sent_ms: f64, received_ms: f64, peer_ms: f64) {
+        let samples = self.peers.entry(peer).or_default();
+        if received_ms - sent_ms > MAX_ROUND_TRIP_MS || received_ms < sent_ms {
+            return;
+        }
+        let middle_ms = (sent_ms + received_ms) / 2.0;
+        if let Some((last_middle_ms, last_peer_ms)) = samples.last {
+            let ours_ms = middle_ms - last_middle_ms;
+            let theirs_ms = peer_ms - last_peer_ms;
+            if ours_ms < MIN_INTERVAL_MS {
+                return;
+            }
+            if theirs_ms < 0.0 {
+                // The peer restarted: its clock counts from its start again.
+                samples.ratios.clear();
+            } else {
+                samples.ratios.push_back(theirs_ms / ours_ms);
+                if samples.ratios.len() > INTERVALS {
+                    samples.ratios.pop_front();
+                }
+            }
+        }
+        samples.last = Some((middle_ms, peer_ms));
+    }
+
+    /// Each peer's rate against the leader's clock, for those with enough readings.
+    #[must_use]
+    pub fn peer_rates(&self) -> BTreeMap<NodeId, f64> {
+        self.peers.iter().filter_map(|(peer, rate)| Some((*peer, rate.rate()?))).collect()
+    }
+
+    /// Forgets every peer not in `voters`.
+    pub fn retain(&mut self, voters: &BTreeSet<NodeId>) {
+        self.peers.retain(|peer, _| voters.contains(peer));
+    }
+
+    /// The factor the leader's clock should run at: the median over `voters` (the leader
+    /// among them, at 1) of each one's rate against the leader's clock; see the module
+    /// documentation.
+    #[must_use]
+    pub fn factor(&self, leader: NodeId, voters: &BTreeSet<NodeId>) -> f64 {
+        let rates: Vec<f64> = voters
+            .iter()
+            .map(|voter| {
+                let rate = (*voter != leader).then(|| self.peers.get(voter)).flatten();
+                rate.and_then(PeerRate::rate).unwrap_or(1.0)
+            })
+            .collect();
+        if rates.is_empty() {
+            return 1.0;
+        }
+        let rate = median(rates);
+        if (rate - 1.0).abs() <= DEADBAND { 1.0 } else { rate.clamp(1.0 / MAX_FACTOR, MAX_FACTOR) }
+    }
+}
+
+/// The median of `values`; of an even count, the middle value closer to 1 (the leader's own
+/// view wins a tie).
+fn median(mut values: Vec<f64>) -> f64 {
+    assert!(!values.is_empty(), "a median of nothing");
+    values.sort_by(f64::total_cmp);
+    let upper = values[values.len() / 2];
+    if values.len() % 2 == 1 {
+        return upper;
+    }
+    let lower = values[values.len() / 2 - 1];
+    if (lower - 1.0).abs() <= (upper - 1.0).abs() { lower } else { upper }
+}
+
+/// While this node leads, reads its voters' clocks every [`PROBE_EVERY`] and sets its clock's
+/// factor from them; puts the factor back to 1 when it stops leading. Ends on `shutdown`.
+pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut estimate = RateEstimate::default();
+    let mut probes: BTreeMap<NodeId, ClockProbe> = BTreeMap::new();
+    let mut interval = tokio::time::interval(PROBE_EVERY);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let metrics = node.raft().metrics().borrow_watched().clone();
+        if metrics.current_leader != Some(node.id()) {
+            estimate = RateEstimate::default();
+            probes.clear();
+            node.set_peer_clock_rates(BTreeMap::new());
+            set_factor(&node, 1.0);
+            continue;
+        }
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        for (peer, member) in membership.nodes() {
+            if *peer == node.id() || !voters.contains(peer) {
+                continue;
+            }
+            let probe =
+                probes.entry(*peer).or_insert_with(|| ClockProbe::new(*peer, member.addr.clone()));
+            if probe.addr() != member.addr {
+                *probe = ClockProbe::new(*peer, member.addr.clone());
+            }
+            let sent_ms = node.clock().source_ms();
+            match probe.read(PROBE_TIMEOUT).await {
+                Ok(peer_ms) => estimate.record(*peer, sent_ms, node.clock().source_ms(), peer_ms),
+                Err(error) => tracing::debug!(%error, "cannot read a peer's clock"),
+            }
+        }
+        estimate.retain(&voters);
+        probes.retain(|peer, _| voters.contains(peer));
+        node.set_peer_clock_rates(estimate.peer_rates());
+        set_factor(&node, estimate.factor(node.id(), &voters));
+    }
+}
+
+fn set_factor(node: &Node, factor: f64) {
+    let clock = node.clock();
+    let previous = clock.rate_factor();
+    if (previous - factor).abs() < f64::EPSILON {
+        return;
+    }
+    if (factor - 1.0).abs() < f64::EPSILON {
+        tracing::info!(previous, "this node's clock runs at its own rate again");
+    } else {
+        tracing::warn!(
+            factor,
+            "this leader's clock runs at {:.2} times the rate of most of its peers' clocks; its \
+             lock state's time now runs at {factor:.2} times its own clock, so sessions expire \
+             by the majority's time. Check this machine's clock (NTP, the virtual machine's \
+             clock source).",
+            1.0 / factor
+        );
+    }
+    clock.set_rate_factor(factor);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `readings` of `peer` taken every 500 ms of the leader's clock, the peer's clock
+    /// running at `rate`, with a 2 ms round trip.
+    fn feed(estimate: &mut RateEstimate, peer: NodeId, rate: f64, readings: usize) {
+        for step in 0..readings {
+            #[allow(clippy::cast_precision_loss)]
+            let sent_ms = 1_000.0 + step as f64 * 500.0;
+            estimate.record(peer, sent_ms, sent_ms + 2.0, 50_000.0 + (sent_ms + 1.0) * rate);
+        }
+    }
+
+    fn voters(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_slow_leader_runs_faster_only_when_a_majority_of_clocks_agree() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 2.0, 6);
+        assert!(
+            (estimate.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9,
+            "one peer against the leader and a silent peer: no change"
+        );
+        feed(&mut estimate, 3, 2.0, 6);
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 2.0).abs() < 0.01, "both peers agree");
+        assert!(
+            (estimate.factor(1, &voters(&[1, 2])) - 1.0).abs() < 1e-9,
+            "of two voters the leader's own view wins the tie"
+        );
+    }
+
+    #[test]
+    fn a_fast_leader_slows_down_and_drift_inside_the_deadband_is_left_alone() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 1.0 / 1.5, 6);
+        feed(&mut estimate, 3, 1.0 / 1.5, 6);
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 1.0 / 1.5).abs() < 0.01);
+        let mut drifting = RateEstimate::default();
+        feed(&mut drifting, 2, 1.05, 6);
+        feed(&mut drifting, 3, 1.05, 6);
+        assert!((drifting.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn too_few_intervals_a_slow_round_trip_or_one_jump_do_not_count() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 2.0, 3);
+        feed(&mut estimate, 3, 2.0, 3);
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9, "two ratios each");
+        let mut slow_trips = RateEstimate::default();
+        for step in 0..10 {
+            let sent_ms = 1_000.0 + f64::from(step) * 500.0;
+            slow_trips.record(2, sent_ms, sent_ms + 30.0, sent_ms * 2.0);
+            slow_trips.record(3, sent_ms, sent_ms + 30.0, sent_ms * 2.0);
+        }
+        assert!((slow_trips.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9);
+        // Rate 1 with one interval where the leader's clock jumped 8 s: the median drops it.
+        let mut jumped = RateEstimate::default();
+        for peer in [2, 3] {
+            for step in 0..6 {
+                let peer_ms = 1_000.0 + f64::from(step) * 500.0;
+                let sent_ms = if step >= 3 { peer_ms + 8_000.0 } else { peer_ms };
+                jumped.record(peer, sent_ms, sent_ms + 2.0, peer_ms + 1.0);
+            }
+        }
+        assert!((jumped.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_restarted_peer_starts_its_rate_again_and_the_factor_is_bounded() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 10.0, 6);
+        feed(&mut estimate, 3, 10.0, 6);
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - MAX_FACTOR).abs() < 1e-9);
+        estimate.record(2, 10_000.0, 10_002.0, 5.0);
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9, "peer 2 restarted");
+        estimate.retain(&voters(&[1, 2]));
+        assert!(!estimate.peers.contains_key(&3), "a peer that left is forgotten");
+    }
+}
