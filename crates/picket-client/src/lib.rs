@@ -28,6 +28,7 @@
 
 mod client;
 mod error;
+mod lease_clock;
 mod session;
 mod watcher;
 

@@ -2,6 +2,7 @@
 
 use crate::client::{Client, Retry};
 use crate::error::ClientError;
+use crate::lease_clock::{self, LeaseEnd};
 use picket_core::Sequencer;
 use picket_proto::v1;
 use std::collections::HashMap;
@@ -47,12 +48,25 @@ pub(crate) struct Shared {
     id: u64,
     ttl: Duration,
     lost: LostSender,
+    /// When the lease runs out on the lease clock (which counts a suspension of the machine).
+    lease_end: LeaseEnd,
     /// Grants held through this session: lock name to (token, lost signal).
     grants: Mutex<HashMap<String, (u64, Arc<LostSender>)>>,
     stop: watch::Sender<bool>,
 }
 
 impl Shared {
+    /// Why the session is lost, if it is; a lease that ran out on the lease clock is lost now,
+    /// even before the keepalive loop wakes up to notice (after a suspension, say).
+    fn lost_reason(&self) -> Option<LostReason> {
+        let known = *self.lost.borrow();
+        if known.is_none() && self.lease_end.ran_out(lease_clock::now()) {
+            self.mark_lost(LostReason::Unconfirmed);
+            return Some(LostReason::Unconfirmed);
+        }
+        known
+    }
+
     fn mark_lost(&self, reason: LostReason) {
         if let Some(watcher) = self.client.existing_session_watcher() {
             watcher.unregister(self.id);
@@ -107,6 +121,7 @@ impl Session {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let lock_delay_ms = u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX);
         let opened_at = Instant::now();
+        let opened_at_lease_clock = lease_clock::now();
         let timeout = Some(client.config().request_timeout);
         let opened = client
             .call(Retry::UnlessSent, timeout, |mut grpc| async move {
@@ -120,6 +135,9 @@ impl Session {
             id: opened.session_id,
             ttl: Duration::from_millis(opened.ttl_ms),
             lost,
+            lease_end: LeaseEnd::new(
+                opened_at_lease_clock + lease_after_send(Duration::from_millis(opened.ttl_ms)),
+            ),
             grants: Mutex::new(HashMap::new()),
             stop,
         });
@@ -152,7 +170,7 @@ impl Session {
     /// Why the session is lost, if it is.
     #[must_use]
     pub fn lost_reason(&self) -> Option<LostReason> {
-        *self.shared.lost.borrow()
+        self.shared.lost_reason()
     }
 
     /// Resolves when the session is lost, with the reason.
@@ -342,7 +360,13 @@ async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
             _ = stop.wait_for(|stop| *stop) => return,
             () = tokio::time::sleep_until(next_attempt) => {}
         }
+        // Tokio's timers do not count a suspension of the machine: after one, this is the first
+        // moment the loop runs, at most a third of the TTL after waking.
+        if shared.lost_reason().is_some() {
+            return;
+        }
         let sent_at = Instant::now();
+        let sent_at_lease_clock = lease_clock::now();
         let attempt = shared.client.keep_alive(shared.id);
         let result = tokio::select! {
             result = attempt => result,
@@ -352,8 +376,14 @@ async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
             }
             _ = stop.wait_for(|stop| *stop) => return,
         };
+        if shared.lost_reason().is_some() {
+            // The lease ran out while the keepalive was out (the machine was suspended): its
+            // answer, whatever it is, came too late to count.
+            return;
+        }
         match result {
             Ok(_) => {
+                shared.lease_end.extend_to(sent_at_lease_clock + lease);
                 confirmed_sent_at = sent_at;
                 next_attempt = sent_at + period;
             }
@@ -426,9 +456,12 @@ impl Guard {
         &self.sequencer
     }
 
-    /// Why the grant is lost, if it is.
+    /// Why the grant is lost, if it is. Checks the session's lease on the lease clock, so right
+    /// after the machine wakes from a suspension longer than the lease, the grant is lost.
     #[must_use]
     pub fn lost_reason(&self) -> Option<LostReason> {
+        // Marks the session (and so this grant) lost if its lease ran out.
+        let _ = self.shared.lost_reason();
         *self.lost.borrow()
     }
 
