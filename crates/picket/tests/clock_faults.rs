@@ -183,6 +183,40 @@ impl Keeper {
     }
 }
 
+/// Acquire and release cycles over eight locks by one session, until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<u64>,
+}
+
+impl Load {
+    fn start(addrs: &[String]) -> Self {
+        let addrs = addrs.to_vec();
+        let worker = open_session(&addrs, 60_000);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut cycles = 0_u64;
+            while !stopping.load(Ordering::SeqCst) {
+                let name = format!("load/{}", cycles % 8);
+                let token = acquire_try(&addrs, worker, &name);
+                let body = json!({ "name": name, "session_id": worker, "token": token });
+                let released = post(&addrs, "/v1/locks/release", &body);
+                assert_eq!(released.status, 200, "{}", released.text);
+                cycles += 1;
+            }
+            cycles
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops the cycles and returns how many were done.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().expect("the load does not panic")
+    }
+}
+
 /// Opens `count` sessions of `ttl_ms`, each kept alive every third of its TTL from the moment
 /// it opens, so a slow machine cannot let one expire before the test's fault.
 fn open_kept(addrs: &[String], count: usize, ttl_ms: u64) -> (Vec<u64>, Vec<Keeper>) {
@@ -345,23 +379,9 @@ fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
             })
         };
         let started = Instant::now();
-        let load = {
-            let addrs = addrs.clone();
-            let worker = open_session(&addrs, 60_000);
-            std::thread::spawn(move || {
-                let mut cycles = 0_u64;
-                while started.elapsed() < Duration::from_secs(5) {
-                    let name = format!("load/{}", cycles % 8);
-                    let token = acquire_try(&addrs, worker, &name);
-                    let body = json!({ "name": name, "session_id": worker, "token": token });
-                    let released = post(&addrs, "/v1/locks/release", &body);
-                    assert_eq!(released.status, 200, "{}", released.text);
-                    cycles += 1;
-                }
-                cycles
-            })
-        };
-        let cycles = load.join().expect("the load does not panic");
+        let load = Load::start(&addrs);
+        std::thread::sleep(Duration::from_secs(5).saturating_sub(started.elapsed()));
+        let cycles = load.stop();
         let answers = Keeper::stop_all(keepers);
         assert!(cycles > 10, "rate {rate}: only {cycles} acquire-release cycles");
         assert_all_kept_alive(&answers, started);
@@ -408,8 +428,8 @@ fn wait_for_factor(addr: &str, factor: f64) {
     );
 }
 
-/// A 3-node cluster whose leader's clock runs at 0.5, then at 1.5 times real time. Its peers'
-/// clocks show it: the leader's lock state then runs at their rate, so a session whose client
+/// A 3-node cluster under acquire and release load whose leader's clock runs at 0.5, then at 1.5
+/// times real time. Its peers' clocks show it: the leader's lock state then runs at their rate, so a session whose client
 /// stops is expired a TTL and grace (plus at most half a second of renewal delay) after its last
 /// keepalive in *real* time, and kept-alive sessions live on. Before the rate check, the slow
 /// leader kept the quiet session twice as long and the fast one expired it a third early, while
@@ -421,6 +441,7 @@ fn slow_or_fast_leader_clock_is_corrected_by_its_peers_clocks() {
     let leader = cluster.leader(Duration::from_secs(20));
     let addrs = cluster.addrs();
     let (kept, keepers) = open_kept(&addrs, 5, 3_000);
+    let load = Load::start(&addrs);
     let started = Instant::now();
     for rate in [0.5, 1.5] {
         clocks.set(leader + 1, rate, 0);
@@ -460,6 +481,8 @@ fn slow_or_fast_leader_clock_is_corrected_by_its_peers_clocks() {
         (rate_factor(&addrs[leader]) - 1.0).abs() < 1e-9,
         "one slow follower of three moved the leader's clock"
     );
+    let cycles = load.stop();
+    assert!(cycles > 10, "only {cycles} acquire-release cycles");
     let answers = Keeper::stop_all(keepers);
     assert_all_kept_alive(&answers, started);
     let live = live_sessions(&addrs);
