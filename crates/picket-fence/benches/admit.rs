@@ -12,6 +12,7 @@ fn main() {
         lock: "orders".into(),
         stamp: Stamp { token, seq },
         idempotency_key: None,
+        request_digest: None,
     };
     let (_, record) =
         rule::admit("orders/", None, &policy, &presented(40, Some(0))).expect("admitted");

@@ -11,10 +11,10 @@ use std::sync::{Mutex, MutexGuard};
 /// [`crate::FencedStore`] when the resource outlives the process.
 ///
 /// ```
-/// use picket_fence::{Guarded, Policy, Presented, Stamp};
+/// use picket_fence::{Guarded, Policy, Presented};
 ///
 /// let balance = Guarded::new("accounts/42", Policy::new("accounts"), 100_i64);
-/// let as_holder = |token| Presented { lock: "accounts".into(), stamp: Stamp { token, seq: None }, idempotency_key: None };
+/// let as_holder = |token| Presented::new("accounts", token);
 /// balance.write(&as_holder(34), |value| *value -= 30).unwrap();
 /// // The paused former holder wakes up with token 33: refused, the value is untouched.
 /// assert!(balance.write(&as_holder(33), |value| *value -= 30).is_err());

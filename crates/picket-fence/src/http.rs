@@ -233,6 +233,7 @@ pub fn presented_from_headers(headers: &HeaderMap) -> Result<Option<Presented>, 
         lock: sequencer.name,
         stamp: Stamp { token: sequencer.token, seq },
         idempotency_key,
+        request_digest: None,
     }))
 }
 
@@ -440,7 +441,7 @@ mod tests {
     }
 
     fn presented(token: u64) -> Presented {
-        Presented { lock: "l".into(), stamp: Stamp { token, seq: None }, idempotency_key: None }
+        Presented::new("l", token)
     }
 
     /// A write verified and then kept waiting for its resource longer than the verification

@@ -45,6 +45,10 @@ pub enum RefusalReason {
         /// The stamp it was first used with.
         original: Stamp,
     },
+    /// The idempotency key is not remembered any more, and the write may be a retry of one
+    /// already admitted under it (same grant, no `seq` to order them): refused, so it is never
+    /// applied twice.
+    IdempotencyWindowPassed,
     /// The idempotency key is empty or too long.
     InvalidIdempotencyKey,
     /// Token 0 is never issued.
@@ -71,6 +75,7 @@ impl RefusalReason {
             Self::Replay { .. } => "replayed_seq",
             Self::StrictRepeat => "strict_repeat",
             Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
+            Self::IdempotencyWindowPassed => "idempotency_window_passed",
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::InvalidToken => "invalid_token",
             Self::InvalidResource => "invalid_resource",
@@ -127,6 +132,10 @@ impl fmt::Display for Refusal {
                 f,
                 "write to {resource:?} refused: its idempotency key was first used with token {} seq {:?}; use a fresh key for a different write",
                 original.token, original.seq
+            ),
+            RefusalReason::IdempotencyWindowPassed => write!(
+                f,
+                "write to {resource:?} refused: its idempotency key is not remembered (keys are kept for the resource's window), and a keyed write of token {token} without a seq was forgotten, so this may be a retry of a write already applied; if it is a new write, send it with a picket-seq higher than the last, or under a new grant"
             ),
             RefusalReason::InvalidIdempotencyKey => write!(
                 f,

@@ -6,11 +6,15 @@
 
 use crate::refusal::{Refusal, RefusalReason};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 
-/// Most idempotency keys a resource remembers. Older keys are forgotten first; a retry arriving
-/// after that many newer writes is judged by the rule like any other write.
-pub const MAX_REMEMBERED_KEYS: usize = 32;
+/// How many idempotency keys a resource remembers unless its policy says otherwise: the last 32
+/// keyed writes admitted.
+pub const DEFAULT_REMEMBERED_KEYS: usize = 32;
+/// The most keys a policy may ask a resource to remember: every write rewrites the record.
+pub const MAX_REMEMBERED_KEYS: usize = 1_024;
+
 /// Longest idempotency key, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
 /// Longest resource name, in bytes.
@@ -36,6 +40,9 @@ pub struct Presented {
     pub stamp: Stamp,
     /// Identifies this write across retries.
     pub idempotency_key: Option<String>,
+    /// What the write does (SHA-256, hex), so a key reused for a different write is refused
+    /// rather than answered as a duplicate. See [`Presented::with_request`].
+    pub request_digest: Option<String>,
 }
 
 impl Presented {
@@ -46,6 +53,18 @@ impl Presented {
             lock: sequencer.name.clone(),
             stamp: Stamp { token: sequencer.token, seq: None },
             idempotency_key: None,
+            request_digest: None,
+        }
+    }
+
+    /// Credentials of `lock`'s grant `token`, with no `seq` and no idempotency key.
+    #[must_use]
+    pub fn new(lock: impl Into<String>, token: u64) -> Self {
+        Self {
+            lock: lock.into(),
+            stamp: Stamp { token, seq: None },
+            idempotency_key: None,
+            request_digest: None,
         }
     }
 
@@ -62,9 +81,25 @@ impl Presented {
         self.idempotency_key = Some(key.into());
         self
     }
+
+    /// Records what the write does, from its parts (method, resource, body, ...): a retry with
+    /// the same key must do the same. Each part is length-prefixed, so parts cannot run into
+    /// each other.
+    #[must_use]
+    pub fn with_request(mut self, parts: &[&[u8]]) -> Self {
+        let mut digest = Sha256::new();
+        for part in parts {
+            digest.update((part.len() as u64).to_le_bytes());
+            digest.update(part);
+        }
+        let hex: String = digest.finalize().iter().map(|byte| format!("{byte:02x}")).collect();
+        self.request_digest = Some(hex);
+        self
+    }
 }
 
-/// How a resource is guarded: the lock it belongs to and whether it is strict.
+/// How a resource is guarded: the lock it belongs to, whether it is strict, and how many
+/// idempotency keys it remembers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     /// The only lock whose tokens this resource accepts.
@@ -72,13 +107,29 @@ pub struct Policy {
     /// Strict mode: each grant gets exactly one admitted write (the seeds' `token <= max`
     /// refusal taken literally).
     pub strict: bool,
+    /// How many keyed writes the resource remembers (1 to [`MAX_REMEMBERED_KEYS`]). The window
+    /// is a count, not a time: the fence never reads a clock, and a count bounds the record.
+    #[serde(default = "default_remembered_keys")]
+    pub remembered_keys: usize,
+}
+
+fn default_remembered_keys() -> usize {
+    DEFAULT_REMEMBERED_KEYS
 }
 
 impl Policy {
     /// A non-strict policy binding a resource to `lock`.
     #[must_use]
     pub fn new(lock: impl Into<String>) -> Self {
-        Self { lock: lock.into(), strict: false }
+        Self { lock: lock.into(), strict: false, remembered_keys: DEFAULT_REMEMBERED_KEYS }
+    }
+
+    /// The same policy remembering the last `count` keyed writes (clamped to 1 to
+    /// [`MAX_REMEMBERED_KEYS`]).
+    #[must_use]
+    pub fn remembering_keys(mut self, count: usize) -> Self {
+        self.remembered_keys = count.clamp(1, MAX_REMEMBERED_KEYS);
+        self
     }
 
     /// The same policy in strict mode.
@@ -104,7 +155,38 @@ pub struct FenceRecord {
     /// registered on acquire has not.
     pub spent: bool,
     /// Recently admitted writes that carried an idempotency key, oldest first.
-    pub recent_keys: VecDeque<(String, Stamp)>,
+    #[serde(default)]
+    pub remembered: VecDeque<RememberedWrite>,
+    /// The newest token of which a keyed write *without* a `seq` was forgotten (0 if none). A
+    /// keyed write of that token without a `seq` whose key is not remembered may be a retry of
+    /// it, and nothing else tells them apart: it is refused, never applied a second time.
+    #[serde(default)]
+    pub forgotten_unsequenced_token: u64,
+}
+
+/// An admitted write that carried an idempotency key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RememberedWrite {
+    /// Its idempotency key.
+    pub key: String,
+    /// Its stamp.
+    pub stamp: Stamp,
+    /// What it did, if the writer said ([`Presented::with_request`]).
+    pub request_digest: Option<String>,
+}
+
+impl FenceRecord {
+    /// Forgets the oldest keyed writes beyond the policy's count.
+    fn forget_keys(&mut self, policy: &Policy) {
+        let count = policy.remembered_keys.clamp(1, MAX_REMEMBERED_KEYS);
+        while self.remembered.len() > count {
+            let forgotten = self.remembered.pop_front().expect("more than one is remembered");
+            if forgotten.stamp.seq.is_none() {
+                self.forgotten_unsequenced_token =
+                    self.forgotten_unsequenced_token.max(forgotten.stamp.token);
+            }
+        }
+    }
 }
 
 impl FenceRecord {
@@ -117,7 +199,8 @@ impl FenceRecord {
             highest_token: 0,
             last_seq: None,
             spent: false,
-            recent_keys: VecDeque::new(),
+            remembered: VecDeque::new(),
+            forgotten_unsequenced_token: 0,
         }
     }
 }
@@ -180,53 +263,95 @@ pub fn admit(
     let mut record = current.cloned().unwrap_or_else(|| FenceRecord::empty(policy));
     let stamp = presented.stamp;
     check_common(resource, &record, &presented.lock, stamp)?;
+    if let Some(key) = &presented.idempotency_key {
+        // A policy may remember fewer keys than the record holds (it was made with another).
+        record.forget_keys(policy);
+        if let Some(duplicate) = judge_key(resource, &record, presented, key)? {
+            return Ok((duplicate, record));
+        }
+    }
+    let admission = judge_stamp(resource, &mut record, presented)?;
+    if let Some(key) = &presented.idempotency_key {
+        record.remembered.push_back(RememberedWrite {
+            key: key.clone(),
+            stamp,
+            request_digest: presented.request_digest.clone(),
+        });
+        record.forget_keys(policy);
+    }
+    assert!(record.highest_token >= stamp.token, "an admitted token is never above the highest");
+    assert!(record.remembered.len() <= MAX_REMEMBERED_KEYS);
+    Ok((admission, record))
+}
+
+/// The idempotency rule: `Some(Duplicate)` for a retry of a remembered write, `None` when the
+/// key is new and the stamp rule decides.
+fn judge_key(
+    resource: &str,
+    record: &FenceRecord,
+    presented: &Presented,
+    key: &str,
+) -> Result<Option<Admission>, Refusal> {
+    let stamp = presented.stamp;
+    let refuse = |reason| Err(Refusal::new(resource, record, &presented.lock, stamp, reason));
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        return refuse(RefusalReason::InvalidIdempotencyKey);
+    }
+    if let Some(seen) = record.remembered.iter().find(|seen| seen.key == key) {
+        let same_request = match (&seen.request_digest, &presented.request_digest) {
+            (Some(before), Some(now)) => before == now,
+            // A writer that did not say what its write does is taken at its word.
+            _ => true,
+        };
+        if seen.stamp == stamp && same_request {
+            return Ok(Some(Admission::Duplicate));
+        }
+        return refuse(RefusalReason::IdempotencyKeyReused { original: seen.stamp });
+    }
+    if stamp.seq.is_none()
+        && stamp.token == record.highest_token
+        && stamp.token == record.forgotten_unsequenced_token
+    {
+        return refuse(RefusalReason::IdempotencyWindowPassed);
+    }
+    Ok(None)
+}
+
+/// The stamp rule: stale, newer, or the same grant again (strict, or ordered by `seq`).
+fn judge_stamp(
+    resource: &str,
+    record: &mut FenceRecord,
+    presented: &Presented,
+) -> Result<Admission, Refusal> {
+    let stamp = presented.stamp;
     let refuse = |record: &FenceRecord, reason| {
         Err(Refusal::new(resource, record, &presented.lock, stamp, reason))
     };
-    if let Some(key) = &presented.idempotency_key {
-        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
-            return refuse(&record, RefusalReason::InvalidIdempotencyKey);
-        }
-        if let Some((_, original)) = record.recent_keys.iter().find(|(seen, _)| seen == key) {
-            if *original == stamp {
-                return Ok((Admission::Duplicate, record));
-            }
-            return refuse(&record, RefusalReason::IdempotencyKeyReused { original: *original });
-        }
+    if stamp.token < record.highest_token {
+        return refuse(record, RefusalReason::Stale);
     }
-    let admission = if stamp.token < record.highest_token {
-        return refuse(&record, RefusalReason::Stale);
-    } else if stamp.token > record.highest_token {
+    if stamp.token > record.highest_token {
         let previous_token = record.highest_token;
         record.highest_token = stamp.token;
         record.last_seq = stamp.seq;
         record.spent = true;
-        Admission::Advanced { previous_token }
-    } else if record.strict {
+        return Ok(Admission::Advanced { previous_token });
+    }
+    if record.strict {
         if record.spent {
-            return refuse(&record, RefusalReason::StrictRepeat);
+            return refuse(record, RefusalReason::StrictRepeat);
         }
         record.spent = true;
         record.last_seq = stamp.seq;
-        Admission::Same
-    } else {
-        if let (Some(seq), Some(last_seq)) = (stamp.seq, record.last_seq)
-            && seq <= last_seq
-        {
-            return refuse(&record, RefusalReason::Replay { last_seq });
-        }
-        record.last_seq = stamp.seq.or(record.last_seq);
-        Admission::Same
-    };
-    if let Some(key) = &presented.idempotency_key {
-        if record.recent_keys.len() == MAX_REMEMBERED_KEYS {
-            record.recent_keys.pop_front();
-        }
-        record.recent_keys.push_back((key.clone(), stamp));
+        return Ok(Admission::Same);
     }
-    assert!(record.highest_token >= stamp.token, "an admitted token is never above the highest");
-    assert!(record.recent_keys.len() <= MAX_REMEMBERED_KEYS);
-    Ok((admission, record))
+    if let (Some(seq), Some(last_seq)) = (stamp.seq, record.last_seq)
+        && seq <= last_seq
+    {
+        return refuse(record, RefusalReason::Replay { last_seq });
+    }
+    record.last_seq = stamp.seq.or(record.last_seq);
+    Ok(Admission::Same)
 }
 
 /// Decides one write that spans several resources: admitted at all of them or at none. Returns
@@ -324,7 +449,12 @@ mod tests {
     use super::*;
 
     fn write(lock: &str, token: u64, seq: Option<u64>) -> Presented {
-        Presented { lock: lock.into(), stamp: Stamp { token, seq }, idempotency_key: None }
+        Presented {
+            lock: lock.into(),
+            stamp: Stamp { token, seq },
+            idempotency_key: None,
+            request_digest: None,
+        }
     }
 
     /// Applies a write to `record` and returns the reason if refused.
@@ -434,20 +564,73 @@ mod tests {
             step(&mut record, &policy, &other_stamp),
             Err(RefusalReason::IdempotencyKeyReused { .. })
         ));
-        // Keys are bounded: after MAX_REMEMBERED_KEYS newer keys, the first is forgotten.
+        // Keys are bounded: after DEFAULT_REMEMBERED_KEYS newer keys, the first is forgotten,
+        // and its retry is judged by its seq: a replay.
         let policy = Policy::new("a");
         let mut record = None;
         step(&mut record, &policy, &write("a", 5, Some(0)).with_idempotency_key("k0")).unwrap();
-        for seq in 1..=MAX_REMEMBERED_KEYS as u64 {
+        for seq in 1..=DEFAULT_REMEMBERED_KEYS as u64 {
             let key = format!("k{seq}");
             step(&mut record, &policy, &write("a", 5, Some(seq)).with_idempotency_key(key))
                 .unwrap();
         }
-        assert_eq!(record.as_ref().unwrap().recent_keys.len(), MAX_REMEMBERED_KEYS);
+        assert_eq!(record.as_ref().unwrap().remembered.len(), DEFAULT_REMEMBERED_KEYS);
         assert!(matches!(
             step(&mut record, &policy, &write("a", 5, Some(0)).with_idempotency_key("k0")),
             Err(RefusalReason::Replay { .. })
         ));
+    }
+
+    /// Issue 13, point 3: a key reused with the same stamp for another write was answered
+    /// `duplicate`, and the new write never happened.
+    #[test]
+    fn idempotency_key_reused_for_another_request_is_refused_not_answered_as_a_duplicate() {
+        let policy = Policy::new("a");
+        let mut record = None;
+        let put = |value: &[u8]| {
+            write("a", 5, None).with_idempotency_key("op-1").with_request(&[b"PUT", b"x", value])
+        };
+        assert!(step(&mut record, &policy, &put(b"1")).is_ok());
+        assert_eq!(step(&mut record, &policy, &put(b"1")), Ok(Admission::Duplicate));
+        assert_eq!(
+            step(&mut record, &policy, &put(b"2")),
+            Err(RefusalReason::IdempotencyKeyReused { original: Stamp { token: 5, seq: None } })
+        );
+        // Length prefixes keep parts apart: ("ab", "c") is not ("a", "bc").
+        let split =
+            |first: &[u8], second: &[u8]| write("a", 5, None).with_request(&[first, second]);
+        assert_ne!(split(b"ab", b"c").request_digest, split(b"a", b"bc").request_digest);
+    }
+
+    /// Issue 13, point 3: only 32 keys were remembered, and a retry arriving after 32 newer keyed
+    /// writes of the same grant (no seq) was applied a second time.
+    #[test]
+    fn idempotency_retry_after_its_key_was_forgotten_is_refused_never_applied_twice() {
+        let policy = Policy::new("a").remembering_keys(4);
+        let mut record = None;
+        let keyed = |key: &str| write("a", 5, None).with_idempotency_key(key);
+        for key in ["k0", "k1", "k2", "k3"] {
+            assert!(step(&mut record, &policy, &keyed(key)).is_ok());
+        }
+        assert_eq!(step(&mut record, &policy, &keyed("k0")), Ok(Admission::Duplicate));
+        assert!(step(&mut record, &policy, &keyed("k4")).is_ok(), "k0 is forgotten now");
+        assert_eq!(record.as_ref().unwrap().remembered.len(), 4);
+        assert_eq!(
+            step(&mut record, &policy, &keyed("k0")),
+            Err(RefusalReason::IdempotencyWindowPassed),
+            "the retry of k0 cannot be told from a new write: refused"
+        );
+        assert_eq!(
+            step(&mut record, &policy, &keyed("k5")),
+            Err(RefusalReason::IdempotencyWindowPassed),
+            "nor can a new keyed write of that grant without a seq"
+        );
+        assert!(step(&mut record, &policy, &keyed("k6").with_seq(1)).is_ok(), "a seq orders it");
+        assert!(
+            step(&mut record, &policy, &write("a", 6, None).with_idempotency_key("k7")).is_ok()
+        );
+        assert_eq!(step(&mut record, &policy, &keyed("k0")), Err(RefusalReason::Stale));
+        assert!(step(&mut record, &policy, &write("a", 6, None)).is_ok(), "unkeyed writes as ever");
     }
 
     #[test]

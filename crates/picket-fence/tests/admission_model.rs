@@ -15,15 +15,15 @@ const TOKENS: [u64; 5] = [3, 7, 7, 12, 20];
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { token: usize, other_lock: bool, seq: Option<u64>, key: Option<u8> },
+    Write { token: usize, other_lock: bool, seq: Option<u64>, key: Option<u8>, body: u8 },
     Register { token: usize },
     Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0..TOKENS.len(), proptest::bool::weighted(0.05), proptest::option::of(0u64..6), proptest::option::weighted(0.3, 0u8..4))
-            .prop_map(|(token, other_lock, seq, key)| Op::Write { token, other_lock, seq, key }),
+        8 => (0..TOKENS.len(), proptest::bool::weighted(0.05), proptest::option::of(0u64..6), proptest::option::weighted(0.4, 0u8..8), 0u8..2)
+            .prop_map(|(token, other_lock, seq, key, body)| Op::Write { token, other_lock, seq, key, body }),
         2 => (0..TOKENS.len()).prop_map(|token| Op::Register { token }),
         1 => Just(Op::Restart),
     ]
@@ -37,41 +37,61 @@ enum Decision {
     Refused(&'static str),
 }
 
-/// Decides from the history: the admitted writes (token, seq, key) and the registered tokens.
+/// How many keyed writes the resource remembers in this test: few, so forgetting happens.
+const REMEMBERED_KEYS: usize = 4;
+
+/// An admitted write: token, seq, idempotency key, body.
+type Write = (u64, Option<u64>, Option<String>, u8);
+
+/// Decides from the history: the admitted writes and the registered tokens.
 #[derive(Default)]
 struct Model {
     strict: bool,
-    admitted: Vec<(u64, Option<u64>, Option<String>)>,
+    admitted: Vec<Write>,
     registered: Vec<u64>,
 }
 
 impl Model {
     fn highest(&self) -> u64 {
-        let writes = self.admitted.iter().map(|(token, _, _)| *token);
+        let writes = self.admitted.iter().map(|(token, ..)| *token);
         writes.chain(self.registered.iter().copied()).max().unwrap_or(0)
     }
 
-    fn decide(&self, lock: &str, stamp: Stamp, key: Option<&str>) -> Decision {
+    fn decide(&self, lock: &str, stamp: Stamp, key: Option<&str>, body: u8) -> Decision {
         if lock != LOCK {
             return Decision::Refused("wrong_lock");
         }
+        let highest = self.highest();
         if let Some(key) = key {
-            // The last 32 keyed writes are remembered.
-            let remembered: Vec<_> = self
-                .admitted
-                .iter()
-                .filter(|(_, _, k)| k.is_some())
-                .rev()
-                .take(picket_fence::rule::MAX_REMEMBERED_KEYS)
-                .collect();
-            if let Some((token, seq, _)) =
-                remembered.iter().find(|(_, _, k)| k.as_deref() == Some(key))
+            // The last few keyed writes are remembered; the rest are forgotten.
+            let keyed: Vec<&Write> =
+                self.admitted.iter().filter(|(_, _, k, _)| k.is_some()).collect();
+            let (forgotten, remembered) =
+                keyed.split_at(keyed.len().saturating_sub(REMEMBERED_KEYS));
+            if let Some((token, seq, _, original_body)) =
+                remembered.iter().find(|(_, _, k, _)| k.as_deref() == Some(key))
             {
-                return if (*token, *seq) == (stamp.token, stamp.seq) {
+                return if (*token, *seq, *original_body) == (stamp.token, stamp.seq, body) {
                     Decision::Duplicate
                 } else {
                     Decision::Refused("idempotency_key_reused")
                 };
+            }
+            // A forgotten keyed write without a seq of the current grant: a keyed write of that
+            // grant without a seq may be its retry.
+            let forgotten_unsequenced =
+                forgotten.iter().any(|(token, seq, _, _)| seq.is_none() && *token == stamp.token);
+            let newest_forgotten = forgotten
+                .iter()
+                .filter(|(_, seq, _, _)| seq.is_none())
+                .map(|(token, ..)| *token)
+                .max();
+            if stamp.seq.is_none()
+                && stamp.token == highest
+                && forgotten_unsequenced
+                && newest_forgotten == Some(stamp.token)
+            {
+                return Decision::Refused("idempotency_window_passed");
             }
         }
         let highest = self.highest();
@@ -84,8 +104,8 @@ impl Model {
         let same_grant: Vec<Option<u64>> = self
             .admitted
             .iter()
-            .filter(|(token, _, _)| *token == stamp.token)
-            .map(|(_, seq, _)| *seq)
+            .filter(|(token, ..)| *token == stamp.token)
+            .map(|(_, seq, ..)| *seq)
             .collect();
         if self.strict {
             return if same_grant.is_empty() {
@@ -117,6 +137,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fence.redb");
         let policy = if strict { Policy::new(LOCK).strict() } else { Policy::new(LOCK) };
+        let policy = policy.remembering_keys(REMEMBERED_KEYS);
         let guard = Guard { resource: RESOURCE, policy: &policy };
         let mut store = Some(FencedStore::open(&path).unwrap());
         let memory = Guarded::new(RESOURCE, policy.clone(), Vec::<u64>::new());
@@ -138,12 +159,14 @@ proptest! {
                         model.registered.push(token);
                     }
                 }
-                Op::Write { token, other_lock, seq, key } => {
+                Op::Write { token, other_lock, seq, key, body } => {
                     let lock = if *other_lock { "other" } else { LOCK };
                     let stamp = Stamp { token: TOKENS[*token], seq: *seq };
                     let key = key.map(|k| format!("key-{k}"));
-                    let presented = Presented { lock: lock.into(), stamp, idempotency_key: key.clone() };
-                    let expected = model.decide(lock, stamp, key.as_deref());
+                    let mut presented = Presented::new(lock, stamp.token).with_request(&[&[*body]]);
+                    presented.stamp = stamp;
+                    presented.idempotency_key.clone_from(&key);
+                    let expected = model.decide(lock, stamp, key.as_deref(), *body);
                     let write_id = index as u64;
                     let in_memory = decision_of(
                         memory
@@ -165,7 +188,7 @@ proptest! {
                     prop_assert_eq!(in_memory, expected, "memory, op {} {:?}", index, op);
                     prop_assert_eq!(durable, expected, "store, op {} {:?}", index, op);
                     if expected == Decision::Admitted {
-                        model.admitted.push((stamp.token, stamp.seq, key));
+                        model.admitted.push((stamp.token, stamp.seq, key, *body));
                     }
                 }
             }

@@ -151,7 +151,12 @@ impl Drop for Postgres {
 }
 
 fn presented(lock: &str, token: u64, seq: Option<u64>) -> Presented {
-    Presented { lock: lock.to_owned(), stamp: Stamp { token, seq }, idempotency_key: None }
+    Presented {
+        lock: lock.to_owned(),
+        stamp: Stamp { token, seq },
+        idempotency_key: None,
+        request_digest: None,
+    }
 }
 
 fn code(result: &Result<picket_fence::Admission, PgFenceError>) -> String {

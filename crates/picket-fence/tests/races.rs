@@ -11,7 +11,12 @@ const THREADS: usize = 8;
 const WRITES_PER_THREAD: usize = 200;
 
 fn presented(token: u64) -> Presented {
-    Presented { lock: "race".into(), stamp: Stamp { token, seq: None }, idempotency_key: None }
+    Presented {
+        lock: "race".into(),
+        stamp: Stamp { token, seq: None },
+        idempotency_key: None,
+        request_digest: None,
+    }
 }
 
 /// Each thread sometimes takes a fresh grant from the shared counter and otherwise keeps writing
@@ -143,5 +148,10 @@ fn a_failing_unit_changes_nothing() {
 }
 
 fn presented_for(lock: &str, token: u64) -> Presented {
-    Presented { lock: lock.into(), stamp: Stamp { token, seq: None }, idempotency_key: None }
+    Presented {
+        lock: lock.into(),
+        stamp: Stamp { token, seq: None },
+        idempotency_key: None,
+        request_digest: None,
+    }
 }

@@ -11,7 +11,7 @@
 use crate::authority::{self, Authority, Granted, LOCK, Reply};
 use crate::config::{Scenario, SimConfig, Strategy};
 use crate::rng::Rng;
-use picket_fence::rule::{self, FenceRecord, Policy, Presented, Stamp};
+use picket_fence::rule::{self, FenceRecord, Policy, Presented};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -564,11 +564,7 @@ impl World {
     }
 
     fn presented(grant: Grant) -> Presented {
-        Presented {
-            lock: LOCK.into(),
-            stamp: Stamp { token: grant.token.unwrap_or(0), seq: None },
-            idempotency_key: None,
-        }
+        Presented::new(LOCK, grant.token.unwrap_or(0))
     }
 
     fn resource_register(&mut self, c: usize, grant: Grant) {

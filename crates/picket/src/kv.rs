@@ -60,6 +60,9 @@ enum KvCommand {
     Get(ReadArgs),
 }
 
+// `--remembered-keys` is bounded by the fence's own bound.
+const _: () = assert!(picket_fence::rule::MAX_REMEMBERED_KEYS == 1_024);
+
 #[derive(Debug, Args)]
 struct ServeArgs {
     /// Where the store keeps its data.
@@ -88,6 +91,12 @@ struct ServeArgs {
     /// sequencer header is still required and parsed).
     #[arg(long)]
     no_fence: bool,
+    /// How many idempotency keys each guarded resource remembers (its last keyed writes). A
+    /// retry within them gets the original outcome; after them it is refused, never applied
+    /// twice (see README, "Idempotent retries").
+    #[arg(long, default_value_t = picket_fence::rule::DEFAULT_REMEMBERED_KEYS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_024))]
+    remembered_keys: usize,
 }
 
 #[derive(Debug, Args)]
@@ -259,12 +268,13 @@ async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
         .guards
         .iter()
         .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone())))
+        .chain(
+            args.strict_guards
+                .iter()
+                .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone()).strict())),
+        )
+        .map(|(prefix, policy)| (prefix, policy.remembering_keys(args.remembered_keys)))
         .collect();
-    guards.extend(
-        args.strict_guards
-            .iter()
-            .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone()).strict())),
-    );
     guards.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
     let guards = Arc::new(Guards(guards));
     // Without a fence there is no highest token to advance, so nothing to verify either.
@@ -351,6 +361,12 @@ async fn write_key(
 ) -> Response {
     let Some(Extension(context)) = context else { return unguarded(&key) };
     let presented = context.presented.expect("the middleware requires a stamp for writes");
+    // A retry with the same idempotency key must be the same write: a PUT of the same value to
+    // the same key, or a DELETE of the same key.
+    let presented = match &value {
+        Some(value) => presented.with_request(&[b"PUT", key.as_bytes(), value]),
+        None => presented.with_request(&[b"DELETE", key.as_bytes()]),
+    };
     let token = presented.stamp.token;
     let result = blocking(move || {
         let guard = Guard { resource: &context.resource, policy: &context.policy };
@@ -450,7 +466,7 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
         );
     }
     let presented = match presented_from_headers(&headers) {
-        Ok(Some(presented)) => presented,
+        Ok(Some(presented)) => presented.with_request(&[b"UNIT", &body]),
         Ok(None) => {
             return error(
                 StatusCode::PRECONDITION_REQUIRED,

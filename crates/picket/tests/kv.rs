@@ -223,7 +223,8 @@ fn verify_on_advance_fails_closed_without_stalling_the_resource() {
 }
 
 /// A unit over two resources is admitted at both or neither; an idempotent retry returns the
-/// original success; strict mode gives each grant one write.
+/// original success, and the same key for another write is refused; strict mode gives each grant
+/// one write.
 #[test]
 fn units_idempotent_retries_and_strict_mode() {
     let world = World::start(&["--no-verify"]);
@@ -259,6 +260,13 @@ fn units_idempotent_retries_and_strict_mode() {
     let replay =
         kv_request(&world.kv.addr, "PUT", "/kv/a/2", Some(&newer), b"v", &[("Picket-Seq", "1")]);
     assert_eq!(replay.body["code"], "replayed_seq");
+    // Issue 13, point 3: the same key and stamp with another value was answered `duplicate`
+    // and the new value never landed; it is refused now, and the first value stays.
+    let other = kv_request(&world.kv.addr, "PUT", "/kv/a/2", Some(&newer), b"w", &retry);
+    assert_eq!((other.status, other.body["code"].as_str()), (409, Some("idempotency_key_reused")));
+    assert_eq!(get(&world, "a/2").text, "v");
+    let deleted = kv_request(&world.kv.addr, "DELETE", "/kv/a/2", Some(&newer), &[], &retry);
+    assert_eq!(deleted.body["code"], "idempotency_key_reused", "{}", deleted.text);
 
     let (_, once) = world.acquire("once");
     assert_eq!(put(&world, "once/x", Some(&once), "1").status, 200);
