@@ -48,7 +48,9 @@ mod types;
 
 pub use command::{Command, Input};
 pub use error::{CommandError, NameError};
-pub use limits::{DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits};
+pub use limits::{
+    DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits, MAX_NAME_BYTES_CAP, MAX_RENEWALS_PER_TICK_CAP,
+};
 pub use machine::{RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};

@@ -37,6 +37,11 @@ pub struct Limits {
     pub session_expiry_grace_ms: u64,
 }
 
+/// The most [`Limits::max_name_bytes`] may be.
+pub const MAX_NAME_BYTES_CAP: usize = 65_536;
+/// The most [`Limits::max_renewals_per_tick`] may be.
+pub const MAX_RENEWALS_PER_TICK_CAP: usize = 1_000_000;
+
 /// The default [`Limits::session_expiry_grace_ms`]: half a second, the same bound the leader
 /// uses to tell a stall or a clock jump from ordinary scheduling delay.
 pub const DEFAULT_SESSION_EXPIRY_GRACE_MS: u64 = 500;
@@ -69,8 +74,14 @@ impl Limits {
     /// # Errors
     /// A sentence naming the first limit that is out of place.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 9] = [
+        let checks: [(bool, &str); 11] = [
             (self.max_name_bytes > 0, "max_name_bytes must be at least 1"),
+            // The caps keep every command's encoding far below the log's entry bound.
+            (self.max_name_bytes <= MAX_NAME_BYTES_CAP, "max_name_bytes must be at most 65,536"),
+            (
+                self.max_renewals_per_tick <= MAX_RENEWALS_PER_TICK_CAP,
+                "max_renewals_per_tick must be at most 1,000,000",
+            ),
             (self.min_ttl_ms > 0, "min_ttl_ms must be at least 1"),
             (self.min_ttl_ms <= self.max_ttl_ms, "min_ttl_ms must not exceed max_ttl_ms"),
             (self.max_sessions > 0, "max_sessions must be at least 1"),

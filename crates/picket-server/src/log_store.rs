@@ -5,7 +5,7 @@
 //!  openraft ── append / save_vote / truncate / purge ──► in-memory view (updated at once)
 //!                                 │ under one lock, in order
 //!                                 ▼
-//!                      one record per change, queued to the WAL; its flusher
+//!                      a record per change, queued to the WAL; its flusher
 //!                      writes everything queued and syncs ONCE, then fires
 //!                      the callbacks
 //! ```
@@ -15,7 +15,9 @@
 //! sync that covers it. Changes are recorded under one lock in the order openraft issues them,
 //! so the disk sees them in that order. Under load, appends queued while a sync runs share the
 //! next one. Each WAL segment starts with a checkpoint of the whole view (the live entries, the
-//! vote, the committed and purged ids), which bounds recovery to one segment.
+//! vote, the committed and purged ids), which bounds recovery to one segment. Entries are
+//! written in records of at most about 8 MiB (a checkpoint or a large append takes several), so
+//! no record nears the WAL's limit however long the live log grows.
 
 use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
 use crate::wal::{Completion, Urgency, Wal};
@@ -58,6 +60,9 @@ enum RecordOut<'a> {
         entries: Vec<&'a Entry>,
     },
     Append(&'a [Entry]),
+    /// The same record as `Append`, from references.
+    #[serde(rename = "Append")]
+    AppendRefs(&'a [&'a Entry]),
     Vote(&'a Vote),
     Committed(&'a LogId),
     TruncateFrom(u64),
@@ -114,14 +119,63 @@ struct View {
     last_purged: Option<LogId>,
 }
 
+/// The size a record of entries is cut at: a checkpoint of the whole live log or a large append
+/// becomes several records of about this size, so no record nears the WAL's limit however
+/// large the log grows (one entry alone is far smaller: see [`MAX_ENTRY_BYTES`]).
+const RECORD_CHUNK_BYTES: usize = 8 << 20;
+/// The largest encoded log entry. Commands are bounded far below it by the state machine's
+/// limits, whose own caps (`MAX_NAME_BYTES_CAP`, `MAX_RENEWALS_PER_TICK_CAP`) keep the largest
+/// command, a tick renewing a million sessions, near 22 MiB (tested below); names are checked
+/// before a command is proposed, and a tick never carries more than the limit.
+pub const MAX_ENTRY_BYTES: usize = 64 << 20;
+const _: () = assert!(MAX_ENTRY_BYTES + RECORD_CHUNK_BYTES < crate::wal::MAX_RECORD_BYTES);
+
+/// `entries` cut into runs whose encoding is about [`RECORD_CHUNK_BYTES`] at most (a run is never
+/// empty, and holds one entry if that entry alone is larger).
+fn chunks<'a>(entries: &[&'a Entry]) -> Vec<Vec<&'a Entry>> {
+    let mut runs: Vec<Vec<&Entry>> = Vec::new();
+    let mut run_bytes = 0;
+    for entry in entries {
+        let entry_bytes = encode_json(entry).len();
+        assert!(entry_bytes <= MAX_ENTRY_BYTES, "the leader refuses entries above the bound");
+        match runs.last_mut() {
+            Some(run) if run_bytes + entry_bytes <= RECORD_CHUNK_BYTES => {
+                run.push(*entry);
+                run_bytes += entry_bytes;
+            }
+            _ => {
+                runs.push(vec![*entry]);
+                run_bytes = entry_bytes;
+            }
+        }
+    }
+    runs
+}
+
+/// The records appending `entries` writes: one, unless it is large.
+fn append_records(entries: &[Entry]) -> Vec<Vec<u8>> {
+    let whole = encode_json(&RecordOut::Append(entries));
+    if whole.len() <= RECORD_CHUNK_BYTES {
+        return vec![whole];
+    }
+    let entries: Vec<&Entry> = entries.iter().collect();
+    chunks(&entries).iter().map(|run| encode_json(&RecordOut::AppendRefs(run))).collect()
+}
+
 impl View {
-    fn checkpoint(&self) -> Vec<u8> {
-        encode_json(&RecordOut::Checkpoint {
+    /// The whole view as WAL records: a checkpoint record with the first run of entries, then
+    /// the rest of them as appends.
+    fn checkpoint(&self) -> Vec<Vec<u8>> {
+        let entries: Vec<&Entry> = self.entries.values().collect();
+        let mut runs = chunks(&entries).into_iter();
+        let mut records = vec![encode_json(&RecordOut::Checkpoint {
             vote: self.vote.as_ref(),
             committed: self.committed.as_ref(),
             last_purged: self.last_purged.as_ref(),
-            entries: self.entries.values().collect(),
-        })
+            entries: runs.next().unwrap_or_default(),
+        })];
+        records.extend(runs.map(|run| encode_json(&RecordOut::AppendRefs(&run))));
+        records
     }
 
     fn append(&mut self, entries: Vec<Entry>) {
@@ -223,22 +277,26 @@ impl LogStore {
     /// in the current segment starts the next one, whose checkpoint already includes it.
     fn record(
         &self,
-        change: impl FnOnce(&mut View) -> Option<Vec<u8>>,
+        change: impl FnOnce(&mut View) -> Option<Vec<Vec<u8>>>,
         completion: Option<Completion>,
         urgency: Urgency,
     ) -> io::Result<()> {
         let mut wal = self.inner.wal.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut view = self.view();
-        let Some(payload) = change(&mut view) else {
+        let Some(payloads) = change(&mut view) else {
             drop(view);
             if let Some(completion) = completion {
                 completion(Ok(()));
             }
             return Ok(());
         };
-        if wal.fits(payload.len()) {
+        if wal.fits_all(&payloads) {
             drop(view);
-            return wal.append(&payload, completion, urgency);
+            let (last, before) = payloads.split_last().expect("a change records something");
+            for payload in before {
+                wal.append(payload, None, urgency)?;
+            }
+            return wal.append(last, completion, urgency);
         }
         let checkpoint = view.checkpoint();
         drop(view);
@@ -247,7 +305,7 @@ impl LogStore {
 
     async fn record_and_wait(
         &self,
-        change: impl FnOnce(&mut View) -> Option<Vec<u8>>,
+        change: impl FnOnce(&mut View) -> Option<Vec<Vec<u8>>>,
     ) -> io::Result<()> {
         let (done, durable) = oneshot::channel();
         let completion: Completion = Box::new(move |result| {
@@ -350,7 +408,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let vote = *vote;
         self.record_and_wait(|view| {
             view.vote = Some(vote);
-            Some(encode_json(&RecordOut::Vote(&vote)))
+            Some(vec![encode_json(&RecordOut::Vote(&vote))])
         })
         .await
     }
@@ -362,7 +420,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.record(
             |view| {
                 view.committed = committed;
-                committed.map(|committed| encode_json(&RecordOut::Committed(&committed)))
+                committed.map(|committed| vec![encode_json(&RecordOut::Committed(&committed))])
             },
             None,
             Urgency::Now,
@@ -382,13 +440,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.inner.stats.entries.fetch_add(entries.len() as u64, Ordering::Relaxed);
         let completion: Completion = Box::new(move |result| callback.io_completed(result));
         // Encoded before the locks are taken, so readers of the view do not wait for it.
-        let payload = encode_json(&RecordOut::Append(&entries));
+        let payloads = append_records(&entries);
         let defer = self.inner.defer_sync.as_ref().is_some_and(|defer| defer(&entries));
         let urgency = if defer { Urgency::Soon } else { Urgency::Now };
         self.record(
             |view| {
                 view.append(entries);
-                Some(payload)
+                Some(payloads)
             },
             Some(completion),
             urgency,
@@ -399,7 +457,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let start = last_log_id.map_or(0, |log_id| log_id.index() + 1);
         // Truncating after the last entry removes nothing and records nothing.
         self.record_and_wait(|view| {
-            view.truncate_from(start).then(|| encode_json(&RecordOut::TruncateFrom(start)))
+            view.truncate_from(start).then(|| vec![encode_json(&RecordOut::TruncateFrom(start))])
         })
         .await
     }
@@ -407,7 +465,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         self.record_and_wait(|view| {
             view.purge(log_id);
-            Some(encode_json(&RecordOut::Purge(&log_id)))
+            Some(vec![encode_json(&RecordOut::Purge(&log_id))])
         })
         .await
     }
@@ -537,6 +595,73 @@ mod tests {
                 Ok(())
             })?;
         }
+    }
+
+    /// An entry whose command carries `bytes` of name (far beyond what the leader lets through,
+    /// to make large records without many entries).
+    fn large_entry(term: u64, index: u64, bytes: usize) -> Entry {
+        let mut entry = blank_ent::<TypeConfig>(term, 1, index);
+        let command = picket_core::Command::Acquire {
+            session: picket_core::SessionId(1),
+            name: "x".repeat(bytes),
+            wait: picket_core::Wait::Try,
+            request: picket_core::RequestId::default(),
+            attempt: 0,
+        };
+        entry.payload = openraft::EntryPayload::Normal(picket_core::Input { now_ms: 0, command });
+        entry
+    }
+
+    /// Issue 13: the checkpoint of the whole live log was one WAL record, and past the WAL's
+    /// record limit every rotation and every restart hit an assertion. Appends and checkpoints
+    /// are now cut into records of at most about `RECORD_CHUNK_BYTES`.
+    #[test]
+    fn a_live_log_larger_than_a_record_is_written_and_read_back_in_chunks() {
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let mut store = LogStore::open(dir.path(), 1 << 20, None).expect("opens");
+            let chunk = RECORD_CHUNK_BYTES / 3;
+            let entries: Vec<Entry> = (1..=7).map(|index| large_entry(1, index, chunk)).collect();
+            let records = append_records(&entries);
+            assert!(
+                records.len() >= 3,
+                "7 entries of a third of a chunk: {} records",
+                records.len()
+            );
+            assert!(records.iter().all(|record| record.len() <= RECORD_CHUNK_BYTES + 1024));
+            let (done, flushed) = TypeConfig::oneshot();
+            store.append(entries.clone(), IOFlushed::signal(done)).await.expect("appends");
+            flushed.await.expect("completes").expect("durable");
+            let checkpoint = store.view().checkpoint();
+            assert!(checkpoint.len() >= 3, "the checkpoint is cut too");
+            drop(store);
+            let mut reopened = LogStore::open(dir.path(), 1 << 20, None).expect("reopens");
+            let read = reopened.try_get_log_entries(..).await.expect("reads");
+            assert_eq!(read, entries);
+        });
+    }
+
+    /// The bound the chunking asserts holds for every command the limits let through: the
+    /// largest tick and the largest name (of NUL bytes, which JSON writes six times over).
+    #[test]
+    fn the_largest_commands_the_limits_allow_encode_below_the_entry_bound() {
+        let renew = vec![picket_core::SessionId(u64::MAX); picket_core::MAX_RENEWALS_PER_TICK_CAP];
+        let tick = picket_core::Command::Tick { renew };
+        let mut entry = blank_ent::<TypeConfig>(u64::MAX, u64::MAX, u64::MAX);
+        entry.payload =
+            openraft::EntryPayload::Normal(picket_core::Input { now_ms: u64::MAX, command: tick });
+        let tick_bytes = encode_json(&entry).len();
+        assert!(tick_bytes < MAX_ENTRY_BYTES, "{tick_bytes}");
+        let mut entry = large_entry(u64::MAX, u64::MAX, 0);
+        if let openraft::EntryPayload::Normal(input) = &mut entry.payload
+            && let picket_core::Command::Acquire { name, .. } = &mut input.command
+        {
+            *name = "\0".repeat(picket_core::MAX_NAME_BYTES_CAP);
+        }
+        let name_bytes = encode_json(&entry).len();
+        assert!(name_bytes > 6 * picket_core::MAX_NAME_BYTES_CAP && name_bytes < MAX_ENTRY_BYTES);
     }
 
     #[test]

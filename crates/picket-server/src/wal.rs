@@ -14,8 +14,12 @@
 //! BENCHMARKS.md). That is paid once per batch on the path of every write.
 //!
 //! Layout. The directory holds segments named by a growing generation number. Every segment
-//! starts with a checkpoint record (the whole state the caller needs to rebuild itself), followed
-//! by change records. A frame is `len: u32 LE | crc32: u32 LE | payload`; the preallocated space
+//! starts with a checkpoint (the whole state the caller needs to rebuild itself), followed by
+//! change records. A checkpoint is as many records as the caller needs, so it never meets the
+//! record size limit however large the state: a header record (a magic string and the number of
+//! checkpoint records) and then those records; a segment missing any of them has no intact
+//! checkpoint. (A segment written before checkpoints had a header starts with a single
+//! checkpoint record, and is read as such.) A frame is `len: u32 LE | crc32: u32 LE | payload`; the preallocated space
 //! reads as zeros, so a zero length marks the end.
 //!
 //! Recovery. The newest segment whose checkpoint is intact wins. Its records are read up to the
@@ -46,6 +50,8 @@ const FRAME_HEADER_BYTES: usize = 8;
 /// The longest a record appended with [`Urgency::Soon`] waits for a sync it can share.
 pub const MAX_SYNC_DEFER: Duration = Duration::from_millis(1);
 const SEGMENT_SUFFIX: &str = ".wal";
+/// How a checkpoint's header record starts; the record count follows, 8 bytes little-endian.
+const CHECKPOINT_MAGIC: &[u8] = b"picket-wal-checkpoint\0";
 
 /// Counters of the log, for benchmarks and tests.
 #[derive(Debug, Default)]
@@ -222,17 +228,37 @@ fn create_segment(path: &Path, bytes: u64) -> io::Result<Segment> {
 }
 
 /// Creates segment `generation` in `dir` for a log whose segments get `segment_bytes`, sized to
-/// hold at least twice `checkpoint`; returns it with the checkpoint's frame, not yet written.
+/// hold at least twice `checkpoint`; returns it with the checkpoint's frames (header first), not
+/// yet written.
 fn create_checkpointed_segment(
     dir: &Path,
     generation: u64,
     segment_bytes: u64,
-    checkpoint: &[u8],
+    checkpoint: &[Vec<u8>],
 ) -> io::Result<(Segment, Vec<u8>)> {
-    let bytes = frame(checkpoint);
+    let mut header = CHECKPOINT_MAGIC.to_vec();
+    header.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
+    let mut bytes = frame(&header);
+    for record in checkpoint {
+        bytes.extend_from_slice(&frame(record));
+    }
     let capacity = segment_bytes.max(2 * bytes.len() as u64);
     let segment = create_segment(&segment_path(dir, generation), capacity)?;
     Ok((segment, bytes))
+}
+
+/// A segment's records without the checkpoint header, if its checkpoint is intact: every record
+/// the header counts is there (or the segment predates headers and starts with any record).
+fn intact_records(mut records: Vec<Vec<u8>>) -> Option<Vec<Vec<u8>>> {
+    let first = records.first()?;
+    let Some(count) = first.strip_prefix(CHECKPOINT_MAGIC) else { return Some(records) };
+    let count = u64::from_le_bytes(count.try_into().ok()?);
+    let count = usize::try_from(count).ok()?;
+    if count == 0 || records.len() - 1 < count {
+        return None;
+    }
+    records.remove(0);
+    Some(records)
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -253,7 +279,7 @@ impl Wal {
         let recovered = |generations| Recovered { dir: dir.to_owned(), segment_bytes, generations };
         for &generation in generations.iter().rev() {
             let records = read_segment(&segment_path(dir, generation))?;
-            if !records.is_empty() {
+            if let Some(records) = intact_records(records) {
                 return Ok((recovered(generations), records));
             }
             tracing::warn!(generation, "skipping a WAL segment whose checkpoint is not intact");
@@ -275,6 +301,13 @@ impl Wal {
         self.offset + (FRAME_HEADER_BYTES + payload_len) as u64 <= self.segment.capacity
     }
 
+    /// Whether records of these sizes all fit in the current segment.
+    #[must_use]
+    pub fn fits_all(&self, payloads: &[Vec<u8>]) -> bool {
+        let bytes: usize = payloads.iter().map(|payload| FRAME_HEADER_BYTES + payload.len()).sum();
+        self.offset + bytes as u64 <= self.segment.capacity
+    }
+
     /// Queues `payload`; with a `completion`, a sync is due (when, `urgency` says) and the
     /// completion fires after it.
     ///
@@ -294,12 +327,16 @@ impl Wal {
         self.enqueue(offset, bytes, completion, None, urgency)
     }
 
-    /// Starts the next segment with `checkpoint` as its first record; the older segment is
+    /// Starts the next segment with the `checkpoint` records first; the older segment is
     /// deleted once the checkpoint is durable, and `completion` fires then.
     ///
     /// # Errors
     /// When the segment cannot be created, or an earlier write failed.
-    pub fn rotate(&mut self, checkpoint: &[u8], completion: Option<Completion>) -> io::Result<()> {
+    pub fn rotate(
+        &mut self,
+        checkpoint: &[Vec<u8>],
+        completion: Option<Completion>,
+    ) -> io::Result<()> {
         let old = self.segment.path.clone();
         self.generation += 1;
         let (segment, bytes) = create_checkpointed_segment(
@@ -378,12 +415,13 @@ pub struct Recovered {
 }
 
 impl Recovered {
-    /// Writes `checkpoint` (the state rebuilt from the records) as the first record of a new
-    /// segment, makes it durable, deletes the older segments and starts the flusher thread.
+    /// Writes `checkpoint` (the state rebuilt from the records, in as many records as it takes)
+    /// at the start of a new segment, makes it durable, deletes the older segments and starts
+    /// the flusher thread.
     ///
     /// # Errors
     /// When the segment cannot be written or synced.
-    pub fn start(self, checkpoint: &[u8], stats: Arc<WriterStats>) -> io::Result<Wal> {
+    pub fn start(self, checkpoint: &[Vec<u8>], stats: Arc<WriterStats>) -> io::Result<Wal> {
         let generation = self.generations.last().map_or(1, |last| last + 1);
         let (segment, bytes) =
             create_checkpointed_segment(&self.dir, generation, self.segment_bytes, checkpoint)?;
@@ -525,7 +563,7 @@ mod tests {
 
     fn open(dir: &Path, segment_bytes: u64) -> (Wal, Vec<Vec<u8>>) {
         let (recovered, records) = Wal::open(dir, segment_bytes).expect("opens");
-        let wal = recovered.start(b"checkpoint", Arc::default()).expect("starts");
+        let wal = recovered.start(&[b"checkpoint".to_vec()], Arc::default()).expect("starts");
         (wal, records)
     }
 
@@ -601,11 +639,13 @@ mod tests {
         drop(wal);
         // Damage the last record's payload as a crash in the middle of its write would.
         let file = std::fs::OpenOptions::new().write(true).open(&path).expect("opens");
-        let torn_at = (FRAME_HEADER_BYTES * 2 + b"checkpoint".len() + b"kept".len() + 3) as u64;
+        let header = FRAME_HEADER_BYTES + CHECKPOINT_MAGIC.len() + 8;
+        let torn_at =
+            (header + FRAME_HEADER_BYTES * 2 + b"checkpoint".len() + b"kept".len() + 3) as u64;
         file.write_all_at(b"\xff", torn_at).expect("writes");
         let (recovered, records) = Wal::open(dir.path(), 4096).expect("reopens");
         assert_eq!(records, vec![b"checkpoint".to_vec(), b"kept".to_vec()]);
-        let mut wal = recovered.start(b"checkpoint 2", Arc::default()).expect("starts");
+        let mut wal = recovered.start(&[b"checkpoint 2".to_vec()], Arc::default()).expect("starts");
         assert!(!path.exists(), "the damaged segment is replaced, not appended to");
         append_and_wait(&mut wal, b"after");
         drop(wal);
@@ -652,18 +692,18 @@ mod tests {
     #[test]
     fn rotation_keeps_one_segment_and_its_records() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let (mut wal, _) = open(dir.path(), 256);
+        let (mut wal, _) = open(dir.path(), 300);
         let payload = [7_u8; 100];
         for round in 0..10_u8 {
             if !wal.fits(payload.len()) {
                 let (completion, receiver) = done();
-                wal.rotate(&[round], Some(completion)).expect("rotates");
+                wal.rotate(&[vec![round]], Some(completion)).expect("rotates");
                 receiver.recv().expect("completed").expect("durable");
             }
             append_and_wait(&mut wal, &payload);
         }
         drop(wal);
-        let (_, records) = Wal::open(dir.path(), 256).expect("reopens");
+        let (_, records) = Wal::open(dir.path(), 300).expect("reopens");
         assert_eq!(list_segments(dir.path()).expect("lists").len(), 1, "old segments deleted");
         assert_eq!(records.len(), 3, "the last checkpoint and the records after it");
         assert_eq!(records[1], payload);
@@ -673,12 +713,50 @@ mod tests {
     fn a_checkpoint_larger_than_a_segment_gets_a_larger_segment() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let (mut wal, _) = open(dir.path(), 64);
-        let checkpoint = vec![1_u8; 1000];
+        let checkpoint = vec![vec![1_u8; 1000], vec![2_u8; 10], vec![3_u8; 1000]];
         let (completion, receiver) = done();
         wal.rotate(&checkpoint, Some(completion)).expect("rotates");
         receiver.recv().expect("completed").expect("durable");
         drop(wal);
         let (_, records) = Wal::open(dir.path(), 64).expect("reopens");
-        assert_eq!(records, vec![checkpoint]);
+        assert_eq!(records, checkpoint);
+    }
+
+    /// Issue 13: the whole live log went into one checkpoint record, which `frame` asserts is at
+    /// most 512 MiB, so a large enough log crashed every rotation and every restart. A checkpoint
+    /// is now many records, and one cut short by a crash is not taken for a whole one.
+    #[test]
+    fn a_checkpoint_of_many_records_is_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (mut wal, _) = open(dir.path(), 4096);
+        append_and_wait(&mut wal, b"durable");
+        let generation = wal.generation;
+        drop(wal);
+        // A crash while writing the next segment's checkpoint: the header and one record of two.
+        let (segment, bytes) = create_checkpointed_segment(
+            dir.path(),
+            generation + 1,
+            4096,
+            &[b"part one".to_vec(), b"part two".to_vec()],
+        )
+        .expect("created");
+        let cut = FRAME_HEADER_BYTES * 2 + CHECKPOINT_MAGIC.len() + 8 + b"part one".len();
+        segment.file.write_all_at(&bytes[..cut], 0).expect("writes");
+        let (_, records) = Wal::open(dir.path(), 4096).expect("reopens");
+        assert_eq!(records, vec![b"checkpoint".to_vec(), b"durable".to_vec()]);
+        segment.file.write_all_at(&bytes, 0).expect("writes");
+        let (_, records) = Wal::open(dir.path(), 4096).expect("reopens");
+        assert_eq!(records, vec![b"part one".to_vec(), b"part two".to_vec()]);
+    }
+
+    #[test]
+    fn a_segment_from_before_checkpoint_headers_still_opens() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let segment = create_segment(&segment_path(dir.path(), 1), 4096).expect("created");
+        let mut bytes = frame(b"old checkpoint");
+        bytes.extend_from_slice(&frame(b"old record"));
+        segment.file.write_all_at(&bytes, 0).expect("writes");
+        let (_, records) = Wal::open(dir.path(), 4096).expect("reopens");
+        assert_eq!(records, vec![b"old checkpoint".to_vec(), b"old record".to_vec()]);
     }
 }
