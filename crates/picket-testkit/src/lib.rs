@@ -5,6 +5,7 @@
 //! - [`ServerProcess`]: a `picket serve` process on a free loopback port, with its own data
 //!   directory, that can be killed with SIGKILL and restarted on the same data.
 //! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
+//! - [`fuzz_cases`]: how many cases a fuzz target runs.
 
 pub mod cluster;
 
@@ -27,6 +28,26 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut condition: impl FnMut() 
         }
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The environment variable that sets how many cases every fuzz target runs.
+pub const FUZZ_CASES_VAR: &str = "PICKET_FUZZ_CASES";
+
+/// How many cases a fuzz target runs: `default` (a few thousand, so `cargo test` stays quick), or
+/// `PICKET_FUZZ_CASES` when set, e.g. `PICKET_FUZZ_CASES=1000000 cargo test --test fuzz`.
+///
+/// # Panics
+/// When the variable is set to something other than a positive number.
+#[must_use]
+pub fn fuzz_cases(default: u32) -> u32 {
+    match std::env::var(FUZZ_CASES_VAR) {
+        Ok(value) => {
+            value.parse().ok().filter(|cases| *cases > 0).unwrap_or_else(|| {
+                panic!("{FUZZ_CASES_VAR} must be a positive number, not {value:?}")
+            })
+        }
+        Err(_) => default,
     }
 }
 
