@@ -35,7 +35,7 @@ mod store;
 
 pub use guarded::{Guarded, Written};
 pub use refusal::{Refusal, RefusalReason};
-pub use rule::{Admission, FenceRecord, Policy, Presented, Stamp};
+pub use rule::{Admission, FenceRecord, Policy, Presented, RememberedWrite, Stamp};
 pub use store::{
     Applied, FencedStore, Guard, MAX_KEY_BYTES, MAX_SCAN, MAX_VALUE_BYTES, StoreError, Unit,
     WriteError,

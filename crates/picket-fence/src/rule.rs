@@ -263,9 +263,10 @@ pub fn admit(
     let mut record = current.cloned().unwrap_or_else(|| FenceRecord::empty(policy));
     let stamp = presented.stamp;
     check_common(resource, &record, &presented.lock, stamp)?;
+    // A policy may remember fewer keys than the record holds: it was written under another
+    // policy, or the store was damaged or edited by hand.
+    record.forget_keys(policy);
     if let Some(key) = &presented.idempotency_key {
-        // A policy may remember fewer keys than the record holds (it was made with another).
-        record.forget_keys(policy);
         if let Some(duplicate) = judge_key(resource, &record, presented, key)? {
             return Ok((duplicate, record));
         }
@@ -631,6 +632,20 @@ mod tests {
         );
         assert_eq!(step(&mut record, &policy, &keyed("k0")), Err(RefusalReason::Stale));
         assert!(step(&mut record, &policy, &write("a", 6, None)).is_ok(), "unkeyed writes as ever");
+    }
+
+    /// Found by `tests/fuzz.rs`: a stored record holding more keys than any policy allows (a
+    /// damaged or hand-edited store) hit the assertion on the next unkeyed write.
+    #[test]
+    fn fuzz_a_record_holding_more_keys_than_any_policy_allows_is_trimmed_not_a_panic() {
+        let policy = Policy::new("a");
+        let mut record = FenceRecord::empty(&policy);
+        let stamp = Stamp { token: 1, seq: Some(0) };
+        record.remembered = (0..=MAX_REMEMBERED_KEYS)
+            .map(|n| RememberedWrite { key: format!("k{n}"), stamp, request_digest: None })
+            .collect();
+        let (_, next) = admit("res", Some(&record), &policy, &write("a", 2, None)).unwrap();
+        assert_eq!(next.remembered.len(), DEFAULT_REMEMBERED_KEYS);
     }
 
     #[test]
