@@ -266,10 +266,10 @@ pub fn admit(
     // A policy may remember fewer keys than the record holds: it was written under another
     // policy, or the store was damaged or edited by hand.
     record.forget_keys(policy);
-    if let Some(key) = &presented.idempotency_key {
-        if let Some(duplicate) = judge_key(resource, &record, presented, key)? {
-            return Ok((duplicate, record));
-        }
+    if let Some(key) = &presented.idempotency_key
+        && let Some(duplicate) = judge_key(resource, &record, presented, key)?
+    {
+        return Ok((duplicate, record));
     }
     let admission = judge_stamp(resource, &mut record, presented)?;
     if let Some(key) = &presented.idempotency_key {

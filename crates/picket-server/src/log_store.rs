@@ -201,22 +201,46 @@ impl View {
         self.entries.retain(|index, _| *index > log_id.index());
     }
 
-    /// Replays one record read back from the WAL.
-    fn replay(&mut self, record: Record) {
+    /// Appends entries read back from the WAL, if they continue the log.
+    fn replay_append(&mut self, entries: Vec<Entry>) -> Result<(), &'static str> {
+        let mut next = self.entries.last_key_value().map(|(last, _)| last + 1);
+        for entry in &entries {
+            let index = entry.log_id.index();
+            if next.is_some_and(|next| index != next) {
+                return Err("appended entries leave a hole");
+            }
+            next = Some(index.checked_add(1).ok_or("an entry's index is the largest there is")?);
+        }
+        self.append(entries);
+        Ok(())
+    }
+
+    /// Replays one record read back from the WAL. A record that would break the view's
+    /// invariants (entries that do not continue the log, a purge going back) means the log on
+    /// disk is damaged: an error, never a panic.
+    fn replay(&mut self, record: Record) -> io::Result<()> {
+        let damaged = |what: &str| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("the raft log is damaged: {what}"))
+        };
         match record {
             Record::Checkpoint { vote, committed, last_purged, entries } => {
-                let entries =
-                    entries.into_iter().map(|entry| (entry.log_id.index(), entry)).collect();
-                *self = View { vote, committed, last_purged, entries };
+                *self = View { vote, committed, last_purged, entries: BTreeMap::new() };
+                self.replay_append(entries).map_err(damaged)?;
             }
-            Record::Append(entries) => self.append(entries),
+            Record::Append(entries) => self.replay_append(entries).map_err(damaged)?,
             Record::Vote(vote) => self.vote = Some(vote),
             Record::Committed(committed) => self.committed = Some(committed),
             Record::TruncateFrom(start) => {
                 self.truncate_from(start);
             }
-            Record::Purge(log_id) => self.purge(log_id),
+            Record::Purge(log_id) => {
+                if self.last_purged.is_some_and(|purged| purged > log_id) {
+                    return Err(damaged("a purge goes back"));
+                }
+                self.purge(log_id);
+            }
         }
+        Ok(())
     }
 }
 
@@ -252,7 +276,7 @@ impl LogStore {
                     "the raft log's segment does not start with a checkpoint",
                 ));
             }
-            view.replay(record);
+            view.replay(record)?;
         }
         check_contiguous(&view)?;
         let stats = Arc::new(WriterStats::default());
@@ -343,7 +367,7 @@ pub fn read_entries(data_dir: &Path) -> io::Result<Vec<StoredEntry>> {
     let (_, records) = Wal::open(&dir, crate::wal::SEGMENT_BYTES)?;
     let mut view = View::default();
     for payload in &records {
-        view.replay(decode_json(payload, "a raft log record")?);
+        view.replay(decode_json(payload, "a raft log record")?)?;
     }
     Ok(view
         .entries
@@ -360,17 +384,22 @@ pub fn read_entries(data_dir: &Path) -> io::Result<Vec<StoredEntry>> {
 /// Raft only ever looks at the last log id, so a hole in the log would go unnoticed and lose
 /// entries. Refuse to start on one.
 fn check_contiguous(view: &View) -> io::Result<()> {
-    let mut expected = view.last_purged.map(|log_id| log_id.index() + 1);
+    let damaged = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let after = |index: u64| {
+        index.checked_add(1).ok_or_else(|| {
+            damaged(format!("the raft log is damaged: index {index} is the largest there is"))
+        })
+    };
+    let mut expected = view.last_purged.map(|log_id| after(log_id.index())).transpose()?;
     for index in view.entries.keys() {
         if let Some(expected) = expected
             && *index != expected
         {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the raft log has a hole: expected index {expected}, found {index}"),
-            ));
+            return Err(damaged(format!(
+                "the raft log has a hole: expected index {expected}, found {index}"
+            )));
         }
-        expected = Some(index + 1);
+        expected = Some(after(*index)?);
     }
     Ok(())
 }
@@ -671,5 +700,107 @@ mod tests {
         let error =
             LogStore::open(dir.path(), crate::wal::SEGMENT_BYTES, None).expect_err("refused");
         assert!(error.to_string().contains("earlier Picket"), "{error}");
+    }
+
+    /// Fuzz target (issue 13): a log whose WAL frames are intact but whose records say anything
+    /// (entries out of order or with holes, purges going back, records that are not JSON) is
+    /// refused with an error or recovered into a contiguous log; opening never panics.
+    mod fuzz {
+        use super::*;
+        use crate::wal::Wal;
+
+        fn log_id_json(term: u64, index: u64) -> serde_json::Value {
+            serde_json::to_value(openraft::testing::log_id::<TypeConfig>(term, 1, index))
+                .expect("json")
+        }
+
+        fn record() -> impl Strategy<Value = Vec<u8>> {
+            let index = prop_oneof![3 => 0_u64..12, 1 => Just(u64::MAX), 1 => any::<u64>()];
+            let entries =
+                proptest::collection::vec((0_u64..3, index.clone()), 0..5).prop_map(|ids| {
+                    let entries: Vec<Entry> = ids
+                        .into_iter()
+                        .map(|(term, index)| blank_ent::<TypeConfig>(term, 1, index))
+                        .collect();
+                    serde_json::to_value(entries).expect("json")
+                });
+            prop_oneof![
+                entries.clone().prop_map(|entries| serde_json::json!({ "Checkpoint": { "vote": null, "committed": null, "last_purged": null, "entries": entries } })),
+                entries.prop_map(|entries| serde_json::json!({ "Append": entries })),
+                (0_u64..3, index.clone()).prop_map(|(term, index)| serde_json::json!({ "Purge": log_id_json(term, index) })),
+                (0_u64..3, index.clone()).prop_map(|(term, index)| serde_json::json!({ "Committed": log_id_json(term, index) })),
+                index.prop_map(|start| serde_json::json!({ "TruncateFrom": start })),
+                "\\PC{0,20}".prop_map(serde_json::Value::String),
+            ]
+            .prop_map(|value| serde_json::to_vec(&value).expect("json"))
+        }
+
+        /// Writes `records` (the first as the checkpoint) as intact WAL frames and opens the log.
+        fn open_records(records: &[serde_json::Value]) -> io::Result<LogStore> {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let payloads: Vec<Vec<u8>> =
+                records.iter().map(|record| serde_json::to_vec(record).expect("json")).collect();
+            let (recovered, _) = Wal::open(&dir.path().join(LOG_DIR), 1 << 16).expect("opens");
+            let wal = recovered.start(&payloads, Arc::default()).expect("starts");
+            drop(wal);
+            LogStore::open(dir.path(), 1 << 16, None)
+        }
+
+        fn checkpoint(entries: &[(u64, u64)]) -> serde_json::Value {
+            let entries: Vec<Entry> = entries
+                .iter()
+                .map(|(term, index)| blank_ent::<TypeConfig>(*term, 1, *index))
+                .collect();
+            serde_json::json!({ "Checkpoint": { "vote": null, "committed": null, "last_purged": null, "entries": entries } })
+        }
+
+        /// Found by the target below: entries that do not continue the log hit the view's
+        /// assertion while the node started.
+        #[test]
+        fn fuzz_appended_entries_with_a_hole_are_refused_not_a_panic() {
+            let hole = serde_json::json!({ "Append": [blank_ent::<TypeConfig>(1, 1, 7)] });
+            let error = open_records(&[checkpoint(&[(1, 1)]), hole]).expect_err("refused");
+            assert!(error.to_string().contains("hole"), "{error}");
+            let error = open_records(&[checkpoint(&[(1, 3), (1, 2)])]).expect_err("refused");
+            assert!(error.to_string().contains("hole"), "{error}");
+        }
+
+        /// Found by the target below: a purge of the largest index overflowed the contiguity
+        /// check.
+        #[test]
+        fn fuzz_a_purge_of_the_largest_index_is_refused_not_an_overflow() {
+            let purge = serde_json::json!({ "Purge": log_id_json(1, u64::MAX) });
+            let error = open_records(&[checkpoint(&[]), purge]).expect_err("refused");
+            assert!(error.to_string().contains("largest"), "{error}");
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: picket_testkit::fuzz_cases(1_000),
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn fuzz_a_log_of_any_records_is_refused_or_recovered_contiguous(
+                checkpoint in record(),
+                records in proptest::collection::vec(record(), 0..6),
+            ) {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                let (recovered, _) = Wal::open(&dir.path().join(LOG_DIR), 1 << 16).expect("opens");
+                let mut wal = recovered.start(&[checkpoint], Arc::default()).expect("starts");
+                for record in &records {
+                    let (done, durable) = std::sync::mpsc::channel();
+                    let completion: Completion = Box::new(move |result| {
+                        let _ = done.send(result);
+                    });
+                    wal.append(record, Some(completion), Urgency::Now).expect("queued");
+                    durable.recv().expect("completed").expect("durable");
+                }
+                drop(wal);
+                if let Ok(store) = LogStore::open(dir.path(), 1 << 16, None) {
+                    prop_assert!(check_contiguous(&store.view()).is_ok());
+                }
+            }
+        }
     }
 }

@@ -336,4 +336,54 @@ mod tests {
         }
         assert!(!store.only_queue_waiters(&[]));
     }
+
+    /// Fuzz target (issue 13): a snapshot file of any bytes, or a real one damaged, is refused
+    /// with an error or restored into a consistent state; opening never panics.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn real_snapshot_file() -> Vec<u8> {
+            let (dir, store) = store();
+            let snapshot = store.build();
+            write_snapshot_file(dir.path(), &snapshot).expect("written");
+            fs::read(dir.path().join(SNAPSHOT_FILE)).expect("read")
+        }
+
+        fn open_with(bytes: &[u8]) -> io::Result<StateStore> {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            fs::write(dir.path().join(SNAPSHOT_FILE), bytes).expect("written");
+            StateStore::open(dir.path(), Limits::default(), Arc::new(Hub::default()))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: picket_testkit::fuzz_cases(1_000),
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn fuzz_a_snapshot_file_of_any_bytes_is_refused(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+                let _ = open_with(&bytes);
+            }
+
+            #[test]
+            fn fuzz_a_damaged_snapshot_file_is_refused_or_restored_whole(
+                flips in proptest::collection::vec((any::<prop::sample::Index>(), 0_u8..8), 1..4),
+                cut in proptest::option::of(any::<prop::sample::Index>()),
+            ) {
+                let mut bytes = real_snapshot_file();
+                for (at, bit) in flips {
+                    let at = at.index(bytes.len());
+                    bytes[at] ^= 1 << bit;
+                }
+                if let Some(cut) = cut {
+                    bytes.truncate(cut.index(bytes.len()));
+                }
+                if let Ok(store) = open_with(&bytes) {
+                    prop_assert!(store.read().machine.check_invariants().is_ok());
+                }
+            }
+        }
+    }
 }
