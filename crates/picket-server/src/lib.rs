@@ -19,6 +19,7 @@ pub mod grpc;
 pub mod http;
 mod hub;
 pub mod limits;
+mod listener;
 mod log_store;
 mod network;
 pub mod node;

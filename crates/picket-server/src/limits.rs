@@ -16,11 +16,14 @@ pub struct ServerLimits {
     /// Most acquire requests in flight on this node at once, waiting ones included (default
     /// 100,000). Each holds a registration for its outcome until it is answered.
     pub max_pending_acquires: usize,
+    /// Most connections open on this node at once, clients' and peers' (default 10,000). Past
+    /// it the node stops accepting until one closes; see `listener.rs`.
+    pub max_connections: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
-        Self { max_watch_streams: 10_000, max_pending_acquires: 100_000 }
+        Self { max_watch_streams: 10_000, max_pending_acquires: 100_000, max_connections: 10_000 }
     }
 }
 

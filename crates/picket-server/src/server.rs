@@ -309,20 +309,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     // the HTTP API's JSON error format instead.
     let app = grpc.merge(http::router(node.clone())).fallback(http::not_found);
     let mut stop = shutdown_signal;
+    let max_connections = config.limits.max_connections;
     let serving = tokio::spawn(async move {
         let stopped = async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs (about 40 ms per
-        // request on Linux loopback).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
-            if let Err(error) = stream.set_nodelay(true) {
-                tracing::debug!(%error, "cannot set TCP_NODELAY");
-            }
-        });
-        if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
-            tracing::error!(%error, "the server stopped");
-        }
+        crate::listener::serve(listener, app, max_connections, stopped).await;
     });
     tracing::info!(node = config.node_id, %addr, "serving");
     Ok(ServerHandle { addr, node, shutdown, serving, duties })

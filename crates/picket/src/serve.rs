@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// 429 `too_many_pending_acquires`.
     #[arg(long, default_value_t = ServerLimits::default().max_pending_acquires)]
     max_pending_acquires: usize,
+    /// Most connections open on this node at once (clients' and peers'); past it the node stops
+    /// accepting until one closes. The open-files limit is raised to fit it where it can be.
+    #[arg(long, default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_connections: usize,
 }
 
 fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -115,9 +119,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         limits: ServerLimits {
             max_watch_streams: args.max_watch_streams,
             max_pending_acquires: args.max_pending_acquires,
+            max_connections: args.max_connections,
         },
         tuning,
     };
+    raise_open_files_limit(config.limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let data_dir = config.data_dir.clone();
@@ -145,6 +151,36 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
+    }
+}
+
+/// Files a node keeps open besides its connections: the log, the snapshot, the runtime's own.
+const FILES_BESIDES_CONNECTIONS: u64 = 256;
+
+/// Raises this process's open-files limit to its hard limit (as Go programs and most servers
+/// do), so `--max-connections` is not cut short by the default of 1,024; warns if even the
+/// hard limit is too low for it.
+fn raise_open_files_limit(max_connections: usize) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(error) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(%error, "cannot raise the open-files limit");
+        }
+    }
+    let allowed = getrlimit(Resource::Nofile).current;
+    let needed = u64::try_from(max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(FILES_BESIDES_CONNECTIONS);
+    if allowed.is_some_and(|allowed| allowed < needed) {
+        tracing::warn!(
+            open_files = allowed,
+            max_connections,
+            "the open-files limit is below --max-connections plus {FILES_BESIDES_CONNECTIONS}: \
+             past it, connections are refused at accept; raise the limit (ulimit -n) or lower \
+             --max-connections"
+        );
     }
 }
 
