@@ -49,6 +49,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/cluster", get(cluster))
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", delete(remove_member))
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(node)
 }
@@ -115,6 +116,34 @@ fn json_rejection(rejection: &JsonRejection) -> ApiError {
         _ => rejection.body_text(),
     };
     ApiError::new(status, code, advice)
+}
+
+/// A path parameter whose rejection (a name that is not UTF-8 once decoded, an id that is not a
+/// number) is answered in the API's error format.
+struct PathParam<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathParam<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("{}; percent-encode names as UTF-8", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+/// Answers a method a path does not take, in the API's error format.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method}; see the HTTP API in README.md", uri.path()),
+    )
 }
 
 /// Query parameters whose rejection is answered in the API's error format.
@@ -206,19 +235,25 @@ async fn open_session(
 
 async fn keep_alive(
     State(node): State<Arc<Node>>,
-    Path(id): Path<String>,
+    PathParam(id): PathParam<String>,
 ) -> ApiResult<SessionOpened> {
     let session = session_path(&id)?;
     let ttl_ms = node.keep_alive(session).await?;
     Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
 }
 
-async fn close_session(State(node): State<Arc<Node>>, Path(id): Path<String>) -> ApiResult<Value> {
+async fn close_session(
+    State(node): State<Arc<Node>>,
+    PathParam(id): PathParam<String>,
+) -> ApiResult<Value> {
     node.close_session(session_path(&id)?).await?;
     Ok(Json(json!({})))
 }
 
-async fn revoke_session(State(node): State<Arc<Node>>, Path(id): Path<String>) -> ApiResult<Value> {
+async fn revoke_session(
+    State(node): State<Arc<Node>>,
+    PathParam(id): PathParam<String>,
+) -> ApiResult<Value> {
     node.revoke_session(session_path(&id)?).await?;
     Ok(Json(json!({})))
 }
@@ -364,7 +399,10 @@ pub fn lock_json(info: &LockInfo) -> Value {
     })
 }
 
-async fn get_lock(State(node): State<Arc<Node>>, Path(name): Path<String>) -> ApiResult<Value> {
+async fn get_lock(
+    State(node): State<Arc<Node>>,
+    PathParam(name): PathParam<String>,
+) -> ApiResult<Value> {
     Ok(Json(lock_json(&node.lock(&name).await?)))
 }
 
@@ -462,7 +500,10 @@ async fn add_member(
     Ok(Json(cluster_json(&node.add_member(body.node_id, body.addr).await?)))
 }
 
-async fn remove_member(State(node): State<Arc<Node>>, Path(id): Path<u64>) -> ApiResult<Value> {
+async fn remove_member(
+    State(node): State<Arc<Node>>,
+    PathParam(id): PathParam<u64>,
+) -> ApiResult<Value> {
     Ok(Json(cluster_json(&node.remove_member(id).await?)))
 }
 

@@ -206,3 +206,27 @@ fn watch_streams_and_pending_acquires_are_bounded_per_node() {
     let free_again = post(&addr, "/v1/locks/acquire", &acquire("jobs/m", other, Some(0)));
     assert_eq!(free_again.status, 200, "{}", free_again.text);
 }
+
+/// Found by the hostile-client test: a method a path does not take got an empty 405, and a lock
+/// name that is not UTF-8 once decoded got a plain-text 400; both are answered in the API's
+/// error format now.
+#[test]
+fn hostile_client_bad_methods_and_undecodable_names_get_the_api_error_format() {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("an address"),
+        &[],
+    );
+    let addr = server.addr.clone();
+    let method = picket_testkit::http::request(&addr, "DELETE", "/v1/locks/acquire", None);
+    assert_eq!(method.status, 405);
+    assert_refused(&method, "method_not_allowed");
+    let name = get(&addr, "/v1/locks/%FF");
+    assert_eq!(name.status, 400);
+    assert_refused(&name, "bad_request");
+    let id = picket_testkit::http::request(&addr, "DELETE", "/v1/cluster/members/abc", None);
+    assert_eq!(id.status, 400);
+    assert_refused(&id, "bad_request");
+}

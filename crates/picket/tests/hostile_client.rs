@@ -1,0 +1,320 @@
+//! A hostile client against a real `picket serve` (issue 13): thousands of oversized and
+//! malformed requests, NUL names, wrong types, unknown sessions, a flood of watch streams, more
+//! connections than the node accepts, idle connections and connections that send their headers
+//! a byte at a time. Meanwhile and afterwards an honest client is served; the node's memory,
+//! open files and data directory stay bounded; a refused request writes nothing to the log; and
+//! the node restarts cleanly after `kill -9`.
+//!
+//! The node runs with small WAL segments and frequent snapshots, so log rotation and
+//! compaction happen many times during the test.
+
+use picket_proto::v1::{self, picket_client::PicketClient};
+use picket_testkit::http::{Reply, get, request_raw};
+use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const MAX_CONNECTIONS: usize = 300;
+const MAX_WATCH_STREAMS: usize = 60;
+/// Generous: an honest cycle answered later than this means the node was wedged, not slow.
+const HONEST_BOUND: Duration = Duration::from_secs(5);
+
+fn applied_log_index(addr: &str) -> u64 {
+    get(addr, "/v1/cluster").body["applied_log_index"].as_u64().expect("an applied index")
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("a live process");
+    let line = status.lines().find(|line| line.starts_with(field)).expect("the field");
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("a number")
+}
+
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("a live process").count()
+}
+
+fn dir_bytes(path: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![path.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable").flatten() {
+            let meta = entry.metadata().expect("metadata");
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+/// An honest client on one gRPC connection, as the Rust client keeps: acquire and release one
+/// lock in a loop, keeping its session alive; returns how many cycles it made and the slowest
+/// request.
+struct Honest {
+    stop: Arc<AtomicBool>,
+    cycles: Arc<AtomicU64>,
+    thread: JoinHandle<(u64, Duration)>,
+}
+
+impl Honest {
+    fn start(addr: &str) -> Self {
+        let addr = format!("http://{addr}");
+        let stop = Arc::new(AtomicBool::new(false));
+        let cycles = Arc::new(AtomicU64::new(0));
+        let (stopping, counted) = (stop.clone(), cycles.clone());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let mut grpc = PicketClient::connect(addr).await.expect("connects");
+                let open = v1::OpenSessionRequest { ttl_ms: 10_000, lock_delay_ms: 0 };
+                let session = grpc.open_session(open).await.expect("a session").into_inner();
+                let session_id = session.session_id;
+                let (mut cycles, mut slowest) = (0, Duration::ZERO);
+                while !stopping.load(Ordering::SeqCst) {
+                    let started = Instant::now();
+                    let acquire = v1::AcquireRequest {
+                        name: "honest/l".into(),
+                        session_id,
+                        wait_ms: Some(0),
+                        ..v1::AcquireRequest::default()
+                    };
+                    let token = grpc.acquire(acquire).await.expect("granted").into_inner().token;
+                    let release = v1::ReleaseRequest { name: "honest/l".into(), session_id, token };
+                    grpc.release(release).await.expect("released");
+                    grpc.keep_alive(v1::KeepAliveRequest { session_id }).await.expect("kept");
+                    slowest = slowest.max(started.elapsed());
+                    cycles += 1;
+                    counted.store(cycles, Ordering::SeqCst);
+                }
+                (cycles, slowest)
+            })
+        });
+        Self { stop, cycles, thread }
+    }
+
+    /// Cycles completed so far.
+    fn cycles(&self) -> u64 {
+        self.cycles.load(Ordering::SeqCst)
+    }
+
+    fn stop(self) -> (u64, Duration) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().expect("the honest client does not panic")
+    }
+}
+
+/// Sends `count` requests from `threads` threads, each built by `request(i)`; every answer must
+/// be a refusal in the API's error format (4xx with a code), never a server error.
+fn barrage(
+    addr: &str,
+    threads: usize,
+    count: usize,
+    request: fn(usize) -> (String, String, Vec<u8>),
+) {
+    let handles: Vec<JoinHandle<()>> = (0..threads)
+        .map(|thread| {
+            let addr = addr.to_owned();
+            std::thread::spawn(move || {
+                for i in (thread..count).step_by(threads) {
+                    let (method, path, body) = request(i);
+                    let reply = request_raw(&addr, &method, &path, Some(&body), "application/json");
+                    assert_refusal(&reply, &method, &path);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("a hostile thread does not panic");
+    }
+}
+
+fn assert_refusal(reply: &Reply, method: &str, path: &str) {
+    assert!(
+        (400..500).contains(&reply.status) && reply.body["code"].is_string(),
+        "{method} {path}: {} {}",
+        reply.status,
+        reply.text.chars().take(200).collect::<String>()
+    );
+}
+
+fn nul_name(_: usize) -> (String, String, Vec<u8>) {
+    let body = json!({ "name": "\0".repeat(10_000), "session_id": 1, "wait_ms": 0 });
+    ("POST".into(), "/v1/locks/acquire".into(), body.to_string().into_bytes())
+}
+
+fn oversized(i: usize) -> (String, String, Vec<u8>) {
+    let paths = ["/v1/locks/acquire", "/v1/sessions", "/v1/locks/release"];
+    ("POST".into(), paths[i % 3].into(), vec![b' '; 200_000])
+}
+
+fn wrong_types(i: usize) -> (String, String, Vec<u8>) {
+    let bodies = [
+        json!({ "name": 5, "session_id": "x" }),
+        json!({ "name": "a", "session_id": -1 }),
+        json!({ "ttl_ms": "long" }),
+        json!([1, 2, 3]),
+        json!({ "name": "a", "session_id": 1, "wait_ms": 1e300 }),
+        json!({ "name": "a", "session_id": 1, "token": "zero" }),
+    ];
+    let paths = [
+        "/v1/locks/acquire",
+        "/v1/locks/acquire",
+        "/v1/sessions",
+        "/v1/locks/cancel",
+        "/v1/locks/acquire",
+        "/v1/locks/release",
+    ];
+    ("POST".into(), paths[i % 6].into(), bodies[i % 6].to_string().into_bytes())
+}
+
+fn unknown_sessions(i: usize) -> (String, String, Vec<u8>) {
+    let session = 1_000_000 + i;
+    match i % 3 {
+        0 => ("POST".into(), format!("/v1/sessions/{session}/keepalive"), b"{}".to_vec()),
+        1 => {
+            let body = json!({ "name": "x", "session_id": session, "wait_ms": 0 });
+            ("POST".into(), "/v1/locks/acquire".into(), body.to_string().into_bytes())
+        }
+        _ => ("DELETE".into(), format!("/v1/sessions/{session}"), Vec::new()),
+    }
+}
+
+fn garbage(i: usize) -> (String, String, Vec<u8>) {
+    let paths = [
+        "/v1/locks/%FF",
+        "/v1/sessions/abc",
+        "/v1/nothing",
+        "/v1/locks/acquire?x=%00",
+        "/v1/watch?prefix=%ZZ",
+    ];
+    let methods = ["GET", "POST", "PUT", "DELETE", "GET"];
+    (methods[i % 5].into(), paths[i % 5].into(), vec![0xff, 0xfe, b'{', 0])
+}
+
+/// Opens a connection that sends a request line and then nothing more.
+fn slow_connection(addr: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.write_all(b"GET /v1/cluster HTTP/1.1\r\nHost: x\r\nX-Slow: ").expect("send");
+    stream
+}
+
+fn open_watch(addr: &str) -> (u16, TcpStream) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("a timeout");
+    stream.write_all(b"GET /v1/watch?prefix=jobs/ HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    let mut head = [0_u8; 12];
+    stream.read_exact(&mut head).expect("a status line");
+    let status = String::from_utf8_lossy(&head[9..12]).parse().expect("a status");
+    (status, stream)
+}
+
+#[test]
+fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
+    let dir = temp_dir();
+    let flags = [
+        "--wal-segment-bytes",
+        "65536",
+        "--snapshot-every",
+        "100",
+        "--max-connections",
+        "300",
+        "--max-watch-streams",
+        "60",
+    ];
+    let mut server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("an address"),
+        &flags.iter().map(|flag| (*flag).to_owned()).collect::<Vec<_>>(),
+    );
+    let addr = server.addr.clone();
+    let pid = server.pid().expect("running");
+    wait_until("the node to be ready", Duration::from_secs(10), || {
+        (get(&addr, "/readyz").status == 200).then_some(())
+    });
+    let rss_before_kib = proc_status_kib(pid, "VmRSS:");
+    let honest = Honest::start(&addr);
+
+    // Idle and slow connections, and more connections than the node accepts.
+    let idle: Vec<TcpStream> =
+        (0..100).map(|_| TcpStream::connect(&addr).expect("connect")).collect();
+    let slow: Vec<TcpStream> = (0..50).map(|_| slow_connection(&addr)).collect();
+    let watches: Vec<(u16, TcpStream)> =
+        (0..MAX_WATCH_STREAMS + 20).map(|_| open_watch(&addr)).collect();
+    let refused_watches = watches.iter().filter(|(status, _)| *status == 429).count();
+    assert_eq!(refused_watches, 20, "past --max-watch-streams a watch gets 429");
+    // The node stops accepting at its bound; the rest wait in the kernel's backlog (or time out).
+    let socket: std::net::SocketAddr = addr.parse().expect("an address");
+    let excess: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+        .filter_map(|_| TcpStream::connect_timeout(&socket, Duration::from_millis(200)).ok())
+        .collect();
+    assert!(
+        open_files(pid) <= MAX_CONNECTIONS + 128,
+        "{} files open with --max-connections {MAX_CONNECTIONS}",
+        open_files(pid)
+    );
+    drop(excess);
+    drop(idle);
+
+    let (index_before, cycles_before) = (applied_log_index(&addr), honest.cycles());
+    barrage(&addr, 4, 300, nul_name);
+    barrage(&addr, 4, 300, oversized);
+    barrage(&addr, 4, 1_200, wrong_types);
+    barrage(&addr, 4, 1_200, unknown_sessions);
+    barrage(&addr, 4, 1_000, garbage);
+
+    let (written, cycles_during) =
+        (applied_log_index(&addr) - index_before, honest.cycles() - cycles_before);
+    let (cycles, slowest) = honest.stop();
+    assert!(cycles_during > 10, "the honest client made only {cycles_during} cycles meanwhile");
+    assert!(slowest < HONEST_BOUND, "an honest cycle took {slowest:?}");
+    // An honest cycle writes two entries (acquire, release; its keepalive rides in a tick) and
+    // maybe a third; the 4,000 refusals wrote nothing.
+    assert!(
+        written <= (cycles_during + 1) * 3 + 20,
+        "{written} entries for {cycles_during} honest cycles"
+    );
+
+    // Slow connections are closed once their headers are overdue (10 s).
+    for mut stream in slow {
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("a timeout");
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest);
+    }
+    drop(watches);
+    let rss_after_kib = proc_status_kib(pid, "VmRSS:");
+    assert!(
+        rss_after_kib < rss_before_kib + 128 * 1024,
+        "resident memory grew from {rss_before_kib} KiB to {rss_after_kib} KiB"
+    );
+    let data_bytes = dir_bytes(&dir.path().join("data"));
+    assert!(data_bytes < 32 << 20, "the data directory holds {data_bytes} bytes");
+    eprintln!(
+        "honest cycles {cycles} ({cycles_during} during the barrage), slowest {slowest:?}; \
+         {written} entries written during the barrage; resident \
+         {rss_before_kib} -> {rss_after_kib} KiB; data directory {data_bytes} bytes"
+    );
+
+    server.restart();
+    wait_until("the node to be ready after kill -9", Duration::from_secs(20), || {
+        (get(&server.addr, "/readyz").status == 200).then_some(())
+    });
+    let index_restarted = applied_log_index(&server.addr);
+    let after = Honest::start(&server.addr);
+    wait_until("honest cycles after the restart", Duration::from_secs(10), || {
+        (applied_log_index(&server.addr) > index_restarted + 6).then_some(())
+    });
+    let (cycles, _) = after.stop();
+    assert!(cycles > 0, "the restarted node serves");
+}
