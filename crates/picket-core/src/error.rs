@@ -88,6 +88,14 @@ pub enum CommandError {
         /// The limit.
         max_sessions: usize,
     },
+    /// The service already has as many lock records as it allows.
+    #[error(
+        "the service already has {max_locks} locks held, awaited or in lock-delay, its limit: release unused locks or retry later"
+    )]
+    TooManyLocks {
+        /// The limit.
+        max_locks: usize,
+    },
     /// The session already holds or waits for as many locks as it may.
     #[error(
         "session {session} already holds or waits for {max_locks} locks, its limit: release some first"
@@ -210,6 +218,7 @@ impl CommandError {
             Self::LockDelayOutOfRange { .. } => "lock_delay_out_of_range",
             Self::WaitOutOfRange { .. } => "wait_out_of_range",
             Self::TooManySessions { .. } => "too_many_sessions",
+            Self::TooManyLocks { .. } => "too_many_locks",
             Self::TooManyLocksForSession { .. } => "too_many_locks_for_session",
             Self::TooManyWaiters { .. } => "too_many_waiters",
             Self::LockBusy { .. } => "lock_busy",

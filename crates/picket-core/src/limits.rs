@@ -21,6 +21,10 @@ pub struct Limits {
     pub max_wait_ms: u64,
     /// Most sessions alive at once.
     pub max_sessions: usize,
+    /// Most lock records at once (locks held, awaited or in lock-delay). States written before
+    /// this limit existed read as the default.
+    #[serde(default = "default_max_locks")]
+    pub max_locks: usize,
     /// Most locks one session may hold or wait for at once.
     pub max_locks_per_session: usize,
     /// Most sessions queued behind one lock.
@@ -46,6 +50,13 @@ pub const MAX_RENEWALS_PER_TICK_CAP: usize = 1_000_000;
 /// uses to tell a stall or a clock jump from ordinary scheduling delay.
 pub const DEFAULT_SESSION_EXPIRY_GRACE_MS: u64 = 500;
 
+/// The default [`Limits::max_locks`].
+pub const DEFAULT_MAX_LOCKS: usize = 1_000_000;
+
+fn default_max_locks() -> usize {
+    DEFAULT_MAX_LOCKS
+}
+
 fn default_session_expiry_grace_ms() -> u64 {
     DEFAULT_SESSION_EXPIRY_GRACE_MS
 }
@@ -59,6 +70,7 @@ impl Default for Limits {
             max_lock_delay_ms: 60_000,
             max_wait_ms: 3_600_000,
             max_sessions: 200_000,
+            max_locks: DEFAULT_MAX_LOCKS,
             max_locks_per_session: 1_000,
             max_waiters_per_lock: 10_000,
             max_list: 1_000,
@@ -74,7 +86,7 @@ impl Limits {
     /// # Errors
     /// A sentence naming the first limit that is out of place.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 11] = [
+        let checks: [(bool, &str); 12] = [
             (self.max_name_bytes > 0, "max_name_bytes must be at least 1"),
             // The caps keep every command's encoding far below the log's entry bound.
             (self.max_name_bytes <= MAX_NAME_BYTES_CAP, "max_name_bytes must be at most 65,536"),
@@ -85,6 +97,7 @@ impl Limits {
             (self.min_ttl_ms > 0, "min_ttl_ms must be at least 1"),
             (self.min_ttl_ms <= self.max_ttl_ms, "min_ttl_ms must not exceed max_ttl_ms"),
             (self.max_sessions > 0, "max_sessions must be at least 1"),
+            (self.max_locks > 0, "max_locks must be at least 1"),
             (self.max_locks_per_session > 0, "max_locks_per_session must be at least 1"),
             (self.max_waiters_per_lock > 0, "max_waiters_per_lock must be at least 1"),
             (self.max_list > 0, "max_list must be at least 1"),

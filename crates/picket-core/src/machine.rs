@@ -434,6 +434,10 @@ impl StateMachine {
             return Ok(AcquirePlan::AlreadyHeld { token: holder.token });
         }
         let free = lock_record.is_none_or(LockRecord::is_free);
+        if lock_record.is_none() && self.locks.len() >= self.limits.max_locks {
+            // A grant would create a record; there is no room for one.
+            return Err(CommandError::TooManyLocks { max_locks: self.limits.max_locks });
+        }
         if wait == Wait::Try {
             if free {
                 self.check_session_room(session)?;

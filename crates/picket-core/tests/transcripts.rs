@@ -602,6 +602,24 @@ fn count_limits_are_enforced() {
     assert_eq!(error_of(&too_many), CommandError::TooManyRenewals { count: 4, max: 3 });
 }
 
+/// Issue 13, point 2: nothing bounded the lock records in total. A new lock past `max_locks` is
+/// refused; a lock that already has a record is still granted and queued for.
+#[test]
+fn lock_records_in_total_are_bounded() {
+    let limits = Limits { max_locks: 2, ..Limits::default() };
+    let mut story = Story::with_limits(limits);
+    story.open(0, "A", 2_000, 0);
+    story.open(0, "B", 2_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire(1, "A", "y", Wait::Try);
+    let third = story.acquire(1, "B", "z", Wait::Forever);
+    assert_eq!(error_of(&third), CommandError::TooManyLocks { max_locks: 2 });
+    assert_eq!(error_of(&third).code(), "too_many_locks");
+    let queued = story.acquire(1, "B", "x", Wait::Forever);
+    assert!(queued.result.is_ok(), "an existing lock takes waiters");
+    assert_eq!(story.machine.lock_count(), 2);
+}
+
 /// A try-acquire on a held lock is refused with the holder's token and leaves no trace.
 #[test]
 fn try_acquire_on_a_held_lock_names_the_holders_token() {

@@ -119,6 +119,7 @@ impl ServiceError {
                 | CommandError::AlreadyWaiting { .. }
                 | CommandError::NothingToAbandon { .. } => 409,
                 CommandError::TooManySessions { .. }
+                | CommandError::TooManyLocks { .. }
                 | CommandError::TooManyLocksForSession { .. }
                 | CommandError::TooManyWaiters { .. } => 429,
                 _ => 400,

@@ -9,7 +9,7 @@
 //! buffer is full is cut off and told it fell behind.
 
 use picket_core::{CancelCause, Event, RequestId, SessionId, StateMachine};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
@@ -132,8 +132,9 @@ struct Watchers {
     since_sweep: usize,
     by_session: HashMap<SessionId, Vec<Watcher>>,
     by_lock: HashMap<String, Vec<Watcher>>,
-    /// Prefix watches, by prefix; few in practice, each checked against every lock event.
-    by_prefix: BTreeMap<String, Vec<Watcher>>,
+    /// Prefix watches, by prefix. A lock event finds its prefixes' watchers by looking up the
+    /// prefixes of its name, or by checking each watched prefix when there are fewer of those.
+    by_prefix: HashMap<String, Vec<Watcher>>,
 }
 
 fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
@@ -163,16 +164,33 @@ impl Watchers {
         offer_key(&mut self.by_session, &event.session(), &delivery);
         if let Some(name) = event.lock_name() {
             offer_key(&mut self.by_lock, &name.to_owned(), &delivery);
-            let mut emptied = false;
-            for (prefix, watchers) in &mut self.by_prefix {
-                if name.starts_with(prefix.as_str()) {
-                    offer_all(watchers, &delivery);
-                    emptied |= watchers.is_empty();
-                }
+            if !self.by_prefix.is_empty() {
+                self.deliver_to_prefixes(name, &delivery);
             }
-            if emptied {
-                self.by_prefix.retain(|_, watchers| !watchers.is_empty());
-            }
+        }
+    }
+
+    /// Offers `delivery` to the watchers of every prefix of `name`. With fewer watched prefixes
+    /// than `name` has bytes it checks each prefix; otherwise it looks up each prefix of `name`
+    /// (at character boundaries). Either way an event costs at most the smaller of the two, never
+    /// a scan of many watchers' prefixes for every command.
+    fn deliver_to_prefixes(&mut self, name: &str, delivery: &Delivery) {
+        let matching: Vec<String> = if self.by_prefix.len() <= name.len() {
+            self.by_prefix
+                .keys()
+                .filter(|prefix| name.starts_with(prefix.as_str()))
+                .cloned()
+                .collect()
+        } else {
+            (0..=name.len())
+                .filter(|end| name.is_char_boundary(*end))
+                .map(|end| &name[..end])
+                .filter(|prefix| self.by_prefix.contains_key(*prefix))
+                .map(str::to_owned)
+                .collect()
+        };
+        for prefix in matching {
+            offer_key(&mut self.by_prefix, &prefix, delivery);
         }
     }
 
@@ -453,6 +471,34 @@ mod tests {
 
     fn granted(name: &str, session: u64, token: u64) -> Event {
         Event::Granted { name: name.into(), session: SessionId(session), token }
+    }
+
+    /// Issue 13, point 2: every applied event scanned every prefix watcher. With more watched
+    /// prefixes than the name has bytes, the event looks up its name's prefixes instead; both
+    /// ways reach exactly the watchers of the name's prefixes.
+    #[test]
+    fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
+        let hub = Hub::default();
+        let mut nested: Vec<Subscription> = ["", "j", "jobs/", "jobs/é", "jobs/éx"]
+            .iter()
+            .map(|p| hub.watch(Target::Prefix((*p).into())))
+            .collect();
+        let mut others: Vec<Subscription> =
+            (0..50).map(|n| hub.watch(Target::Prefix(format!("other/{n}")))).collect();
+        for name in ["jobs/éx", "jobs/é"] {
+            hub.publish(7, &[granted(name, 1, 7)]);
+        }
+        let count = |subscription: &mut Subscription| {
+            std::iter::from_fn(|| subscription.receiver.try_recv().ok()).count()
+        };
+        let received: Vec<usize> = nested.iter_mut().map(count).collect();
+        assert_eq!(received, [2, 2, 2, 2, 1]);
+        assert!(others.iter_mut().all(|other| count(other) == 0));
+        // Fewer prefixes (55) than the name has bytes: the other way, the same answer.
+        hub.publish(8, &[granted(&format!("jobs/éx{}", "y".repeat(60)), 1, 8)]);
+        let received: Vec<usize> = nested.iter_mut().map(count).collect();
+        assert_eq!(received, [1, 1, 1, 1, 1]);
+        assert!(others.iter_mut().all(|other| count(other) == 0));
     }
 
     #[test]
