@@ -399,6 +399,40 @@ async fn keep_alive(shared: Arc<Shared>, opened_at: Instant) {
     }
 }
 
+/// Asks the service what the session's events may have said while nobody listened (the watch
+/// stream broke, or the service answered `resync` after installing a snapshot): whether the
+/// session still lives, and whether each of its grants is still held with its token. Marks
+/// what is gone, as the missed events would have. An error asking leaves things as they are:
+/// the keepalive still notices a lost session.
+pub(crate) async fn recheck(shared: &Shared) {
+    if shared.lost.borrow().is_some() {
+        return;
+    }
+    match shared.client.keep_alive(shared.id).await {
+        Err(error) if error.code() == Some("unknown_session") => {
+            shared.mark_lost(LostReason::Expired);
+            return;
+        }
+        Err(error) => {
+            tracing::debug!(session = shared.id, %error, "cannot recheck the session");
+            return;
+        }
+        Ok(_) => {}
+    }
+    let held: Vec<(String, u64)> = {
+        let grants = shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        grants.iter().map(|(name, (token, _))| (name.clone(), *token)).collect()
+    };
+    for (name, token) in held {
+        match shared.client.lock_info(&name).await {
+            Ok(info) if info.holder_session_id == shared.id && info.token == token => {}
+            // A lock nobody holds reads as holder 0.
+            Ok(_) => shared.grant_ended(&name, token, LostReason::GrantEnded),
+            Err(error) => tracing::debug!(session = shared.id, %error, "cannot recheck a grant"),
+        }
+    }
+}
+
 /// Applies one of the session's events: a revocation, an expiry or a grant ended elsewhere is
 /// known as soon as the service applies it.
 pub(crate) fn dispatch(shared: &Shared, event: &v1::WatchEvent) {

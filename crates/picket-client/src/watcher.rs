@@ -6,8 +6,10 @@
 //! sessions of a client share a few streams: chunks of up to [`CHUNK`] sessions, each watched by
 //! one `sessions` stream. New sessions join the open chunk, whose stream is replaced (new one
 //! first, then the old one dropped, so nothing is missed) after a short pause that lets a burst
-//! of opens share one replacement. A stream that breaks reconnects by itself; what it may have
-//! missed meanwhile the keepalive still catches (an ended session answers `unknown_session`).
+//! of opens share one replacement. A stream that breaks reconnects by itself, and then asks the
+//! service about each of its sessions and their grants (`session::recheck`), since their events
+//! may have gone by meanwhile; so does a `resync` message, which the service sends when it
+//! cannot say which events it skipped (after installing a snapshot).
 
 use crate::client::Client;
 use crate::session::{self, Shared};
@@ -77,6 +79,19 @@ impl SessionWatcher {
     fn lookup(&self, id: u64) -> Option<Arc<Shared>> {
         lock(&self.state).sessions.get(&id).and_then(Weak::upgrade)
     }
+
+    /// Rechecks each of `ids` that is still registered, in the background.
+    fn recheck_all(&self, ids: &[u64]) {
+        let sessions: Vec<Arc<Shared>> = ids.iter().filter_map(|id| self.lookup(*id)).collect();
+        if sessions.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            for shared in sessions {
+                session::recheck(&shared).await;
+            }
+        });
+    }
 }
 
 /// Runs the streams of one client's sessions. Holds the client only weakly: it stops once every
@@ -137,7 +152,10 @@ async fn follow(client: Client, watcher: Arc<SessionWatcher>, ids: Vec<u64>, gen
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        if !announced {
+        if announced {
+            // A new stream after a broken one: what went by in between is not replayed.
+            watcher.recheck_all(&ids);
+        } else {
             announced = true;
             watcher.covered.send_if_modified(|covered| {
                 (*covered < generation) && {
@@ -147,7 +165,9 @@ async fn follow(client: Client, watcher: Arc<SessionWatcher>, ids: Vec<u64>, gen
             });
         }
         while let Ok(Some(event)) = stream.message().await {
-            if let Some(shared) = watcher.lookup(event.session_id) {
+            if event.kind == "resync" {
+                watcher.recheck_all(&ids);
+            } else if let Some(shared) = watcher.lookup(event.session_id) {
                 session::dispatch(&shared, &event);
             }
         }
