@@ -47,6 +47,12 @@ impl LeaseEnd {
         self.end_ns.fetch_max(as_ns(end), std::sync::atomic::Ordering::AcqRel);
     }
 
+    /// How long the lease has left at reading `now`; zero once it ran out.
+    pub(crate) fn remaining(&self, now: Duration) -> Duration {
+        let end_ns = self.end_ns.load(std::sync::atomic::Ordering::Acquire);
+        Duration::from_nanos(end_ns.saturating_sub(as_ns(now)))
+    }
+
     /// Whether the lease ran out at reading `now`.
     pub(crate) fn ran_out(&self, now: Duration) -> bool {
         as_ns(now) >= self.end_ns.load(std::sync::atomic::Ordering::Acquire)
@@ -77,5 +83,7 @@ mod tests {
         assert!(!lease.ran_out(Duration::from_secs(11)));
         lease.extend_to(Duration::from_secs(11));
         assert!(!lease.ran_out(Duration::from_millis(11_500)), "an older end does not shorten it");
+        assert_eq!(lease.remaining(Duration::from_secs(9)), Duration::from_secs(3));
+        assert_eq!(lease.remaining(Duration::from_secs(13)), Duration::ZERO);
     }
 }

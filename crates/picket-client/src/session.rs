@@ -173,6 +173,15 @@ impl Session {
         self.shared.lost_reason()
     }
 
+    /// How long the client still counts on the session if no further keepalive is confirmed:
+    /// its lease (the TTL less the drift margin, from the last confirmed keepalive's sending)
+    /// measured on the lease clock; zero once it ran out. A holder that must stop before the
+    /// service may expire the session (a command, a batch) stops when this gets short.
+    #[must_use]
+    pub fn lease_remaining(&self) -> Duration {
+        self.shared.lease_end.remaining(lease_clock::now())
+    }
+
     /// Resolves when the session is lost, with the reason.
     pub async fn lost(&self) -> LostReason {
         let mut receiver = self.shared.lost.subscribe();

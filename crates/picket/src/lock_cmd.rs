@@ -35,7 +35,10 @@ pub struct LockArgs {
     /// Do not wait: fail at once if the lock is taken.
     #[arg(long = "try")]
     try_only: bool,
-    /// After SIGTERM, how long the command's process group gets before SIGKILL.
+    /// After SIGTERM, how long the command's process group gets before SIGKILL (at most a
+    /// quarter of the TTL). When keepalives stop being confirmed, SIGTERM goes out this long
+    /// (and half a second more) before the lease ends, so the command is gone before the
+    /// service may grant the lock to anyone else.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     kill_grace: Duration,
     /// A fenced resource to register the new token with right after acquiring, before the
@@ -142,12 +145,16 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     );
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
 
     let outcome = tokio::select! {
         status = child.wait() => Outcome::Exited(status?),
         reason = guard.lost() => Outcome::Lost(reason),
+        () = lease_running_short(session, kill_grace) => Outcome::LeaseShort,
         _ = interrupt.recv() => Outcome::Interrupted,
         _ = terminate.recv() => Outcome::Interrupted,
+        _ = hangup.recv() => Outcome::Interrupted,
     };
     match outcome {
         Outcome::Exited(status) => {
@@ -159,24 +166,29 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
             }
             Ok(ExitCode::from(exit_code_of(status)))
         }
-        Outcome::Lost(reason) => {
+        Outcome::Lost(_) | Outcome::LeaseShort => {
             signal_group(group, Signal::SIGTERM);
-            let stopped = tokio::time::timeout(args.kill_grace, child.wait()).await;
+            let stopped = tokio::time::timeout(kill_grace, child.wait()).await;
             // SIGKILL the group whether or not its leader exited: a grandchild may still run.
             signal_group(group, Signal::SIGKILL);
             if stopped.is_err() {
                 let _ = child.wait().await;
             }
+            let why = match outcome {
+                Outcome::Lost(reason) => describe(reason),
+                _ => {
+                    "no keepalive was confirmed in time, and the lease would end before the command could be stopped"
+                }
+            };
             eprintln!(
-                "picket: lost lock {:?} ({}) while the command ran; stopped the command and its process group. Its writes after this point may be refused by fenced resources.",
+                "picket: lost lock {:?} ({why}) while the command ran; stopped the command and its process group. Its writes after this point may be refused by fenced resources.",
                 args.name,
-                describe(reason)
             );
             Ok(ExitCode::from(EXIT_LOCK_LOST))
         }
         Outcome::Interrupted => {
             signal_group(group, Signal::SIGTERM);
-            let status = match tokio::time::timeout(args.kill_grace, child.wait()).await {
+            let status = match tokio::time::timeout(kill_grace, child.wait()).await {
                 Ok(status) => status?,
                 Err(_) => {
                     signal_group(group, Signal::SIGKILL);
@@ -189,9 +201,37 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     }
 }
 
+/// The margin kept between SIGKILL and the end of the lease, for the two clocks' drift and
+/// for the signal to land.
+const STOP_MARGIN: Duration = Duration::from_millis(500);
+
+/// The grace between SIGTERM and SIGKILL: `--kill-grace`, but never more than a quarter of the
+/// TTL, so a healthy session's lease (renewed every third of the TTL) never runs that short.
+fn effective_kill_grace(kill_grace: Duration, ttl: Duration) -> Duration {
+    kill_grace.min(ttl / 4)
+}
+
+/// Resolves once the session's lease has only `kill_grace` and [`STOP_MARGIN`] left: the command
+/// must get SIGTERM now, so that SIGKILL lands before the lease ends and before the service may
+/// grant the lock to someone else (with a lock-delay of 0, at once).
+async fn lease_running_short(session: &Session, kill_grace: Duration) {
+    let stop_at = kill_grace + STOP_MARGIN;
+    loop {
+        let remaining = session.lease_remaining();
+        if remaining <= stop_at {
+            return;
+        }
+        // Rechecked at least every 100 ms: a confirmed keepalive moves the end further out,
+        // and a suspended machine's timers do not count the suspension.
+        tokio::time::sleep((remaining - stop_at).min(Duration::from_millis(100))).await;
+    }
+}
+
 enum Outcome {
     Exited(std::process::ExitStatus),
     Lost(LostReason),
+    /// The lease is about to run out without a confirmed keepalive.
+    LeaseShort,
     Interrupted,
 }
 

@@ -172,6 +172,53 @@ fn a_lost_lock_stops_the_command_and_its_grandchildren() {
     assert!(stderr(&output).contains("lost lock \"revoke-me\""), "{}", stderr(&output));
 }
 
+/// Issue 14, point 4: `picket lock` sent SIGTERM only when the client's lease had already ended
+/// and SIGKILL `--kill-grace` (5 s) later, so the command ran on for seconds after the service
+/// could have given the lock to someone else. Now, when keepalives stop being confirmed (here the
+/// server is stopped), SIGTERM goes out `--kill-grace` (at most a quarter of the TTL) and half a
+/// second before the lease ends, so even a command that ignores SIGTERM is gone before it ends.
+#[test]
+fn lock_stops_the_command_before_its_lease_can_end() {
+    let (dir, server) = start();
+    let pid_file = dir.path().join("pid");
+    let script =
+        format!("trap '' TERM; echo $$ > {}; while true; do sleep 0.1; done", pid_file.display());
+    let running = Command::new(PICKET)
+        .args([
+            "--endpoints",
+            &server.addr,
+            "lock",
+            "--ttl",
+            "6s",
+            "--kill-grace",
+            "5s",
+            "stubborn",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let command: u32 = wait_until("the command to start", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    server.signal("-STOP");
+    let stopped_at = Instant::now();
+    let gone_at = wait_until("the command to be killed", Duration::from_secs(20), || {
+        (!alive(command)).then(Instant::now)
+    });
+    server.signal("-CONT");
+    let output = running.wait_with_output().unwrap();
+    // The last confirmed keepalive was sent at most a third of the TTL (2 s) before the stop, and
+    // no later than it; the lease ends 5.82 s after it. The command must be gone half a second
+    // before that; before the fix it died 5 s after it at the earliest (stop + 8.8 s).
+    let lived = gone_at.duration_since(stopped_at);
+    assert!(lived > Duration::from_millis(1_500), "killed too early: {lived:?} after the stop");
+    assert!(lived < Duration::from_millis(5_500), "killed {lived:?} after the stop");
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("no keepalive was confirmed in time"), "{}", stderr(&output));
+}
+
 /// The read commands print tables, or JSON with --json; check's exit code tells current from
 /// superseded; sessions can be revoked by id.
 #[test]
