@@ -157,6 +157,10 @@ pub struct FenceRecord {
     /// Recently admitted writes that carried an idempotency key, oldest first.
     #[serde(default)]
     pub remembered: VecDeque<RememberedWrite>,
+    /// The keys a record written before `remembered` existed holds: read, never written, and
+    /// moved into `remembered` on the next admission (see [`FenceRecord::upgrade`]).
+    #[serde(default, rename = "recent_keys", skip_serializing)]
+    pub legacy_keys: VecDeque<(String, Stamp)>,
     /// The newest token of which a keyed write *without* a `seq` was forgotten (0 if none). A
     /// keyed write of that token without a `seq` whose key is not remembered may be a retry of
     /// it, and nothing else tells them apart: it is refused, never applied a second time.
@@ -176,6 +180,14 @@ pub struct RememberedWrite {
 }
 
 impl FenceRecord {
+    /// Moves the keys of a record written by an earlier version into `remembered`, without a
+    /// request digest (a retry of them is judged by key and stamp, as it was then).
+    fn upgrade(&mut self) {
+        for (key, stamp) in std::mem::take(&mut self.legacy_keys) {
+            self.remembered.push_back(RememberedWrite { key, stamp, request_digest: None });
+        }
+    }
+
     /// Forgets the oldest keyed writes beyond the policy's count.
     fn forget_keys(&mut self, policy: &Policy) {
         let count = policy.remembered_keys.clamp(1, MAX_REMEMBERED_KEYS);
@@ -200,6 +212,7 @@ impl FenceRecord {
             last_seq: None,
             spent: false,
             remembered: VecDeque::new(),
+            legacy_keys: VecDeque::new(),
             forgotten_unsequenced_token: 0,
         }
     }
@@ -263,6 +276,7 @@ pub fn admit(
     let mut record = current.cloned().unwrap_or_else(|| FenceRecord::empty(policy));
     let stamp = presented.stamp;
     check_common(resource, &record, &presented.lock, stamp)?;
+    record.upgrade();
     // A policy may remember fewer keys than the record holds: it was written under another
     // policy, or the store was damaged or edited by hand.
     record.forget_keys(policy);
@@ -632,6 +646,25 @@ mod tests {
         );
         assert_eq!(step(&mut record, &policy, &keyed("k0")), Err(RefusalReason::Stale));
         assert!(step(&mut record, &policy, &write("a", 6, None)).is_ok(), "unkeyed writes as ever");
+    }
+
+    /// Found in review: a record written before `remembered` existed kept its keys under
+    /// `recent_keys`, which the new record ignored, so a retry of a keyed write admitted before an
+    /// upgrade was applied a second time after it.
+    #[test]
+    fn idempotency_keys_of_a_record_from_before_the_upgrade_still_count() {
+        let policy = Policy::new("a");
+        let old = r#"{"lock":"a","strict":false,"highest_token":7,"last_seq":null,"spent":true,
+            "recent_keys":[["k",{"token":7,"seq":null}]]}"#;
+        let record: FenceRecord = serde_json::from_str(old).expect("an old record decodes");
+        let retry = write("a", 7, None).with_idempotency_key("k");
+        let (admission, upgraded) = admit("res", Some(&record), &policy, &retry).unwrap();
+        assert_eq!(admission, Admission::Duplicate, "the retry is not applied again");
+        let new = write("a", 7, None).with_idempotency_key("other");
+        let (_, next) = admit("res", Some(&upgraded), &policy, &new).unwrap();
+        assert_eq!(next.remembered.len(), 2);
+        let json = serde_json::to_string(&next).expect("serializes");
+        assert!(!json.contains("recent_keys"), "{json}");
     }
 
     /// Found by `tests/fuzz.rs`: a stored record holding more keys than any policy allows (a

@@ -60,6 +60,7 @@ fn record() -> impl Strategy<Value = FenceRecord> {
                 last_seq,
                 spent,
                 remembered: remembered.into(),
+                legacy_keys: std::collections::VecDeque::new(),
                 forgotten_unsequenced_token: forgotten,
             }
         })

@@ -111,12 +111,13 @@ impl Clock {
         }
     }
 
-    /// Makes the clock run at `factor` times its source from now on.
-    ///
-    /// # Panics
-    /// If `factor` is not a positive finite number: the caller bounds it.
+    /// Makes the clock run at `factor` times its source from now on. A factor that is not a
+    /// positive finite number is ignored (the caller bounds it; this is the last line).
     pub fn set_rate_factor(&self, factor: f64) {
-        assert!(factor.is_finite() && factor > 0.0, "a clock's rate factor is positive");
+        if !(factor.is_finite() && factor > 0.0) {
+            tracing::warn!(factor, "ignoring a clock rate factor that is not a positive number");
+            return;
+        }
         let mut correction = lock(&self.correction);
         let source_ms = self.source_ms();
         correction.rebase(source_ms, factor);

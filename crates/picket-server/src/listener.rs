@@ -5,10 +5,13 @@
 //! costs a file descriptor and a task, so a node holds at most `max_connections` at once: past
 //! that it stops accepting, and further connections wait in the kernel's backlog until one
 //! closes (nothing already connected is slowed). A client that opens a connection and sends
-//! nothing, or sends its headers a byte at a time, could otherwise hold its place for ever:
-//! HTTP/1 headers must arrive within [`HEADER_READ_TIMEOUT`] (which also closes HTTP/1
-//! connections idle that long between requests), and an HTTP/2 connection whose peer stops
-//! answering pings is closed after [`KEEPALIVE_INTERVAL`] and [`KEEPALIVE_TIMEOUT`].
+//! nothing, or sends its headers a byte at a time, could otherwise hold its place for ever: a
+//! connection must send its opening (the HTTP/2 preface or an HTTP/1 request line) within
+//! [`HEADER_READ_TIMEOUT`], HTTP/1 headers must arrive within it too, and an HTTP/2 connection
+//! whose peer stops answering pings is closed after [`KEEPALIVE_INTERVAL`] and
+//! [`KEEPALIVE_TIMEOUT`]. Not bounded in time: an HTTP/2 connection that answers pings but opens
+//! no stream (it holds one place of `max_connections` until it closes); and peers share the
+//! bound with clients.
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -31,6 +34,28 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long to wait before accepting again after accepting failed (out of file descriptors).
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// The longest opening an HTTP/2 client sends before anything else (its connection preface).
+const PREFACE_BYTES: usize = 24;
+
+/// Whether the connection sends, within [`HEADER_READ_TIMEOUT`], enough to tell its protocol:
+/// the whole HTTP/2 preface, or an HTTP/1 request line.
+async fn opens_in_time(stream: &tokio::net::TcpStream) -> bool {
+    let opening = async {
+        let mut buffer = [0_u8; PREFACE_BYTES];
+        loop {
+            match stream.peek(&mut buffer).await {
+                Ok(0) | Err(_) => return false,
+                Ok(read) if read == PREFACE_BYTES || buffer[..read].contains(&b'\n') => {
+                    return true;
+                }
+                // A partial opening: wait for more (peek returns at once while bytes wait).
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    };
+    tokio::time::timeout(HEADER_READ_TIMEOUT, opening).await.unwrap_or(false)
+}
 
 /// Serves `app` on `listener`, at most `max_connections` at once, until `stop` resolves; then
 /// stops accepting and gives open connections a few seconds to finish.
@@ -76,11 +101,17 @@ pub async fn serve(
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
         let service = TowerToHyperService::new(app.clone());
-        let connection =
-            builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-        let connection = graceful.watch(connection);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            // hyper reads the first bytes (to tell HTTP/1 from HTTP/2) without a timer; a
+            // connection that sends nothing, or a few bytes and then nothing, is closed here.
+            if !opens_in_time(&stream).await {
+                drop(place);
+                return;
+            }
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(error) = watcher.watch(connection.into_owned()).await {
                 tracing::debug!(%error, "a connection ended with an error");
             }
             drop(place);

@@ -183,6 +183,11 @@ pub struct ClusterView {
     pub peer_clock_rates: BTreeMap<NodeId, f64>,
 }
 
+/// Most members (voters and learners) a cluster may have.
+pub const MAX_MEMBERS: usize = 32;
+/// Longest member address.
+pub const MAX_MEMBER_ADDR_BYTES: usize = 256;
+
 /// One running node. Shared by the API front ends and the leader's background duties.
 #[derive(Debug)]
 pub struct Node {
@@ -896,6 +901,22 @@ impl Node {
         node_id: NodeId,
         addr: String,
     ) -> Result<ClusterView, ServiceError> {
+        // Every membership entry lists every member: bounded, so no request can grow one past
+        // what the log takes.
+        if addr.is_empty()
+            || addr.len() > MAX_MEMBER_ADDR_BYTES
+            || addr.chars().any(char::is_control)
+        {
+            return Err(ServiceError::BadRequest(format!(
+                "a member's address is 1 to {MAX_MEMBER_ADDR_BYTES} printable bytes, as host:port"
+            )));
+        }
+        let members = self.cluster().members;
+        if members.len() >= MAX_MEMBERS && !members.iter().any(|(id, _, _)| *id == node_id) {
+            return Err(ServiceError::BadRequest(format!(
+                "the cluster already has {MAX_MEMBERS} members, its limit; remove one first"
+            )));
+        }
         self.raft.add_learner(node_id, BasicNode { addr }, true).await.map_err(membership_error)?;
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.raft

@@ -134,9 +134,11 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => proptest::collection::btree_map(field, value, 0..5).prop_map(|mut map| {
             // An acquire without a bound waits until granted, and one with a long bound waits
-            // that long, which could hold the case for ever: waits are at most 50 ms.
+            // that long, which could hold the case for ever: waits are at most 50 ms. Only
+            // bodies that look like an acquire get one (every other body refuses unknown fields).
             let wait_ms = map.get("wait_ms").and_then(serde_json::Value::as_u64);
-            if map.get("wait_ms").is_none_or(|wait| wait.is_null() || wait.is_number()) {
+            let acquire = map.contains_key("name") && map.contains_key("session_id");
+            if acquire && map.get("wait_ms").is_none_or(|wait| wait.is_null() || wait.is_number()) {
                 map.insert("wait_ms", serde_json::json!(wait_ms.unwrap_or(0) % 50));
             }
             serde_json::to_vec(&map).expect("json")

@@ -229,4 +229,8 @@ fn hostile_client_bad_methods_and_undecodable_names_get_the_api_error_format() {
     let id = picket_testkit::http::request(&addr, "DELETE", "/v1/cluster/members/abc", None);
     assert_eq!(id.status, 400);
     assert_refused(&id, "bad_request");
+    // Found in review: member addresses were unbounded, and every membership entry lists them.
+    let long = json!({ "node_id": 9, "addr": "h".repeat(300) });
+    let refused = post(&addr, "/v1/cluster/members", &long);
+    assert_eq!(refused.status, 400, "{}", refused.text);
 }
