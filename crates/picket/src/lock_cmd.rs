@@ -6,6 +6,14 @@
 //! [`EXIT_LOCK_LOST`]. Otherwise the lock is released when the command ends and `picket` exits
 //! with the command's own exit code. (etcdctl lock passes the revision but never kills; consul
 //! lock kills but passes no index: this does both.)
+//!
+//! If `picket lock` itself dies (SIGKILL, the OOM killer), its session expires and the lock
+//! goes to the next holder, so the command must die too. A watchdog process (`picket
+//! __lock-watchdog`, in a process group of its own) holds the reading end of a pipe from
+//! `picket lock`: when `picket lock` ends, it writes `done` first; when it dies, the pipe just
+//! closes, and the watchdog stops the command's group as a lost lock would (SIGTERM, then
+//! SIGKILL after the grace). The crate forbids `unsafe`, so a parent-death signal is not an
+//! option.
 
 use crate::duration::parse_duration;
 use anyhow::Context;
@@ -93,6 +101,74 @@ fn exit_code_of(status: std::process::ExitStatus) -> u8 {
     }
 }
 
+/// Options of the hidden `picket __lock-watchdog`.
+#[derive(Debug, Args)]
+pub struct WatchdogArgs {
+    /// The command's process group.
+    #[arg(long)]
+    group: i32,
+    /// Between SIGTERM and SIGKILL, in milliseconds.
+    #[arg(long)]
+    grace_ms: u64,
+}
+
+/// What `picket lock` writes to its watchdog when it ends normally.
+const WATCHDOG_DONE: &[u8] = b"done";
+
+/// Runs the watchdog: waits for standard input to close; unless `picket lock` said it is done,
+/// stops the command's process group.
+pub fn watchdog(args: &WatchdogArgs) -> ExitCode {
+    use std::io::Read;
+    let mut said = Vec::new();
+    let _ = std::io::stdin().take(16).read_to_end(&mut said);
+    if said == WATCHDOG_DONE {
+        return ExitCode::SUCCESS;
+    }
+    let group = Pid::from_raw(args.group);
+    signal_group(group, Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + Duration::from_millis(args.grace_ms);
+    // Signal 0 asks whether anyone in the group is left.
+    while std::time::Instant::now() < deadline && killpg(group, None).is_ok() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal_group(group, Signal::SIGKILL);
+    eprintln!(
+        "picket: picket lock ended without a word (killed?); stopped its command's process group"
+    );
+    ExitCode::SUCCESS
+}
+
+/// The watchdog of one command: tells it `done` when dropped normally.
+struct Watchdog {
+    child: std::process::Child,
+}
+
+impl Watchdog {
+    fn start(group: Pid, kill_grace: Duration) -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["__lock-watchdog", "--group", &group.as_raw().to_string()])
+            .args(["--grace-ms", &kill_grace.as_millis().to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            // Its own group: a signal to the command's group, or the terminal's, passes it by.
+            .process_group(0)
+            .spawn()
+            .context("cannot start the lock's watchdog")?;
+        Ok(Self { child })
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        use std::io::Write;
+        if let Some(mut stdin) = self.child.stdin.take() {
+            let _ = stdin.write_all(WATCHDOG_DONE);
+        }
+        let _ = self.child.wait();
+    }
+}
+
 /// Runs `picket lock`.
 pub async fn run(args: LockArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
     let client = Client::connect(endpoints).await?;
@@ -143,10 +219,11 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     let group = Pid::from_raw(
         i32::try_from(child.id().context("the command has no pid")?).context("pid out of range")?,
     );
+    let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
+    let _watchdog = Watchdog::start(group, kill_grace)?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
 
     let outcome = tokio::select! {
         status = child.wait() => Outcome::Exited(status?),

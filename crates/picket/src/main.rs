@@ -73,6 +73,9 @@ enum Command {
     /// The fault harness: a real cluster, the fenced store and clients under kills and pauses,
     /// with the whole history checked.
     Chaos(chaos::ChaosArgs),
+    /// Internal: `picket lock`'s watchdog, which stops the command if `picket lock` dies.
+    #[command(name = "__lock-watchdog", hide = true)]
+    LockWatchdog(lock_cmd::WatchdogArgs),
 }
 
 fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
@@ -103,7 +106,8 @@ fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Resul
             | Command::Lock(_)
             | Command::Kv(_)
             | Command::Sim(_)
-            | Command::Chaos(_) => {
+            | Command::Chaos(_)
+            | Command::LockWatchdog(_) => {
                 unreachable!("handled by main")
             }
         }
@@ -118,6 +122,7 @@ fn main() -> ExitCode {
         Command::Kv(args) => kv::run(args, cli.endpoints),
         Command::Sim(args) => sim::run(&args),
         Command::Chaos(args) => chaos::run(args, cli.endpoints),
+        Command::LockWatchdog(args) => Ok(lock_cmd::watchdog(&args)),
         client_command => run_client_command(client_command, cli.endpoints),
     };
     match result {

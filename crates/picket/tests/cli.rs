@@ -219,6 +219,53 @@ fn lock_stops_the_command_before_its_lease_can_end() {
     assert!(stderr(&output).contains("no keepalive was confirmed in time"), "{}", stderr(&output));
 }
 
+/// Issue 14, point 4: when `picket lock` itself was killed, its command ran on without a lock
+/// (its session expires and the lock goes to the next holder). Now its watchdog stops the
+/// command's process group.
+#[test]
+fn lock_killed_takes_its_command_with_it() {
+    let (dir, server) = start();
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; while true; do sleep 0.1; done", pid_file.display());
+    let mut running = Command::new(PICKET)
+        .args(["--endpoints", &server.addr, "lock", "--ttl", "4s", "--kill-grace", "1s", "orphan"])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command: u32 = wait_until("the command to start", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    // Should the watchdog fail, the test still does not leave the command running.
+    struct KillOnDrop(u32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-9", &self.0.to_string()]).status();
+        }
+    }
+    let _cleanup = KillOnDrop(command);
+    running.kill().unwrap();
+    running.wait().unwrap();
+    wait_until("the command to be stopped by the watchdog", Duration::from_secs(5), || {
+        (!alive(command)).then_some(())
+    });
+}
+
+/// A command that ends normally is not stopped by the watchdog: a background job it leaves
+/// behind runs on, as it always did.
+#[test]
+fn lock_that_ends_normally_leaves_the_watchdog_quiet() {
+    let (dir, server) = start();
+    let pid_file = dir.path().join("pid");
+    let script = format!("sleep 30 >/dev/null 2>&1 & echo $! > {}", pid_file.display());
+    let output = picket(&server.addr, &["lock", "quiet", "--", "sh", "-c", &script]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let background: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(alive(background), "the watchdog stopped a command that ended normally");
+    let _ = Command::new("kill").arg(background.to_string()).status();
+}
+
 /// The read commands print tables, or JSON with --json; check's exit code tells current from
 /// superseded; sessions can be revoked by id.
 #[test]
