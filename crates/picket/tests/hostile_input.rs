@@ -234,3 +234,37 @@ fn hostile_client_bad_methods_and_undecodable_names_get_the_api_error_format() {
     let refused = post(&addr, "/v1/cluster/members", &long);
     assert_eq!(refused.status, 400, "{}", refused.text);
 }
+
+/// Streams on one HTTP/2 connection are bounded (200): one client cannot hold more watch
+/// streams than that on a connection; the next waits until one ends.
+#[tokio::test]
+async fn watch_streams_on_one_connection_are_bounded() {
+    let dir = temp_dir();
+    let server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().expect("an address"),
+        &[],
+    );
+    let grpc = PicketClient::connect(format!("http://{}", server.addr)).await.expect("connects");
+    let watch = || {
+        let mut grpc = grpc.clone();
+        async move {
+            let request = v1::WatchRequest {
+                target: Some(v1::watch_request::Target::Prefix("jobs/".into())),
+                losses_only: false,
+            };
+            grpc.watch(request).await.expect("a watch stream")
+        }
+    };
+    let mut open = Vec::new();
+    for _ in 0..200 {
+        open.push(watch().await);
+    }
+    let waiting = tokio::spawn(watch());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a 201st stream opened on one connection");
+    drop(open.pop());
+    let opened = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert!(opened.is_ok(), "the waiting stream opened once another ended");
+}
