@@ -289,6 +289,24 @@ impl ServerProcess {
         Self::start_with(binary, data_dir, args)
     }
 
+    /// Starts a one-node `binary serve` in a new temporary directory, on a free loopback port,
+    /// with `extra` arguments, and waits until it is ready (`/readyz`). Keep the directory as
+    /// long as the server.
+    ///
+    /// # Panics
+    /// When the node does not start or get ready within 10 s.
+    #[must_use]
+    pub fn start_ready(binary: &Path, extra: &[&str]) -> (tempfile::TempDir, Self) {
+        let dir = temp_dir();
+        let extra: Vec<String> = extra.iter().map(|arg| (*arg).to_owned()).collect();
+        let listen = "127.0.0.1:0".parse().expect("an address");
+        let server = Self::start(binary, &dir.path().join("data"), listen, &extra);
+        wait_until("the node to be ready", Duration::from_secs(10), || {
+            (http::get(&server.addr, "/readyz").status == 200).then_some(())
+        });
+        (dir, server)
+    }
+
     /// Starts `binary` with exactly `args` (which must include `--listen`), for servers other
     /// than `picket serve` that print the same `listening on ADDR` line, such as `picket kv
     /// serve`.

@@ -172,6 +172,31 @@ fn a_lost_lock_stops_the_command_and_its_grandchildren() {
     assert!(stderr(&output).contains("lost lock \"revoke-me\""), "{}", stderr(&output));
 }
 
+/// Starts `picket lock LOCK_ARGS -- sh -c '<prelude>; loop'`, a command that writes its pid and
+/// loops until killed; returns the running `picket` and the command's pid once it runs.
+fn lock_a_loop(
+    dir: &tempfile::TempDir,
+    server: &ServerProcess,
+    lock_args: &[&str],
+    prelude: &str,
+) -> (std::process::Child, u32) {
+    let pid_file = dir.path().join("pid");
+    let script =
+        format!("{prelude}echo $$ > {}; while true; do sleep 0.1; done", pid_file.display());
+    let running = Command::new(PICKET)
+        .args(["--endpoints", &server.addr, "lock"])
+        .args(lock_args)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let command = wait_until("the command to start", Duration::from_secs(10), || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    (running, command)
+}
+
 /// Issue 14, point 4: `picket lock` sent SIGTERM only when the client's lease had already ended
 /// and SIGKILL `--kill-grace` (5 s) later, so the command ran on for seconds after the service
 /// could have given the lock to someone else. Now, when keepalives stop being confirmed (here the
@@ -180,28 +205,8 @@ fn a_lost_lock_stops_the_command_and_its_grandchildren() {
 #[test]
 fn lock_stops_the_command_before_its_lease_can_end() {
     let (dir, server) = start();
-    let pid_file = dir.path().join("pid");
-    let script =
-        format!("trap '' TERM; echo $$ > {}; while true; do sleep 0.1; done", pid_file.display());
-    let running = Command::new(PICKET)
-        .args([
-            "--endpoints",
-            &server.addr,
-            "lock",
-            "--ttl",
-            "6s",
-            "--kill-grace",
-            "5s",
-            "stubborn",
-        ])
-        .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let command: u32 = wait_until("the command to start", Duration::from_secs(10), || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    });
+    let lock = ["--ttl", "6s", "--kill-grace", "5s", "stubborn"];
+    let (running, command) = lock_a_loop(&dir, &server, &lock, "trap '' TERM; ");
     server.signal("-STOP");
     let stopped_at = Instant::now();
     let gone_at = wait_until("the command to be killed", Duration::from_secs(20), || {
@@ -225,18 +230,8 @@ fn lock_stops_the_command_before_its_lease_can_end() {
 #[test]
 fn lock_killed_takes_its_command_with_it() {
     let (dir, server) = start();
-    let pid_file = dir.path().join("pid");
-    let script = format!("echo $$ > {}; while true; do sleep 0.1; done", pid_file.display());
-    let mut running = Command::new(PICKET)
-        .args(["--endpoints", &server.addr, "lock", "--ttl", "4s", "--kill-grace", "1s", "orphan"])
-        .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let command: u32 = wait_until("the command to start", Duration::from_secs(10), || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    });
+    let lock = ["--ttl", "4s", "--kill-grace", "1s", "orphan"];
+    let (mut running, command) = lock_a_loop(&dir, &server, &lock, "");
     // Should the watchdog fail, the test still does not leave the command running.
     struct KillOnDrop(u32);
     impl Drop for KillOnDrop {

@@ -7,27 +7,18 @@
 use picket_proto::ERROR_CODE_KEY;
 use picket_proto::v1::{self, picket_client::PicketClient};
 use picket_testkit::http::{get, request_raw};
-use picket_testkit::{ServerProcess, fuzz_cases, temp_dir, wait_until};
+use picket_testkit::{ServerProcess, fuzz_cases};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use std::path::Path;
-use std::time::Duration;
 use tonic::Code;
 
 /// A node for every case of both targets, with a few live sessions so fuzzed ids sometimes
 /// name one. Owned by the one test that runs both targets, so it is stopped at the end (a
 /// static would outlive the test process's cleanup and leak the server).
 fn start_node() -> (tempfile::TempDir, ServerProcess) {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().expect("an address"),
-        &["--snapshot-every".into(), "500".into(), "--wal-segment-bytes".into(), "65536".into()],
-    );
-    wait_until("the node to be ready", Duration::from_secs(10), || {
-        (get(&server.addr, "/readyz").status == 200).then_some(())
-    });
+    let flags = ["--snapshot-every", "500", "--wal-segment-bytes", "65536"];
+    let (dir, server) = ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &flags);
     for _ in 0..3 {
         let body = br#"{"ttl_ms": 3600000}"#;
         let _ = request_raw(&server.addr, "POST", "/v1/sessions", Some(body), "application/json");

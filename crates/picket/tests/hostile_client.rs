@@ -10,7 +10,7 @@
 
 use picket_proto::v1::{self, picket_client::PicketClient};
 use picket_testkit::http::{Reply, get, request_raw};
-use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use picket_testkit::{ServerProcess, wait_until};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -237,7 +237,6 @@ fn open_watch(addr: &str) -> (u16, TcpStream) {
 
 #[test]
 fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
-    let dir = temp_dir();
     let flags = [
         "--wal-segment-bytes",
         "65536",
@@ -248,17 +247,10 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
         "--max-watch-streams",
         "60",
     ];
-    let mut server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().expect("an address"),
-        &flags.iter().map(|flag| (*flag).to_owned()).collect::<Vec<_>>(),
-    );
+    let (dir, mut server) =
+        ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &flags);
     let addr = server.addr.clone();
     let pid = server.pid().expect("running");
-    wait_until("the node to be ready", Duration::from_secs(10), || {
-        (get(&addr, "/readyz").status == 200).then_some(())
-    });
     let rss_before_kib = proc_status_kib(pid, "VmRSS:");
     let honest = Honest::start(&addr);
 

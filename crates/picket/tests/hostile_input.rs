@@ -11,7 +11,7 @@ use picket_proto::ERROR_CODE_KEY;
 use picket_proto::v1::picket_client::PicketClient;
 use picket_proto::v1::{self};
 use picket_testkit::http::{Reply, get, post};
-use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use picket_testkit::{ServerProcess, wait_until};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
@@ -29,23 +29,18 @@ fn grpc_code(status: &Status) -> &str {
     status.metadata().get(ERROR_CODE_KEY).and_then(|value| value.to_str().ok()).unwrap_or_default()
 }
 
+fn picket_binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_picket"))
+}
+
 fn acquire(name: &str, session_id: u64, wait_ms: Option<u64>) -> Value {
     json!({ "name": name, "session_id": session_id, "wait_ms": wait_ms })
 }
 
 #[tokio::test]
 async fn refused_commands_never_enter_the_raft_log() {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().expect("an address"),
-        &[],
-    );
+    let (_dir, server) = ServerProcess::start_ready(picket_binary(), &[]);
     let addr = server.addr.clone();
-    wait_until("the node to be ready", Duration::from_secs(10), || {
-        (get(&addr, "/readyz").status == 200).then_some(())
-    });
     let opened = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
     let session = opened.body["session_id"].as_u64().expect("a session");
     // A closed session is unknown for good: session ids are revisions, never reused.
@@ -154,17 +149,11 @@ fn open_watch(addr: &str) -> (String, std::net::TcpStream) {
 /// or a request ends.
 #[test]
 fn watch_streams_and_pending_acquires_are_bounded_per_node() {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().expect("an address"),
-        &["--max-watch-streams".into(), "2".into(), "--max-pending-acquires".into(), "1".into()],
+    let (_dir, server) = ServerProcess::start_ready(
+        picket_binary(),
+        &["--max-watch-streams", "2", "--max-pending-acquires", "1"],
     );
     let addr = server.addr.clone();
-    wait_until("the node to be ready", Duration::from_secs(10), || {
-        (get(&addr, "/readyz").status == 200).then_some(())
-    });
 
     let first = open_watch(&addr);
     let second = open_watch(&addr);
@@ -212,13 +201,7 @@ fn watch_streams_and_pending_acquires_are_bounded_per_node() {
 /// error format now.
 #[test]
 fn hostile_client_bad_methods_and_undecodable_names_get_the_api_error_format() {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().expect("an address"),
-        &[],
-    );
+    let (_dir, server) = ServerProcess::start_ready(picket_binary(), &[]);
     let addr = server.addr.clone();
     let method = picket_testkit::http::request(&addr, "DELETE", "/v1/locks/acquire", None);
     assert_eq!(method.status, 405);
@@ -239,13 +222,7 @@ fn hostile_client_bad_methods_and_undecodable_names_get_the_api_error_format() {
 /// streams than that on a connection; the next waits until one ends.
 #[tokio::test]
 async fn watch_streams_on_one_connection_are_bounded() {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().expect("an address"),
-        &[],
-    );
+    let (_dir, server) = ServerProcess::start_ready(picket_binary(), &[]);
     let grpc = PicketClient::connect(format!("http://{}", server.addr)).await.expect("connects");
     let watch = || {
         let mut grpc = grpc.clone();
