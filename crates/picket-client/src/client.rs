@@ -3,6 +3,7 @@
 use crate::error::{ClientError, Failure, classify};
 use crate::session::Session;
 use picket_proto::connection::Connection;
+use picket_proto::tls::ClientTls;
 use picket_proto::v1::{self, picket_client::PicketClient};
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,6 +28,9 @@ pub struct ClientConfig {
     pub initial_backoff: Duration,
     /// Longest pause between attempts.
     pub max_backoff: Duration,
+    /// TLS toward the nodes (whom to trust, which certificate to present); `None` for
+    /// plaintext. Build one with [`ClientTls::from_files`].
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -37,6 +41,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(2),
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(500),
+            tls: None,
         }
     }
 }
@@ -107,7 +112,9 @@ impl Client {
             .into_iter()
             .map(Into::into)
             .map(|endpoint| {
-                endpoint.trim().trim_start_matches("http://").trim_end_matches('/').to_owned()
+                let endpoint = endpoint.trim();
+                let endpoint = endpoint.strip_prefix("https://").unwrap_or(endpoint);
+                endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned()
             })
             .filter(|endpoint| !endpoint.is_empty())
             .collect();
@@ -155,6 +162,7 @@ impl Client {
                     endpoint,
                     self.inner.config.connect_timeout,
                     MAX_REQUEST_BYTES,
+                    self.inner.config.tls.as_ref(),
                 )
                 .await?;
                 // Another call may have opened one meanwhile; keep a single live connection.

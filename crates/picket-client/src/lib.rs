@@ -35,6 +35,7 @@ mod watcher;
 pub use client::{Client, ClientConfig};
 pub use error::ClientError;
 pub use picket_core::Sequencer;
+pub use picket_proto::tls::{ClientTls, TlsError};
 pub use picket_proto::v1::watch_request::Target as WatchTarget;
 pub use picket_proto::v1::{ClusterInfo, LockInfo, SessionInfo, WatchEvent};
 pub use session::{FenceRegistration, Guard, LostReason, Session};

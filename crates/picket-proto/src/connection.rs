@@ -17,6 +17,8 @@ use std::time::Duration;
 use tonic::Status;
 use tonic::body::Body;
 
+use crate::tls::ClientTls;
+
 /// The start of every error message for a request that certainly never left this process;
 /// such a request may be sent again even when it is not idempotent.
 pub const NOT_SENT: &str = "not sent: ";
@@ -35,38 +37,47 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Opens a TCP connection to `endpoint` (`host:port`) with `TCP_NODELAY` and performs the
-    /// HTTP/2 handshake, all within `connect_timeout`. A request body larger than
+    /// Opens a TCP connection to `endpoint` (`host:port`) with `TCP_NODELAY`, performs the TLS
+    /// handshake when `tls` is given (the server's certificate must name the endpoint's host),
+    /// and then the HTTP/2 handshake, all within `connect_timeout`. A request body larger than
     /// `max_request_bytes` is refused before it is sent.
     ///
     /// # Errors
     /// `UNAVAILABLE`, with a message that starts with [`NOT_SENT`], when the endpoint cannot be
-    /// reached in time; `INVALID_ARGUMENT` when it is not `host:port`.
+    /// reached in time or its certificate is not trusted; `INVALID_ARGUMENT` when it is not
+    /// `host:port`.
     pub async fn open(
         endpoint: &str,
         connect_timeout: Duration,
         max_request_bytes: usize,
+        tls: Option<&ClientTls>,
     ) -> Result<Self, Status> {
-        let origin = format!("http://{endpoint}").parse().map_err(|error| {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let origin = format!("{scheme}://{endpoint}").parse().map_err(|error| {
             Status::invalid_argument(format!("{endpoint:?} is not host:port ({error})"))
         })?;
+        let server_name = match tls {
+            Some(_) => Some(crate::tls::server_name(endpoint).map_err(Status::invalid_argument)?),
+            None => None,
+        };
         let connecting = async {
             let stream = tokio::net::TcpStream::connect(endpoint).await?;
             // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs.
             stream.set_nodelay(true)?;
-            let (send, connection) = h2::client::Builder::new()
-                .enable_push(false)
-                .initial_window_size(STREAM_WINDOW_BYTES)
-                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-                .handshake(stream)
-                .await
-                .map_err(std::io::Error::other)?;
-            tokio::spawn(async move {
-                if let Err(error) = connection.await {
-                    tracing::debug!(%error, "connection to the server closed");
+            match (tls, server_name) {
+                (Some(tls), Some(server_name)) => {
+                    let connector = tokio_rustls::TlsConnector::from(tls.current());
+                    let stream = connector.connect(server_name, stream).await.map_err(|error| {
+                        std::io::Error::other(format!(
+                            "the TLS handshake failed: {error}; check that the CA given \
+                             (--ca) signed the node's certificate and that the certificate \
+                             names this host"
+                        ))
+                    })?;
+                    handshake(stream).await
                 }
-            });
-            Ok::<_, std::io::Error>(send)
+                _ => handshake(stream).await,
+            }
         };
         match tokio::time::timeout(connect_timeout, connecting).await {
             Ok(Ok(send)) => Ok(Self { send, max_request_bytes, origin }),
@@ -79,7 +90,7 @@ impl Connection {
         }
     }
 
-    /// `http://host:port` of the endpoint, for a generated client's `with_origin`.
+    /// `http://host:port` (or `https://`) of the endpoint, for a generated client's `with_origin`.
     #[must_use]
     pub fn origin(&self) -> http::Uri {
         self.origin.clone()
@@ -95,6 +106,26 @@ impl Connection {
         let waker = std::task::Waker::noop();
         matches!(probe.poll_ready(&mut Context::from_waker(waker)), Poll::Ready(Err(_)))
     }
+}
+
+/// The HTTP/2 handshake over an open stream; the connection is driven by a task of its own.
+async fn handshake<Io>(io: Io) -> std::io::Result<h2::client::SendRequest<Bytes>>
+where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, connection) = h2::client::Builder::new()
+        .enable_push(false)
+        .initial_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .handshake(io)
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "connection to the server closed");
+        }
+    });
+    Ok(send)
 }
 
 fn not_sent(what: &str, error: &h2::Error) -> Status {
@@ -255,7 +286,7 @@ mod tests {
     async fn nothing_listening_is_refused_as_not_sent() {
         let (listener, addr) = listener().await;
         drop(listener);
-        let error = Connection::open(&addr, TIMEOUT, 1024).await.unwrap_err();
+        let error = Connection::open(&addr, TIMEOUT, 1024, None).await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::Unavailable);
         assert!(error.message().starts_with(NOT_SENT), "{}", error.message());
         assert!(error.message().contains(&addr), "{}", error.message());
@@ -284,7 +315,7 @@ mod tests {
             send.send_trailers(trailers).unwrap();
             received
         });
-        let mut connection = Connection::open(&addr, TIMEOUT, 1024).await.unwrap();
+        let mut connection = Connection::open(&addr, TIMEOUT, 1024, None).await.unwrap();
         let response = connection.call(request(b"question")).await.unwrap();
         let mut body = response.into_body();
         let data = next_frame(&mut body).await.unwrap().into_data().unwrap();
@@ -309,7 +340,7 @@ mod tests {
             }
             let _ = streams_tx.send(streams);
         });
-        let mut connection = Connection::open(&addr, TIMEOUT, 4).await.unwrap();
+        let mut connection = Connection::open(&addr, TIMEOUT, 4, None).await.unwrap();
         let error = connection.call(request(b"too long")).await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::InvalidArgument);
         drop(connection);
@@ -326,7 +357,7 @@ mod tests {
             let connection = h2::server::handshake(stream).await.unwrap();
             drop(connection);
         });
-        let mut connection = Connection::open(&addr, TIMEOUT, 1024).await.unwrap();
+        let mut connection = Connection::open(&addr, TIMEOUT, 1024, None).await.unwrap();
         let deadline = tokio::time::Instant::now() + TIMEOUT;
         while !connection.is_closed() {
             assert!(tokio::time::Instant::now() < deadline, "the closed connection was not seen");

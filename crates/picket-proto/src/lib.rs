@@ -10,6 +10,7 @@
 //! [`HOLDER_TOKEN_KEY`].
 
 pub mod connection;
+pub mod tls;
 
 /// The generated types of package `picket.v1`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

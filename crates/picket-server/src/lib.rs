@@ -28,6 +28,7 @@ mod rate;
 mod renewals;
 mod server;
 mod state_machine;
+pub mod tls;
 mod wal;
 
 pub use error::ServiceError;

@@ -22,6 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower::ServiceExt as _;
+
+use crate::tls::{Caller, ServerTls};
 
 /// How long an HTTP/1 client has to send a request's headers (and how long an HTTP/1
 /// connection may sit idle between requests).
@@ -61,7 +64,28 @@ async fn opens_in_time(stream: &tokio::net::TcpStream) -> bool {
     tokio::time::timeout(HEADER_READ_TIMEOUT, opening).await.unwrap_or(false)
 }
 
-/// Serves `app` on `listener`, at most `max_connections` at once, until `stop` resolves; then
+/// Serves one connection until it ends; every request on it carries `caller` as an extension.
+async fn serve_one<Io>(
+    io: Io,
+    app: axum::Router,
+    caller: Caller,
+    builder: &Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let app = app.map_request(move |mut request: http::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(caller.clone());
+        request
+    });
+    let service = TowerToHyperService::new(app);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    if let Err(error) = watcher.watch(connection.into_owned()).await {
+        tracing::debug!(%error, "a connection ended with an error");
+    }
+}
+
+/// Serves `app` on `listener` (over TLS when `tls` is given), at most `max_connections` at once, until `stop` resolves; then
 /// stops accepting and gives open connections a few seconds to finish.
 ///
 /// # Panics
@@ -70,6 +94,7 @@ pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     max_connections: usize,
+    tls: Option<Arc<ServerTls>>,
     stop: impl Future<Output = ()>,
 ) {
     assert!(max_connections > 0, "a node accepts at least one connection");
@@ -89,9 +114,9 @@ pub async fn serve(
             place = places.clone().acquire_owned() => place.expect("the semaphore is never closed"),
             () = &mut stop => break,
         };
-        let stream = tokio::select! {
+        let (stream, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     tracing::warn!(%error, "cannot accept a connection; retrying");
                     tokio::time::sleep(ACCEPT_RETRY).await;
@@ -105,19 +130,35 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            // hyper reads the first bytes (to tell HTTP/1 from HTTP/2) without a timer; a
-            // connection that sends nothing, or a few bytes and then nothing, is closed here.
-            if !opens_in_time(&stream).await {
-                drop(place);
-                return;
-            }
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            if let Err(error) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(%error, "a connection ended with an error");
+            match tls {
+                None => {
+                    // hyper reads the first bytes (to tell HTTP/1 from HTTP/2) without a timer;
+                    // a connection that sends nothing, or a few bytes and then nothing, is
+                    // closed here.
+                    if opens_in_time(&stream).await {
+                        let caller = Caller { remote: Some(remote), ..Caller::default() };
+                        serve_one(stream, app, caller, &builder, watcher).await;
+                    }
+                }
+                Some(tls) => {
+                    let handshake = tls.acceptor().accept(stream);
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await {
+                        Ok(Ok(stream)) => {
+                            let certificates = stream.get_ref().1.peer_certificates();
+                            let caller = tls.caller(remote, certificates);
+                            serve_one(stream, app, caller, &builder, watcher).await;
+                        }
+                        Ok(Err(error)) => {
+                            tracing::info!(%error, "refused a connection: its TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
+                    }
+                }
             }
             drop(place);
         });

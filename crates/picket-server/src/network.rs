@@ -7,6 +7,7 @@
 
 use crate::clock::Clock;
 use crate::raft_types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use crate::tls::Caller;
 use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
@@ -14,6 +15,7 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, RaftNetworkV2};
 use picket_proto::connection::Connection;
+use picket_proto::tls::ClientTls;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_proto::v1::raft_server;
 use picket_proto::v1::{ClockReading, Empty, RaftPayload};
@@ -30,15 +32,25 @@ const TARGET_NODE_KEY: &str = "picket-target-node";
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Creates a client per peer for openraft.
+/// Creates a client per peer for openraft, over TLS when the cluster runs it.
 #[derive(Clone, Debug, Default)]
-pub struct Network;
+pub struct Network {
+    tls: Option<ClientTls>,
+}
+
+impl Network {
+    /// Peers reached over TLS with `tls`, or in plaintext.
+    #[must_use]
+    pub fn new(tls: Option<ClientTls>) -> Self {
+        Self { tls }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient { target, addr: node.addr.clone(), connection: None }
+        PeerClient { target, addr: node.addr.clone(), tls: self.tls.clone(), connection: None }
     }
 }
 
@@ -47,6 +59,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     addr: String,
+    tls: Option<ClientTls>,
     connection: Option<Connection>,
 }
 
@@ -66,12 +79,17 @@ impl PeerClient {
     async fn client(&mut self) -> Result<RaftClient<Connection>, Unreachable<TypeConfig>> {
         let connection = match self.connection.take().filter(|open| !open.is_closed()) {
             Some(open) => open,
-            None => Connection::open(&self.addr, CONNECT_TIMEOUT, MAX_RAFT_MESSAGE_BYTES)
-                .await
-                .map_err(|status| {
-                    let detail = status.message();
-                    unreachable(format!("node {} at {}: {detail}", self.target, self.addr))
-                })?,
+            None => Connection::open(
+                &self.addr,
+                CONNECT_TIMEOUT,
+                MAX_RAFT_MESSAGE_BYTES,
+                self.tls.as_ref(),
+            )
+            .await
+            .map_err(|status| {
+                let detail = status.message();
+                unreachable(format!("node {} at {}: {detail}", self.target, self.addr))
+            })?,
         };
         self.connection = Some(connection.clone());
         let origin = connection.origin();
@@ -137,8 +155,8 @@ pub(crate) struct ClockProbe {
 
 impl ClockProbe {
     /// A probe of node `target` at `addr`; connects on first use.
-    pub(crate) fn new(target: NodeId, addr: String) -> Self {
-        Self { peer: PeerClient { target, addr, connection: None } }
+    pub(crate) fn new(target: NodeId, addr: String, tls: Option<ClientTls>) -> Self {
+        Self { peer: PeerClient { target, addr, tls, connection: None } }
     }
 
     /// The peer's address.
@@ -251,6 +269,7 @@ pub struct RaftService {
     raft: Raft,
     node_id: NodeId,
     clock: Arc<Clock>,
+    members_only: bool,
 }
 
 impl std::fmt::Debug for RaftService {
@@ -261,9 +280,12 @@ impl std::fmt::Debug for RaftService {
 
 impl RaftService {
     /// Serves `raft` as node `node_id`, and `clock`'s readings to a leader that compares rates.
+    /// With `members_only`, only connections whose certificate chains to the peer CA are
+    /// served (a TLS cluster); without, anyone who reaches the port is (plaintext on loopback or
+    /// a network the operator trusts).
     #[must_use]
-    pub fn new(raft: Raft, node_id: NodeId, clock: Arc<Clock>) -> Self {
-        Self { raft, node_id, clock }
+    pub fn new(raft: Raft, node_id: NodeId, clock: Arc<Clock>, members_only: bool) -> Self {
+        Self { raft, node_id, clock, members_only }
     }
 
     /// The tonic service, with message size bounds.
@@ -274,7 +296,22 @@ impl RaftService {
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
     }
 
+    /// Refuses a request from anyone but a cluster member (in a TLS cluster), and a request
+    /// meant for another node.
     fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if self.members_only {
+            let caller = request.extensions().get::<Caller>();
+            if !caller.is_some_and(|caller| caller.member) {
+                tracing::warn!(
+                    remote = ?caller.and_then(|caller| caller.remote),
+                    "refused a Raft message from a connection without a cluster member's certificate"
+                );
+                return Err(Status::permission_denied(
+                    "only a cluster member may send Raft messages: this connection presented no \
+                     certificate signed by the cluster's peer CA",
+                ));
+            }
+        }
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
         match target.and_then(|target| target.parse::<NodeId>().ok()) {
             Some(target) if target == self.node_id => Ok(()),
@@ -332,6 +369,11 @@ impl raft_server::Raft for RaftService {
         self.check_target(&request)?;
         let (vote, snapshot) =
             decode_snapshot(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        // A snapshot whose state does not decode is refused here: handed to openraft, the
+        // failure to install it would be a storage error, which stops this node's Raft.
+        crate::state_machine::restore_machine(&snapshot.snapshot).map_err(|error| {
+            Status::invalid_argument(format!("the snapshot's state is unusable: {error}"))
+        })?;
         reply(self.raft.install_full_snapshot(vote, snapshot).await)
     }
 

@@ -21,6 +21,7 @@ use picket_core::{
     CancelCause, CheckOutcome, Command, CommandError, Event, Input, LockInfo, RequestId, Response,
     Sequencer, SessionId, SessionInfo, Wait,
 };
+use picket_proto::tls::ClientTls;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,6 +209,8 @@ pub struct Node {
     refreshed_term: std::sync::atomic::AtomicU64,
     /// How long a leader may go without hearing from a quorum before it is not ready.
     leader_lease: std::time::Duration,
+    /// TLS for this node's calls to its peers, when the cluster runs TLS.
+    to_peers: Option<ClientTls>,
 }
 
 /// How long a keepalive that reached the leader after its session's deadline waits for the
@@ -296,7 +299,20 @@ impl Node {
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             leader_lease,
+            to_peers: None,
         }
+    }
+
+    /// Calls this node's peers over TLS with `to_peers`.
+    pub(crate) fn with_peer_tls(mut self, to_peers: Option<ClientTls>) -> Self {
+        self.to_peers = to_peers;
+        self
+    }
+
+    /// TLS for this node's calls to its peers, when the cluster runs TLS.
+    #[must_use]
+    pub fn to_peers(&self) -> Option<&ClientTls> {
+        self.to_peers.as_ref()
     }
 
     /// This node's id.
@@ -745,7 +761,7 @@ impl Node {
         loop {
             let result = match self.abandon(session, name, request, attempt).await {
                 Err(ServiceError::NotLeader { leader_addr: Some(addr), .. }) => {
-                    forward_abandon(&addr, session, name, (request, attempt)).await
+                    forward_abandon(&addr, self.to_peers(), session, name, (request, attempt)).await
                 }
                 other => other,
             };
@@ -974,6 +990,7 @@ fn fresh_request_id() -> RequestId {
 /// Sends an abandon to the node at `addr` (the leader, as this node believes).
 async fn forward_abandon(
     addr: &str,
+    tls: Option<&ClientTls>,
     session: SessionId,
     name: &str,
     (request, attempt): (RequestId, u32),
@@ -983,9 +1000,9 @@ async fn forward_abandon(
     const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
     const MAX_MESSAGE_BYTES: usize = 1 << 20;
     let connection =
-        Connection::open(addr, CONNECT_TIMEOUT, MAX_MESSAGE_BYTES).await.map_err(|status| {
-            ServiceError::Unavailable(format!("leader at {addr}: {}", status.message()))
-        })?;
+        Connection::open(addr, CONNECT_TIMEOUT, MAX_MESSAGE_BYTES, tls).await.map_err(
+            |status| ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
+        )?;
     let origin = connection.origin();
     let mut client = PicketClient::with_origin(connection, origin);
     let message = picket_proto::v1::AbandonRequest {

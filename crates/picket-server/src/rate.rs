@@ -196,10 +196,11 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             if *peer == node.id() || !voters.contains(peer) {
                 continue;
             }
-            let probe =
-                probes.entry(*peer).or_insert_with(|| ClockProbe::new(*peer, member.addr.clone()));
+            let probe = probes.entry(*peer).or_insert_with(|| {
+                ClockProbe::new(*peer, member.addr.clone(), node.to_peers().cloned())
+            });
             if probe.addr() != member.addr {
-                *probe = ClockProbe::new(*peer, member.addr.clone());
+                *probe = ClockProbe::new(*peer, member.addr.clone(), node.to_peers().cloned());
             }
         }
         probes.retain(|peer, _| voters.contains(peer));

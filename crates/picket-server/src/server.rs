@@ -12,6 +12,7 @@ use crate::network::{Network, RaftService};
 use crate::node::Node;
 use crate::raft_types::{NodeId, Raft};
 use crate::state_machine::StateStore;
+use crate::tls::{ServerTls, TlsFiles};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use picket_core::Limits;
 use serde::{Deserialize, Serialize};
@@ -85,6 +86,11 @@ pub struct ServerConfig {
     pub clock: ClockSource,
     /// This node's own bounds (watch streams, acquires in flight).
     pub limits: ServerLimits,
+    /// TLS on the port and toward peers; `None` serves plaintext.
+    pub tls: Option<TlsFiles>,
+    /// Serve plaintext on an address other than loopback. Without it such a node refuses to
+    /// start: anyone who can reach the port could then act as any client or as a peer.
+    pub insecure_plaintext: bool,
 }
 
 impl ServerConfig {
@@ -101,6 +107,8 @@ impl ServerConfig {
             tuning: RaftTuning::default(),
             clock: ClockSource::Monotonic,
             limits: ServerLimits::default(),
+            tls: None,
+            insecure_plaintext: false,
         }
     }
 }
@@ -249,6 +257,21 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             "the WAL segment size {segment_bytes} bytes is out of range; choose between {MIN_WAL_SEGMENT_BYTES} and {MAX_WAL_SEGMENT_BYTES}"
         )));
     }
+    if config.tls.is_none() && !config.listen.ip().is_loopback() && !config.insecure_plaintext {
+        return Err(StartError::Config(format!(
+            "refusing to serve plaintext on {}: anyone who can reach that address could act as \
+             any client or as a cluster member. Give --tls-cert, --tls-key and --peer-ca, listen \
+             on loopback, or pass --insecure-plaintext on a network only you can reach",
+            config.listen
+        )));
+    }
+    let tls = match config.tls.clone() {
+        Some(files) => Some(Arc::new(
+            ServerTls::load(files).map_err(|error| StartError::Config(error.to_string()))?,
+        )),
+        None => None,
+    };
+    let to_peers = tls.as_ref().map(|tls| tls.to_peers().clone());
     check_data_dir(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
@@ -276,24 +299,33 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let log =
         LogStore::open(&config.data_dir, segment_bytes, Some(defer_sync)).map_err(data_error)?;
     let log_stats = log.stats();
-    let raft = Raft::new(config.node_id, raft_config(&config.tuning)?, Network, log, store.clone())
-        .await
-        .map_err(|error| StartError::Raft(error.to_string()))?;
+    let raft = Raft::new(
+        config.node_id,
+        raft_config(&config.tuning)?,
+        Network::new(to_peers.clone()),
+        log,
+        store.clone(),
+    )
+    .await
+    .map_err(|error| StartError::Raft(error.to_string()))?;
     if !config.join {
         bootstrap(&raft, &peers).await?;
     }
 
     let leader_lease = std::time::Duration::from_millis(config.tuning.election_timeout_max_ms);
     let clock = Arc::new(crate::clock::Clock::new(&config.clock));
-    let node = Arc::new(Node::new(
-        config.node_id,
-        raft.clone(),
-        store,
-        log_stats,
-        leader_lease,
-        clock.clone(),
-        &config.limits,
-    ));
+    let node = Arc::new(
+        Node::new(
+            config.node_id,
+            raft.clone(),
+            store,
+            log_stats,
+            leader_lease,
+            clock.clone(),
+            &config.limits,
+        )
+        .with_peer_tls(to_peers),
+    );
     let (shutdown, shutdown_signal) = watch::channel(false);
     let pulse_node = node.clone();
     let pulse_signal = shutdown_signal.clone();
@@ -303,18 +335,21 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
     let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
-        .add_service(RaftService::new(raft, config.node_id, clock).into_server())
+        .add_service(RaftService::new(raft, config.node_id, clock, tls.is_some()).into_server())
         .into_axum_router();
     // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
     // the HTTP API's JSON error format instead.
     let app = grpc.merge(http::router(node.clone())).fallback(http::not_found);
+    if let Some(tls) = &tls {
+        tokio::spawn(crate::tls::reload(tls.clone(), shutdown_signal.clone()));
+    }
     let mut stop = shutdown_signal;
     let max_connections = config.limits.max_connections;
     let serving = tokio::spawn(async move {
         let stopped = async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        crate::listener::serve(listener, app, max_connections, stopped).await;
+        crate::listener::serve(listener, app, max_connections, tls, stopped).await;
     });
     tracing::info!(node = config.node_id, %addr, "serving");
     Ok(ServerHandle { addr, node, shutdown, serving, duties })

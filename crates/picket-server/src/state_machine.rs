@@ -170,7 +170,7 @@ impl StateStore {
     }
 }
 
-fn restore_machine(data: &[u8]) -> io::Result<StateMachine> {
+pub(crate) fn restore_machine(data: &[u8]) -> io::Result<StateMachine> {
     StateMachine::restore(data)
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))
 }

@@ -6,8 +6,10 @@
 //!   directory, that can be killed with SIGKILL and restarted on the same data.
 //! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
 //! - [`fuzz_cases`]: how many cases a fuzz target runs.
+//! - [`pki`]: CA and certificate files for tests of a TLS cluster.
 
 pub mod cluster;
+pub mod pki;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

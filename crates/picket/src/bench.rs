@@ -5,6 +5,7 @@
 //! exclusion (no two of its clients hold one lock at once) and that tokens of each lock only
 //! grow; both counts must be 0.
 
+use crate::connect::Connect;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
@@ -341,15 +342,13 @@ async fn run_client(
 
 async fn run_locks(
     args: &BenchArgs,
-    endpoints: &[String],
+    connect: &Connect,
 ) -> anyhow::Result<(Recorder, Arc<Checks>, f64)> {
     let checks = Arc::new(Checks::default());
     let ops = Arc::new(AtomicU64::new(0));
     let mut clients = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
-        clients.push(
-            Client::connect(endpoints.to_vec()).await.context("connecting a benchmark client")?,
-        );
+        clients.push(connect.connect().await.context("connecting a benchmark client")?);
     }
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup_secs);
@@ -388,7 +387,7 @@ async fn run_locks(
 /// Opens many sessions and keeps them alive; counts sessions that were lost.
 async fn run_sessions(
     args: &BenchArgs,
-    endpoints: &[String],
+    connect: &Connect,
     server_pid: Option<&str>,
 ) -> anyhow::Result<(u64, u64, Option<f64>, Option<f64>)> {
     // Sessions share a few connections, as many processes on one machine must: one connection
@@ -398,7 +397,7 @@ async fn run_sessions(
     let ttl = Duration::from_millis(args.ttl_ms);
     let mut openers = Vec::with_capacity(connections);
     for index in 0..connections {
-        let client = Client::connect(endpoints.to_vec()).await?;
+        let client = connect.connect().await?;
         let count = args.sessions / connections + usize::from(index < args.sessions % connections);
         openers.push(tokio::spawn(async move {
             let mut sessions = Vec::with_capacity(count);
@@ -501,8 +500,8 @@ async fn run_writes(
 /// Unmeasured time at the start of every slice after the first, while connections open.
 const SLICE_WARMUP_SECS: f64 = 0.1;
 
-async fn run_fenced(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<String> {
-    let client = Client::connect(endpoints.to_vec()).await?;
+async fn run_fenced(args: &BenchArgs, connect: &Connect) -> anyhow::Result<String> {
+    let client = connect.connect().await?;
     let session = client.session(Duration::from_millis(args.ttl_ms)).await?;
     let guard = session.lock(&args.lock).await?;
     let sequencer = guard.sequencer().to_string();
@@ -563,12 +562,12 @@ async fn run_fenced(args: &BenchArgs, endpoints: &[String]) -> anyhow::Result<St
 }
 
 /// Runs the benchmark and prints the RESULT line.
-pub fn run(mut args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+pub fn run(mut args: BenchArgs, connect: &Connect) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.secs <= 0.0 {
         bail!("--clients and --secs must be positive");
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let (cluster, endpoints) = if args.cluster {
+    let (cluster, connect) = if args.cluster {
         let mut cluster = LocalCluster::start()?;
         let endpoints = cluster.endpoints.clone();
         let leader = runtime.block_on(async {
@@ -597,16 +596,16 @@ pub fn run(mut args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
             args.kv = fenced;
             args.kv_unfenced = Some(unfenced);
         }
-        (Some(cluster), endpoints)
+        (Some(cluster), Connect::plaintext(endpoints))
     } else {
-        (None, endpoints)
+        (None, connect.clone())
     };
     let server_pid = args.server_pid.map(|pid| pid.to_string());
     let line = runtime.block_on(async {
         match args.mode {
-            Mode::Fenced => run_fenced(&args, &endpoints).await,
+            Mode::Fenced => run_fenced(&args, &connect).await,
             Mode::Sessions => {
-                let (opened, lost, server_cpu, client_cpu) = run_sessions(&args, &endpoints, server_pid.as_deref()).await?;
+                let (opened, lost, server_cpu, client_cpu) = run_sessions(&args, &connect, server_pid.as_deref()).await?;
                 let rss = server_pid.as_deref().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).and_then(|status| {
                     status.lines().find(|line| line.starts_with("VmRSS:")).map(|line| line.split_whitespace().nth(1).unwrap_or("0").to_owned())
                 });
@@ -626,7 +625,7 @@ pub fn run(mut args: BenchArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
                 let server_cpu_start = server_pid.as_deref().and_then(cpu_seconds);
                 let client_cpu_start = cpu_seconds("self");
                 let wall = Instant::now();
-                let (recorder, checks, measured) = run_locks(&args, &endpoints).await?;
+                let (recorder, checks, measured) = run_locks(&args, &connect).await?;
                 let wall = wall.elapsed().as_secs_f64();
                 let server_cpu = server_pid.as_deref().and_then(cpu_seconds).zip(server_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
                 let client_cpu = cpu_seconds("self").zip(client_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);

@@ -141,11 +141,11 @@ fn parse_guard(text: &str) -> Result<(String, String), String> {
 }
 
 /// Runs `picket kv`.
-pub fn run(args: KvArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+pub fn run(args: KvArgs, connect: crate::connect::Connect) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         match args.command {
-            KvCommand::Serve(serve_args) => serve(serve_args, endpoints).await,
+            KvCommand::Serve(serve_args) => serve(serve_args, connect).await,
             KvCommand::Put(write) => write_command(write, true).await,
             KvCommand::Delete(write) => write_command(write, false).await,
             KvCommand::Get(read) => read_command(read).await,
@@ -194,7 +194,7 @@ fn resolve(guards: &Guards, parts: &Parts) -> Option<(String, Policy)> {
 
 /// Asks Picket over gRPC; connects on first use so the store starts without the service.
 struct PicketChecker {
-    endpoints: Vec<String>,
+    connect: crate::connect::Connect,
     client: tokio::sync::OnceCell<Client>,
 }
 
@@ -206,7 +206,7 @@ impl GrantChecker for PicketChecker {
         Box::pin(async move {
             let client = self
                 .client
-                .get_or_try_init(|| Client::connect(self.endpoints.clone()))
+                .get_or_try_init(|| self.connect.connect())
                 .await
                 .map_err(|error| error.to_string())?;
             let answer =
@@ -251,7 +251,7 @@ fn admission_name(admission: Admission) -> &'static str {
     }
 }
 
-async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -281,7 +281,7 @@ async fn serve(args: ServeArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCo
     let checker: Option<Arc<dyn GrantChecker>> = if args.no_verify || args.no_fence {
         None
     } else {
-        Some(Arc::new(PicketChecker { endpoints, client: tokio::sync::OnceCell::new() }))
+        Some(Arc::new(PicketChecker { connect, client: tokio::sync::OnceCell::new() }))
     };
     let resolver_guards = guards.clone();
     let config = Arc::new(

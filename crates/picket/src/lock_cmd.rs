@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use picket_client::{Client, ClientError, Guard, LostReason, Session};
+use picket_client::{ClientError, Guard, LostReason, Session};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -170,8 +170,8 @@ impl Drop for Watchdog {
 }
 
 /// Runs `picket lock`.
-pub async fn run(args: LockArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(endpoints).await?;
+pub async fn run(args: LockArgs, connect: &crate::connect::Connect) -> anyhow::Result<ExitCode> {
+    let client = connect.connect().await?;
     let session = client.session_with_lock_delay(args.ttl, args.lock_delay).await?;
     let session_id = session.id();
     let outcome = hold_and_run(&session, &args).await;

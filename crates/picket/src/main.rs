@@ -3,6 +3,7 @@
 mod bench;
 mod chaos;
 mod commands;
+mod connect;
 mod duration;
 mod http_client;
 mod kv;
@@ -23,15 +24,8 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "picket", version, about, long_about = None)]
 struct Cli {
-    /// Picket servers to talk to (any member of the cluster), comma-separated HOST:PORT.
-    #[arg(
-        long,
-        global = true,
-        env = "PICKET_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "127.0.0.1:7687"
-    )]
-    endpoints: Vec<String>,
+    #[command(flatten)]
+    connect: connect::Connect,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,7 +72,7 @@ enum Command {
     LockWatchdog(lock_cmd::WatchdogArgs),
 }
 
-fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
+fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -89,9 +83,9 @@ fn run_client_command(command: Command, endpoints: Vec<String>) -> anyhow::Resul
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         if let Command::Lock(args) = command {
-            return lock_cmd::run(args, endpoints).await;
+            return lock_cmd::run(args, &connect).await;
         }
-        let client = picket_client::Client::connect(endpoints).await?;
+        let client = connect.connect().await?;
         match command {
             Command::Acquire(args) => commands::acquire(args, &client).await,
             Command::Release(args) => commands::release(args, &client).await,
@@ -118,12 +112,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Bench(args) => bench::run(args, cli.endpoints),
-        Command::Kv(args) => kv::run(args, cli.endpoints),
+        Command::Bench(args) => bench::run(args, &cli.connect),
+        Command::Kv(args) => kv::run(args, cli.connect),
         Command::Sim(args) => sim::run(&args),
-        Command::Chaos(args) => chaos::run(args, cli.endpoints),
+        Command::Chaos(args) => chaos::run(args, cli.connect.endpoints),
         Command::LockWatchdog(args) => Ok(lock_cmd::watchdog(&args)),
-        client_command => run_client_command(client_command, cli.endpoints),
+        client_command => run_client_command(client_command, cli.connect),
     };
     match result {
         Ok(code) => code,

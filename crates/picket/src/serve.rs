@@ -3,6 +3,7 @@
 use anyhow::{Context, bail};
 use clap::Args;
 use picket_server::clock::ClockSource;
+use picket_server::tls::TlsFiles;
 use picket_server::{DEFAULT_PORT, NodeId, RaftTuning, ServerConfig, ServerLimits};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -67,6 +68,26 @@ pub struct ServeArgs {
     /// accepting until one closes. The open-files limit is raised to fit it where it can be.
     #[arg(long, default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_connections: usize,
+    /// Serve TLS with this certificate chain (PEM), signed by --peer-ca. It must name the host
+    /// clients and peers use to reach this node and allow both server and client use: the node
+    /// presents it to its peers too. Reloaded without a restart when the file changes.
+    #[arg(long, env = "PICKET_TLS_CERT", requires_all = ["tls_key", "peer_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "PICKET_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs every node's certificate. Only a connection whose client
+    /// certificate chains to it may send Raft messages.
+    #[arg(long, env = "PICKET_PEER_CA", requires = "tls_cert")]
+    peer_ca: Option<PathBuf>,
+    /// The CA (PEM) that signs clients' certificates, for clients that authenticate with one.
+    /// It must not be the peer CA.
+    #[arg(long, env = "PICKET_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve plaintext on an address other than loopback. Anyone who can reach it can then act
+    /// as any client or as a cluster member: only for a network that only you can reach.
+    #[arg(long)]
+    insecure_plaintext: bool,
 }
 
 fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -122,6 +143,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_connections: args.max_connections,
         },
         tuning,
+        tls: args.tls_cert.zip(args.tls_key).zip(args.peer_ca).map(|((cert, key), peer_ca)| {
+            TlsFiles { cert, key, peer_ca, client_ca: args.tls_client_ca }
+        }),
+        insecure_plaintext: args.insecure_plaintext,
     };
     raise_open_files_limit(config.limits.max_connections);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

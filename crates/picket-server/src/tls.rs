@@ -1,0 +1,238 @@
+//! TLS on a node's port: its certificate, who may present which client certificate, and
+//! reloading both without a restart.
+//!
+//! One port serves clients and peers (ARCHITECTURE.md, "Peers share the client port"). Every
+//! node's certificate is signed by the peer CA (`--peer-ca`), and it is at once the node's
+//! server certificate and its client certificate toward its peers. A connection whose client
+//! certificate chains to the peer CA is a cluster member; only such a connection may send Raft
+//! messages. Client certificates are signed by another CA (`--tls-client-ca`); the two must not
+//! share a certificate, or a client's certificate would pass for a member's.
+
+use picket_proto::tls::{self as files, ClientTls, TlsError};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::{CertificateDer, UnixTime};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+
+/// How often the node looks for changed certificate and key files.
+pub const RELOAD_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// The files a node's TLS is made of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This node's certificate chain (PEM), signed by the peer CA. It must name the host that
+    /// clients and peers use to reach the node, and allow both server and client use.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA that signs every node's certificate (PEM).
+    pub peer_ca: PathBuf,
+    /// The CA that signs clients' certificates (PEM), if clients authenticate with one.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn paths(&self) -> impl Iterator<Item = &PathBuf> {
+        [&self.cert, &self.key, &self.peer_ca].into_iter().chain(self.client_ca.as_ref())
+    }
+}
+
+/// Who is at the other end of a connection, as its TLS handshake proved.
+#[derive(Clone, Debug, Default)]
+pub struct Caller {
+    /// The address the connection came from.
+    pub remote: Option<std::net::SocketAddr>,
+    /// The connection is encrypted.
+    pub tls: bool,
+    /// Its client certificate chains to the peer CA: a cluster member.
+    pub member: bool,
+    /// Its client certificate, when it presented one (a member's or a client's).
+    pub certificate: Option<CertificateDer<'static>>,
+}
+
+/// The TLS configuration built from [`TlsFiles`], replaced whole when a file changes.
+struct Loaded {
+    server: Arc<rustls::ServerConfig>,
+    members: Arc<dyn ClientCertVerifier>,
+}
+
+/// A node's TLS: the acceptor's configuration, how it tells members from clients, and the
+/// client configuration its calls to peers use. Reloaded when its files change.
+pub struct ServerTls {
+    files: TlsFiles,
+    loaded: RwLock<Arc<Loaded>>,
+    to_peers: ClientTls,
+    stamps: std::sync::Mutex<Vec<Option<(SystemTime, u64)>>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").field("files", &self.files).finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Reads the files.
+    ///
+    /// # Errors
+    /// [`TlsError`] when a file cannot be read, the key does not fit the certificate, or the
+    /// client CA shares a certificate with the peer CA.
+    pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        let stamps = stamps(&files);
+        let (loaded, to_peers) = build(&files)?;
+        Ok(Self {
+            files,
+            loaded: RwLock::new(Arc::new(loaded)),
+            to_peers: ClientTls::new(to_peers),
+            stamps: std::sync::Mutex::new(stamps),
+        })
+    }
+
+    /// The configuration for a connection accepted now.
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.current().server.clone())
+    }
+
+    /// The client side for this node's calls to its peers.
+    #[must_use]
+    pub fn to_peers(&self) -> &ClientTls {
+        &self.to_peers
+    }
+
+    fn current(&self) -> Arc<Loaded> {
+        self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Who presented `chain` (the client certificates of a finished handshake, leaf first).
+    pub(crate) fn caller(
+        &self,
+        remote: std::net::SocketAddr,
+        chain: Option<&[CertificateDer<'static>]>,
+    ) -> Caller {
+        let Some((leaf, intermediates)) = chain.and_then(<[_]>::split_first) else {
+            return Caller { remote: Some(remote), tls: true, member: false, certificate: None };
+        };
+        let member =
+            self.current().members.verify_client_cert(leaf, intermediates, UnixTime::now()).is_ok();
+        Caller { remote: Some(remote), tls: true, member, certificate: Some(leaf.clone()) }
+    }
+
+    /// Rereads the files if any changed since the last look; a failure keeps the configuration
+    /// in use and says why. Returns whether a new configuration took effect.
+    pub fn reload_if_changed(&self) -> bool {
+        let now = stamps(&self.files);
+        {
+            let mut seen = self.stamps.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *seen == now {
+                return false;
+            }
+            *seen = now;
+        }
+        match build(&self.files) {
+            Ok((loaded, to_peers)) => {
+                *self.loaded.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Arc::new(loaded);
+                self.to_peers.replace(to_peers);
+                tracing::info!(cert = %self.files.cert.display(), "reloaded the TLS files");
+                true
+            }
+            Err(error) => {
+                tracing::error!(
+                    %error,
+                    "the changed TLS files cannot be used; still serving with the previous ones"
+                );
+                false
+            }
+        }
+    }
+}
+
+/// Every [`RELOAD_CHECK_EVERY`], reloads the files that changed, until `stop` says so.
+pub(crate) async fn reload(tls: Arc<ServerTls>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(RELOAD_CHECK_EVERY) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        tls.reload_if_changed();
+    }
+}
+
+/// Each file's modification time and length, or nothing for a file that cannot be read.
+fn stamps(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
+    files
+        .paths()
+        .map(|path| {
+            let metadata = std::fs::metadata(path).ok()?;
+            Some((metadata.modified().ok()?, metadata.len()))
+        })
+        .collect()
+}
+
+fn invalid(what: impl Into<String>) -> impl FnOnce(rustls::Error) -> TlsError {
+    let what = what.into();
+    move |source| TlsError::Invalid { what, source }
+}
+
+fn build(files: &TlsFiles) -> Result<(Loaded, rustls::ClientConfig), TlsError> {
+    let peer_roots = files::read_roots(&files.peer_ca)?;
+    let mut all_roots = peer_roots.clone();
+    if let Some(client_ca) = &files.client_ca {
+        let client_certificates = files::read_certificates(client_ca)?;
+        let peer_certificates = files::read_certificates(&files.peer_ca)?;
+        if client_certificates.iter().any(|certificate| peer_certificates.contains(certificate)) {
+            return Err(TlsError::Invalid {
+                what: format!(
+                    "{} and {} share a CA certificate: a client's certificate would pass for a \
+                     cluster member's; sign clients' certificates with a CA of their own",
+                    client_ca.display(),
+                    files.peer_ca.display()
+                ),
+                source: rustls::Error::General("the client CA is the peer CA".into()),
+            });
+        }
+        for certificate in client_certificates {
+            all_roots.add(certificate).map_err(invalid(format!(
+                "a certificate in {} cannot be a trusted CA",
+                client_ca.display()
+            )))?;
+        }
+    }
+    let provider = files::provider();
+    let members =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(peer_roots), provider.clone())
+            .build()
+            .map_err(|error| TlsError::Invalid {
+                what: format!("the peer CA in {}", files.peer_ca.display()),
+                source: rustls::Error::General(error.to_string()),
+            })?;
+    // Clients may connect without a certificate (they can authenticate with a bearer token, or
+    // not at all when the node asks for nothing); whoever presents one must present a valid one.
+    let anyone = WebPkiClientVerifier::builder_with_provider(Arc::new(all_roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|error| TlsError::Invalid {
+            what: "the client and peer CAs".into(),
+            source: rustls::Error::General(error.to_string()),
+        })?;
+    let chain = files::read_certificates(&files.cert)?;
+    let key = files::read_private_key(&files.key)?;
+    let fits = format!(
+        "the key in {} does not fit the certificate in {}",
+        files.key.display(),
+        files.cert.display()
+    );
+    let mut server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(invalid("TLS versions"))?
+        .with_client_cert_verifier(anyone)
+        .with_single_cert(chain, key)
+        .map_err(invalid(fits))?;
+    server.alpn_protocols =
+        files::ALPN_PROTOCOLS.iter().map(|protocol| protocol.to_vec()).collect();
+    let to_peers = files::client_config(&files.peer_ca, Some((&files.cert, &files.key)))?;
+    Ok((Loaded { server: Arc::new(server), members }, to_peers))
+}
