@@ -16,7 +16,7 @@ use tonic::{Response, Status};
 
 /// How long the client keeps trying before it gives up on a call, how long one attempt may
 /// take, and how long to wait between attempts.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// Total time to keep retrying one call across endpoints and elections.
     pub retry_for: Duration,
@@ -31,6 +31,24 @@ pub struct ClientConfig {
     /// TLS toward the nodes (whom to trust, which certificate to present); `None` for
     /// plaintext. Build one with [`ClientTls::from_files`].
     pub tls: Option<ClientTls>,
+    /// A bearer token sent with every request, for a cluster that authenticates its clients
+    /// (the secret itself; the cluster's auth file keeps only its SHA-256).
+    pub bearer_token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: say whether there is one, never what it is.
+        f.debug_struct("ClientConfig")
+            .field("retry_for", &self.retry_for)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("tls", &self.tls.is_some())
+            .field("bearer_token", &self.bearer_token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -42,6 +60,7 @@ impl Default for ClientConfig {
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(500),
             tls: None,
+            bearer_token: None,
         }
     }
 }
@@ -165,6 +184,10 @@ impl Client {
                     self.inner.config.tls.as_ref(),
                 )
                 .await?;
+                let opened = match &self.inner.config.bearer_token {
+                    Some(token) => opened.with_bearer_token(token)?,
+                    None => opened,
+                };
                 // Another call may have opened one meanwhile; keep a single live connection.
                 let mut connections = self.lock_connections();
                 let entry =

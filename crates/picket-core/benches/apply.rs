@@ -11,7 +11,7 @@ fn machine_with_sessions(count: u64) -> (StateMachine, Vec<SessionId>) {
         .map(|_| {
             let applied = machine.apply(&Input {
                 now_ms: 0,
-                command: Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
+                command: Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
             });
             let Ok(Response::SessionOpened { session, .. }) = applied.result else {
                 unreachable!()

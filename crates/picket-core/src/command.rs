@@ -29,6 +29,12 @@ pub enum Command {
         ttl_ms: u64,
         /// After this session expires or is revoked, its locks stay ungrantable this long.
         lock_delay_ms: u64,
+        /// The principal that opens it, when the service authenticates its clients; only that
+        /// principal (or an admin) may use the session. At most [`MAX_OWNER_BYTES`] bytes.
+        ///
+        /// [`MAX_OWNER_BYTES`]: crate::MAX_OWNER_BYTES
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
     },
     /// Gives one session a full TTL from now.
     KeepAlive {
@@ -119,9 +125,13 @@ pub enum Command {
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::OpenSession { ttl_ms, lock_delay_ms } => {
+            Self::OpenSession { ttl_ms, lock_delay_ms, owner: None } => {
                 write!(f, "open_session(ttl_ms={ttl_ms}, lock_delay_ms={lock_delay_ms})")
             }
+            Self::OpenSession { ttl_ms, lock_delay_ms, owner: Some(owner) } => write!(
+                f,
+                "open_session(ttl_ms={ttl_ms}, lock_delay_ms={lock_delay_ms}, owner={owner:?})"
+            ),
             Self::KeepAlive { session } => write!(f, "keep_alive({session})"),
             Self::CloseSession { session } => write!(f, "close_session({session})"),
             Self::RevokeSession { session } => write!(f, "revoke_session({session})"),

@@ -80,6 +80,16 @@ pub enum CommandError {
         /// Longest allowed.
         max_wait_ms: u64,
     },
+    /// A session's owner is empty or too long.
+    #[error(
+        "a session owner's name of {owner_bytes} bytes is out of range: principals are named with 1 to {max_owner_bytes} bytes"
+    )]
+    InvalidOwner {
+        /// The owner's length.
+        owner_bytes: usize,
+        /// The longest allowed.
+        max_owner_bytes: usize,
+    },
     /// The service already has as many sessions as it allows.
     #[error(
         "the service already has {max_sessions} sessions, its limit: close unused sessions or retry later"
@@ -217,6 +227,7 @@ impl CommandError {
             Self::TtlOutOfRange { .. } => "ttl_out_of_range",
             Self::LockDelayOutOfRange { .. } => "lock_delay_out_of_range",
             Self::WaitOutOfRange { .. } => "wait_out_of_range",
+            Self::InvalidOwner { .. } => "invalid_owner",
             Self::TooManySessions { .. } => "too_many_sessions",
             Self::TooManyLocks { .. } => "too_many_locks",
             Self::TooManyLocksForSession { .. } => "too_many_locks_for_session",

@@ -11,7 +11,7 @@
 //! use picket_core::{Command, Input, Limits, RequestId, Response, StateMachine, Wait};
 //!
 //! let mut machine = StateMachine::new(Limits::default());
-//! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0 } };
+//! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None } };
 //! let Ok(Response::SessionOpened { session: a, .. }) = machine.apply(&open(0)).result else { panic!() };
 //! let Ok(Response::SessionOpened { session: b, .. }) = machine.apply(&open(0)).result else { panic!() };
 //!
@@ -49,7 +49,8 @@ mod types;
 pub use command::{Command, Input};
 pub use error::{CommandError, NameError};
 pub use limits::{
-    DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits, MAX_NAME_BYTES_CAP, MAX_RENEWALS_PER_TICK_CAP,
+    DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits, MAX_NAME_BYTES_CAP, MAX_OWNER_BYTES,
+    MAX_RENEWALS_PER_TICK_CAP,
 };
 pub use machine::{RestoreError, StateMachine};
 pub use name::validate_name;

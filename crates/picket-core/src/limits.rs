@@ -43,6 +43,8 @@ pub struct Limits {
 
 /// The most [`Limits::max_name_bytes`] may be.
 pub const MAX_NAME_BYTES_CAP: usize = 65_536;
+/// The longest name of a session's owner (a principal's name), in bytes.
+pub const MAX_OWNER_BYTES: usize = 128;
 /// The most [`Limits::max_renewals_per_tick`] may be.
 pub const MAX_RENEWALS_PER_TICK_CAP: usize = 1_000_000;
 

@@ -27,7 +27,7 @@
 
 use crate::command::{Command, Input};
 use crate::error::CommandError;
-use crate::limits::Limits;
+use crate::limits::{Limits, MAX_OWNER_BYTES};
 use crate::name::validate_name;
 use crate::outcome::{Applied, Event, Response};
 use crate::query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo, SessionLease};
@@ -259,8 +259,8 @@ impl StateMachine {
     /// will do.
     fn plan(&self, command: &Command) -> Result<Plan, CommandError> {
         match command {
-            Command::OpenSession { ttl_ms, lock_delay_ms } => {
-                self.plan_open(*ttl_ms, *lock_delay_ms).map(|()| Plan::Simple)
+            Command::OpenSession { ttl_ms, lock_delay_ms, owner } => {
+                self.plan_open(*ttl_ms, *lock_delay_ms, owner.as_deref()).map(|()| Plan::Simple)
             }
             Command::KeepAlive { session }
             | Command::CloseSession { session }
@@ -288,8 +288,8 @@ impl StateMachine {
         let plan = self.plan(command)?;
         self.accept(step);
         Ok(match (command, plan) {
-            (Command::OpenSession { ttl_ms, lock_delay_ms }, _) => {
-                self.open_session(*ttl_ms, *lock_delay_ms, step)
+            (Command::OpenSession { ttl_ms, lock_delay_ms, owner }, _) => {
+                self.open_session((*ttl_ms, *lock_delay_ms), owner.clone(), step)
             }
             (Command::KeepAlive { session }, _) => self.keep_alive(*session, step),
             (Command::CloseSession { session }, _) => {
@@ -324,8 +324,21 @@ impl StateMachine {
         self.sessions.get(&session).ok_or(CommandError::UnknownSession { session })
     }
 
-    fn plan_open(&self, ttl_ms: u64, lock_delay_ms: u64) -> Result<(), CommandError> {
+    fn plan_open(
+        &self,
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+        owner: Option<&str>,
+    ) -> Result<(), CommandError> {
         let limits = &self.limits;
+        if let Some(owner) = owner
+            && !(1..=MAX_OWNER_BYTES).contains(&owner.len())
+        {
+            return Err(CommandError::InvalidOwner {
+                owner_bytes: owner.len(),
+                max_owner_bytes: MAX_OWNER_BYTES,
+            });
+        }
         if !(limits.min_ttl_ms..=limits.max_ttl_ms).contains(&ttl_ms) {
             return Err(CommandError::TtlOutOfRange {
                 ttl_ms,
@@ -345,7 +358,12 @@ impl StateMachine {
         Ok(())
     }
 
-    fn open_session(&mut self, ttl_ms: u64, lock_delay_ms: u64, step: &mut Step) -> Response {
+    fn open_session(
+        &mut self,
+        (ttl_ms, lock_delay_ms): (u64, u64),
+        owner: Option<String>,
+        step: &mut Step,
+    ) -> Response {
         let session = SessionId(self.revision);
         let deadline_ms = step.now_ms.saturating_add(ttl_ms);
         let record = SessionRecord {
@@ -354,6 +372,7 @@ impl StateMachine {
             deadline_ms,
             held: BTreeSet::new(),
             waiting: BTreeSet::new(),
+            owner,
         };
         assert!(self.sessions.insert(session, record).is_none(), "session ids are never reused");
         assert!(self.session_deadlines.insert((deadline_ms, session)));
@@ -955,13 +974,32 @@ impl StateMachine {
     /// Sessions in id order after `after`, at most `limit` and never more than the listing limit.
     #[must_use]
     pub fn sessions(&self, after: Option<SessionId>, limit: usize) -> Vec<SessionInfo> {
+        self.sessions_of(None, after, limit)
+    }
+
+    /// Like [`StateMachine::sessions`], only the sessions `owner` opened (all when `None`).
+    #[must_use]
+    pub fn sessions_of(
+        &self,
+        owner: Option<&str>,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Vec<SessionInfo> {
         let limit = limit.min(self.limits.max_list);
         let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         self.sessions
             .range((start, std::ops::Bound::Unbounded))
+            .filter(|(_, record)| owner.is_none() || record.owner.as_deref() == owner)
             .take(limit)
             .map(|(session, record)| session_info(*session, record))
             .collect()
+    }
+
+    /// The principal that opened a live session: `None` for an unknown session, `Some(None)`
+    /// for a session opened without authentication.
+    #[must_use]
+    pub fn session_owner(&self, session: SessionId) -> Option<Option<&str>> {
+        self.sessions.get(&session).map(|record| record.owner.as_deref())
     }
 
     /// Whether the sequencer names the lock's current grant.
@@ -998,6 +1036,7 @@ fn session_info(session: SessionId, record: &SessionRecord) -> SessionInfo {
         deadline_ms: record.deadline_ms,
         held: record.held.iter().cloned().collect(),
         waiting: record.waiting.iter().cloned().collect(),
+        owner: record.owner.clone(),
     }
 }
 

@@ -40,6 +40,8 @@ pub struct SessionInfo {
     pub held: Vec<String>,
     /// Locks it waits for.
     pub waiting: Vec<String>,
+    /// The principal that opened it, when the service authenticates clients.
+    pub owner: Option<String>,
 }
 
 /// Whether a sequencer names the current grant of its lock.

@@ -14,6 +14,9 @@ pub(crate) struct SessionRecord {
     pub(crate) held: BTreeSet<String>,
     /// Locks this session is queued for.
     pub(crate) waiting: BTreeSet<String>,
+    /// The principal that opened it, when the service authenticates clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) owner: Option<String>,
 }
 
 impl SessionRecord {

@@ -28,7 +28,7 @@ fn busy_machine() -> StateMachine {
         machine.apply(&Input { now_ms, command });
     };
     for lock_delay_ms in [0, 0, 2_000] {
-        apply(&mut machine, Command::OpenSession { ttl_ms: 5_000, lock_delay_ms });
+        apply(&mut machine, Command::OpenSession { ttl_ms: 5_000, lock_delay_ms, owner: None });
     }
     let sessions: Vec<SessionId> =
         machine.sessions(None, 10).iter().map(|info| info.session).collect();
@@ -104,8 +104,11 @@ fn command_json() -> impl Strategy<Value = Value> {
     let session = || edge_u64().prop_map(SessionId);
     let command =
         prop_oneof![
-            (edge_u64(), edge_u64())
-                .prop_map(|(ttl_ms, lock_delay_ms)| Command::OpenSession { ttl_ms, lock_delay_ms }),
+            (edge_u64(), edge_u64()).prop_map(|(ttl_ms, lock_delay_ms)| Command::OpenSession {
+                ttl_ms,
+                lock_delay_ms,
+                owner: None
+            }),
             session().prop_map(|session| Command::KeepAlive { session }),
             session().prop_map(|session| Command::CloseSession { session }),
             session().prop_map(|session| Command::RevokeSession { session }),

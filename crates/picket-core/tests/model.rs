@@ -156,7 +156,7 @@ impl Model {
             _ => self.now_ms.max(input.now_ms),
         };
         match &input.command {
-            Command::OpenSession { ttl_ms, lock_delay_ms } => {
+            Command::OpenSession { ttl_ms, lock_delay_ms, .. } => {
                 if *ttl_ms < self.limits.min_ttl_ms || *ttl_ms > self.limits.max_ttl_ms {
                     return Err("ttl_out_of_range");
                 }
@@ -477,9 +477,11 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
     };
     let name = |index: usize| NAMES[index].to_owned();
     let command = match &step.op {
-        Op::Open { ttl, delay } => {
-            Command::OpenSession { ttl_ms: TTLS_MS[*ttl], lock_delay_ms: DELAYS_MS[*delay] }
-        }
+        Op::Open { ttl, delay } => Command::OpenSession {
+            ttl_ms: TTLS_MS[*ttl],
+            lock_delay_ms: DELAYS_MS[*delay],
+            owner: None,
+        },
         Op::KeepAlive { who: w } => Command::KeepAlive { session: who(*w) },
         Op::Close { who: w } => Command::CloseSession { session: who(*w) },
         Op::Revoke { who: w } => Command::RevokeSession { session: who(*w) },

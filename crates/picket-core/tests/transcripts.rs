@@ -2,8 +2,8 @@
 //! with the expected transcript, line by line, so a reader sees the whole behaviour at once.
 
 use picket_core::{
-    Applied, CheckOutcome, Command, CommandError, Event, Input, Limits, NameError, RequestId,
-    Response, Sequencer, SessionId, StateMachine, Wait,
+    Applied, CheckOutcome, Command, CommandError, Event, Input, Limits, MAX_OWNER_BYTES, NameError,
+    RequestId, Response, Sequencer, SessionId, StateMachine, Wait,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -60,7 +60,7 @@ impl Story {
     }
 
     fn open(&mut self, now_ms: u64, who: &str, ttl_ms: u64, lock_delay_ms: u64) -> SessionId {
-        let applied = self.run(now_ms, Command::OpenSession { ttl_ms, lock_delay_ms });
+        let applied = self.run(now_ms, Command::OpenSession { ttl_ms, lock_delay_ms, owner: None });
         let Ok(Response::SessionOpened { session, .. }) = applied.result else {
             panic!("open failed: {:?}", applied.result)
         };
@@ -132,7 +132,7 @@ impl Story {
 
     fn describe(&self, command: &Command) -> String {
         match command {
-            Command::OpenSession { ttl_ms, lock_delay_ms } => {
+            Command::OpenSession { ttl_ms, lock_delay_ms, .. } => {
                 format!("open ttl={ttl_ms} delay={lock_delay_ms}")
             }
             Command::KeepAlive { session } => format!("keepalive {}", self.who(*session)),
@@ -475,11 +475,11 @@ fn bad_input_is_refused_with_a_typed_error() {
     let over_long = "n".repeat(limits.max_name_bytes + 1);
     let cases: Vec<(Command, CommandError)> = vec![
         (
-            Command::OpenSession { ttl_ms: 0, lock_delay_ms: 0 },
+            Command::OpenSession { ttl_ms: 0, lock_delay_ms: 0, owner: None },
             CommandError::TtlOutOfRange { ttl_ms: 0, min_ttl_ms: 1_000, max_ttl_ms: 3_600_000 },
         ),
         (
-            Command::OpenSession { ttl_ms: limits.max_ttl_ms + 1, lock_delay_ms: 0 },
+            Command::OpenSession { ttl_ms: limits.max_ttl_ms + 1, lock_delay_ms: 0, owner: None },
             CommandError::TtlOutOfRange {
                 ttl_ms: 3_600_001,
                 min_ttl_ms: 1_000,
@@ -487,8 +487,24 @@ fn bad_input_is_refused_with_a_typed_error() {
             },
         ),
         (
-            Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: limits.max_lock_delay_ms + 1 },
+            Command::OpenSession {
+                ttl_ms: 2_000,
+                lock_delay_ms: limits.max_lock_delay_ms + 1,
+                owner: None,
+            },
             CommandError::LockDelayOutOfRange { lock_delay_ms: 60_001, max_lock_delay_ms: 60_000 },
+        ),
+        (
+            Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: Some(String::new()) },
+            CommandError::InvalidOwner { owner_bytes: 0, max_owner_bytes: MAX_OWNER_BYTES },
+        ),
+        (
+            Command::OpenSession {
+                ttl_ms: 2_000,
+                lock_delay_ms: 0,
+                owner: Some("o".repeat(MAX_OWNER_BYTES + 1)),
+            },
+            CommandError::InvalidOwner { owner_bytes: 129, max_owner_bytes: MAX_OWNER_BYTES },
         ),
         (
             Command::Acquire {
@@ -576,7 +592,8 @@ fn count_limits_are_enforced() {
     story.open(0, "A", 2_000, 0);
     story.open(0, "B", 2_000, 0);
     story.open(0, "C", 2_000, 0);
-    let fourth = story.run(0, Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0 });
+    let fourth =
+        story.run(0, Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None });
     assert_eq!(error_of(&fourth), CommandError::TooManySessions { max_sessions: 3 });
 
     story.acquire(1, "A", "x", Wait::Try);
@@ -801,4 +818,27 @@ fn abandoning_an_earlier_attempt_leaves_a_retrys_grant_alone() {
             released \"x\" by S token=6 (Abandoned)
         ",
     );
+}
+
+/// Issue 15: a session belongs to the principal that opened it. The owner is kept with the
+/// session, through snapshots, and reported; a session opened without one has none, and a log
+/// written before owners existed still reads.
+#[test]
+fn a_session_keeps_the_owner_it_was_opened_with() {
+    let mut story = Story::new();
+    let owned = story.run(
+        0,
+        Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: Some("scheduler".into()) },
+    );
+    let Ok(Response::SessionOpened { session, .. }) = owned.result else {
+        panic!("opened: {owned:?}")
+    };
+    let anonymous = story.open(0, "B", 2_000, 0);
+    let restored = StateMachine::restore(&story.machine.snapshot()).unwrap();
+    assert_eq!(restored.session(session).unwrap().owner.as_deref(), Some("scheduler"));
+    assert_eq!(restored.session(anonymous).unwrap().owner, None);
+    let old_entry = r#"{"type":"open_session","ttl_ms":2000,"lock_delay_ms":0}"#;
+    let decoded: Command = serde_json::from_str(old_entry).unwrap();
+    assert_eq!(decoded, Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None });
+    assert_eq!(serde_json::to_string(&decoded).unwrap(), old_entry, "no owner, no new field");
 }

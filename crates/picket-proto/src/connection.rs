@@ -34,6 +34,8 @@ pub struct Connection {
     send: h2::client::SendRequest<Bytes>,
     max_request_bytes: usize,
     origin: http::Uri,
+    /// Sent as the `authorization` header of every request.
+    authorization: Option<http::HeaderValue>,
 }
 
 impl Connection {
@@ -80,7 +82,7 @@ impl Connection {
             }
         };
         match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(send)) => Ok(Self { send, max_request_bytes, origin }),
+            Ok(Ok(send)) => Ok(Self { send, max_request_bytes, origin, authorization: None }),
             Ok(Err(error)) => {
                 Err(Status::unavailable(format!("{NOT_SENT}cannot connect to {endpoint}: {error}")))
             }
@@ -88,6 +90,19 @@ impl Connection {
                 "{NOT_SENT}cannot connect to {endpoint} within {connect_timeout:?}"
             ))),
         }
+    }
+
+    /// Sends `authorization: Bearer <token>` with every request on this connection.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` when the token cannot be a header value (a control character).
+    pub fn with_bearer_token(mut self, token: &str) -> Result<Self, Status> {
+        let mut value = http::HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+            Status::invalid_argument("the bearer token holds a character a header cannot carry")
+        })?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
     }
 
     /// `http://host:port` (or `https://`) of the endpoint, for a generated client's `with_origin`.
@@ -188,7 +203,10 @@ impl tower_service::Service<http::Request<Body>> for Connection {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        if let Some(authorization) = &self.authorization {
+            request.headers_mut().insert(http::header::AUTHORIZATION, authorization.clone());
+        }
         Box::pin(send(self.send.clone(), self.max_request_bytes, request))
     }
 }

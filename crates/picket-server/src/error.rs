@@ -56,6 +56,12 @@ pub enum ServiceError {
     /// The node is shutting down or its consensus engine stopped.
     #[error("this node has stopped serving ({0}): use another node")]
     Stopped(String),
+    /// The request carries no valid credentials, and this node requires them.
+    #[error("not authenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller is authenticated but may not do this.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// One of this node's own bounds is full.
     #[error("this node already has {max} {}: retry later, or use another node", .limit.what())]
     Exhausted {
@@ -101,6 +107,8 @@ impl ServiceError {
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::BadRequest(_) => "bad_request",
             Self::Stopped(_) => "stopped",
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::PermissionDenied(_) => "permission_denied",
             Self::Exhausted { limit, .. } => limit.code(),
         }
     }
@@ -131,6 +139,8 @@ impl ServiceError {
             | Self::Stopped(_)
             | Self::WaitUntracked { .. } => 503,
             Self::BadRequest(_) => 400,
+            Self::Unauthenticated(_) => 401,
+            Self::PermissionDenied(_) => 403,
             Self::Exhausted { .. } => 429,
         }
     }
@@ -143,6 +153,8 @@ impl ServiceError {
             409 => tonic::Code::FailedPrecondition,
             429 => tonic::Code::ResourceExhausted,
             400 => tonic::Code::InvalidArgument,
+            401 => tonic::Code::Unauthenticated,
+            403 => tonic::Code::PermissionDenied,
             _ => tonic::Code::Unavailable,
         }
     }

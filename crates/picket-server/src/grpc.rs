@@ -1,8 +1,10 @@
 //! The gRPC client API: a thin translation between protobuf messages and [`Node`].
 
+use crate::auth::{Access, authenticate};
 use crate::error::ServiceError;
 use crate::node::AcquireRequest;
 use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
+use crate::tls::Caller;
 use futures_util::Stream;
 use picket_core::{CheckOutcome, Event, LockInfo, RequestId, SessionId, SessionInfo, Wait};
 use picket_proto::v1::{self, picket_server};
@@ -22,6 +24,14 @@ pub struct ClientService {
 }
 
 impl ClientService {
+    /// The caller of a request, from its connection and `authorization` metadata
+    /// ([`crate::auth`]).
+    fn who<T>(&self, request: &Request<T>) -> Result<Access, Status> {
+        let caller = request.extensions().get::<Caller>();
+        let authorization = request.metadata().get("authorization").map(|value| value.as_bytes());
+        authenticate(self.node.auth(), caller, authorization).map_err(|error| status(&error))
+    }
+
     /// The tonic service for `node`.
     #[must_use]
     pub fn server(node: Arc<Node>) -> picket_server::PicketServer<Self> {
@@ -174,8 +184,10 @@ impl picket_server::Picket for ClientService {
         &self,
         request: Request<v1::OpenSessionRequest>,
     ) -> Reply<v1::OpenSessionResponse> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
-        let opened = self.node.open_session(request.ttl_ms, request.lock_delay_ms).await;
+        let opened =
+            self.node.as_caller(who).open_session(request.ttl_ms, request.lock_delay_ms).await;
         respond(
             opened
                 .map(|(session, ttl_ms)| v1::OpenSessionResponse { session_id: session.0, ttl_ms }),
@@ -186,8 +198,9 @@ impl picket_server::Picket for ClientService {
         &self,
         request: Request<v1::KeepAliveRequest>,
     ) -> Reply<v1::KeepAliveResponse> {
+        let who = self.who(&request)?;
         let session_id = request.into_inner().session_id;
-        let kept = self.node.keep_alive(SessionId(session_id)).await;
+        let kept = self.node.as_caller(who).keep_alive(SessionId(session_id)).await;
         respond(kept.map(|ttl_ms| v1::KeepAliveResponse { session_id, ttl_ms }))
     }
 
@@ -195,37 +208,42 @@ impl picket_server::Picket for ClientService {
         &self,
         request: Request<v1::KeepAliveManyRequest>,
     ) -> Reply<v1::KeepAliveManyResponse> {
+        let who = self.who(&request)?;
         let sessions: Vec<SessionId> =
             request.into_inner().session_ids.into_iter().map(SessionId).collect();
-        let kept = self.node.keep_alive_many(&sessions).await;
+        let kept = self.node.as_caller(who).keep_alive_many(&sessions).await;
         respond(kept.map(|ttls| v1::KeepAliveManyResponse {
             ttl_ms: ttls.into_iter().map(|ttl| ttl.unwrap_or(0)).collect(),
         }))
     }
 
     async fn close_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
+        let who = self.who(&request)?;
         let session = SessionId(request.into_inner().session_id);
-        respond(self.node.close_session(session).await.map(|()| v1::Empty {}))
+        respond(self.node.as_caller(who).close_session(session).await.map(|()| v1::Empty {}))
     }
 
     async fn revoke_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
+        let who = self.who(&request)?;
         let session = SessionId(request.into_inner().session_id);
-        respond(self.node.revoke_session(session).await.map(|()| v1::Empty {}))
+        respond(self.node.as_caller(who).revoke_session(session).await.map(|()| v1::Empty {}))
     }
 
     async fn list_sessions(
         &self,
         request: Request<v1::ListSessionsRequest>,
     ) -> Reply<v1::ListSessionsResponse> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
         let after = (request.after > 0).then_some(SessionId(request.after));
-        let sessions = self.node.sessions(after, limit_from(request.limit)).await;
+        let sessions = self.node.as_caller(who).sessions(after, limit_from(request.limit)).await;
         respond(sessions.map(|sessions| v1::ListSessionsResponse {
             sessions: sessions.into_iter().map(session_message).collect(),
         }))
     }
 
     async fn acquire(&self, request: Request<v1::AcquireRequest>) -> Reply<v1::AcquireResponse> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
         let wait = wait_from(request.wait_ms);
         let asked = AcquireRequest {
@@ -233,7 +251,11 @@ impl picket_server::Picket for ClientService {
             request: request.request_id.map(RequestId),
             attempt: request.attempt,
         };
-        let grant = self.node.acquire(SessionId(request.session_id), &request.name, asked).await;
+        let grant = self
+            .node
+            .as_caller(who)
+            .acquire(SessionId(request.session_id), &request.name, asked)
+            .await;
         respond(grant.map(|grant| v1::AcquireResponse {
             token: grant.token,
             sequencer: grant.sequencer(),
@@ -242,9 +264,11 @@ impl picket_server::Picket for ClientService {
     }
 
     async fn abandon(&self, request: Request<v1::AbandonRequest>) -> Reply<v1::AbandonResponse> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
         let abandoned = self
             .node
+            .as_caller(who)
             .abandon(
                 SessionId(request.session_id),
                 &request.name,
@@ -256,30 +280,38 @@ impl picket_server::Picket for ClientService {
     }
 
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Reply<v1::Empty> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
-        let released =
-            self.node.release(SessionId(request.session_id), &request.name, request.token).await;
+        let released = self
+            .node
+            .as_caller(who)
+            .release(SessionId(request.session_id), &request.name, request.token)
+            .await;
         respond(released.map(|()| v1::Empty {}))
     }
 
     async fn get_lock(&self, request: Request<v1::GetLockRequest>) -> Reply<v1::LockInfo> {
-        respond(self.node.lock(&request.into_inner().name).await.map(lock_message))
+        let who = self.who(&request)?;
+        respond(self.node.as_caller(who).lock(&request.into_inner().name).await.map(lock_message))
     }
 
     async fn list_locks(
         &self,
         request: Request<v1::ListLocksRequest>,
     ) -> Reply<v1::ListLocksResponse> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
         let after = (!request.after.is_empty()).then_some(request.after.as_str());
-        let locks = self.node.locks(&request.prefix, after, limit_from(request.limit)).await;
+        let locks =
+            self.node.as_caller(who).locks(&request.prefix, after, limit_from(request.limit)).await;
         respond(locks.map(|locks| v1::ListLocksResponse {
             locks: locks.into_iter().map(lock_message).collect(),
         }))
     }
 
     async fn check(&self, request: Request<v1::CheckRequest>) -> Reply<v1::CheckResponse> {
-        let outcome = self.node.check(&request.into_inner().sequencer).await;
+        let who = self.who(&request)?;
+        let outcome = self.node.as_caller(who).check(&request.into_inner().sequencer).await;
         respond(outcome.map(|(outcome, presented_token)| {
             let (status, current_token) = check_fields(outcome, presented_token);
             v1::CheckResponse { status: status.to_owned(), current_token }
@@ -289,6 +321,7 @@ impl picket_server::Picket for ClientService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, request: Request<v1::WatchRequest>) -> Reply<Self::WatchStream> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
         let losses_only = request.losses_only;
         let target = match request.target {
@@ -329,7 +362,7 @@ impl picket_server::Picket for ClientService {
                 ));
             }
         };
-        let watch = self.node.watch(target).map_err(|error| status(&error))?;
+        let watch = self.node.as_caller(who).watch(target).map_err(|error| status(&error))?;
         let stream = futures_util::stream::unfold(watch, |mut watch| async move {
             let item = watch.next().await?;
             Some((item.map(watch_message).map_err(|error| status(&error)), watch))
@@ -337,20 +370,35 @@ impl picket_server::Picket for ClientService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn cluster(&self, _request: Request<v1::Empty>) -> Reply<v1::ClusterInfo> {
-        Ok(Response::new(cluster_message(self.node.cluster())))
+    async fn cluster(&self, request: Request<v1::Empty>) -> Reply<v1::ClusterInfo> {
+        let who = self.who(&request)?;
+        Ok(Response::new(cluster_message(self.node.as_caller(who).cluster())))
     }
 
     async fn add_member(&self, request: Request<v1::AddMemberRequest>) -> Reply<v1::ClusterInfo> {
+        let who = self.who(&request)?;
         let request = request.into_inner();
-        respond(self.node.add_member(request.node_id, request.addr).await.map(cluster_message))
+        respond(
+            self.node
+                .as_caller(who)
+                .add_member(request.node_id, request.addr)
+                .await
+                .map(cluster_message),
+        )
     }
 
     async fn remove_member(
         &self,
         request: Request<v1::RemoveMemberRequest>,
     ) -> Reply<v1::ClusterInfo> {
-        respond(self.node.remove_member(request.into_inner().node_id).await.map(cluster_message))
+        let who = self.who(&request)?;
+        respond(
+            self.node
+                .as_caller(who)
+                .remove_member(request.into_inner().node_id)
+                .await
+                .map(cluster_message),
+        )
     }
 }
 

@@ -6,9 +6,11 @@
 //! Lock names go in the path as they are, `/` included (`GET /v1/locks/jobs/nightly`); other
 //! characters outside `A-Z a-z 0-9 - . _ ~ /` must be percent-encoded.
 
+use crate::auth::{Access, authenticate};
 use crate::error::ServiceError;
 use crate::grpc::{check_fields, to_snake_case};
 use crate::node::{AcquireRequest, ClusterView, Node, WatchItem, WatchTarget};
+use crate::tls::Caller;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::StatusCode;
@@ -89,6 +91,22 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// The caller of a request, authenticated from its connection and `authorization` header
+/// ([`crate::auth`]); a request that proves nobody the node knows is refused with 401 before
+/// its body is read.
+struct Who(Access);
+
+impl FromRequestParts<Arc<Node>> for Who {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, node: &Arc<Node>) -> Result<Self, ApiError> {
+        let caller = parts.extensions.get::<Caller>();
+        let authorization =
+            parts.headers.get(axum::http::header::AUTHORIZATION).map(|value| value.as_bytes());
+        Ok(Self(authenticate(node.auth(), caller, authorization)?))
+    }
+}
 
 /// A JSON body whose rejection is answered in the API's error format.
 struct Body<T>(T);
@@ -227,34 +245,39 @@ struct SessionOpened {
 
 async fn open_session(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     Body(body): Body<OpenSessionBody>,
 ) -> ApiResult<SessionOpened> {
-    let (session, ttl_ms) = node.open_session(body.ttl_ms, body.lock_delay_ms).await?;
+    let (session, ttl_ms) =
+        node.as_caller(who).open_session(body.ttl_ms, body.lock_delay_ms).await?;
     Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
 }
 
 async fn keep_alive(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     PathParam(id): PathParam<String>,
 ) -> ApiResult<SessionOpened> {
     let session = session_path(&id)?;
-    let ttl_ms = node.keep_alive(session).await?;
+    let ttl_ms = node.as_caller(who).keep_alive(session).await?;
     Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
 }
 
 async fn close_session(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     PathParam(id): PathParam<String>,
 ) -> ApiResult<Value> {
-    node.close_session(session_path(&id)?).await?;
+    node.as_caller(who).close_session(session_path(&id)?).await?;
     Ok(Json(json!({})))
 }
 
 async fn revoke_session(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     PathParam(id): PathParam<String>,
 ) -> ApiResult<Value> {
-    node.revoke_session(session_path(&id)?).await?;
+    node.as_caller(who).revoke_session(session_path(&id)?).await?;
     Ok(Json(json!({})))
 }
 
@@ -286,10 +309,13 @@ fn session_json(info: SessionInfo) -> SessionJson {
 
 async fn list_sessions(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     QueryParams(query): QueryParams<ListSessionsQuery>,
 ) -> ApiResult<Value> {
-    let sessions =
-        node.sessions(query.after.map(SessionId), query.limit.unwrap_or(usize::MAX)).await?;
+    let sessions = node
+        .as_caller(who)
+        .sessions(query.after.map(SessionId), query.limit.unwrap_or(usize::MAX))
+        .await?;
     let sessions: Vec<SessionJson> = sessions.into_iter().map(session_json).collect();
     Ok(Json(json!({ "sessions": sessions })))
 }
@@ -329,6 +355,7 @@ struct Granted {
 
 async fn acquire(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<Granted> {
     let wait = match body.wait_ms {
@@ -338,7 +365,7 @@ async fn acquire(
     };
     let asked =
         AcquireRequest { wait, request: body.request_id.map(RequestId), attempt: body.attempt };
-    let grant = node.acquire(SessionId(body.session_id), &body.name, asked).await?;
+    let grant = node.as_caller(who).acquire(SessionId(body.session_id), &body.name, asked).await?;
     let sequencer = grant.sequencer();
     Ok(Json(Granted {
         name: grant.name,
@@ -356,15 +383,24 @@ struct ReleaseBody {
     token: u64,
 }
 
-async fn abandon(State(node): State<Arc<Node>>, Body(body): Body<AbandonBody>) -> ApiResult<Value> {
+async fn abandon(
+    State(node): State<Arc<Node>>,
+    Who(who): Who,
+    Body(body): Body<AbandonBody>,
+) -> ApiResult<Value> {
     let released_token = node
+        .as_caller(who)
         .abandon(SessionId(body.session_id), &body.name, RequestId(body.request_id), body.attempt)
         .await?;
     Ok(Json(json!({ "released_token": released_token })))
 }
 
-async fn release(State(node): State<Arc<Node>>, Body(body): Body<ReleaseBody>) -> ApiResult<Value> {
-    node.release(SessionId(body.session_id), &body.name, body.token).await?;
+async fn release(
+    State(node): State<Arc<Node>>,
+    Who(who): Who,
+    Body(body): Body<ReleaseBody>,
+) -> ApiResult<Value> {
+    node.as_caller(who).release(SessionId(body.session_id), &body.name, body.token).await?;
     Ok(Json(json!({})))
 }
 
@@ -375,8 +411,12 @@ struct CancelBody {
     session_id: u64,
 }
 
-async fn cancel(State(node): State<Arc<Node>>, Body(body): Body<CancelBody>) -> ApiResult<Value> {
-    node.cancel(SessionId(body.session_id), &body.name).await?;
+async fn cancel(
+    State(node): State<Arc<Node>>,
+    Who(who): Who,
+    Body(body): Body<CancelBody>,
+) -> ApiResult<Value> {
+    node.as_caller(who).cancel(SessionId(body.session_id), &body.name).await?;
     Ok(Json(json!({})))
 }
 
@@ -401,25 +441,26 @@ pub fn lock_json(info: &LockInfo) -> Value {
 
 async fn get_lock(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     PathParam(name): PathParam<String>,
 ) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.lock(&name).await?)))
+    Ok(Json(lock_json(&node.as_caller(who).lock(&name).await?)))
 }
 
-async fn get_lock_named_acquire(State(node): State<Arc<Node>>) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.lock("acquire").await?)))
+async fn get_lock_named_acquire(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.as_caller(who).lock("acquire").await?)))
 }
 
-async fn get_lock_named_release(State(node): State<Arc<Node>>) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.lock("release").await?)))
+async fn get_lock_named_release(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.as_caller(who).lock("release").await?)))
 }
 
-async fn get_lock_named_cancel(State(node): State<Arc<Node>>) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.lock("cancel").await?)))
+async fn get_lock_named_cancel(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.as_caller(who).lock("cancel").await?)))
 }
 
-async fn get_lock_named_abandon(State(node): State<Arc<Node>>) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.lock("abandon").await?)))
+async fn get_lock_named_abandon(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
+    Ok(Json(lock_json(&node.as_caller(who).lock("abandon").await?)))
 }
 
 #[derive(Deserialize)]
@@ -433,9 +474,11 @@ struct ListLocksQuery {
 
 async fn list_locks(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     QueryParams(query): QueryParams<ListLocksQuery>,
 ) -> ApiResult<Value> {
     let locks = node
+        .as_caller(who)
         .locks(&query.prefix, query.after.as_deref(), query.limit.unwrap_or(usize::MAX))
         .await?;
     let locks: Vec<Value> = locks.iter().map(lock_json).collect();
@@ -450,9 +493,10 @@ struct CheckQuery {
 
 async fn check(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     QueryParams(query): QueryParams<CheckQuery>,
 ) -> ApiResult<Value> {
-    let (outcome, presented_token) = node.check(&query.sequencer).await?;
+    let (outcome, presented_token) = node.as_caller(who).check(&query.sequencer).await?;
     let (status, current_token) = check_fields(outcome, presented_token);
     let current_token = (current_token > 0).then_some(current_token);
     Ok(Json(json!({ "status": status, "current_token": current_token })))
@@ -482,8 +526,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
     })
 }
 
-async fn cluster(State(node): State<Arc<Node>>) -> Json<Value> {
-    Json(cluster_json(&node.cluster()))
+async fn cluster(State(node): State<Arc<Node>>, Who(who): Who) -> Json<Value> {
+    Json(cluster_json(&node.as_caller(who).cluster()))
 }
 
 #[derive(Deserialize)]
@@ -495,16 +539,18 @@ struct AddMemberBody {
 
 async fn add_member(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     Body(body): Body<AddMemberBody>,
 ) -> ApiResult<Value> {
-    Ok(Json(cluster_json(&node.add_member(body.node_id, body.addr).await?)))
+    Ok(Json(cluster_json(&node.as_caller(who).add_member(body.node_id, body.addr).await?)))
 }
 
 async fn remove_member(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     PathParam(id): PathParam<u64>,
 ) -> ApiResult<Value> {
-    Ok(Json(cluster_json(&node.remove_member(id).await?)))
+    Ok(Json(cluster_json(&node.as_caller(who).remove_member(id).await?)))
 }
 
 #[derive(Deserialize)]
@@ -559,6 +605,7 @@ pub fn watch_json(item: &WatchItem) -> Value {
 
 async fn watch(
     State(node): State<Arc<Node>>,
+    Who(who): Who,
     QueryParams(query): QueryParams<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let target = match (query.name, query.prefix, query.session_id) {
@@ -583,7 +630,7 @@ async fn watch(
             ));
         }
     };
-    let watch = node.watch(target)?;
+    let watch = node.as_caller(who).watch(target)?;
     let stream = futures_util::stream::unfold(watch, |mut watch| async move {
         let item = watch.next().await?;
         let event = match item {

@@ -12,10 +12,12 @@
 //!
 //! Start a node with [`start`]; [`ServerConfig::single`] is a one-node cluster.
 
+pub mod auth;
 pub mod clock;
 mod driver;
 pub mod error;
 pub mod grpc;
+mod guarded;
 pub mod http;
 mod hub;
 pub mod limits;
@@ -25,6 +27,7 @@ mod network;
 pub mod node;
 mod raft_types;
 mod rate;
+mod reload;
 mod renewals;
 mod server;
 mod state_machine;
@@ -32,6 +35,7 @@ pub mod tls;
 mod wal;
 
 pub use error::ServiceError;
+pub use guarded::Guarded;
 pub use hub::WaitOutcome;
 pub use limits::{ServerLimit, ServerLimits};
 pub use log_store::{StoredEntry, WriterStats, read_entries};

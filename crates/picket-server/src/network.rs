@@ -6,6 +6,7 @@
 //! it, so a peer that moved to another address is never mistaken for the one that left.
 
 use crate::clock::Clock;
+use crate::node::Node;
 use crate::raft_types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::tls::Caller;
 use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -18,7 +19,7 @@ use picket_proto::connection::Connection;
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_proto::v1::raft_server;
-use picket_proto::v1::{ClockReading, Empty, RaftPayload};
+use picket_proto::v1::{AbandonRequest, AbandonResponse, ClockReading, Empty, RaftPayload};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -267,6 +268,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<(Vote, Snapshot), String> {
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
+    node: Arc<Node>,
     node_id: NodeId,
     clock: Arc<Clock>,
     members_only: bool,
@@ -279,13 +281,13 @@ impl std::fmt::Debug for RaftService {
 }
 
 impl RaftService {
-    /// Serves `raft` as node `node_id`, and `clock`'s readings to a leader that compares rates.
+    /// Serves `node`'s Raft, `node`'s abandons handed over by its peers, and `clock`'s readings to a leader that compares rates.
     /// With `members_only`, only connections whose certificate chains to the peer CA are
     /// served (a TLS cluster); without, anyone who reaches the port is (plaintext on loopback or
     /// a network the operator trusts).
     #[must_use]
-    pub fn new(raft: Raft, node_id: NodeId, clock: Arc<Clock>, members_only: bool) -> Self {
-        Self { raft, node_id, clock, members_only }
+    pub fn new(node: Arc<Node>, clock: Arc<Clock>, members_only: bool) -> Self {
+        Self { raft: node.raft().clone(), node_id: node.id(), node, clock, members_only }
     }
 
     /// The tonic service, with message size bounds.
@@ -296,9 +298,8 @@ impl RaftService {
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
     }
 
-    /// Refuses a request from anyone but a cluster member (in a TLS cluster), and a request
-    /// meant for another node.
-    fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
+    /// Refuses a request from anyone but a cluster member, in a TLS cluster.
+    fn admit_member<T>(&self, request: &Request<T>) -> Result<(), Status> {
         if self.members_only {
             let caller = request.extensions().get::<Caller>();
             if !caller.is_some_and(|caller| caller.member) {
@@ -312,6 +313,13 @@ impl RaftService {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Refuses a request from anyone but a cluster member (in a TLS cluster), and a request
+    /// meant for another node.
+    fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        self.admit_member(request)?;
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
         match target.and_then(|target| target.parse::<NodeId>().ok()) {
             Some(target) if target == self.node_id => Ok(()),
@@ -375,6 +383,23 @@ impl raft_server::Raft for RaftService {
             Status::invalid_argument(format!("the snapshot's state is unusable: {error}"))
         })?;
         reply(self.raft.install_full_snapshot(vote, snapshot).await)
+    }
+
+    async fn abandon(
+        &self,
+        request: Request<AbandonRequest>,
+    ) -> Result<Response<AbandonResponse>, Status> {
+        self.admit_member(&request)?;
+        let request = request.into_inner();
+        let session = picket_core::SessionId(request.session_id);
+        let (name, attempt) = (request.name.as_str(), request.attempt);
+        let abandoned = self
+            .node
+            .abandon(session, name, picket_core::RequestId(request.request_id), attempt)
+            .await;
+        abandoned
+            .map(|released_token| Response::new(AbandonResponse { released_token }))
+            .map_err(|error| crate::grpc::status(&error))
     }
 
     async fn read_clock(&self, request: Request<Empty>) -> Result<Response<ClockReading>, Status> {

@@ -6,6 +6,7 @@
 //! log entries: the leader remembers them and folds them into the next tick (see
 //! [`crate::driver`]).
 
+use crate::auth::AuthFile;
 use crate::clock::{Clock, GapWatch};
 use crate::error::ServiceError;
 use crate::hub::{Delivery, Hub, Subscription, Target, WaitOutcome, WaiterRegistration};
@@ -211,6 +212,8 @@ pub struct Node {
     leader_lease: std::time::Duration,
     /// TLS for this node's calls to its peers, when the cluster runs TLS.
     to_peers: Option<ClientTls>,
+    /// The principals that may use this node; `None` lets anyone do anything.
+    auth: Option<Arc<AuthFile>>,
 }
 
 /// How long a keepalive that reached the leader after its session's deadline waits for the
@@ -300,7 +303,20 @@ impl Node {
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             leader_lease,
             to_peers: None,
+            auth: None,
         }
+    }
+
+    /// Authenticates callers against `auth` (see [`crate::auth`]).
+    pub(crate) fn with_auth(mut self, auth: Option<Arc<AuthFile>>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// The principals that may use this node, when it authenticates its callers.
+    #[must_use]
+    pub fn auth(&self) -> Option<&AuthFile> {
+        self.auth.as_deref()
     }
 
     /// Calls this node's peers over TLS with `to_peers`.
@@ -541,8 +557,9 @@ impl Node {
         &self,
         ttl_ms: u64,
         lock_delay_ms: u64,
+        owner: Option<String>,
     ) -> Result<(SessionId, u64), ServiceError> {
-        match self.command(Command::OpenSession { ttl_ms, lock_delay_ms }).await? {
+        match self.command(Command::OpenSession { ttl_ms, lock_delay_ms, owner }).await? {
             Response::SessionOpened { session, ttl_ms, .. } => Ok((session, ttl_ms)),
             other => Err(unexpected(&other)),
         }
@@ -830,16 +847,27 @@ impl Node {
         self.read_linearizable(|state| state.machine.locks(prefix, after, limit)).await
     }
 
-    /// Sessions (linearizable).
+    /// Sessions (linearizable), only those `owner` opened when given.
     ///
     /// # Errors
     /// Cluster failures.
     pub async fn sessions(
         &self,
+        owner: Option<&str>,
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<SessionInfo>, ServiceError> {
-        self.read_linearizable(|state| state.machine.sessions(after, limit)).await
+        self.read_linearizable(|state| state.machine.sessions_of(owner, after, limit)).await
+    }
+
+    /// Whether `principal` opened `session`, as this node's applied state has it: `None` for a
+    /// session this node does not know. A session's owner never changes, so any replica that
+    /// knows the session knows its owner.
+    #[must_use]
+    pub fn session_opened_by(&self, session: SessionId, principal: &str) -> Option<bool> {
+        self.read_local(|state| {
+            state.machine.session_owner(session).map(|owner| owner == Some(principal))
+        })
     }
 
     /// Whether a sequencer names its lock's current grant (linearizable), and the sequencer's
@@ -996,7 +1024,7 @@ async fn forward_abandon(
     (request, attempt): (RequestId, u32),
 ) -> Result<Option<u64>, ServiceError> {
     use picket_proto::connection::Connection;
-    use picket_proto::v1::picket_client::PicketClient;
+    use picket_proto::v1::raft_client::RaftClient;
     const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
     const MAX_MESSAGE_BYTES: usize = 1 << 20;
     let connection =
@@ -1004,7 +1032,7 @@ async fn forward_abandon(
             |status| ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
         )?;
     let origin = connection.origin();
-    let mut client = PicketClient::with_origin(connection, origin);
+    let mut client = RaftClient::with_origin(connection, origin);
     let message = picket_proto::v1::AbandonRequest {
         name: name.to_owned(),
         session_id: session.0,

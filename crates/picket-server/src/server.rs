@@ -1,6 +1,7 @@
 //! Starting and stopping a node: storage, Raft, the leader's duties, and one port that serves
 //! gRPC (clients and peers) and HTTP/JSON.
 
+use crate::auth::AuthFile;
 use crate::clock::ClockSource;
 use crate::driver;
 use crate::grpc::ClientService;
@@ -88,6 +89,9 @@ pub struct ServerConfig {
     pub limits: ServerLimits,
     /// TLS on the port and toward peers; `None` serves plaintext.
     pub tls: Option<TlsFiles>,
+    /// The principals and their roles (see [`crate::auth`]); `None` lets anyone who reaches the
+    /// port do anything.
+    pub auth_file: Option<PathBuf>,
     /// Serve plaintext on an address other than loopback. Without it such a node refuses to
     /// start: anyone who can reach the port could then act as any client or as a peer.
     pub insecure_plaintext: bool,
@@ -108,6 +112,7 @@ impl ServerConfig {
             clock: ClockSource::Monotonic,
             limits: ServerLimits::default(),
             tls: None,
+            auth_file: None,
             insecure_plaintext: false,
         }
     }
@@ -272,6 +277,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         None => None,
     };
     let to_peers = tls.as_ref().map(|tls| tls.to_peers().clone());
+    let auth = match config.auth_file.clone() {
+        Some(path) => Some(Arc::new(
+            AuthFile::load(path).map_err(|error| StartError::Config(error.to_string()))?,
+        )),
+        None => None,
+    };
     check_data_dir(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
@@ -324,7 +335,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             clock.clone(),
             &config.limits,
         )
-        .with_peer_tls(to_peers),
+        .with_peer_tls(to_peers)
+        .with_auth(auth.clone()),
     );
     let (shutdown, shutdown_signal) = watch::channel(false);
     let pulse_node = node.clone();
@@ -335,13 +347,23 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
     let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
-        .add_service(RaftService::new(raft, config.node_id, clock, tls.is_some()).into_server())
+        .add_service(RaftService::new(node.clone(), clock, tls.is_some()).into_server())
         .into_axum_router();
     // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
     // the HTTP API's JSON error format instead.
     let app = grpc.merge(http::router(node.clone())).fallback(http::not_found);
     if let Some(tls) = &tls {
-        tokio::spawn(crate::tls::reload(tls.clone(), shutdown_signal.clone()));
+        let tls = tls.clone();
+        let stop = shutdown_signal.clone();
+        tokio::spawn(
+            async move { crate::reload::every_check(stop, || tls.reload_if_changed()).await },
+        );
+    }
+    if let Some(auth) = auth {
+        let stop = shutdown_signal.clone();
+        tokio::spawn(
+            async move { crate::reload::every_check(stop, || auth.reload_if_changed()).await },
+        );
     }
     let mut stop = shutdown_signal;
     let max_connections = config.limits.max_connections;

@@ -295,8 +295,8 @@ mod tests {
         {
             let mut state = store.inner.state.write().expect("not poisoned");
             for command in [
-                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
-                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0 },
+                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
+                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
                 Command::Acquire {
                     session: SessionId(1),
                     name: "held".into(),

@@ -11,14 +11,12 @@
 use picket_proto::tls::{self as files, ClientTls, TlsError};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+
+use crate::reload::WatchedFiles;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::{CertificateDer, UnixTime};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::server::danger::ClientCertVerifier;
-
-/// How often the node looks for changed certificate and key files.
-pub const RELOAD_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// The files a node's TLS is made of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,8 +33,8 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    fn paths(&self) -> impl Iterator<Item = &PathBuf> {
-        [&self.cert, &self.key, &self.peer_ca].into_iter().chain(self.client_ca.as_ref())
+    fn paths(&self) -> Vec<PathBuf> {
+        [&self.cert, &self.key, &self.peer_ca].into_iter().chain(&self.client_ca).cloned().collect()
     }
 }
 
@@ -65,7 +63,7 @@ pub struct ServerTls {
     files: TlsFiles,
     loaded: RwLock<Arc<Loaded>>,
     to_peers: ClientTls,
-    stamps: std::sync::Mutex<Vec<Option<(SystemTime, u64)>>>,
+    watched: WatchedFiles,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -81,13 +79,13 @@ impl ServerTls {
     /// [`TlsError`] when a file cannot be read, the key does not fit the certificate, or the
     /// client CA shares a certificate with the peer CA.
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
-        let stamps = stamps(&files);
+        let watched = WatchedFiles::new(files.paths());
         let (loaded, to_peers) = build(&files)?;
         Ok(Self {
             files,
             loaded: RwLock::new(Arc::new(loaded)),
             to_peers: ClientTls::new(to_peers),
-            stamps: std::sync::Mutex::new(stamps),
+            watched,
         })
     }
 
@@ -123,13 +121,8 @@ impl ServerTls {
     /// Rereads the files if any changed since the last look; a failure keeps the configuration
     /// in use and says why. Returns whether a new configuration took effect.
     pub fn reload_if_changed(&self) -> bool {
-        let now = stamps(&self.files);
-        {
-            let mut seen = self.stamps.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if *seen == now {
-                return false;
-            }
-            *seen = now;
+        if !self.watched.changed() {
+            return false;
         }
         match build(&self.files) {
             Ok((loaded, to_peers)) => {
@@ -148,28 +141,6 @@ impl ServerTls {
             }
         }
     }
-}
-
-/// Every [`RELOAD_CHECK_EVERY`], reloads the files that changed, until `stop` says so.
-pub(crate) async fn reload(tls: Arc<ServerTls>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(RELOAD_CHECK_EVERY) => {}
-            _ = stop.wait_for(|stop| *stop) => return,
-        }
-        tls.reload_if_changed();
-    }
-}
-
-/// Each file's modification time and length, or nothing for a file that cannot be read.
-fn stamps(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
-    files
-        .paths()
-        .map(|path| {
-            let metadata = std::fs::metadata(path).ok()?;
-            Some((metadata.modified().ok()?, metadata.len()))
-        })
-        .collect()
 }
 
 fn invalid(what: impl Into<String>) -> impl FnOnce(rustls::Error) -> TlsError {

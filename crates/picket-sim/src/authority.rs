@@ -358,8 +358,10 @@ impl PicketAuthority {
         {
             return *session;
         }
-        let applied =
-            self.apply(now_us, Command::OpenSession { ttl_ms: self.ttl_ms, lock_delay_ms: 0 });
+        let applied = self.apply(
+            now_us,
+            Command::OpenSession { ttl_ms: self.ttl_ms, lock_delay_ms: 0, owner: None },
+        );
         let Ok(Response::SessionOpened { session, .. }) = applied.result else {
             panic!("opening a session failed: {:?}", applied.result)
         };

@@ -148,7 +148,64 @@ pub mod http {
         read_reply(stream)
     }
 
-    fn read_reply(stream: TcpStream) -> Result<Reply, String> {
+    /// How a request is sent: over TLS with this configuration, with this bearer token.
+    #[derive(Clone, Debug, Default)]
+    pub struct As {
+        /// TLS, or plaintext when `None`.
+        pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+        /// Sent as `Authorization: Bearer <token>`.
+        pub bearer_token: Option<String>,
+    }
+
+    /// Sends one request as `caller` says and reads the whole response.
+    ///
+    /// # Errors
+    /// When the connection or the TLS handshake fails.
+    pub fn request_as(
+        addr: &str,
+        caller: &As,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Reply, String> {
+        let stream = TcpStream::connect(addr).map_err(|error| format!("connect: {error}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|error| error.to_string())?;
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let authorization = caller
+            .bearer_token
+            .as_ref()
+            .map(|token| format!("Authorization: Bearer {token}\r\n"))
+            .unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let send = |mut io: Box<dyn ReadWrite>| -> Result<Reply, String> {
+            io.write_all(head.as_bytes()).map_err(|error| format!("send: {error}"))?;
+            io.write_all(body.as_bytes()).map_err(|error| format!("send: {error}"))?;
+            io.flush().map_err(|error| format!("send: {error}"))?;
+            read_reply(io)
+        };
+        match &caller.tls {
+            None => send(Box::new(stream)),
+            Some(config) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).to_owned();
+                let name = rustls::pki_types::ServerName::try_from(host)
+                    .map_err(|error| error.to_string())?;
+                let connection = rustls::ClientConnection::new(config.clone(), name)
+                    .map_err(|error| error.to_string())?;
+                send(Box::new(rustls::StreamOwned::new(connection, stream)))
+            }
+        }
+    }
+
+    /// A byte stream in both directions: TCP, or TLS over TCP.
+    trait ReadWrite: Read + Write {}
+    impl<T: Read + Write> ReadWrite for T {}
+
+    fn read_reply(stream: impl Read) -> Result<Reply, String> {
         let io = |error: std::io::Error| format!("receive: {error}");
         let mut reader = BufReader::new(stream);
         let mut status_line = String::new();

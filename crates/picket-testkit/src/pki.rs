@@ -27,7 +27,7 @@ pub struct TestPki {
     pub node: Identity,
     /// Signs clients' certificates.
     pub client_ca: PathBuf,
-    /// A client certificate named `alice`, signed by the client CA.
+    /// A client certificate named `alice` (its DNS name), signed by the client CA.
     pub client: Identity,
     /// A CA nobody is told to trust.
     pub rogue_ca: PathBuf,
@@ -87,7 +87,7 @@ impl TestPki {
         let rogue_ca = ca("picket test rogue CA");
         Self {
             node: leaf(dir, "node", "node", &node_names, vec![ServerAuth, ClientAuth], &peer_ca),
-            client: leaf(dir, "client", "alice", &[], vec![ClientAuth], &client_ca),
+            client: leaf(dir, "client", "alice", &["alice"], vec![ClientAuth], &client_ca),
             rogue_node: leaf(
                 dir,
                 "rogue-node",

@@ -19,21 +19,39 @@ pub struct Connect {
     pub endpoints: Vec<String>,
     /// Speak TLS to the nodes, trusting the CA certificates in this PEM file (the CA that
     /// signed the nodes' certificates, the servers' --peer-ca).
-    #[arg(long, global = true, env = "PICKET_CA")]
+    // Explicit ids: a subcommand's own argument named `key` (`picket kv put KEY`) must not be
+    // mistaken for this one.
+    #[arg(long = "ca", id = "connect_ca", global = true, env = "PICKET_CA")]
     pub ca: Option<PathBuf>,
     /// Present this client certificate (PEM) to the nodes; needs --ca and --key.
-    #[arg(long, global = true, env = "PICKET_CERT", requires_all = ["ca", "key"])]
+    #[arg(
+        long = "cert",
+        id = "connect_cert",
+        global = true,
+        env = "PICKET_CERT",
+        requires_all = ["connect_ca", "connect_key"]
+    )]
     pub cert: Option<PathBuf>,
     /// The private key (PEM) of --cert.
-    #[arg(long, global = true, env = "PICKET_KEY", requires = "cert")]
+    #[arg(
+        long = "key",
+        id = "connect_key",
+        global = true,
+        env = "PICKET_KEY",
+        requires = "connect_cert"
+    )]
     pub key: Option<PathBuf>,
+    /// Authenticate with the bearer token in this file (its first line). The environment
+    /// variable PICKET_AUTH_TOKEN may hold the token itself instead.
+    #[arg(long, id = "connect_auth_token_file", global = true, env = "PICKET_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl Connect {
     /// Plaintext to `endpoints` (a local cluster the command started itself).
     #[must_use]
     pub fn plaintext(endpoints: Vec<String>) -> Self {
-        Self { endpoints, ca: None, cert: None, key: None }
+        Self { endpoints, ca: None, cert: None, key: None, auth_token_file: None }
     }
 
     /// TLS as configured, or `None` for plaintext.
@@ -46,12 +64,31 @@ impl Connect {
         Ok(Some(ClientTls::from_files(ca, identity).context("cannot set up TLS")?))
     }
 
+    /// The bearer token: from --auth-token-file, else from PICKET_AUTH_TOKEN.
+    ///
+    /// # Errors
+    /// When the file cannot be read or is empty.
+    pub fn bearer_token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.auth_token_file else {
+            return Ok(std::env::var("PICKET_AUTH_TOKEN").ok().filter(|token| !token.is_empty()));
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?;
+        let token = text.lines().next().unwrap_or_default().trim();
+        anyhow::ensure!(!token.is_empty(), "the token file {} is empty", path.display());
+        Ok(Some(token.to_owned()))
+    }
+
     /// Connects to the cluster.
     ///
     /// # Errors
-    /// When the TLS files are unusable or no endpoint answers.
+    /// When the TLS or token files are unusable or no endpoint answers.
     pub async fn connect(&self) -> anyhow::Result<Client> {
-        let config = ClientConfig { tls: self.tls()?, ..ClientConfig::default() };
+        let config = ClientConfig {
+            tls: self.tls()?,
+            bearer_token: self.bearer_token()?,
+            ..ClientConfig::default()
+        };
         Ok(Client::connect_with(self.endpoints.clone(), config).await?)
     }
 }

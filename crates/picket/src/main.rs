@@ -1,5 +1,6 @@
 //! The `picket` command: the server, and (as they land) the client commands.
 
+mod auth_cmd;
 mod bench;
 mod chaos;
 mod commands;
@@ -67,6 +68,9 @@ enum Command {
     /// The fault harness: a real cluster, the fenced store and clients under kills and pauses,
     /// with the whole history checked.
     Chaos(chaos::ChaosArgs),
+    /// Make a bearer token for the auth file: prints the secret for the client and the line
+    /// for the server's auth file.
+    Auth(auth_cmd::AuthArgs),
     /// Internal: `picket lock`'s watchdog, which stops the command if `picket lock` dies.
     #[command(name = "__lock-watchdog", hide = true)]
     LockWatchdog(lock_cmd::WatchdogArgs),
@@ -101,6 +105,7 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
             | Command::Kv(_)
             | Command::Sim(_)
             | Command::Chaos(_)
+            | Command::Auth(_)
             | Command::LockWatchdog(_) => {
                 unreachable!("handled by main")
             }
@@ -117,6 +122,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(&args),
         Command::Chaos(args) => chaos::run(args, cli.connect.endpoints),
         Command::LockWatchdog(args) => Ok(lock_cmd::watchdog(&args)),
+        Command::Auth(args) => auth_cmd::run(&args),
         client_command => run_client_command(client_command, cli.connect),
     };
     match result {

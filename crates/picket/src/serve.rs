@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// It must not be the peer CA.
     #[arg(long, env = "PICKET_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// The principals that may use this node and their roles (TOML; see "Security" in the
+    /// README). Without it, anyone who reaches the port may do anything. Reread when it changes.
+    #[arg(long, env = "PICKET_AUTH_FILE")]
+    auth_file: Option<PathBuf>,
     /// Serve plaintext on an address other than loopback. Anyone who can reach it can then act
     /// as any client or as a cluster member: only for a network that only you can reach.
     #[arg(long)]
@@ -146,6 +150,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tls: args.tls_cert.zip(args.tls_key).zip(args.peer_ca).map(|((cert, key), peer_ca)| {
             TlsFiles { cert, key, peer_ca, client_ca: args.tls_client_ca }
         }),
+        auth_file: args.auth_file,
         insecure_plaintext: args.insecure_plaintext,
     };
     raise_open_files_limit(config.limits.max_connections);

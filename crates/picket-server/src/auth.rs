@@ -1,0 +1,529 @@
+//! Who a request comes from, and what it may do.
+//!
+//! Principals are listed in an auth file (TOML, `--auth-file`), reread when it changes. A
+//! principal authenticates with a bearer token (the file keeps only its SHA-256) or a client
+//! certificate that names it (a DNS or URI subject alternative name). Each principal has roles
+//! over lock-name prefixes:
+//!
+//! - `lock`: open sessions, and acquire, release, cancel and abandon under its prefixes, in its
+//!   own sessions; keep alive and close its own sessions. It may read what it may lock.
+//! - `read`: a lock's status, lists and watches under its prefixes, checks of sequencers.
+//! - `admin`: everything, on every lock and every session, plus revoking sessions and changing
+//!   the membership.
+//!
+//! A session belongs to the principal that opened it (the owner is replicated with the
+//! session): no other principal may keep it alive, use it or close it; an admin may revoke it.
+//! A cluster member (a connection whose certificate chains to the peer CA) acts as an admin.
+//! Without an auth file, anyone who reaches the port may do anything.
+
+use crate::error::ServiceError;
+use crate::tls::Caller;
+use picket_core::MAX_OWNER_BYTES;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::reload::WatchedFiles;
+
+/// Most principals an auth file may list.
+pub const MAX_PRINCIPALS: usize = 10_000;
+/// Most prefixes per role of one principal.
+pub const MAX_PREFIXES_PER_ROLE: usize = 1_000;
+/// Where audit lines go: `RUST_LOG=picket::audit=info` keeps them apart.
+const AUDIT: &str = "picket::audit";
+
+/// What one role of a principal covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Sessions and grants.
+    Lock,
+    /// Status, lists, watches, checks.
+    Read,
+}
+
+/// A principal of the auth file.
+#[derive(Debug)]
+pub struct Principal {
+    /// Its name, recorded as the owner of the sessions it opens.
+    pub name: String,
+    lock: Vec<String>,
+    read: Vec<String>,
+    admin: bool,
+}
+
+impl Principal {
+    /// Whether its `role` covers the lock `name`. `lock` implies `read`.
+    #[must_use]
+    pub fn covers(&self, role: Role, name: &str) -> bool {
+        self.admin || self.prefixes(role).any(|prefix| name.starts_with(prefix))
+    }
+
+    /// Whether its `role` covers every lock under `prefix`.
+    #[must_use]
+    pub fn covers_prefix(&self, role: Role, prefix: &str) -> bool {
+        // Every name under `prefix` starts with `prefix`, so it is covered when `prefix`
+        // itself lies under one of the role's prefixes.
+        self.covers(role, prefix)
+    }
+
+    fn prefixes(&self, role: Role) -> impl Iterator<Item = &str> {
+        let read = if role == Role::Read { self.read.as_slice() } else { &[] };
+        self.lock.iter().chain(read).map(String::as_str)
+    }
+
+    fn describe(&self, role: Role) -> String {
+        let prefixes: Vec<String> =
+            self.prefixes(role).map(|prefix| format!("{prefix:?}")).collect();
+        if prefixes.is_empty() { "none".to_owned() } else { prefixes.join(", ") }
+    }
+}
+
+/// Who a request comes from.
+#[derive(Clone, Debug)]
+pub enum Access {
+    /// The node authenticates no one (no auth file): anyone may do anything.
+    Anyone,
+    /// A cluster member, by its certificate: acts as an admin.
+    Member,
+    /// An authenticated principal.
+    Principal(Arc<Principal>),
+}
+
+impl Access {
+    /// The owner recorded on the sessions this caller opens.
+    #[must_use]
+    pub fn owner(&self) -> Option<&str> {
+        match self {
+            Self::Principal(principal) => Some(&principal.name),
+            Self::Anyone | Self::Member => None,
+        }
+    }
+
+    /// The principal's name, or what the caller is, for messages and audit lines.
+    #[must_use]
+    pub fn who(&self) -> &str {
+        match self {
+            Self::Anyone => "anyone",
+            Self::Member => "a cluster member",
+            Self::Principal(principal) => &principal.name,
+        }
+    }
+
+    /// Whether this caller may do anything.
+    #[must_use]
+    pub fn is_admin(&self) -> bool {
+        match self {
+            Self::Anyone | Self::Member => true,
+            Self::Principal(principal) => principal.admin,
+        }
+    }
+
+    /// Refuses unless the caller is an admin.
+    ///
+    /// # Errors
+    /// [`ServiceError::PermissionDenied`].
+    pub fn require_admin(&self, action: &str) -> Result<(), ServiceError> {
+        if self.is_admin() {
+            tracing::info!(target: AUDIT, principal = self.who(), action, "admin action");
+            return Ok(());
+        }
+        Err(self.denied(format!("{action} needs the admin role")))
+    }
+
+    /// Refuses unless the caller's `role` covers the lock `name`.
+    ///
+    /// # Errors
+    /// [`ServiceError::PermissionDenied`].
+    pub fn require(&self, role: Role, name: &str) -> Result<(), ServiceError> {
+        match self {
+            Self::Principal(principal) if !principal.covers(role, name) => {
+                Err(self.denied(format!(
+                    "its {} role does not cover lock {name:?} (it covers {})",
+                    role_name(role),
+                    principal.describe(role)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses unless the caller's `role` covers every lock under `prefix`.
+    ///
+    /// # Errors
+    /// [`ServiceError::PermissionDenied`].
+    pub fn require_prefix(&self, role: Role, prefix: &str) -> Result<(), ServiceError> {
+        match self {
+            Self::Principal(principal) if !principal.covers_prefix(role, prefix) => {
+                Err(self.denied(format!(
+                    "its {} role does not cover every lock under {prefix:?}; ask for a prefix it covers ({})",
+                    role_name(role),
+                    principal.describe(role)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a caller that may open no session at all.
+    ///
+    /// # Errors
+    /// [`ServiceError::PermissionDenied`].
+    pub fn require_some_lock_role(&self) -> Result<(), ServiceError> {
+        match self {
+            Self::Principal(principal) if !principal.admin && principal.lock.is_empty() => {
+                Err(self.denied("opening a session needs the lock role on some prefix".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses unless the caller opened `session` (or is an admin); `opened_by` tells, for a
+    /// principal's name, whether it opened the session (`None`: the session is unknown, and the
+    /// operation will say so itself).
+    ///
+    /// # Errors
+    /// [`ServiceError::PermissionDenied`].
+    pub fn require_owner(
+        &self,
+        session: u64,
+        opened_by: impl FnOnce(&str) -> Option<bool>,
+    ) -> Result<(), ServiceError> {
+        match self {
+            Self::Principal(principal) if !principal.admin => match opened_by(&principal.name) {
+                Some(false) => Err(self.denied(format!(
+                    "session {session} belongs to another principal; only the principal that opened it, or an admin, may use it"
+                ))),
+                Some(true) | None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
+    fn denied(&self, reason: String) -> ServiceError {
+        tracing::info!(target: AUDIT, principal = self.who(), %reason, "refused");
+        ServiceError::PermissionDenied(format!("principal {:?}: {reason}", self.who()))
+    }
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Lock => "lock",
+        Role::Read => "read",
+    }
+}
+
+/// The auth file's format.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileFormat {
+    #[serde(default, rename = "principal")]
+    principals: Vec<Entry>,
+}
+
+/// One `[[principal]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    name: String,
+    /// Hex SHA-256 digests of the principal's bearer tokens (several while one is rotated).
+    #[serde(default)]
+    token_sha256: Vec<String>,
+    /// DNS or URI subject alternative names of client certificates that authenticate it.
+    #[serde(default)]
+    certificate_names: Vec<String>,
+    #[serde(default)]
+    lock: Vec<String>,
+    #[serde(default)]
+    read: Vec<String>,
+    #[serde(default)]
+    admin: bool,
+}
+
+/// The principals, indexed by how they authenticate.
+#[derive(Debug, Default)]
+struct Table {
+    by_token: HashMap<[u8; 32], Arc<Principal>>,
+    by_certificate: HashMap<String, Arc<Principal>>,
+}
+
+/// The SHA-256 of a bearer token.
+#[must_use]
+pub fn token_digest(token: &str) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    digest.as_ref().try_into().expect("SHA-256 is 32 bytes")
+}
+
+/// Lower-case hex.
+#[must_use]
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
+        let _ = write!(text, "{byte:02x}");
+        text
+    })
+}
+
+/// Bytes of randomness in a token: 256 bits, so guessing one is hopeless.
+const TOKEN_BYTES: usize = 32;
+
+/// A new bearer token: `pkt_` and 64 hex digits from the system's random source.
+///
+/// # Errors
+/// When the random source fails.
+pub fn new_token() -> std::io::Result<String> {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0_u8; TOKEN_BYTES];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| std::io::Error::other("the system's random source failed"))?;
+    Ok(format!("pkt_{}", hex(&bytes)))
+}
+
+fn parse_digest(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut digest = [0_u8; 32];
+    for (index, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).ok()?;
+    }
+    Some(digest)
+}
+
+fn parse(path: &Path, text: &str) -> Result<Table, String> {
+    let file: FileFormat = toml::from_str(text).map_err(|error| error.to_string())?;
+    if file.principals.len() > MAX_PRINCIPALS {
+        return Err(format!("it lists more than {MAX_PRINCIPALS} principals"));
+    }
+    let mut table = Table::default();
+    let mut names = std::collections::HashSet::new();
+    for entry in file.principals {
+        let name = entry.name;
+        if !(1..=MAX_OWNER_BYTES).contains(&name.len()) || name.chars().any(char::is_control) {
+            return Err(format!(
+                "principal {name:?}: a name has 1 to {MAX_OWNER_BYTES} bytes and no control characters"
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(format!("principal {name:?} is listed twice"));
+        }
+        if entry.lock.len().max(entry.read.len()) > MAX_PREFIXES_PER_ROLE {
+            return Err(format!(
+                "principal {name:?} has more than {MAX_PREFIXES_PER_ROLE} prefixes in a role"
+            ));
+        }
+        let principal = Arc::new(Principal {
+            name: name.clone(),
+            lock: entry.lock,
+            read: entry.read,
+            admin: entry.admin,
+        });
+        for digest in &entry.token_sha256 {
+            let parsed = parse_digest(digest).ok_or_else(|| {
+                format!("principal {name:?}: {digest:?} is not a hex SHA-256 (64 hex digits); make one with `picket auth token`")
+            })?;
+            if table.by_token.insert(parsed, principal.clone()).is_some() {
+                return Err(format!(
+                    "principal {name:?}: its token digest {digest} belongs to another principal too"
+                ));
+            }
+        }
+        for certificate_name in entry.certificate_names {
+            if table.by_certificate.insert(certificate_name.clone(), principal.clone()).is_some() {
+                return Err(format!(
+                    "principal {name:?}: certificate name {certificate_name:?} belongs to another principal too"
+                ));
+            }
+        }
+    }
+    tracing::debug!(path = %path.display(), principals = names.len(), "auth file read");
+    Ok(table)
+}
+
+/// The auth file, reread when it changes.
+#[derive(Debug)]
+pub struct AuthFile {
+    path: PathBuf,
+    table: RwLock<Arc<Table>>,
+    watched: WatchedFiles,
+}
+
+/// Why an auth file cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot use the auth file {path}: {reason}")]
+pub struct AuthFileError {
+    path: PathBuf,
+    reason: String,
+}
+
+fn read_table(path: &Path) -> Result<Table, AuthFileError> {
+    let error = |reason: String| AuthFileError { path: path.to_owned(), reason };
+    let text = std::fs::read_to_string(path).map_err(|source| error(source.to_string()))?;
+    parse(path, &text).map_err(error)
+}
+
+impl AuthFile {
+    /// Reads the file.
+    ///
+    /// # Errors
+    /// [`AuthFileError`] when it cannot be read or breaks a rule (each error names the
+    /// principal and the rule).
+    pub fn load(path: PathBuf) -> Result<Self, AuthFileError> {
+        let watched = WatchedFiles::new(vec![path.clone()]);
+        let table = read_table(&path)?;
+        Ok(Self { path, table: RwLock::new(Arc::new(table)), watched })
+    }
+
+    /// Rereads the file if it changed; a file that cannot be used leaves the principals as they
+    /// were and says why.
+    pub fn reload_if_changed(&self) -> bool {
+        if !self.watched.changed() {
+            return false;
+        }
+        match read_table(&self.path) {
+            Ok(table) => {
+                *self.table.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Arc::new(table);
+                tracing::info!(target: AUDIT, path = %self.path.display(), "reloaded the auth file");
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, "still using the principals read before");
+                false
+            }
+        }
+    }
+
+    fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// Who sent a request: a cluster member by its certificate; else, with an auth file, the
+/// principal its bearer token (the `authorization` header's value) or client certificate
+/// names; else anyone.
+///
+/// # Errors
+/// [`ServiceError::Unauthenticated`] when the node has an auth file and the request proves no
+/// principal of it.
+pub fn authenticate(
+    auth: Option<&AuthFile>,
+    caller: Option<&Caller>,
+    authorization: Option<&[u8]>,
+) -> Result<Access, ServiceError> {
+    if caller.is_some_and(|caller| caller.member) {
+        return Ok(Access::Member);
+    }
+    let Some(auth) = auth else { return Ok(Access::Anyone) };
+    let table = auth.table();
+    let remote = caller.and_then(|caller| caller.remote);
+    let refuse = |reason: String| {
+        tracing::warn!(target: AUDIT, ?remote, %reason, "refused authentication");
+        ServiceError::Unauthenticated(reason)
+    };
+    if let Some(value) = authorization {
+        let token = std::str::from_utf8(value)
+            .ok()
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| refuse("the authorization header is not `Bearer <token>`".into()))?;
+        return table
+            .by_token
+            .get(&token_digest(token))
+            .map(|principal| Access::Principal(principal.clone()))
+            .ok_or_else(|| {
+                refuse(
+                    "the bearer token is unknown or was revoked; ask the operator for a valid one"
+                        .into(),
+                )
+            });
+    }
+    if let Some(certificate) = caller.and_then(|caller| caller.certificate.as_ref()) {
+        let names = certificate_names(certificate);
+        return names
+            .iter()
+            .find_map(|name| table.by_certificate.get(name))
+            .map(|principal| Access::Principal(principal.clone()))
+            .ok_or_else(|| {
+                refuse(format!(
+                    "the client certificate (names {names:?}) belongs to no principal of the auth file; list one of its names under certificate_names"
+                ))
+            });
+    }
+    Err(refuse(
+        "this node requires credentials: send `authorization: Bearer <token>`, or connect with a client certificate (--cert and --key)".into(),
+    ))
+}
+
+/// The DNS and URI subject alternative names of a certificate.
+fn certificate_names(
+    certificate: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+) -> Vec<String> {
+    match webpki::EndEntityCert::try_from(certificate) {
+        Ok(parsed) => {
+            parsed.valid_dns_names().chain(parsed.valid_uri_names()).map(str::to_owned).collect()
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> Result<Table, String> {
+        parse(Path::new("auth.toml"), text)
+    }
+
+    fn principal(name: &str, lock: &[&str], read: &[&str]) -> Principal {
+        let owned =
+            |prefixes: &[&str]| prefixes.iter().map(|prefix| (*prefix).to_owned()).collect();
+        Principal { name: name.into(), lock: owned(lock), read: owned(read), admin: false }
+    }
+
+    #[test]
+    fn roles_cover_their_prefixes_and_lock_implies_read() {
+        let worker = principal("worker", &["jobs/"], &["reports/"]);
+        assert!(worker.covers(Role::Lock, "jobs/nightly"));
+        assert!(!worker.covers(Role::Lock, "reports/daily"));
+        assert!(worker.covers(Role::Read, "reports/daily"));
+        assert!(worker.covers(Role::Read, "jobs/nightly"));
+        assert!(!worker.covers(Role::Read, "billing/x"));
+        assert!(worker.covers_prefix(Role::Read, "jobs/night"));
+        assert!(!worker.covers_prefix(Role::Read, "jobs"));
+        assert!(!worker.covers_prefix(Role::Read, ""));
+    }
+
+    #[test]
+    fn tokens_are_found_by_their_digest_only() {
+        let digest = hex(&token_digest("s3cret"));
+        assert_eq!(digest.len(), 64);
+        let parsed = table(&format!(
+            "[[principal]]\nname = \"ci\"\ntoken_sha256 = [\"{digest}\"]\nlock = [\"jobs/\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(parsed.by_token[&token_digest("s3cret")].name, "ci");
+        assert!(!parsed.by_token.contains_key(&token_digest("s3cret ")));
+    }
+
+    #[test]
+    fn broken_files_name_the_principal_and_the_rule() {
+        let digest = hex(&token_digest("x"));
+        for (text, expected) in [
+            ("[[principal]]\nname = \"\"\n", "1 to 128 bytes"),
+            ("[[principal]]\nname = \"a\"\n[[principal]]\nname = \"a\"\n", "listed twice"),
+            ("[[principal]]\nname = \"a\"\ntoken_sha256 = [\"abc\"]\n", "not a hex SHA-256"),
+            ("[[principal]]\nname = \"a\"\nrole = \"x\"\n", "unknown field"),
+            (
+                &format!(
+                    "[[principal]]\nname = \"a\"\ntoken_sha256 = [\"{digest}\"]\n[[principal]]\nname = \"b\"\ntoken_sha256 = [\"{digest}\"]\n"
+                ),
+                "belongs to another principal",
+            ),
+        ] {
+            let error = table(text).unwrap_err();
+            assert!(error.contains(expected), "{text:?}: {error}");
+        }
+    }
+}

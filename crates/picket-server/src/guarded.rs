@@ -1,0 +1,236 @@
+//! A node as one caller may use it: every operation first checks what the caller may do
+//! ([`crate::auth`]), then runs on the node. Both APIs reach the node through this, so the rules
+//! live in one place and no operation can skip them.
+
+use crate::auth::{Access, Role};
+use crate::error::ServiceError;
+use crate::node::{AcquireRequest, ClusterView, Grant, Node, WatchStream, WatchTarget};
+use crate::raft_types::NodeId;
+use picket_core::{CheckOutcome, LockInfo, RequestId, Sequencer, SessionId, SessionInfo};
+use std::sync::Arc;
+
+/// A node and the caller of one request.
+#[derive(Debug)]
+pub struct Guarded<'a> {
+    node: &'a Arc<Node>,
+    access: Access,
+}
+
+impl Node {
+    /// This node as `access` may use it.
+    #[must_use]
+    pub fn as_caller(self: &Arc<Self>, access: Access) -> Guarded<'_> {
+        Guarded { node: self, access }
+    }
+}
+
+impl Guarded<'_> {
+    fn require_owner(&self, session: SessionId) -> Result<(), ServiceError> {
+        self.access.require_owner(session.0, |name| self.node.session_opened_by(session, name))
+    }
+
+    /// See [`Node::open_session`]; the session belongs to the caller.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn open_session(
+        &self,
+        ttl_ms: u64,
+        lock_delay_ms: u64,
+    ) -> Result<(SessionId, u64), ServiceError> {
+        self.access.require_some_lock_role()?;
+        let owner = self.access.owner().map(str::to_owned);
+        self.node.open_session(ttl_ms, lock_delay_ms, owner).await
+    }
+
+    /// See [`Node::keep_alive`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`] for another's session.
+    pub async fn keep_alive(&self, session: SessionId) -> Result<u64, ServiceError> {
+        self.require_owner(session)?;
+        self.node.keep_alive(session).await
+    }
+
+    /// See [`Node::keep_alive_many`]; refused whole if any session is another's.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn keep_alive_many(
+        &self,
+        sessions: &[SessionId],
+    ) -> Result<Vec<Option<u64>>, ServiceError> {
+        for session in sessions {
+            self.require_owner(*session)?;
+        }
+        self.node.keep_alive_many(sessions).await
+    }
+
+    /// See [`Node::close_session`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`] for another's session.
+    pub async fn close_session(&self, session: SessionId) -> Result<(), ServiceError> {
+        self.require_owner(session)?;
+        self.node.close_session(session).await
+    }
+
+    /// See [`Node::revoke_session`]: admins only.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn revoke_session(&self, session: SessionId) -> Result<(), ServiceError> {
+        self.access.require_admin(&format!("revoking session {session}"))?;
+        self.node.revoke_session(session).await
+    }
+
+    /// See [`Node::sessions`]: an admin sees every session, a principal its own.
+    ///
+    /// # Errors
+    /// As the node's.
+    pub async fn sessions(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionInfo>, ServiceError> {
+        let owner = if self.access.is_admin() { None } else { self.access.owner() };
+        self.node.sessions(owner, after, limit).await
+    }
+
+    /// See [`Node::acquire`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn acquire(
+        &self,
+        session: SessionId,
+        name: &str,
+        asked: AcquireRequest,
+    ) -> Result<Grant, ServiceError> {
+        self.access.require(Role::Lock, name)?;
+        self.require_owner(session)?;
+        self.node.acquire(session, name, asked).await
+    }
+
+    /// See [`Node::abandon`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn abandon(
+        &self,
+        session: SessionId,
+        name: &str,
+        request: RequestId,
+        attempt: u32,
+    ) -> Result<Option<u64>, ServiceError> {
+        self.access.require(Role::Lock, name)?;
+        self.require_owner(session)?;
+        self.node.abandon(session, name, request, attempt).await
+    }
+
+    /// See [`Node::release`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn release(
+        &self,
+        session: SessionId,
+        name: &str,
+        token: u64,
+    ) -> Result<(), ServiceError> {
+        self.access.require(Role::Lock, name)?;
+        self.require_owner(session)?;
+        self.node.release(session, name, token).await
+    }
+
+    /// See [`Node::cancel`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn cancel(&self, session: SessionId, name: &str) -> Result<(), ServiceError> {
+        self.access.require(Role::Lock, name)?;
+        self.require_owner(session)?;
+        self.node.cancel(session, name).await
+    }
+
+    /// See [`Node::lock`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn lock(&self, name: &str) -> Result<LockInfo, ServiceError> {
+        self.access.require(Role::Read, name)?;
+        self.node.lock(name).await
+    }
+
+    /// See [`Node::locks`]: the caller must be able to read every lock under `prefix`.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn locks(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<LockInfo>, ServiceError> {
+        self.access.require_prefix(Role::Read, prefix)?;
+        self.node.locks(prefix, after, limit).await
+    }
+
+    /// See [`Node::check`].
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn check(&self, sequencer: &str) -> Result<(CheckOutcome, u64), ServiceError> {
+        // A sequencer that does not parse is refused by the node itself, and names no lock.
+        if let Ok(parsed) = Sequencer::parse(sequencer) {
+            self.access.require(Role::Read, &parsed.name)?;
+        }
+        self.node.check(sequencer).await
+    }
+
+    /// See [`Node::watch`]: a lock or prefix the caller may read, or sessions it opened.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub fn watch(&self, target: WatchTarget) -> Result<WatchStream, ServiceError> {
+        match &target {
+            WatchTarget::Lock(name) => self.access.require(Role::Read, name)?,
+            WatchTarget::Prefix(prefix) => self.access.require_prefix(Role::Read, prefix)?,
+            WatchTarget::Session(session) => self.require_owner(*session)?,
+            WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => {
+                for session in sessions {
+                    self.require_owner(*session)?;
+                }
+            }
+        }
+        self.node.watch(target)
+    }
+
+    /// See [`Node::cluster`]: any authenticated caller.
+    #[must_use]
+    pub fn cluster(&self) -> ClusterView {
+        self.node.cluster()
+    }
+
+    /// See [`Node::add_member`]: admins only.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn add_member(
+        &self,
+        node_id: NodeId,
+        addr: String,
+    ) -> Result<ClusterView, ServiceError> {
+        self.access.require_admin(&format!("adding node {node_id} at {addr}"))?;
+        self.node.add_member(node_id, addr).await
+    }
+
+    /// See [`Node::remove_member`]: admins only.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
+        self.access.require_admin(&format!("removing node {node_id}"))?;
+        self.node.remove_member(node_id).await
+    }
+}

@@ -1,0 +1,321 @@
+//! A 3-node cluster under TLS with an auth file: each role's allowed and refused operations
+//! over HTTP and gRPC, sessions that belong to the principal that opened them, no lock outside
+//! a principal's prefixes in its lists or watches, unknown and revoked bearer tokens refused,
+//! and a client certificate that names its principal.
+
+use picket_client::{Client, ClientConfig, ClientTls};
+use picket_testkit::cluster::Cluster;
+use picket_testkit::http::{As, Reply, request_as};
+use picket_testkit::pki::TestPki;
+use picket_testkit::{temp_dir, wait_until};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_picket"))
+}
+
+const WORKER: &str = "pkt_worker_secret";
+const OTHER: &str = "pkt_other_secret";
+const READER: &str = "pkt_reader_secret";
+const ADMIN: &str = "pkt_admin_secret";
+
+fn digest(token: &str) -> String {
+    picket_server::auth::hex(&picket_server::auth::token_digest(token))
+}
+
+/// The principals: a worker that locks under `jobs/` and reads `reports/`, another that locks
+/// under `jobs/` too, a reader of `jobs/`, an admin, and `alice`, known by her certificate.
+fn auth_file(with_worker: bool) -> String {
+    let worker = if with_worker {
+        format!(
+            "[[principal]]\nname = \"worker\"\ntoken_sha256 = [\"{}\"]\nlock = [\"jobs/\"]\nread = [\"reports/\"]\n\n",
+            digest(WORKER)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{worker}[[principal]]\nname = \"other\"\ntoken_sha256 = [\"{}\"]\nlock = [\"jobs/\"]\n\n\
+         [[principal]]\nname = \"reader\"\ntoken_sha256 = [\"{}\"]\nread = [\"jobs/\"]\n\n\
+         [[principal]]\nname = \"admin\"\ntoken_sha256 = [\"{}\"]\nadmin = true\n\n\
+         [[principal]]\nname = \"alice\"\ncertificate_names = [\"alice\"]\nlock = [\"alice/\"]\n",
+        digest(OTHER),
+        digest(READER),
+        digest(ADMIN)
+    )
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    pki: TestPki,
+    cluster: Cluster,
+    auth_path: std::path::PathBuf,
+}
+
+fn start() -> Setup {
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let auth_path = dir.path().join("auth.toml");
+    std::fs::write(&auth_path, auth_file(true)).unwrap();
+    let mut args: Vec<String> = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+    args.extend(pki.serve_args());
+    args.extend(["--auth-file".to_owned(), auth_path.display().to_string()]);
+    let cluster = Cluster::start(binary(), 3, &args);
+    Setup { _dir: dir, pki, cluster, auth_path }
+}
+
+impl Setup {
+    fn http_as(&self, token: Option<&str>) -> As {
+        let tls = picket_proto::tls::client_config(&self.pki.peer_ca, None).unwrap();
+        As { tls: Some(Arc::new(tls)), bearer_token: token.map(str::to_owned) }
+    }
+
+    /// Sends to the leader (found through the admin), again if leadership moved meanwhile.
+    fn http(&self, token: Option<&str>, method: &str, path: &str, body: Option<&Value>) -> Reply {
+        let caller = self.http_as(token);
+        let admin = self.http_as(Some(ADMIN));
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            for addr in self.cluster.addrs() {
+                let view = request_as(&addr, &admin, "GET", "/v1/cluster", None);
+                if let Ok(view) = view
+                    && view.body["role"] == "leader"
+                {
+                    // A leader elected a moment ago may be deposed already: ask again.
+                    let reply = request_as(&addr, &caller, method, path, body).unwrap();
+                    if reply.status != 421 {
+                        return reply;
+                    }
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "no leader within 15 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    async fn grpc(
+        &self,
+        token: Option<&str>,
+        identity: bool,
+    ) -> Result<Client, picket_client::ClientError> {
+        let identity =
+            identity.then_some((self.pki.client.cert.as_path(), self.pki.client.key.as_path()));
+        let config = ClientConfig {
+            tls: Some(ClientTls::from_files(&self.pki.peer_ca, identity).unwrap()),
+            bearer_token: token.map(str::to_owned),
+            retry_for: Duration::from_secs(15),
+            ..ClientConfig::default()
+        };
+        Client::connect_with(self.cluster.addrs(), config).await
+    }
+}
+
+fn assert_refused(reply: &Reply, status: u16, code: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body["code"], code, "{}", reply.text);
+    assert!(
+        reply.body["message"].as_str().is_some_and(|message| message.len() > 20),
+        "{}",
+        reply.text
+    );
+}
+
+#[tokio::test]
+async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
+    let setup = start();
+    let worker = Some(WORKER);
+    // HTTP: the worker's lock role covers jobs/, its read role reports/.
+    let opened = setup.http(worker, "POST", "/v1/sessions", Some(&json!({ "ttl_ms": 30_000 })));
+    assert_eq!(opened.status, 200, "{}", opened.text);
+    let session = opened.body["session_id"].as_u64().unwrap();
+    let acquire = |name: &str| json!({ "name": name, "session_id": session, "wait_ms": 0 });
+    let granted = setup.http(worker, "POST", "/v1/locks/acquire", Some(&acquire("jobs/a")));
+    assert_eq!(granted.status, 200, "{}", granted.text);
+    let refused = setup.http(worker, "POST", "/v1/locks/acquire", Some(&acquire("reports/a")));
+    assert_refused(&refused, 403, "permission_denied");
+    assert!(refused.body["message"].as_str().unwrap().contains("\"jobs/\""), "{}", refused.text);
+    assert_eq!(setup.http(worker, "GET", "/v1/locks/reports/a", None).status, 200);
+    assert_refused(
+        &setup.http(worker, "GET", "/v1/locks/billing/a", None),
+        403,
+        "permission_denied",
+    );
+    assert_eq!(setup.http(worker, "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    // A list or watch of a prefix it cannot read whole would show others' locks: refused.
+    assert_refused(&setup.http(worker, "GET", "/v1/locks", None), 403, "permission_denied");
+    assert_refused(&setup.http(worker, "GET", "/v1/watch?prefix=", None), 403, "permission_denied");
+    assert_refused(
+        &setup.http(worker, "POST", &format!("/v1/sessions/{session}/revoke"), None),
+        403,
+        "permission_denied",
+    );
+    assert_refused(
+        &setup.http(
+            worker,
+            "POST",
+            "/v1/cluster/members",
+            Some(&json!({ "node_id": 9, "addr": "127.0.0.1:1" })),
+        ),
+        403,
+        "permission_denied",
+    );
+    assert_eq!(setup.http(worker, "GET", "/v1/cluster", None).status, 200);
+
+    // The reader reads jobs/ and may open no session.
+    let reader = Some(READER);
+    let lock = setup.http(reader, "GET", "/v1/locks/jobs/a", None);
+    assert_eq!(lock.body["holder"]["session_id"], session, "{}", lock.text);
+    assert_eq!(
+        setup.http(reader, "GET", "/v1/locks?prefix=jobs/", None).body["locks"][0]["name"],
+        "jobs/a"
+    );
+    let sequencer = granted.body["sequencer"].as_str().unwrap();
+    assert_eq!(
+        setup.http(reader, "GET", &format!("/v1/check?sequencer={sequencer}"), None).body["status"],
+        "current"
+    );
+    assert_refused(
+        &setup.http(reader, "POST", "/v1/sessions", Some(&json!({ "ttl_ms": 30_000 }))),
+        403,
+        "permission_denied",
+    );
+
+    // No credentials, or unknown ones, are not a principal.
+    assert_refused(&setup.http(None, "GET", "/v1/locks/jobs/a", None), 401, "unauthenticated");
+    assert_refused(
+        &setup.http(Some("pkt_guess"), "GET", "/v1/locks/jobs/a", None),
+        401,
+        "unauthenticated",
+    );
+
+    // gRPC, the same rules.
+    let worker_client = setup.grpc(worker, false).await.unwrap();
+    let grpc_session = worker_client.session(Duration::from_secs(30)).await.unwrap();
+    let guard = grpc_session.try_lock("jobs/b").await.unwrap();
+    let refused = grpc_session.try_lock("billing/b").await.unwrap_err();
+    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    assert_eq!(
+        worker_client.locks("billing/", 10).await.unwrap_err().code(),
+        Some("permission_denied")
+    );
+    assert_eq!(
+        worker_client.revoke_session(session).await.unwrap_err().code(),
+        Some("permission_denied")
+    );
+    let reader_client = setup.grpc(reader, false).await.unwrap();
+    assert_eq!(reader_client.lock_info("jobs/b").await.unwrap().token, guard.token());
+    let refused = reader_client.session(Duration::from_secs(30)).await.unwrap_err();
+    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    let anonymous = setup.grpc(None, false).await.unwrap_err();
+    assert_eq!(anonymous.code(), Some("unauthenticated"), "{anonymous}");
+
+    // The admin sees every session and may revoke any.
+    let admin_client = setup.grpc(Some(ADMIN), false).await.unwrap();
+    assert!(admin_client.sessions(100).await.unwrap().len() >= 2);
+    let own = worker_client.sessions(100).await.unwrap();
+    assert!(
+        own.iter().all(|info| info.session_id == session || info.session_id == grpc_session.id()),
+        "{own:?}"
+    );
+    admin_client.revoke_session(session).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if setup.http(reader, "GET", "/v1/locks/jobs/a", None).body["holder"].is_null() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    lost.await.expect("the revoked session's lock is released");
+
+    // A client certificate names its principal: alice locks under alice/ only.
+    let alice = setup.grpc(None, true).await.unwrap();
+    let alice_session = alice.session(Duration::from_secs(30)).await.unwrap();
+    alice_session.try_lock("alice/notes").await.unwrap();
+    let refused = alice_session.try_lock("jobs/x").await.unwrap_err();
+    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    let refused = alice.add_member(9, "127.0.0.1:1").await.unwrap_err();
+    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+}
+
+#[tokio::test]
+async fn one_principal_cannot_touch_another_principals_session() {
+    let setup = start();
+    let worker_client = setup.grpc(Some(WORKER), false).await.unwrap();
+    let session = worker_client.session(Duration::from_secs(30)).await.unwrap();
+    let guard = session.try_lock("jobs/mine").await.unwrap();
+    let id = session.id();
+    let other = Some(OTHER);
+    for (method, path, body) in [
+        ("POST", format!("/v1/sessions/{id}/keepalive"), None),
+        ("DELETE", format!("/v1/sessions/{id}"), None),
+        (
+            "POST",
+            "/v1/locks/release".to_owned(),
+            Some(json!({ "name": "jobs/mine", "session_id": id, "token": guard.token() })),
+        ),
+        (
+            "POST",
+            "/v1/locks/acquire".to_owned(),
+            Some(json!({ "name": "jobs/theirs", "session_id": id, "wait_ms": 0 })),
+        ),
+        (
+            "POST",
+            "/v1/locks/cancel".to_owned(),
+            Some(json!({ "name": "jobs/mine", "session_id": id })),
+        ),
+        ("GET", format!("/v1/watch?session_id={id}"), None),
+    ] {
+        let reply = setup.http(other, method, &path, body.as_ref());
+        assert_refused(&reply, 403, "permission_denied");
+        assert!(
+            reply.text.contains("belongs to another principal"),
+            "{method} {path}: {}",
+            reply.text
+        );
+    }
+    let other_client = setup.grpc(other, false).await.unwrap();
+    let refused = other_client.release_in(id, "jobs/mine", guard.token()).await.unwrap_err();
+    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    // Still held, by its owner.
+    assert_eq!(other_client.lock_info("jobs/mine").await.unwrap().holder_session_id, id);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
+    let setup = start();
+    assert_eq!(setup.http(Some(WORKER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    let partial = setup.auth_path.with_extension("partial");
+    std::fs::write(&partial, auth_file(false)).unwrap();
+    std::fs::rename(&partial, &setup.auth_path).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let reply = setup.http(Some(WORKER), "GET", "/v1/locks?prefix=jobs/", None);
+        if reply.status == 401 {
+            assert_refused(&reply, 401, "unauthenticated");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked token still works: {}",
+            reply.text
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Every node rereads the file.
+    for addr in setup.cluster.addrs() {
+        wait_until("every node to refuse the revoked token", Duration::from_secs(15), || {
+            let caller = setup.http_as(Some(WORKER));
+            let reply = request_as(&addr, &caller, "GET", "/v1/cluster", None).unwrap();
+            (reply.status == 401).then_some(())
+        });
+    }
+    assert_eq!(setup.http(Some(OTHER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+}
