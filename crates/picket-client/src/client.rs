@@ -91,6 +91,36 @@ struct Inner {
     watcher: tokio::sync::OnceCell<Arc<crate::watcher::SessionWatcher>>,
 }
 
+/// Refuses what would send a secret in the clear: an `https://` endpoint without TLS
+/// configured, and a bearer token over plaintext to anything but loopback.
+fn check_transport(
+    given: &[String],
+    endpoints: &[String],
+    config: &ClientConfig,
+) -> Result<(), ClientError> {
+    if config.tls.is_some() {
+        return Ok(());
+    }
+    if let Some(endpoint) = given.iter().find(|endpoint| endpoint.trim().starts_with("https://")) {
+        return Err(ClientError::InvalidArgument(format!(
+            "{endpoint:?} asks for TLS, but no CA is configured: give the CA that signed the nodes' certificates (--ca)"
+        )));
+    }
+    let loopback = |endpoint: &String| {
+        let host = endpoint.rsplit_once(':').map_or(endpoint.as_str(), |(host, _)| host);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    };
+    if config.bearer_token.is_some()
+        && let Some(endpoint) = endpoints.iter().find(|endpoint| !loopback(endpoint))
+    {
+        return Err(ClientError::InvalidArgument(format!(
+            "refusing to send a bearer token in plaintext to {endpoint}: connect with TLS (--ca)"
+        )));
+    }
+    Ok(())
+}
+
 /// A handle that does not keep the client alive, for its background tasks.
 #[derive(Debug, Clone)]
 pub(crate) struct WeakClient(std::sync::Weak<Inner>);
@@ -127,9 +157,9 @@ impl Client {
         endpoints: impl IntoIterator<Item = impl Into<String>>,
         config: ClientConfig,
     ) -> Result<Self, ClientError> {
-        let endpoints: Vec<String> = endpoints
-            .into_iter()
-            .map(Into::into)
+        let given: Vec<String> = endpoints.into_iter().map(Into::into).collect();
+        let endpoints: Vec<String> = given
+            .iter()
             .map(|endpoint| {
                 let endpoint = endpoint.trim();
                 let endpoint = endpoint.strip_prefix("https://").unwrap_or(endpoint);
@@ -147,6 +177,7 @@ impl Client {
                 ClientError::InvalidArgument(format!("{endpoint:?} is not host:port ({error})"))
             })?;
         }
+        check_transport(&given, &endpoints, &config)?;
         let client = Self {
             inner: Arc::new(Inner {
                 endpoints,

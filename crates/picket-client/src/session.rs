@@ -236,7 +236,7 @@ impl Session {
             shared: self.shared.clone(),
             name: name.to_owned(),
             token: granted.token,
-            sequencer: Sequencer::new(name, granted.token),
+            sequencer: grant_sequencer(name, granted.token, &granted.sequencer),
             lost: signal,
             released: false,
         })
@@ -562,6 +562,15 @@ impl Drop for Guard {
             });
         }
     }
+}
+
+/// The sequencer the server issued for a grant (signed, when the cluster signs), or, from a
+/// server that sent none or one that does not match the grant, the unsigned one.
+fn grant_sequencer(name: &str, token: u64, issued: &str) -> Sequencer {
+    Sequencer::parse(issued)
+        .ok()
+        .filter(|sequencer| sequencer.name == name && sequencer.token == token)
+        .unwrap_or_else(|| Sequencer::new(name, token))
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ fn machine_with_sessions(count: u64) -> (StateMachine, Vec<SessionId>) {
             let applied = machine.apply(&Input {
                 now_ms: 0,
                 command: Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
+                principal: None,
             });
             let Ok(Response::SessionOpened { session, .. }) = applied.result else {
                 unreachable!()
@@ -36,6 +37,7 @@ fn main() {
                 request: RequestId(0),
                 attempt: 0,
             },
+            principal: None,
         });
     }
     let mut now_ms = 2;
@@ -51,11 +53,13 @@ fn main() {
                 request: RequestId(0),
                 attempt: 0,
             },
+            principal: None,
         });
         let Ok(Response::Granted { token, .. }) = acquired.result else { unreachable!() };
         let released = machine.apply(&Input {
             now_ms,
             command: Command::Release { session, name: "bench/lock".into(), token },
+            principal: None,
         });
         black_box(released);
     });
@@ -72,6 +76,7 @@ fn main() {
                 request: RequestId(0),
                 attempt: 0,
             },
+            principal: None,
         });
     }
     measure(
@@ -86,6 +91,7 @@ fn main() {
                     name: "contended".into(),
                     token: holder.token,
                 },
+                principal: None,
             });
             let requeued = machine.apply(&Input {
                 now_ms: 2,
@@ -96,6 +102,7 @@ fn main() {
                     request: RequestId(0),
                     attempt: 0,
                 },
+                principal: None,
             });
             black_box(requeued);
         },
@@ -106,9 +113,11 @@ fn main() {
     let mut now_ms = 1;
     measure("core: tick renewing 10k sessions", 50, || {
         now_ms += 1;
-        black_box(
-            machine.apply(&Input { now_ms, command: Command::Tick { renew: sessions.clone() } }),
-        );
+        black_box(machine.apply(&Input {
+            now_ms,
+            command: Command::Tick { renew: sessions.clone() },
+            principal: None,
+        }));
     });
 
     let (machine, _) = machine_with_sessions(10_000);

@@ -16,6 +16,36 @@ pub struct Input {
     pub now_ms: u64,
     /// What to do.
     pub command: Command,
+    /// The principal that sent it, when the service authenticates clients and the sender is
+    /// not an admin: a command that uses a session is refused unless this principal opened it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+}
+
+impl Input {
+    /// `command` stamped `now_ms`, sent by nobody in particular (an admin, or a service that
+    /// authenticates no one).
+    #[must_use]
+    pub fn new(now_ms: u64, command: Command) -> Self {
+        Self { now_ms, command, principal: None }
+    }
+}
+
+impl Command {
+    /// The session this command acts in or on, for the commands a session's owner sends
+    /// (revoking is an admin's, and carries no principal).
+    #[must_use]
+    pub fn session_used(&self) -> Option<SessionId> {
+        match self {
+            Self::KeepAlive { session }
+            | Self::CloseSession { session }
+            | Self::Acquire { session, .. }
+            | Self::Abandon { session, .. }
+            | Self::Cancel { session, .. }
+            | Self::Release { session, .. } => Some(*session),
+            _ => None,
+        }
+    }
 }
 
 /// A change to the lock state.
@@ -153,6 +183,10 @@ impl fmt::Display for Command {
 
 impl fmt::Display for Input {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "@{}ms {}", self.now_ms, self.command)
+        write!(f, "@{}ms {}", self.now_ms, self.command)?;
+        match &self.principal {
+            Some(principal) => write!(f, " by {principal:?}"),
+            None => Ok(()),
+        }
     }
 }

@@ -90,6 +90,14 @@ pub enum CommandError {
         /// The longest allowed.
         max_owner_bytes: usize,
     },
+    /// The command's principal did not open the session it uses.
+    #[error(
+        "session {session} belongs to another principal: only the principal that opened it, or an admin, may use it"
+    )]
+    NotOwner {
+        /// The session.
+        session: SessionId,
+    },
     /// The service already has as many sessions as it allows.
     #[error(
         "the service already has {max_sessions} sessions, its limit: close unused sessions or retry later"
@@ -228,6 +236,7 @@ impl CommandError {
             Self::LockDelayOutOfRange { .. } => "lock_delay_out_of_range",
             Self::WaitOutOfRange { .. } => "wait_out_of_range",
             Self::InvalidOwner { .. } => "invalid_owner",
+            Self::NotOwner { .. } => "permission_denied",
             Self::TooManySessions { .. } => "too_many_sessions",
             Self::TooManyLocks { .. } => "too_many_locks",
             Self::TooManyLocksForSession { .. } => "too_many_locks_for_session",

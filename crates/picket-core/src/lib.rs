@@ -11,7 +11,7 @@
 //! use picket_core::{Command, Input, Limits, RequestId, Response, StateMachine, Wait};
 //!
 //! let mut machine = StateMachine::new(Limits::default());
-//! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None } };
+//! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None }, principal: None };
 //! let Ok(Response::SessionOpened { session: a, .. }) = machine.apply(&open(0)).result else { panic!() };
 //! let Ok(Response::SessionOpened { session: b, .. }) = machine.apply(&open(0)).result else { panic!() };
 //!
@@ -23,13 +23,13 @@
 //!     request: RequestId(1),
 //!     attempt: 0,
 //! };
-//! let first = machine.apply(&Input { now_ms: 10, command: acquire(a) });
+//! let first = machine.apply(&Input { now_ms: 10, command: acquire(a), principal: None });
 //! let Ok(Response::Granted { token: token_a, .. }) = first.result else { panic!() };
-//! machine.apply(&Input { now_ms: 20, command: acquire(b) });
+//! machine.apply(&Input { now_ms: 20, command: acquire(b), principal: None });
 //!
 //! // A stops keeping its session alive; a tick past its deadline (2,000) and the expiry grace
 //! // (500 ms) expires it and grants B.
-//! machine.apply(&Input { now_ms: 2_600, command: Command::Tick { renew: vec![b] } });
+//! machine.apply(&Input { now_ms: 2_600, command: Command::Tick { renew: vec![b] }, principal: None });
 //! let holder = machine.lock("report").unwrap().holder.unwrap();
 //! assert_eq!(holder.session, b);
 //! assert!(holder.token > token_a);
@@ -43,6 +43,7 @@ mod name;
 mod outcome;
 mod query;
 mod record;
+pub mod seal;
 mod sequencer;
 mod types;
 
@@ -56,5 +57,8 @@ pub use machine::{RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
 pub use query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo, SessionLease};
-pub use sequencer::{MAX_SEQUENCER_BYTES, Sequencer, SequencerError};
+pub use seal::{SealError, SequencerKeys, SequencerSigner};
+pub use sequencer::{
+    MAX_CLUSTER_ID_BYTES, MAX_SEQUENCER_BYTES, Seal, Sequencer, SequencerError, is_valid_cluster_id,
+};
 pub use types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};

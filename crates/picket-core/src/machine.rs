@@ -1,7 +1,7 @@
 //! The lock state machine.
 //!
 //! ```text
-//!            Input { now_ms, command }
+//!            Input { now_ms, command, principal }
 //!                      │
 //!                      ▼
 //!   ┌──────────────────────────────────────────┐
@@ -200,7 +200,7 @@ impl StateMachine {
         let revision_before = self.revision;
         let mut step =
             Step { now_ms, stamp_ms: input.now_ms, events: Vec::new(), granted: BTreeSet::new() };
-        let result = self.dispatch(&input.command, &mut step);
+        let result = self.dispatch(input, &mut step);
         match &result {
             Ok(_) => assert_eq!(
                 self.revision,
@@ -257,6 +257,22 @@ impl StateMachine {
 
     /// Decides, from the state before any change, whether the command is accepted and what it
     /// will do.
+    /// Refuses a command sent by a principal in a session another principal (or nobody)
+    /// opened. Decided here, at apply, so no command can slip between a check and its write.
+    fn check_principal(&self, input: &Input) -> Result<(), CommandError> {
+        let (Some(principal), Some(session)) = (&input.principal, input.command.session_used())
+        else {
+            return Ok(());
+        };
+        match self.sessions.get(&session) {
+            Some(record) if record.owner.as_deref() != Some(principal.as_str()) => {
+                Err(CommandError::NotOwner { session })
+            }
+            // An unknown session is refused as such by the command's own plan.
+            _ => Ok(()),
+        }
+    }
+
     fn plan(&self, command: &Command) -> Result<Plan, CommandError> {
         match command {
             Command::OpenSession { ttl_ms, lock_delay_ms, owner } => {
@@ -284,7 +300,9 @@ impl StateMachine {
         }
     }
 
-    fn dispatch(&mut self, command: &Command, step: &mut Step) -> Result<Response, CommandError> {
+    fn dispatch(&mut self, input: &Input, step: &mut Step) -> Result<Response, CommandError> {
+        let command = &input.command;
+        self.check_principal(input)?;
         let plan = self.plan(command)?;
         self.accept(step);
         Ok(match (command, plan) {

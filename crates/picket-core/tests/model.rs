@@ -510,10 +510,10 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
         }
         Op::Tick { renew } => Command::Tick { renew: renew.iter().map(|w| who(*w)).collect() },
         Op::Refresh { clock_ms } => {
-            return Input { now_ms: *clock_ms, command: Command::Refresh };
+            return Input { now_ms: *clock_ms, command: Command::Refresh, principal: None };
         }
     };
-    Input { now_ms, command }
+    Input { now_ms, command, principal: None }
 }
 
 fn check_step(
@@ -545,16 +545,22 @@ fn check_step(
             // The deadline may already be overdue when no tick ran since.
             let before = probe.snapshot();
             if due_ms > machine.now_ms() {
-                let early = probe
-                    .apply(&Input { now_ms: due_ms - 1, command: Command::Tick { renew: vec![] } });
+                let early = probe.apply(&Input {
+                    now_ms: due_ms - 1,
+                    command: Command::Tick { renew: vec![] },
+                    principal: None,
+                });
                 prop_assert!(
                     early.events.is_empty(),
                     "a tick before the next deadline changed something"
                 );
             }
             let mut probe = StateMachine::restore(&before).unwrap();
-            let due =
-                probe.apply(&Input { now_ms: due_ms, command: Command::Tick { renew: vec![] } });
+            let due = probe.apply(&Input {
+                now_ms: due_ms,
+                command: Command::Tick { renew: vec![] },
+                principal: None,
+            });
             let delay_ended = machine.locks("", None, usize::MAX).iter().any(|l| {
                 l.delayed_until_ms.is_some_and(|until| until <= due_ms.max(machine.now_ms()))
             });
@@ -567,6 +573,7 @@ fn check_step(
             let far = probe.apply(&Input {
                 now_ms: machine.now_ms() + 100_000_000,
                 command: Command::Tick { renew: vec![] },
+                principal: None,
             });
             prop_assert!(
                 far.events.is_empty(),

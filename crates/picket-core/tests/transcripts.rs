@@ -42,7 +42,7 @@ impl Story {
     fn run(&mut self, now_ms: u64, command: Command) -> Applied {
         let before = self.machine.snapshot();
         let line = self.describe(&command);
-        let applied = self.machine.apply(&Input { now_ms, command });
+        let applied = self.machine.apply(&Input { now_ms, command, principal: None });
         self.machine.check_invariants().expect("invariants hold after every step");
         if applied.result.is_err() {
             assert_eq!(before, self.machine.snapshot(), "a refused command changes nothing");
@@ -841,4 +841,38 @@ fn a_session_keeps_the_owner_it_was_opened_with() {
     let decoded: Command = serde_json::from_str(old_entry).unwrap();
     assert_eq!(decoded, Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None });
     assert_eq!(serde_json::to_string(&decoded).unwrap(), old_entry, "no owner, no new field");
+}
+
+/// Issue 15: a command sent by a principal in a session another principal opened is refused at
+/// apply, where no check can be raced, and changes nothing; the owner itself, and a command
+/// sent by no principal (an admin's), go through.
+#[test]
+fn a_principal_cannot_use_a_session_another_opened() {
+    let mut machine = StateMachine::new(Limits::default());
+    let open = Command::OpenSession { ttl_ms: 5_000, lock_delay_ms: 0, owner: Some("a".into()) };
+    let Ok(Response::SessionOpened { session, .. }) = machine.apply(&Input::new(0, open)).result
+    else {
+        panic!("opened")
+    };
+    let acquire = |name: &str| Command::Acquire {
+        session,
+        name: name.into(),
+        wait: Wait::Try,
+        request: RequestId(1),
+        attempt: 0,
+    };
+    let as_principal = |principal: &str, command: Command| Input {
+        now_ms: 1,
+        command,
+        principal: Some(principal.into()),
+    };
+    let before = machine.snapshot();
+    let refused = machine.apply(&as_principal("b", acquire("x")));
+    assert_eq!(refused.result, Err(CommandError::NotOwner { session }));
+    assert_eq!(machine.snapshot(), before, "a refused command changes nothing");
+    let closed = machine.apply(&as_principal("b", Command::CloseSession { session }));
+    assert_eq!(closed.result, Err(CommandError::NotOwner { session }));
+    assert!(machine.apply(&as_principal("a", acquire("x"))).result.is_ok());
+    let admin = Input::new(2, Command::Release { session, name: "x".into(), token: 2 });
+    assert!(machine.apply(&admin).result.is_ok(), "an admin's command names no principal");
 }

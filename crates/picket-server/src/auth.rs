@@ -17,6 +17,7 @@
 //! Without an auth file, anyone who reaches the port may do anything.
 
 use crate::error::ServiceError;
+use crate::node::Ownership;
 use crate::tls::Caller;
 use picket_core::MAX_OWNER_BYTES;
 use serde::Deserialize;
@@ -82,8 +83,13 @@ impl Principal {
 /// Who a request comes from.
 #[derive(Clone, Debug)]
 pub enum Access {
-    /// The node authenticates no one (no auth file): anyone may do anything.
-    Anyone,
+    /// The node authenticates no one (no auth file): anyone may use any lock and session. On
+    /// a plaintext node (loopback, or a network the operator trusts) anyone may also revoke
+    /// sessions and change the membership; over TLS only a cluster member may.
+    Anyone {
+        /// The connection is TLS.
+        tls: bool,
+    },
     /// A cluster member, by its certificate: acts as an admin.
     Member,
     /// An authenticated principal.
@@ -96,7 +102,7 @@ impl Access {
     pub fn owner(&self) -> Option<&str> {
         match self {
             Self::Principal(principal) => Some(&principal.name),
-            Self::Anyone | Self::Member => None,
+            Self::Anyone { .. } | Self::Member => None,
         }
     }
 
@@ -104,7 +110,7 @@ impl Access {
     #[must_use]
     pub fn who(&self) -> &str {
         match self {
-            Self::Anyone => "anyone",
+            Self::Anyone { .. } => "anyone",
             Self::Member => "a cluster member",
             Self::Principal(principal) => &principal.name,
         }
@@ -114,7 +120,16 @@ impl Access {
     #[must_use]
     pub fn is_admin(&self) -> bool {
         match self {
-            Self::Anyone | Self::Member => true,
+            Self::Anyone { .. } | Self::Member => true,
+            Self::Principal(principal) => principal.admin,
+        }
+    }
+
+    /// Whether this caller may revoke sessions and change the membership.
+    fn may_administer(&self) -> bool {
+        match self {
+            Self::Anyone { tls } => !tls,
+            Self::Member => true,
             Self::Principal(principal) => principal.admin,
         }
     }
@@ -124,9 +139,14 @@ impl Access {
     /// # Errors
     /// [`ServiceError::PermissionDenied`].
     pub fn require_admin(&self, action: &str) -> Result<(), ServiceError> {
-        if self.is_admin() {
+        if self.may_administer() {
             tracing::info!(target: AUDIT, principal = self.who(), action, "admin action");
             return Ok(());
+        }
+        if let Self::Anyone { .. } = self {
+            return Err(self.denied(format!(
+                "{action} needs a cluster member's certificate (--cert and --key of a node): this TLS node has no auth file to name an admin"
+            )));
         }
         Err(self.denied(format!("{action} needs the admin role")))
     }
@@ -178,25 +198,39 @@ impl Access {
         }
     }
 
-    /// Refuses unless the caller opened `session` (or is an admin); `opened_by` tells, for a
-    /// principal's name, whether it opened the session (`None`: the session is unknown, and the
-    /// operation will say so itself).
+    /// The principal a command is sent by, for the state machine to check it owns the session
+    /// the command uses: `None` for an admin, a member, or anyone on an open node.
+    #[must_use]
+    pub fn acting_principal(&self) -> Option<&str> {
+        match self {
+            Self::Principal(principal) if !principal.admin => Some(&principal.name),
+            _ => None,
+        }
+    }
+
+    /// Refuses a session another principal opened (unless the caller is an admin), and, with
+    /// `exists_now`, one that does not exist yet: a watch set up on an id no session has yet
+    /// would see whoever opens it next. `ownership` says whose the session is for a principal.
+    /// A session that ended is left to the operation, which says so itself; the state machine
+    /// checks the owner again when it applies a command.
     ///
     /// # Errors
     /// [`ServiceError::PermissionDenied`].
     pub fn require_owner(
         &self,
         session: u64,
-        opened_by: impl FnOnce(&str) -> Option<bool>,
+        exists_now: bool,
+        ownership: impl FnOnce(&str) -> Ownership,
     ) -> Result<(), ServiceError> {
-        match self {
-            Self::Principal(principal) if !principal.admin => match opened_by(&principal.name) {
-                Some(false) => Err(self.denied(format!(
-                    "session {session} belongs to another principal; only the principal that opened it, or an admin, may use it"
-                ))),
-                Some(true) | None => Ok(()),
-            },
-            _ => Ok(()),
+        let Some(name) = self.acting_principal() else { return Ok(()) };
+        match ownership(name) {
+            Ownership::Foreign => Err(self.denied(format!(
+                "session {session} belongs to another principal; only the principal that opened it, or an admin, may use it"
+            ))),
+            Ownership::NotYet if exists_now => Err(self.denied(format!(
+                "session {session} does not exist yet; watch a session once it is open"
+            ))),
+            Ownership::Owned | Ownership::Ended | Ownership::NotYet => Ok(()),
         }
     }
 
@@ -415,7 +449,9 @@ pub fn authenticate(
     if caller.is_some_and(|caller| caller.member) {
         return Ok(Access::Member);
     }
-    let Some(auth) = auth else { return Ok(Access::Anyone) };
+    let Some(auth) = auth else {
+        return Ok(Access::Anyone { tls: caller.is_some_and(|caller| caller.tls) });
+    };
     let table = auth.table();
     let remote = caller.and_then(|caller| caller.remote);
     let refuse = |reason: String| {

@@ -119,6 +119,7 @@ impl ServiceError {
         match self {
             Self::Command(error) => match error {
                 CommandError::UnknownSession { .. } => 404,
+                CommandError::NotOwner { .. } => 403,
                 CommandError::LockBusy { .. }
                 | CommandError::LockDelayed { .. }
                 | CommandError::NotHeld { .. }

@@ -72,14 +72,18 @@ fn limit_from(limit: u32) -> usize {
     if limit == 0 { usize::MAX } else { limit as usize }
 }
 
-pub(crate) fn lock_message(info: LockInfo) -> v1::LockInfo {
+pub(crate) fn lock_message(node: &Node, info: LockInfo) -> v1::LockInfo {
     let holder = info.holder;
+    let sequencer = holder
+        .map(|holder| node.sequencer(&info.name, holder.token, holder.session))
+        .unwrap_or_default();
     v1::LockInfo {
         name: info.name,
         holder_session_id: holder.map_or(0, |holder| holder.session.0),
         token: holder.map_or(0, |holder| holder.token),
         waiters: info.waiters.into_iter().map(|session| session.0).collect(),
         delayed: info.delayed_until_ms.is_some(),
+        sequencer,
     }
 }
 
@@ -250,6 +254,7 @@ impl picket_server::Picket for ClientService {
             wait,
             request: request.request_id.map(RequestId),
             attempt: request.attempt,
+            principal: None,
         };
         let grant = self
             .node
@@ -258,7 +263,7 @@ impl picket_server::Picket for ClientService {
             .await;
         respond(grant.map(|grant| v1::AcquireResponse {
             token: grant.token,
-            sequencer: grant.sequencer(),
+            sequencer: grant.sequencer,
             already_held: grant.already_held,
         }))
     }
@@ -292,7 +297,13 @@ impl picket_server::Picket for ClientService {
 
     async fn get_lock(&self, request: Request<v1::GetLockRequest>) -> Reply<v1::LockInfo> {
         let who = self.who(&request)?;
-        respond(self.node.as_caller(who).lock(&request.into_inner().name).await.map(lock_message))
+        respond(
+            self.node
+                .as_caller(who)
+                .lock(&request.into_inner().name)
+                .await
+                .map(|info| lock_message(&self.node, info)),
+        )
     }
 
     async fn list_locks(
@@ -305,7 +316,7 @@ impl picket_server::Picket for ClientService {
         let locks =
             self.node.as_caller(who).locks(&request.prefix, after, limit_from(request.limit)).await;
         respond(locks.map(|locks| v1::ListLocksResponse {
-            locks: locks.into_iter().map(lock_message).collect(),
+            locks: locks.into_iter().map(|info| lock_message(&self.node, info)).collect(),
         }))
     }
 

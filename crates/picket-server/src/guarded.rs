@@ -25,8 +25,19 @@ impl Node {
 }
 
 impl Guarded<'_> {
+    /// Refuses another principal's session early, with a sentence; the state machine checks
+    /// again at apply, where nothing can slip in between.
     fn require_owner(&self, session: SessionId) -> Result<(), ServiceError> {
-        self.access.require_owner(session.0, |name| self.node.session_opened_by(session, name))
+        self.access.require_owner(session.0, false, |name| self.node.ownership(session, name))
+    }
+
+    /// Like `require_owner`, and refuses an id no session has yet.
+    fn require_watchable(&self, session: SessionId) -> Result<(), ServiceError> {
+        self.access.require_owner(session.0, true, |name| self.node.ownership(session, name))
+    }
+
+    fn principal(&self) -> Option<&str> {
+        self.access.acting_principal()
     }
 
     /// See [`Node::open_session`]; the session belongs to the caller.
@@ -49,7 +60,7 @@ impl Guarded<'_> {
     /// As the node's, and [`ServiceError::PermissionDenied`] for another's session.
     pub async fn keep_alive(&self, session: SessionId) -> Result<u64, ServiceError> {
         self.require_owner(session)?;
-        self.node.keep_alive(session).await
+        self.node.keep_alive(session, self.principal()).await
     }
 
     /// See [`Node::keep_alive_many`]; refused whole if any session is another's.
@@ -63,7 +74,7 @@ impl Guarded<'_> {
         for session in sessions {
             self.require_owner(*session)?;
         }
-        self.node.keep_alive_many(sessions).await
+        self.node.keep_alive_many(sessions, self.principal()).await
     }
 
     /// See [`Node::close_session`].
@@ -72,7 +83,7 @@ impl Guarded<'_> {
     /// As the node's, and [`ServiceError::PermissionDenied`] for another's session.
     pub async fn close_session(&self, session: SessionId) -> Result<(), ServiceError> {
         self.require_owner(session)?;
-        self.node.close_session(session).await
+        self.node.close_session(session, self.principal()).await
     }
 
     /// See [`Node::revoke_session`]: admins only.
@@ -109,6 +120,7 @@ impl Guarded<'_> {
     ) -> Result<Grant, ServiceError> {
         self.access.require(Role::Lock, name)?;
         self.require_owner(session)?;
+        let asked = AcquireRequest { principal: self.principal().map(str::to_owned), ..asked };
         self.node.acquire(session, name, asked).await
     }
 
@@ -125,7 +137,7 @@ impl Guarded<'_> {
     ) -> Result<Option<u64>, ServiceError> {
         self.access.require(Role::Lock, name)?;
         self.require_owner(session)?;
-        self.node.abandon(session, name, request, attempt).await
+        self.node.abandon(session, name, request, attempt, self.principal()).await
     }
 
     /// See [`Node::release`].
@@ -140,7 +152,7 @@ impl Guarded<'_> {
     ) -> Result<(), ServiceError> {
         self.access.require(Role::Lock, name)?;
         self.require_owner(session)?;
-        self.node.release(session, name, token).await
+        self.node.release(session, name, token, self.principal()).await
     }
 
     /// See [`Node::cancel`].
@@ -150,7 +162,7 @@ impl Guarded<'_> {
     pub async fn cancel(&self, session: SessionId, name: &str) -> Result<(), ServiceError> {
         self.access.require(Role::Lock, name)?;
         self.require_owner(session)?;
-        self.node.cancel(session, name).await
+        self.node.cancel(session, name, self.principal()).await
     }
 
     /// See [`Node::lock`].
@@ -196,10 +208,10 @@ impl Guarded<'_> {
         match &target {
             WatchTarget::Lock(name) => self.access.require(Role::Read, name)?,
             WatchTarget::Prefix(prefix) => self.access.require_prefix(Role::Read, prefix)?,
-            WatchTarget::Session(session) => self.require_owner(*session)?,
+            WatchTarget::Session(session) => self.require_watchable(*session)?,
             WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => {
                 for session in sessions {
-                    self.require_owner(*session)?;
+                    self.require_watchable(*session)?;
                 }
             }
         }

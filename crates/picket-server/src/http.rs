@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
-use picket_core::{Event, LockInfo, RequestId, Sequencer, SessionId, SessionInfo, Wait};
+use picket_core::{Event, LockInfo, RequestId, SessionId, SessionInfo, Wait};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -363,14 +363,17 @@ async fn acquire(
         Some(0) => Wait::Try,
         Some(wait_ms) => Wait::For { wait_ms },
     };
-    let asked =
-        AcquireRequest { wait, request: body.request_id.map(RequestId), attempt: body.attempt };
+    let asked = AcquireRequest {
+        wait,
+        request: body.request_id.map(RequestId),
+        attempt: body.attempt,
+        principal: None,
+    };
     let grant = node.as_caller(who).acquire(SessionId(body.session_id), &body.name, asked).await?;
-    let sequencer = grant.sequencer();
     Ok(Json(Granted {
         name: grant.name,
         token: grant.token,
-        sequencer,
+        sequencer: grant.sequencer,
         already_held: grant.already_held,
     }))
 }
@@ -422,12 +425,12 @@ async fn cancel(
 
 /// A lock as JSON: holder (with its sequencer), queue, and lock-delay.
 #[must_use]
-pub fn lock_json(info: &LockInfo) -> Value {
+pub fn lock_json(node: &Node, info: &LockInfo) -> Value {
     let holder = info.holder.map(|holder| {
         json!({
             "session_id": holder.session.0,
             "token": holder.token,
-            "sequencer": Sequencer::new(info.name.clone(), holder.token).to_string(),
+            "sequencer": node.sequencer(&info.name, holder.token, holder.session),
         })
     });
     let waiters: Vec<u64> = info.waiters.iter().map(|session| session.0).collect();
@@ -444,23 +447,23 @@ async fn get_lock(
     Who(who): Who,
     PathParam(name): PathParam<String>,
 ) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.as_caller(who).lock(&name).await?)))
+    Ok(Json(lock_json(&node, &node.as_caller(who).lock(&name).await?)))
 }
 
 async fn get_lock_named_acquire(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.as_caller(who).lock("acquire").await?)))
+    Ok(Json(lock_json(&node, &node.as_caller(who).lock("acquire").await?)))
 }
 
 async fn get_lock_named_release(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.as_caller(who).lock("release").await?)))
+    Ok(Json(lock_json(&node, &node.as_caller(who).lock("release").await?)))
 }
 
 async fn get_lock_named_cancel(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.as_caller(who).lock("cancel").await?)))
+    Ok(Json(lock_json(&node, &node.as_caller(who).lock("cancel").await?)))
 }
 
 async fn get_lock_named_abandon(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node.as_caller(who).lock("abandon").await?)))
+    Ok(Json(lock_json(&node, &node.as_caller(who).lock("abandon").await?)))
 }
 
 #[derive(Deserialize)]
@@ -481,7 +484,7 @@ async fn list_locks(
         .as_caller(who)
         .locks(&query.prefix, query.after.as_deref(), query.limit.unwrap_or(usize::MAX))
         .await?;
-    let locks: Vec<Value> = locks.iter().map(lock_json).collect();
+    let locks: Vec<Value> = locks.iter().map(|info| lock_json(&node, info)).collect();
     Ok(Json(json!({ "locks": locks })))
 }
 

@@ -44,8 +44,8 @@ pub use node::{
 };
 pub use raft_types::NodeId;
 pub use server::{
-    DEFAULT_PORT, MAX_WAL_SEGMENT_BYTES, MIN_WAL_SEGMENT_BYTES, RaftTuning, ServerConfig,
-    ServerHandle, StartError, start,
+    DEFAULT_CLUSTER_ID, DEFAULT_PORT, MAX_WAL_SEGMENT_BYTES, MIN_WAL_SEGMENT_BYTES, RaftTuning,
+    ServerConfig, ServerHandle, StartError, start,
 };
 
 #[cfg(test)]

@@ -146,15 +146,21 @@ pub async fn serve(
                     }
                 }
                 Some(tls) => {
-                    let handshake = tls.acceptor().accept(stream);
+                    let loaded = tls.current();
+                    let handshake = loaded.acceptor().accept(stream);
                     match tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await {
                         Ok(Ok(stream)) => {
                             let certificates = stream.get_ref().1.peer_certificates();
-                            let caller = tls.caller(remote, certificates);
+                            let caller = loaded.caller(remote, certificates);
                             serve_one(stream, app, caller, &builder, watcher).await;
                         }
                         Ok(Err(error)) => {
-                            tracing::info!(%error, "refused a connection: its TLS handshake failed");
+                            tracing::info!(
+                                target: "picket::audit",
+                                %remote,
+                                %error,
+                                "refused a connection: its TLS handshake failed"
+                            );
                         }
                         Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
                     }

@@ -642,7 +642,11 @@ mod tests {
             request: picket_core::RequestId::default(),
             attempt: 0,
         };
-        entry.payload = openraft::EntryPayload::Normal(picket_core::Input { now_ms: 0, command });
+        entry.payload = openraft::EntryPayload::Normal(picket_core::Input {
+            now_ms: 0,
+            command,
+            principal: None,
+        });
         entry
     }
 
@@ -684,8 +688,11 @@ mod tests {
         let renew = vec![picket_core::SessionId(u64::MAX); picket_core::MAX_RENEWALS_PER_TICK_CAP];
         let tick = picket_core::Command::Tick { renew };
         let mut entry = blank_ent::<TypeConfig>(u64::MAX, u64::MAX, u64::MAX);
-        entry.payload =
-            openraft::EntryPayload::Normal(picket_core::Input { now_ms: u64::MAX, command: tick });
+        entry.payload = openraft::EntryPayload::Normal(picket_core::Input {
+            now_ms: u64::MAX,
+            command: tick,
+            principal: None,
+        });
         let tick_bytes = encode_json(&entry).len();
         assert!(tick_bytes < MAX_ENTRY_BYTES, "{tick_bytes}");
         let mut entry = large_entry(u64::MAX, u64::MAX, 0);

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 /// Metadata key naming the node a Raft request is meant for.
@@ -264,6 +265,40 @@ fn decode_snapshot(bytes: &[u8]) -> Result<(Vote, Snapshot), String> {
     Ok((vote, Snapshot { meta, snapshot: data.to_vec() }))
 }
 
+/// Admits only cluster members' connections to the `Raft` service, when on (a TLS cluster).
+#[derive(Clone, Copy, Debug)]
+pub struct MembersOnly(bool);
+
+impl tonic::service::Interceptor for MembersOnly {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let caller = request.extensions().get::<Caller>();
+        if !self.0 || caller.is_some_and(|caller| caller.member) {
+            return Ok(request);
+        }
+        let remote = caller.and_then(|caller| caller.remote);
+        let (code, error_code, reason) = match caller.and_then(|caller| caller.certificate.as_ref())
+        {
+            None => (
+                tonic::Code::Unauthenticated,
+                "unauthenticated",
+                "only a cluster member may send Raft messages: this connection presented no certificate",
+            ),
+            Some(_) => (
+                tonic::Code::PermissionDenied,
+                "permission_denied",
+                "only a cluster member may send Raft messages: this connection's certificate is not signed by the cluster's peer CA",
+            ),
+        };
+        tracing::warn!(target: "picket::audit", ?remote, reason, "refused a Raft message");
+        let mut status = Status::new(code, reason);
+        status.metadata_mut().insert(
+            picket_proto::ERROR_CODE_KEY,
+            tonic::metadata::MetadataValue::from_static(error_code),
+        );
+        Err(status)
+    }
+}
+
 /// Receives Raft RPCs from peers and hands them to the local Raft.
 #[derive(Clone)]
 pub struct RaftService {
@@ -290,36 +325,20 @@ impl RaftService {
         Self { raft: node.raft().clone(), node_id: node.id(), node, clock, members_only }
     }
 
-    /// The tonic service, with message size bounds.
+    /// The tonic service, with message size bounds. In a TLS cluster, a request from a
+    /// connection that is not a cluster member's is refused by an interceptor, before its
+    /// message is read.
     #[must_use]
-    pub fn into_server(self) -> raft_server::RaftServer<Self> {
-        raft_server::RaftServer::new(self)
+    pub fn into_server(self) -> InterceptedService<raft_server::RaftServer<Self>, MembersOnly> {
+        let members_only = MembersOnly(self.members_only);
+        let server = raft_server::RaftServer::new(self)
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+        InterceptedService::new(server, members_only)
     }
 
-    /// Refuses a request from anyone but a cluster member, in a TLS cluster.
-    fn admit_member<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        if self.members_only {
-            let caller = request.extensions().get::<Caller>();
-            if !caller.is_some_and(|caller| caller.member) {
-                tracing::warn!(
-                    remote = ?caller.and_then(|caller| caller.remote),
-                    "refused a Raft message from a connection without a cluster member's certificate"
-                );
-                return Err(Status::permission_denied(
-                    "only a cluster member may send Raft messages: this connection presented no \
-                     certificate signed by the cluster's peer CA",
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses a request from anyone but a cluster member (in a TLS cluster), and a request
-    /// meant for another node.
+    /// Refuses a request meant for another node.
     fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        self.admit_member(request)?;
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
         match target.and_then(|target| target.parse::<NodeId>().ok()) {
             Some(target) if target == self.node_id => Ok(()),
@@ -389,13 +408,12 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<AbandonRequest>,
     ) -> Result<Response<AbandonResponse>, Status> {
-        self.admit_member(&request)?;
         let request = request.into_inner();
         let session = picket_core::SessionId(request.session_id);
         let (name, attempt) = (request.name.as_str(), request.attempt);
         let abandoned = self
             .node
-            .abandon(session, name, picket_core::RequestId(request.request_id), attempt)
+            .abandon(session, name, picket_core::RequestId(request.request_id), attempt, None)
             .await;
         abandoned
             .map(|released_token| Response::new(AbandonResponse { released_token }))

@@ -18,6 +18,7 @@ use crate::state_machine::{Applied, StateStore};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
 use openraft::{BasicNode, ReadPolicy, ServerState};
+use picket_core::SequencerSigner;
 use picket_core::{
     CancelCause, CheckOutcome, Command, CommandError, Event, Input, LockInfo, RequestId, Response,
     Sequencer, SessionId, SessionInfo, Wait,
@@ -30,7 +31,7 @@ use std::time::Duration;
 /// Most sessions one batched keepalive may name.
 pub const MAX_KEEPALIVE_BATCH: usize = 10_000;
 /// How an acquire asks: how long to wait, and which request (and attempt at it) this is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcquireRequest {
     /// Whether, and how long, to wait.
     pub wait: Wait,
@@ -39,19 +40,35 @@ pub struct AcquireRequest {
     pub request: Option<RequestId>,
     /// 0 for the first attempt at the request, one more for each retry.
     pub attempt: u32,
+    /// The principal sending it, when it must own the session (see
+    /// [`picket_core::Input::principal`]).
+    pub principal: Option<String>,
 }
 
 impl AcquireRequest {
     /// A new request (a fresh id, first attempt) that waits as `wait` says.
     #[must_use]
     pub fn new(wait: Wait) -> Self {
-        Self { wait, request: None, attempt: 0 }
+        Self { wait, request: None, attempt: 0, principal: None }
     }
 }
 
 /// How long the server keeps trying to abandon a request whose caller went away, across
 /// leader changes, before it leaves the wait or grant to the session's end.
 const ABANDON_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whose a session is, for one principal ([`Node::ownership`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// The principal opened it.
+    Owned,
+    /// Another principal opened it, or it was opened without authentication.
+    Foreign,
+    /// No such session any more (or there never was one with this id).
+    Ended,
+    /// No session has this id yet; a later one may.
+    NotYet,
+}
 
 /// A lock grant as the APIs return it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,14 +79,8 @@ pub struct Grant {
     pub token: u64,
     /// True when the session already held the lock.
     pub already_held: bool,
-}
-
-impl Grant {
-    /// The grant's sequencer string.
-    #[must_use]
-    pub fn sequencer(&self) -> String {
-        Sequencer::new(self.name.clone(), self.token).to_string()
-    }
+    /// Its sequencer, signed when the node has a signing key.
+    pub sequencer: String,
 }
 
 /// What a watch follows.
@@ -212,6 +223,8 @@ pub struct Node {
     leader_lease: std::time::Duration,
     /// TLS for this node's calls to its peers, when the cluster runs TLS.
     to_peers: Option<ClientTls>,
+    /// Signs every grant's sequencer, when the cluster has a signing key.
+    signer: Option<Arc<SequencerSigner>>,
     /// The principals that may use this node; `None` lets anyone do anything.
     auth: Option<Arc<AuthFile>>,
 }
@@ -303,7 +316,24 @@ impl Node {
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             leader_lease,
             to_peers: None,
+            signer: None,
             auth: None,
+        }
+    }
+
+    /// Signs every grant's sequencer with `signer`.
+    pub(crate) fn with_signer(mut self, signer: Option<Arc<SequencerSigner>>) -> Self {
+        self.signer = signer;
+        self
+    }
+
+    /// The sequencer string of the grant of `name` under `token` to `session`: signed when the
+    /// node has a signing key (`p2.`), else `p1.`.
+    #[must_use]
+    pub fn sequencer(&self, name: &str, token: u64, session: SessionId) -> String {
+        match &self.signer {
+            Some(signer) => signer.seal(name, token, session.0).to_string(),
+            None => Sequencer::new(name, token).to_string(),
         }
     }
 
@@ -440,7 +470,19 @@ impl Node {
     /// the other cluster-level failures. A command the state machine refused at apply is *not*
     /// an error here (see [`Node::command`]).
     pub async fn propose(&self, command: Command) -> Result<picket_core::Applied, ServiceError> {
-        self.propose_at(self.clock.now_ms(), command).await
+        self.propose_as(None, command).await
+    }
+
+    /// [`Node::propose`] on behalf of `principal`, which must own the session the command uses.
+    ///
+    /// # Errors
+    /// As [`Node::propose`].
+    pub async fn propose_as(
+        &self,
+        principal: Option<String>,
+        command: Command,
+    ) -> Result<picket_core::Applied, ServiceError> {
+        self.submit(Input { now_ms: self.clock.now_ms(), command, principal }).await
     }
 
     /// Proposes a command stamped with a clock reading taken earlier (a tick's, taken with the
@@ -450,10 +492,13 @@ impl Node {
         now_ms: u64,
         command: Command,
     ) -> Result<picket_core::Applied, ServiceError> {
-        if let Some(refusal) = self.refusal_before_log(&command).await {
+        self.submit(Input::new(now_ms, command)).await
+    }
+
+    async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
+        if let Some(refusal) = self.refusal_before_log(&input.command).await {
             return Err(ServiceError::Command(refusal));
         }
-        let input = Input { now_ms, command };
         match self.raft.client_write(input).await {
             Ok(response) => match response.data {
                 Reply::Applied(applied) => Ok(applied),
@@ -525,6 +570,18 @@ impl Node {
         Ok(self.propose(command).await?.result?)
     }
 
+    /// [`Node::command`] on behalf of `principal` (see [`Node::propose_as`]).
+    ///
+    /// # Errors
+    /// As [`Node::command`].
+    pub async fn command_as(
+        &self,
+        principal: Option<&str>,
+        command: Command,
+    ) -> Result<Response, ServiceError> {
+        Ok(self.propose_as(principal.map(str::to_owned), command).await?.result?)
+    }
+
     /// Confirms leadership with a quorum and waits until the local state has applied everything
     /// committed before this call, then reads it. The read is linearizable.
     ///
@@ -575,8 +632,12 @@ impl Node {
     ///
     /// # Errors
     /// [`CommandError::UnknownSession`] when the session is gone; cluster failures.
-    pub async fn keep_alive(&self, session: SessionId) -> Result<u64, ServiceError> {
-        let ttls = self.keep_alive_many(&[session]).await?;
+    pub async fn keep_alive(
+        &self,
+        session: SessionId,
+        principal: Option<&str>,
+    ) -> Result<u64, ServiceError> {
+        let ttls = self.keep_alive_many(&[session], principal).await?;
         ttls.first().copied().flatten().ok_or(CommandError::UnknownSession { session }.into())
     }
 
@@ -588,6 +649,7 @@ impl Node {
     pub async fn keep_alive_many(
         &self,
         sessions: &[SessionId],
+        principal: Option<&str>,
     ) -> Result<Vec<Option<u64>>, ServiceError> {
         if sessions.len() > MAX_KEEPALIVE_BATCH {
             return Err(ServiceError::BadRequest(format!(
@@ -595,9 +657,20 @@ impl Node {
                 sessions.len()
             )));
         }
+        // A session `principal` did not open is, to it, a session that does not exist: never
+        // renewed, answered as unknown, decided on the same reading as the lease.
         let leases = |sessions: &[SessionId]| {
             self.read_local(|state| {
-                sessions.iter().map(|session| state.machine.session_lease(*session)).collect()
+                let machine = &state.machine;
+                let visible = |session: SessionId| {
+                    principal.is_none_or(|principal| {
+                        machine.session_owner(session) == Some(Some(principal))
+                    })
+                };
+                sessions
+                    .iter()
+                    .map(|session| machine.session_lease(*session).filter(|_| visible(*session)))
+                    .collect()
             })
         };
         // Noted on arrival, so a tick taken while the lease check below waits carries it.
@@ -638,8 +711,12 @@ impl Node {
     ///
     /// # Errors
     /// [`CommandError::UnknownSession`]; cluster failures.
-    pub async fn close_session(&self, session: SessionId) -> Result<(), ServiceError> {
-        self.command(Command::CloseSession { session }).await.map(|_| ())
+    pub async fn close_session(
+        &self,
+        session: SessionId,
+        principal: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        self.command_as(principal, Command::CloseSession { session }).await.map(|_| ())
     }
 
     /// Ends a session as an expiry would, at an operator's request.
@@ -673,7 +750,7 @@ impl Node {
                     .into(),
             ));
         }
-        let AcquireRequest { wait, attempt, .. } = asked;
+        let AcquireRequest { wait, attempt, principal, .. } = asked;
         let request = asked.request.unwrap_or_else(fresh_request_id);
         let place = self.pending_acquires.take()?;
         let registration = self.hub().register_waiter(session, name, request);
@@ -687,8 +764,9 @@ impl Node {
             registration: registration.id,
             settled: false,
         };
-        let result =
-            self.acquire_registered(session, name, wait, (request, attempt), registration).await;
+        let result = self
+            .acquire_registered(session, name, wait, (request, attempt), registration, principal)
+            .await;
         // Only an answer whose outcome is unknown leaves something to undo; a refusal, a
         // timeout and a grant are all known to the caller.
         guard.settled = !matches!(
@@ -708,12 +786,14 @@ impl Node {
         wait: Wait,
         (request, attempt): (RequestId, u32),
         registration: WaiterRegistration,
+        principal: Option<String>,
     ) -> Result<Grant, ServiceError> {
         let command = Command::Acquire { session, name: name.to_owned(), wait, request, attempt };
-        let applied = self.propose(command).await?;
+        let applied = self.propose_as(principal, command).await?;
         match applied.result? {
             Response::Granted { name, token, already_held } => {
-                return Ok(Grant { name, token, already_held });
+                let sequencer = self.sequencer(&name, token, session);
+                return Ok(Grant { name, token, already_held, sequencer });
             }
             Response::Queued { .. } => {}
             other => return Err(unexpected(&other)),
@@ -722,7 +802,8 @@ impl Node {
         self.hub().queued(session, name, registration.id, applied.revision);
         match registration.outcome.await {
             Ok(WaitOutcome::Granted { token }) => {
-                Ok(Grant { name: name.to_owned(), token, already_held: false })
+                let sequencer = self.sequencer(name, token, session);
+                Ok(Grant { name: name.to_owned(), token, already_held: false, sequencer })
             }
             Ok(WaitOutcome::Cancelled { cause: CancelCause::TimedOut }) => {
                 Err(ServiceError::WaitTimedOut {
@@ -756,9 +837,10 @@ impl Node {
         name: &str,
         request: RequestId,
         attempt: u32,
+        principal: Option<&str>,
     ) -> Result<Option<u64>, ServiceError> {
         let command = Command::Abandon { session, name: name.to_owned(), request, attempt };
-        match self.command(command).await? {
+        match self.command_as(principal, command).await? {
             Response::Abandoned { released_token, .. } => Ok(released_token),
             other => Err(unexpected(&other)),
         }
@@ -776,7 +858,7 @@ impl Node {
         let deadline = tokio::time::Instant::now() + ABANDON_RETRY_FOR;
         let mut pause = std::time::Duration::from_millis(50);
         loop {
-            let result = match self.abandon(session, name, request, attempt).await {
+            let result = match self.abandon(session, name, request, attempt, None).await {
                 Err(ServiceError::NotLeader { leader_addr: Some(addr), .. }) => {
                     forward_abandon(&addr, self.to_peers(), session, name, (request, attempt)).await
                 }
@@ -805,16 +887,25 @@ impl Node {
         session: SessionId,
         name: &str,
         token: u64,
+        principal: Option<&str>,
     ) -> Result<(), ServiceError> {
-        self.command(Command::Release { session, name: name.to_owned(), token }).await.map(|_| ())
+        let command = Command::Release { session, name: name.to_owned(), token };
+        self.command_as(principal, command).await.map(|_| ())
     }
 
     /// Leaves a lock's queue.
     ///
     /// # Errors
     /// [`CommandError::NotWaiting`]; cluster failures.
-    pub async fn cancel(&self, session: SessionId, name: &str) -> Result<(), ServiceError> {
-        self.command(Command::Cancel { session, name: name.to_owned() }).await.map(|_| ())
+    pub async fn cancel(
+        &self,
+        session: SessionId,
+        name: &str,
+        principal: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        self.command_as(principal, Command::Cancel { session, name: name.to_owned() })
+            .await
+            .map(|_| ())
     }
 
     /// The state of one lock (linearizable). A lock nobody holds or waits for is reported free.
@@ -860,13 +951,17 @@ impl Node {
         self.read_linearizable(|state| state.machine.sessions_of(owner, after, limit)).await
     }
 
-    /// Whether `principal` opened `session`, as this node's applied state has it: `None` for a
-    /// session this node does not know. A session's owner never changes, so any replica that
-    /// knows the session knows its owner.
+    /// Whose `session` is, for `principal`, as this node's applied state has it. A session's
+    /// owner never changes, so any replica that knows the session knows its owner; and session
+    /// ids are revisions, never reused, so an unknown id at or below the applied revision is
+    /// no session any more, while one above it may yet become anyone's.
     #[must_use]
-    pub fn session_opened_by(&self, session: SessionId, principal: &str) -> Option<bool> {
-        self.read_local(|state| {
-            state.machine.session_owner(session).map(|owner| owner == Some(principal))
+    pub fn ownership(&self, session: SessionId, principal: &str) -> Ownership {
+        self.read_local(|state| match state.machine.session_owner(session) {
+            Some(owner) if owner == Some(principal) => Ownership::Owned,
+            Some(_) => Ownership::Foreign,
+            None if session.0 <= state.machine.revision() => Ownership::Ended,
+            None => Ownership::NotYet,
         })
     }
 

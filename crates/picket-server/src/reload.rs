@@ -8,11 +8,15 @@ use std::time::{Duration, SystemTime};
 /// How often a node looks for changed files.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
 
+/// What a file looked like: its modification and change times, length and inode. The change
+/// time moves on every write and rename, even when a copy keeps the modification time.
+type Stamp = Option<(SystemTime, i64, u64, u64)>;
+
 /// A set of files, and what they looked like at the last look.
 #[derive(Debug)]
 pub(crate) struct WatchedFiles {
     paths: Vec<PathBuf>,
-    seen: Mutex<Vec<Option<(SystemTime, u64)>>>,
+    seen: Mutex<Vec<Stamp>>,
 }
 
 impl WatchedFiles {
@@ -34,13 +38,19 @@ impl WatchedFiles {
     }
 }
 
-/// Each file's modification time and length, or nothing for a file that cannot be read.
-fn stamps(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
+/// Each file's stamp, or nothing for a file that cannot be read.
+fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
     paths
         .iter()
         .map(|path| {
             let metadata = std::fs::metadata(path).ok()?;
-            Some((metadata.modified().ok()?, metadata.len()))
+            Some((
+                metadata.modified().ok()?,
+                metadata.ctime_nsec() + metadata.ctime() * 1_000_000_000,
+                metadata.len(),
+                metadata.ino(),
+            ))
         })
         .collect()
 }

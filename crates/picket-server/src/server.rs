@@ -16,6 +16,7 @@ use crate::state_machine::StateStore;
 use crate::tls::{ServerTls, TlsFiles};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use picket_core::Limits;
+use picket_core::SequencerSigner;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,6 +26,9 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// The cluster id signed sequencers carry unless `--cluster-id` says otherwise.
+pub const DEFAULT_CLUSTER_ID: &str = "picket";
 
 /// The default client and peer port.
 pub const DEFAULT_PORT: u16 = 7687;
@@ -92,6 +96,11 @@ pub struct ServerConfig {
     /// The principals and their roles (see [`crate::auth`]); `None` lets anyone who reaches the
     /// port do anything.
     pub auth_file: Option<PathBuf>,
+    /// Sign every grant's sequencer with this Ed25519 key (PEM PKCS#8), so resources can verify
+    /// sequencers with the public key alone; `None` issues unsigned `p1.` sequencers.
+    pub signing_key: Option<PathBuf>,
+    /// The cluster's id, inside every signed sequencer: a resource trusts one cluster's grants.
+    pub cluster_id: String,
     /// Serve plaintext on an address other than loopback. Without it such a node refuses to
     /// start: anyone who can reach the port could then act as any client or as a peer.
     pub insecure_plaintext: bool,
@@ -113,6 +122,8 @@ impl ServerConfig {
             limits: ServerLimits::default(),
             tls: None,
             auth_file: None,
+            signing_key: None,
+            cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
             insecure_plaintext: false,
         }
     }
@@ -283,6 +294,10 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         )),
         None => None,
     };
+    let signer = match &config.signing_key {
+        Some(path) => Some(Arc::new(load_signer(path, &config.cluster_id)?)),
+        None => None,
+    };
     check_data_dir(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
@@ -336,7 +351,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             &config.limits,
         )
         .with_peer_tls(to_peers)
-        .with_auth(auth.clone()),
+        .with_auth(auth.clone())
+        .with_signer(signer),
     );
     let (shutdown, shutdown_signal) = watch::channel(false);
     let pulse_node = node.clone();
@@ -375,6 +391,22 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     });
     tracing::info!(node = config.node_id, %addr, "serving");
     Ok(ServerHandle { addr, node, shutdown, serving, duties })
+}
+
+/// Reads the signing key: an Ed25519 private key in a PEM `PRIVATE KEY` (PKCS#8) file.
+fn load_signer(path: &std::path::Path, cluster_id: &str) -> Result<SequencerSigner, StartError> {
+    use tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let config_error = |detail: String| {
+        StartError::Config(format!("cannot use the signing key {}: {detail}", path.display()))
+    };
+    let key = PrivatePkcs8KeyDer::from_pem_file(path).map_err(|error| {
+        config_error(format!(
+            "{error}; it must be a PEM PRIVATE KEY, as `openssl genpkey -algorithm ed25519` writes"
+        ))
+    })?;
+    SequencerSigner::from_pkcs8(cluster_id, key.secret_pkcs8_der())
+        .map_err(|error| config_error(error.to_string()))
 }
 
 /// Forms the cluster from the static peer list. Every initial voter does this with the same

@@ -284,6 +284,7 @@ mod tests {
                 request: RequestId(0),
                 attempt: 0,
             },
+            principal: None,
         };
         Entry { log_id: log_id::<TypeConfig>(1, 1, 9), payload: EntryPayload::Normal(input) }
     }
@@ -305,7 +306,7 @@ mod tests {
                     attempt: 0,
                 },
             ] {
-                let applied = state.machine.apply(&Input { now_ms: 1, command });
+                let applied = state.machine.apply(&Input { now_ms: 1, command, principal: None });
                 assert!(applied.result.is_ok(), "{:?}", applied.result);
             }
         }

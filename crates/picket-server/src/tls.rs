@@ -2,7 +2,7 @@
 //! reloading both without a restart.
 //!
 //! One port serves clients and peers (ARCHITECTURE.md, "Peers share the client port"). Every
-//! node's certificate is signed by the peer CA (`--peer-ca`), and it is at once the node's
+//! node's certificate is signed by the peer CA (`--peer-ca`) directly, with no intermediate, and it is at once the node's
 //! server certificate and its client certificate toward its peers. A connection whose client
 //! certificate chains to the peer CA is a cluster member; only such a connection may send Raft
 //! messages. Client certificates are signed by another CA (`--tls-client-ca`); the two must not
@@ -51,8 +51,10 @@ pub struct Caller {
     pub certificate: Option<CertificateDer<'static>>,
 }
 
-/// The TLS configuration built from [`TlsFiles`], replaced whole when a file changes.
-struct Loaded {
+/// The TLS configuration built from [`TlsFiles`], replaced whole when a file changes. A
+/// connection keeps the one it was accepted with, so its handshake and its membership are
+/// judged by the same files.
+pub(crate) struct Loaded {
     server: Arc<rustls::ServerConfig>,
     members: Arc<dyn ClientCertVerifier>,
 }
@@ -69,6 +71,28 @@ pub struct ServerTls {
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerTls").field("files", &self.files).finish_non_exhaustive()
+    }
+}
+
+impl Loaded {
+    /// The acceptor of this configuration.
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.server.clone())
+    }
+
+    /// Who presented `chain` (the client certificates of a finished handshake, leaf first). A
+    /// member's certificate is signed by the peer CA itself: with no intermediates allowed, a
+    /// client CA that some peer CA signed does not make its clients members.
+    pub(crate) fn caller(
+        &self,
+        remote: std::net::SocketAddr,
+        chain: Option<&[CertificateDer<'static>]>,
+    ) -> Caller {
+        let Some(leaf) = chain.and_then(<[_]>::first) else {
+            return Caller { remote: Some(remote), tls: true, member: false, certificate: None };
+        };
+        let member = self.members.verify_client_cert(leaf, &[], UnixTime::now()).is_ok();
+        Caller { remote: Some(remote), tls: true, member, certificate: Some(leaf.clone()) }
     }
 }
 
@@ -90,32 +114,14 @@ impl ServerTls {
     }
 
     /// The configuration for a connection accepted now.
-    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current().server.clone())
+    pub(crate) fn current(&self) -> Arc<Loaded> {
+        self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The client side for this node's calls to its peers.
     #[must_use]
     pub fn to_peers(&self) -> &ClientTls {
         &self.to_peers
-    }
-
-    fn current(&self) -> Arc<Loaded> {
-        self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
-
-    /// Who presented `chain` (the client certificates of a finished handshake, leaf first).
-    pub(crate) fn caller(
-        &self,
-        remote: std::net::SocketAddr,
-        chain: Option<&[CertificateDer<'static>]>,
-    ) -> Caller {
-        let Some((leaf, intermediates)) = chain.and_then(<[_]>::split_first) else {
-            return Caller { remote: Some(remote), tls: true, member: false, certificate: None };
-        };
-        let member =
-            self.current().members.verify_client_cert(leaf, intermediates, UnixTime::now()).is_ok();
-        Caller { remote: Some(remote), tls: true, member, certificate: Some(leaf.clone()) }
     }
 
     /// Rereads the files if any changed since the last look; a failure keeps the configuration

@@ -33,14 +33,25 @@ pub struct TestPki {
     pub rogue_ca: PathBuf,
     /// A node-like certificate for 127.0.0.1 signed by the rogue CA.
     pub rogue_node: Identity,
+    /// A client CA that the peer CA signed (an intermediate): a misconfiguration a node must
+    /// survive, since a chain through it reaches the peer CA.
+    pub intermediate_client_ca: PathBuf,
+    /// A client certificate signed by that intermediate; its file holds the chain (leaf, then
+    /// the intermediate).
+    pub intermediate_client: Identity,
 }
 
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+fn ca_params(name: &str) -> CertificateParams {
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
     params.distinguished_name.push(DnType::CommonName, name);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("a key")).expect("a CA")
+    params
+}
+
+fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    CertifiedIssuer::self_signed(ca_params(name), KeyPair::generate().expect("a key"))
+        .expect("a CA")
 }
 
 fn leaf(
@@ -85,7 +96,26 @@ impl TestPki {
         let peer_ca = ca("picket test peer CA");
         let client_ca = ca("picket test client CA");
         let rogue_ca = ca("picket test rogue CA");
+        let intermediate = CertifiedIssuer::signed_by(
+            ca_params("picket test intermediate client CA"),
+            KeyPair::generate().expect("a key"),
+            &peer_ca,
+        )
+        .expect("an intermediate CA");
+        let intermediate_client = leaf(
+            dir,
+            "intermediate-client",
+            "mallory",
+            &["mallory"],
+            vec![ClientAuth],
+            &intermediate,
+        );
+        let chain = std::fs::read_to_string(&intermediate_client.cert).expect("read the leaf");
+        std::fs::write(&intermediate_client.cert, chain + &intermediate.pem())
+            .expect("write the chain");
         Self {
+            intermediate_client_ca: write_ca(dir, "intermediate-client-ca", &intermediate),
+            intermediate_client,
             node: leaf(dir, "node", "node", &node_names, vec![ServerAuth, ClientAuth], &peer_ca),
             client: leaf(dir, "client", "alice", &["alice"], vec![ClientAuth], &client_ca),
             rogue_node: leaf(

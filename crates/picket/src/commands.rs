@@ -34,7 +34,7 @@ fn lock_json(info: &LockInfo) -> Value {
         json!({
             "session_id": info.holder_session_id,
             "token": info.token,
-            "sequencer": picket_client::Sequencer::new(info.name.clone(), info.token).to_string(),
+            "sequencer": &info.sequencer,
         })
     });
     json!({ "name": info.name, "holder": holder, "waiters": info.waiters, "delayed": info.delayed })

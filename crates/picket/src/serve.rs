@@ -88,6 +88,14 @@ pub struct ServeArgs {
     /// README). Without it, anyone who reaches the port may do anything. Reread when it changes.
     #[arg(long, env = "PICKET_AUTH_FILE")]
     auth_file: Option<PathBuf>,
+    /// Sign every grant's sequencer with this Ed25519 private key (PEM; `openssl genpkey
+    /// -algorithm ed25519 -out signing-key.pem`), so a resource verifies sequencers with the
+    /// public key alone. Give every node of a cluster the same key.
+    #[arg(long, env = "PICKET_SIGNING_KEY")]
+    signing_key: Option<PathBuf>,
+    /// The cluster's id, carried in every signed sequencer (letters, digits, '-', '_').
+    #[arg(long, env = "PICKET_CLUSTER_ID", default_value = picket_server::DEFAULT_CLUSTER_ID)]
+    cluster_id: String,
     /// Serve plaintext on an address other than loopback. Anyone who can reach it can then act
     /// as any client or as a cluster member: only for a network that only you can reach.
     #[arg(long)]
@@ -151,6 +159,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             TlsFiles { cert, key, peer_ca, client_ca: args.tls_client_ca }
         }),
         auth_file: args.auth_file,
+        signing_key: args.signing_key,
+        cluster_id: args.cluster_id,
         insecure_plaintext: args.insecure_plaintext,
     };
     raise_open_files_limit(config.limits.max_connections);

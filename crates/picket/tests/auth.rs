@@ -219,9 +219,12 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     let admin_client = setup.grpc(Some(ADMIN), false).await.unwrap();
     assert!(admin_client.sessions(100).await.unwrap().len() >= 2);
     let own = worker_client.sessions(100).await.unwrap();
-    assert!(
-        own.iter().all(|info| info.session_id == session || info.session_id == grpc_session.id()),
-        "{own:?}"
+    let mut own: Vec<u64> = own.iter().map(|info| info.session_id).collect();
+    own.sort_unstable();
+    assert_eq!(
+        own,
+        [session, grpc_session.id()],
+        "a principal lists its own sessions, all of them"
     );
     admin_client.revoke_session(session).await.unwrap();
     let lost = tokio::time::timeout(Duration::from_secs(10), async {
@@ -252,6 +255,11 @@ async fn one_principal_cannot_touch_another_principals_session() {
     let guard = session.try_lock("jobs/mine").await.unwrap();
     let id = session.id();
     let other = Some(OTHER);
+    // A watch of an id no session has yet would see whoever opens it next.
+    let future = format!("/v1/watch?session_id={}", id + 1_000);
+    let reply = setup.http(other, "GET", &future, None);
+    assert_refused(&reply, 403, "permission_denied");
+    assert!(reply.text.contains("does not exist yet"), "{}", reply.text);
     for (method, path, body) in [
         ("POST", format!("/v1/sessions/{id}/keepalive"), None),
         ("DELETE", format!("/v1/sessions/{id}"), None),

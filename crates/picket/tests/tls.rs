@@ -171,24 +171,37 @@ async fn a_forged_snapshot_from_a_client_is_refused_and_changes_nothing() {
     let vote = serde_json::json!({ "leader_id": { "term": term, "node_id": leader_id }, "committed": true });
     let forged = snapshot_message(&vote, &meta, &state);
 
-    for (who, tls) in [
-        ("a client certificate", trusting(&pki.peer_ca, Some(&pki.client))),
-        ("no certificate", trusting(&pki.peer_ca, None)),
+    for (who, tls, code) in [
+        (
+            "a client certificate",
+            trusting(&pki.peer_ca, Some(&pki.client)),
+            tonic::Code::PermissionDenied,
+        ),
+        ("no certificate", trusting(&pki.peer_ca, None), tonic::Code::Unauthenticated),
     ] {
         let mut raft = raft_client(&leader_addr, &tls).await.unwrap();
         let payload = RaftPayload { data: forged.clone(), error: String::new() };
         let status = raft.install_snapshot(addressed_to(leader_id, payload)).await.unwrap_err();
-        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{who}: {status:?}");
+        assert_eq!(status.code(), code, "{who}: {status:?}");
         assert!(status.message().contains("cluster member"), "{who}: {}", status.message());
-        let vote_request = RaftPayload { data: b"{}".to_vec(), error: String::new() };
-        let status = raft.vote(addressed_to(leader_id, vote_request)).await.unwrap_err();
-        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{who}: {status:?}");
+        let empty = || RaftPayload { data: b"{}".to_vec(), error: String::new() };
+        let refusals = [
+            raft.vote(addressed_to(leader_id, empty())).await.unwrap_err(),
+            raft.pre_vote(addressed_to(leader_id, empty())).await.unwrap_err(),
+            raft.append_entries(addressed_to(leader_id, empty())).await.unwrap_err(),
+            raft.read_clock(addressed_to(leader_id, picket_proto::v1::Empty {})).await.unwrap_err(),
+        ];
+        for status in refusals {
+            assert_eq!(status.code(), code, "{who}: {status:?}");
+        }
     }
-    // A certificate from a CA the node does not trust does not get past the handshake.
+    // A certificate from a CA the node does not trust does not get past the handshake (with
+    // TLS 1.3 the client learns it at its first request, not at connect).
     let rogue = trusting(&pki.peer_ca, Some(&pki.rogue_node));
     if let Ok(mut raft) = raft_client(&leader_addr, &rogue).await {
         let payload = RaftPayload { data: forged.clone(), error: String::new() };
-        assert!(raft.install_snapshot(addressed_to(leader_id, payload)).await.is_err());
+        let status = raft.install_snapshot(addressed_to(leader_id, payload)).await.unwrap_err();
+        assert!(!status.message().contains("cluster member"), "past the handshake: {status:?}");
     }
     // The gate lets a member's certificate through (this message is for another node id, so
     // it is refused after the gate, for that reason).
@@ -260,6 +273,47 @@ async fn a_node_reloads_its_certificate_without_restarting() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(Client::connect_with([server.addr.clone()], quick(&old.peer_ca)).await.is_err());
+}
+
+/// Review of issue 15: a client CA that the peer CA signed (an intermediate) would let every
+/// client certificate chain up to the peer CA. A member's certificate must be signed by the
+/// peer CA itself, so such a client is no member: no Raft message, no membership change.
+/// Without an auth file, a TLS node lets only a member change the membership.
+#[tokio::test]
+async fn a_client_ca_under_the_peer_ca_makes_no_members() {
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let mut args: Vec<String> = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+    for (flag, path) in [
+        ("--tls-cert", &pki.node.cert),
+        ("--tls-key", &pki.node.key),
+        ("--peer-ca", &pki.peer_ca),
+        ("--tls-client-ca", &pki.intermediate_client_ca),
+    ] {
+        args.extend([flag.to_owned(), path.display().to_string()]);
+    }
+    let cluster = Cluster::start(binary(), 3, &args);
+    let client = connect(cluster.addrs(), trusting(&pki.peer_ca, None)).await.unwrap();
+    let (leader_id, leader_addr) = leader(&client).await;
+    let mallory = trusting(&pki.peer_ca, Some(&pki.intermediate_client));
+    let mut raft = raft_client(&leader_addr, &mallory).await.unwrap();
+    let payload = RaftPayload { data: b"{}".to_vec(), error: String::new() };
+    let status = raft.vote(addressed_to(leader_id, payload)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    // Membership: refused to mallory and to a client without a certificate, allowed to a
+    // member.
+    for tls in [mallory, trusting(&pki.peer_ca, None)] {
+        let client = connect(cluster.addrs(), tls).await.unwrap();
+        let refused = client.remove_member(99).await.unwrap_err();
+        assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    }
+    let member = connect(cluster.addrs(), trusting(&pki.peer_ca, Some(&pki.node))).await.unwrap();
+    // Removing a node that is no voter changes nothing, and is allowed to a member.
+    let members = member.remove_member(99).await.unwrap().members;
+    assert_eq!(members.len(), 3, "{members:?}");
 }
 
 #[test]
