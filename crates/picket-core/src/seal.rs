@@ -95,6 +95,20 @@ impl SequencerSigner {
         Ok(Self { cluster: cluster.to_owned(), key_id, pair })
     }
 
+    /// The key whose 32-byte Ed25519 seed is `seed` (tests, and keys kept outside PKCS#8).
+    ///
+    /// # Errors
+    /// [`SealError::BadSigningKey`], [`SealError::BadClusterId`].
+    pub fn from_seed(cluster: &str, seed: &[u8; 32]) -> Result<Self, SealError> {
+        if !is_valid_cluster_id(cluster) {
+            return Err(SealError::BadClusterId(cluster.to_owned()));
+        }
+        let pair = Ed25519KeyPair::from_seed_unchecked(seed)
+            .map_err(|error| SealError::BadSigningKey(error.to_string()))?;
+        let key_id = key_id(pair.public_key().as_ref());
+        Ok(Self { cluster: cluster.to_owned(), key_id, pair })
+    }
+
     /// The key's id.
     #[must_use]
     pub fn key_id(&self) -> &str {

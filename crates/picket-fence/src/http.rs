@@ -29,7 +29,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
-use picket_core::{CheckOutcome, Sequencer};
+use picket_core::{CheckOutcome, Sequencer, SequencerKeys};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +90,8 @@ pub struct FenceConfig {
     records: Arc<dyn Records>,
     checker: Option<Arc<dyn GrantChecker>>,
     verify_timeout: Duration,
+    /// The lock service's public keys: every presented sequencer must carry a valid signature.
+    keys: Option<SequencerKeys>,
     /// One lock per resource, held from the stamp's check through the handler's write, so
     /// the check and the write are one step.
     resource_locks:
@@ -109,6 +111,7 @@ impl FenceConfig {
             records,
             checker,
             verify_timeout: DEFAULT_VERIFY_TIMEOUT,
+            keys: None,
             resource_locks: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         }
     }
@@ -120,6 +123,25 @@ impl FenceConfig {
     pub fn with_verify_timeout(mut self, verify_timeout: Duration) -> Self {
         self.verify_timeout = verify_timeout;
         self
+    }
+
+    /// Takes only sequencers signed by one of `keys` (for their cluster), checked before any
+    /// other rule and without asking the lock service: a forged or altered sequencer, or an
+    /// unsigned one, is refused with 403 `bad_signature`, even while the service is down.
+    #[must_use]
+    pub fn with_sequencer_keys(mut self, keys: SequencerKeys) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// The stamp a request presents, its sequencer's signature verified when the fence holds
+    /// the lock service's public keys. `Ok(None)` when no sequencer was sent.
+    ///
+    /// # Errors
+    /// A 400 answer for a garbled header, 403 `bad_signature` for a signature that does not
+    /// verify.
+    pub fn presented(&self, headers: &HeaderMap) -> Result<Option<Presented>, Response> {
+        presented_from_headers(headers, self.keys.as_ref())
     }
 
     /// The lock of one resource. Resources come from `resolve`, so their number is bounded by
@@ -194,11 +216,16 @@ pub fn refusal_response(refusal: &Refusal) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// Reads the stamp headers. `Ok(None)` when no sequencer was sent.
+/// Reads the stamp headers, and verifies the sequencer's signature with `keys` when given.
+/// `Ok(None)` when no sequencer was sent.
 ///
 /// # Errors
-/// A 400 answer for a garbled header.
-pub fn presented_from_headers(headers: &HeaderMap) -> Result<Option<Presented>, Response> {
+/// A 400 answer for a garbled header, 403 `bad_signature` for a signature that does not
+/// verify.
+pub fn presented_from_headers(
+    headers: &HeaderMap,
+    keys: Option<&SequencerKeys>,
+) -> Result<Option<Presented>, Response> {
     let header = |name: &str| -> Result<Option<&str>, Response> {
         headers
             .get(name)
@@ -217,6 +244,11 @@ pub fn presented_from_headers(headers: &HeaderMap) -> Result<Option<Presented>, 
     let sequencer = Sequencer::parse(sequencer).map_err(|error| {
         error_response(StatusCode::BAD_REQUEST, "bad_sequencer", error.to_string())
     })?;
+    if let Some(keys) = keys {
+        keys.verify(&sequencer).map_err(|error| {
+            error_response(StatusCode::FORBIDDEN, "bad_signature", error.to_string())
+        })?;
+    }
     let seq = header(SEQ_HEADER)?
         .map(|seq| {
             seq.trim().parse::<u64>().map_err(|_| {
@@ -364,7 +396,7 @@ pub async fn fence(
     let Some((resource, policy)) = config.resolve.resolve(&parts) else {
         return next.run(Request::from_parts(parts, body)).await;
     };
-    let presented = match presented_from_headers(&parts.headers) {
+    let presented = match config.presented(&parts.headers) {
         Ok(presented) => presented,
         Err(response) => return response,
     };

@@ -15,6 +15,11 @@
 //! atomic step, and the highest token is durable when the transaction commits. Tokens are
 //! PostgreSQL `bigint`: tokens above 2^63 − 1 are refused by the Rust helper before they reach the
 //! database. Idempotency keys are not kept in PostgreSQL; use a unique key in your own table.
+//!
+//! **Signed sequencers are verified in the caller, not in SQL.** The function trusts the lock
+//! name and token it is given. A caller that holds the lock service's public keys verifies the
+//! sequencer first ([`admit_signed`], or [`Presented::verified`] then [`admit`]), so a forged
+//! token never reaches the table; PostgreSQL has no Ed25519 of its own.
 
 use crate::refusal::{Refusal, RefusalReason};
 use crate::rule::{Admission, FenceRecord, Policy, Presented, Stamp};
@@ -33,7 +38,8 @@ CREATE TABLE IF NOT EXISTS picket_fence (
 );
 
 -- Decides a write under the admission rule and records it. Call it inside the transaction that
--- performs the write; roll back when it refuses.
+-- performs the write; roll back when it refuses. It trusts p_presented_lock and p_token: with
+-- signed sequencers, verify the sequencer's signature in the caller before calling it.
 CREATE OR REPLACE FUNCTION picket_fence_admit(
     p_resource text, p_lock text, p_strict boolean,
     p_presented_lock text, p_token bigint, p_seq bigint)
@@ -121,6 +127,12 @@ pub enum PgFenceError {
     /// The database failed.
     #[error("the PostgreSQL fence failed: {}", database_detail(.0))]
     Database(#[from] tokio_postgres::Error),
+    /// The sequencer's signature does not verify with the lock service's public keys.
+    #[error("the sequencer was refused before the database: {0}")]
+    BadSignature(#[from] picket_core::SealError),
+    /// The sequencer is not one.
+    #[error("the sequencer was refused before the database: {0}")]
+    BadSequencer(#[from] picket_core::SequencerError),
     /// The function answered something this helper does not know (a newer migration?).
     #[error("the PostgreSQL fence answered {0:?}: run this version's MIGRATION")]
     Unexpected(String),
@@ -218,6 +230,23 @@ pub async fn admit(
         }
         (true, other) => Err(PgFenceError::Unexpected(other.to_owned())),
     }
+}
+
+/// [`admit`] for a signed sequencer string: parsed and verified with the lock service's
+/// public keys first, so a forged or altered one is refused without touching the database.
+///
+/// # Errors
+/// [`PgFenceError::BadSequencer`], [`PgFenceError::BadSignature`], and [`admit`]'s errors.
+pub async fn admit_signed(
+    client: &impl GenericClient,
+    resource: &str,
+    policy: &Policy,
+    sequencer: &str,
+    keys: &picket_core::SequencerKeys,
+) -> Result<Admission, PgFenceError> {
+    let sequencer = picket_core::Sequencer::parse(sequencer)?;
+    let presented = Presented::verified(&sequencer, keys)?;
+    admit(client, resource, policy, &presented).await
 }
 
 async fn last_seq(

@@ -57,6 +57,21 @@ impl Presented {
         }
     }
 
+    /// Credentials from a signed sequencer, once its signature verifies with the lock
+    /// service's public keys: how a resource that holds those keys reads a sequencer, before
+    /// any other rule and without asking the service.
+    ///
+    /// # Errors
+    /// [`picket_core::SealError`]: unsigned, another cluster's, an unknown key, or a signature
+    /// that does not match (forged or altered).
+    pub fn verified(
+        sequencer: &picket_core::Sequencer,
+        keys: &picket_core::SequencerKeys,
+    ) -> Result<Self, picket_core::SealError> {
+        keys.verify(sequencer)?;
+        Ok(Self::from_sequencer(sequencer))
+    }
+
     /// Credentials of `lock`'s grant `token`, with no `seq` and no idempotency key.
     #[must_use]
     pub fn new(lock: impl Into<String>, token: u64) -> Self {

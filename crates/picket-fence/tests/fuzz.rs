@@ -108,7 +108,7 @@ proptest! {
                 headers.insert(HeaderName::from_static(name), value);
             }
         }
-        if let Ok(Some(presented)) = presented_from_headers(&headers) {
+        if let Ok(Some(presented)) = presented_from_headers(&headers, None) {
             prop_assert!(presented.stamp.token > 0, "token 0 is never presented as a grant");
         }
     }

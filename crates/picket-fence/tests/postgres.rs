@@ -369,3 +369,38 @@ fn the_highest_token_survives_a_database_restart() {
         });
     });
 }
+
+/// Issue 15: with the lock service's public keys, the helper verifies a signed sequencer before
+/// the database sees it. A forged huge token, an altered lock or token, and a sequencer signed
+/// by an unknown key are refused (`BadSignature`) and leave the table as it was; real ones are
+/// admitted.
+#[test]
+fn signed_sequencers_are_verified_before_the_database() {
+    use picket_core::{SequencerKeys, SequencerSigner};
+    let signer = SequencerSigner::from_seed("prod", &[7; 32]).unwrap();
+    let stranger = SequencerSigner::from_seed("prod", &[8; 32]).unwrap();
+    let spki = signer.public_key_spki();
+    let keys = SequencerKeys::from_spki("prod", [spki.as_slice()]).unwrap();
+    with_postgres(|server, runtime| {
+        let policy = Policy::new("signed");
+        runtime.block_on(async {
+            let client = server.connect().await;
+            let real = signer.seal("signed", 30, 4).to_string();
+            postgres::admit_signed(&client, "signed/", &policy, &real, &keys).await.unwrap();
+            let mut huge = signer.seal("signed", 31, 4);
+            huge.token = u64::MAX / 4;
+            let mut other_lock = signer.seal("signed", 32, 4);
+            other_lock.name = "elsewhere".into();
+            for forged in [huge, other_lock, stranger.seal("signed", 33, 4)] {
+                let refused =
+                    postgres::admit_signed(&client, "signed/", &policy, &forged.to_string(), &keys)
+                        .await;
+                assert!(matches!(refused, Err(PgFenceError::BadSignature(_))), "{refused:?}");
+            }
+            assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 30);
+            let next = signer.seal("signed", 34, 5).to_string();
+            postgres::admit_signed(&client, "signed/", &policy, &next, &keys).await.unwrap();
+            assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 34);
+        });
+    });
+}

@@ -78,6 +78,39 @@ pub fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError>
     })
 }
 
+/// The DER of every `PUBLIC KEY` (`SubjectPublicKeyInfo`) in a PEM file, such as the public
+/// keys of a cluster's sequencer signing keys.
+///
+/// # Errors
+/// [`TlsError::Read`] when the file cannot be read or holds no public key.
+pub fn read_public_keys(path: &Path) -> Result<Vec<Vec<u8>>, TlsError> {
+    use tokio_rustls::rustls::pki_types::SubjectPublicKeyInfoDer;
+    let read_error = |detail: String| TlsError::Read { path: path.to_owned(), detail };
+    let keys = SubjectPublicKeyInfoDer::pem_file_iter(path)
+        .map_err(|error| read_error(error.to_string()))?
+        .map(|key| key.map(|key| key.to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| read_error(error.to_string()))?;
+    if keys.is_empty() {
+        return Err(read_error("it holds no PEM PUBLIC KEY".into()));
+    }
+    Ok(keys)
+}
+
+/// The DER of the PKCS#8 `PRIVATE KEY` in a PEM file (as `openssl genpkey` writes).
+///
+/// # Errors
+/// [`TlsError::Read`] when the file cannot be read or holds no such key.
+pub fn read_pkcs8(path: &Path) -> Result<Vec<u8>, TlsError> {
+    use tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer;
+    PrivatePkcs8KeyDer::from_pem_file(path).map(|key| key.secret_pkcs8_der().to_vec()).map_err(
+        |error| TlsError::Read {
+            path: path.to_owned(),
+            detail: format!("{error} (expected a PEM PRIVATE KEY in PKCS#8)"),
+        },
+    )
+}
+
 /// The certificates of a PEM file as trust anchors.
 ///
 /// # Errors

@@ -395,18 +395,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
 /// Reads the signing key: an Ed25519 private key in a PEM `PRIVATE KEY` (PKCS#8) file.
 fn load_signer(path: &std::path::Path, cluster_id: &str) -> Result<SequencerSigner, StartError> {
-    use tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer;
-    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
     let config_error = |detail: String| {
         StartError::Config(format!("cannot use the signing key {}: {detail}", path.display()))
     };
-    let key = PrivatePkcs8KeyDer::from_pem_file(path).map_err(|error| {
-        config_error(format!(
-            "{error}; it must be a PEM PRIVATE KEY, as `openssl genpkey -algorithm ed25519` writes"
-        ))
-    })?;
-    SequencerSigner::from_pkcs8(cluster_id, key.secret_pkcs8_der())
-        .map_err(|error| config_error(error.to_string()))
+    let key =
+        picket_proto::tls::read_pkcs8(path).map_err(|error| config_error(error.to_string()))?;
+    SequencerSigner::from_pkcs8(cluster_id, &key).map_err(|error| config_error(error.to_string()))
 }
 
 /// Forms the cluster from the static peer list. Every initial voter does this with the same

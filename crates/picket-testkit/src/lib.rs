@@ -155,6 +155,8 @@ pub mod http {
         pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
         /// Sent as `Authorization: Bearer <token>`.
         pub bearer_token: Option<String>,
+        /// More headers, as (name, value).
+        pub headers: Vec<(String, String)>,
     }
 
     /// Sends one request as `caller` says and reads the whole response.
@@ -178,8 +180,10 @@ pub mod http {
             .as_ref()
             .map(|token| format!("Authorization: Bearer {token}\r\n"))
             .unwrap_or_default();
+        let extra: String =
+            caller.headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{authorization}{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
         let send = |mut io: Box<dyn ReadWrite>| -> Result<Reply, String> {

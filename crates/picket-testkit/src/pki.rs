@@ -151,3 +151,20 @@ impl TestPki {
         .collect()
     }
 }
+
+/// A new Ed25519 signing key for sequencers, as PEM files in `dir`: the private key (PKCS#8,
+/// for `picket serve --signing-key`) and its public key (for `picket kv serve
+/// --sequencer-keys`). Returns (private, public).
+///
+/// # Panics
+/// When a file cannot be written.
+#[must_use]
+pub fn signing_key(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).expect("create the key directory");
+    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("an Ed25519 key");
+    let private = dir.join(format!("{name}.pem"));
+    let public = dir.join(format!("{name}.pub.pem"));
+    std::fs::write(&private, key.serialize_pem()).expect("write the private key");
+    std::fs::write(&public, key.public_key_pem()).expect("write the public key");
+    (private, public)
+}

@@ -27,10 +27,10 @@ use axum::{Extension, Json, Router};
 use clap::{Args, Subcommand};
 use futures_util::future::BoxFuture;
 use picket_client::Client;
-use picket_core::{CheckOutcome, Sequencer, SessionId};
+use picket_core::{CheckOutcome, Sequencer, SequencerKeys, SessionId};
 use picket_fence::http::{
     FenceConfig, FenceContext, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
-    fence, presented_from_headers, refusal_response,
+    fence, refusal_response,
 };
 use picket_fence::{Admission, FencedStore, Guard, Policy, StoreError, WriteError};
 use serde::Deserialize;
@@ -97,6 +97,15 @@ struct ServeArgs {
     #[arg(long, default_value_t = picket_fence::rule::DEFAULT_REMEMBERED_KEYS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_024))]
     remembered_keys: usize,
+    /// Take only sequencers signed by the lock service with one of the public keys in this PEM
+    /// file (one or more `PUBLIC KEY` blocks, e.g. `openssl pkey -in signing-key.pem -pubout`):
+    /// a forged, altered or unsigned sequencer is refused with 403 `bad_signature` before any
+    /// other rule, without asking the lock service.
+    #[arg(long, env = "PICKET_SEQUENCER_KEYS")]
+    sequencer_keys: Option<PathBuf>,
+    /// The cluster whose signed sequencers are taken (the lock service's --cluster-id).
+    #[arg(long, env = "PICKET_CLUSTER_ID", default_value = picket_server::DEFAULT_CLUSTER_ID)]
+    cluster_id: String,
 }
 
 #[derive(Debug, Args)]
@@ -284,14 +293,18 @@ async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Res
         Some(Arc::new(PicketChecker { connect, client: tokio::sync::OnceCell::new() }))
     };
     let resolver_guards = guards.clone();
-    let config = Arc::new(
-        FenceConfig::new(
-            move |parts: &Parts| resolve(&resolver_guards, parts),
-            store.clone(),
-            checker,
-        )
-        .with_verify_timeout(std::time::Duration::from_millis(args.verify_timeout_ms)),
-    );
+    let mut config = FenceConfig::new(
+        move |parts: &Parts| resolve(&resolver_guards, parts),
+        store.clone(),
+        checker,
+    )
+    .with_verify_timeout(std::time::Duration::from_millis(args.verify_timeout_ms));
+    if let Some(path) = &args.sequencer_keys {
+        let keys = read_sequencer_keys(path, &args.cluster_id)?;
+        tracing::info!(keys = ?keys.key_ids().collect::<Vec<_>>(), "taking only signed sequencers");
+        config = config.with_sequencer_keys(keys);
+    }
+    let config = Arc::new(config);
     if args.no_fence {
         tracing::warn!(
             "--no-fence: writes are applied without any fence check; for benchmarks only"
@@ -322,6 +335,13 @@ async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Res
         })
         .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The public keys of a cluster's sequencer signing keys, from a PEM file.
+fn read_sequencer_keys(path: &std::path::Path, cluster_id: &str) -> anyhow::Result<SequencerKeys> {
+    let spkis = picket_proto::tls::read_public_keys(path)?;
+    SequencerKeys::from_spki(cluster_id, spkis.iter().map(Vec::as_slice))
+        .with_context(|| format!("cannot use the public keys in {}", path.display()))
 }
 
 fn unguarded(key: &str) -> Response {
@@ -465,7 +485,7 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
             format!("a unit has 1 to {MAX_UNIT_OPS} operations"),
         );
     }
-    let presented = match presented_from_headers(&headers) {
+    let presented = match kv.config.presented(&headers) {
         Ok(Some(presented)) => presented.with_request(&[b"UNIT", &body]),
         Ok(None) => {
             return error(

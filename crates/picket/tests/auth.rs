@@ -73,7 +73,7 @@ fn start() -> Setup {
 impl Setup {
     fn http_as(&self, token: Option<&str>) -> As {
         let tls = picket_proto::tls::client_config(&self.pki.peer_ca, None).unwrap();
-        As { tls: Some(Arc::new(tls)), bearer_token: token.map(str::to_owned) }
+        As { tls: Some(Arc::new(tls)), bearer_token: token.map(str::to_owned), ..As::default() }
     }
 
     /// Sends to the leader (found through the admin), again if leadership moved meanwhile.
