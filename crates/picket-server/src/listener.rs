@@ -64,6 +64,72 @@ async fn opens_in_time(stream: &tokio::net::TcpStream) -> bool {
     tokio::time::timeout(HEADER_READ_TIMEOUT, opening).await.unwrap_or(false)
 }
 
+/// A stream whose first read must bring data within [`HEADER_READ_TIMEOUT`]: a TLS client that
+/// finishes its handshake and then sends nothing is closed, as a plaintext one is.
+struct OpensInTime<S> {
+    inner: S,
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> OpensInTime<S> {
+    fn new(inner: S) -> Self {
+        Self { inner, deadline: Some(Box::pin(tokio::time::sleep(HEADER_READ_TIMEOUT))) }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for OpensInTime<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if self.deadline.is_none() {
+            return poll;
+        }
+        if poll.is_ready() {
+            if buf.filled().len() > before {
+                self.deadline = None;
+            }
+            return poll;
+        }
+        let expired =
+            self.deadline.as_mut().is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+        if expired {
+            return std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the connection sent nothing in time",
+            )));
+        }
+        poll
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for OpensInTime<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Serves one connection until it ends; every request on it carries `caller` as an extension.
 async fn serve_one<Io>(
     io: Io,
@@ -152,6 +218,9 @@ pub async fn serve(
                         Ok(Ok(stream)) => {
                             let certificates = stream.get_ref().1.peer_certificates();
                             let caller = loaded.caller(remote, certificates);
+                            // Past the handshake the opening is encrypted, so it cannot be
+                            // peeked at: the first read carries the deadline instead.
+                            let stream = OpensInTime::new(stream);
                             serve_one(stream, app, caller, &builder, watcher).await;
                         }
                         Ok(Err(error)) => {

@@ -329,3 +329,35 @@ fn plaintext_beyond_loopback_is_refused_unless_asked_for() {
     assert!(stderr.contains("refusing to serve plaintext on 0.0.0.0:0"), "{stderr}");
     assert!(stderr.contains("--insecure-plaintext"), "{stderr}");
 }
+
+/// Review of issue 15: past its TLS handshake a connection's opening is encrypted and cannot be
+/// peeked at, so a client that finished the handshake and then sent nothing held a connection
+/// place for ever. Its first read now has the same deadline as a plaintext connection's opening.
+#[test]
+fn a_tls_connection_that_sends_nothing_after_its_handshake_is_closed() {
+    use std::io::Read as _;
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let args = pki.serve_args();
+    let server = ServerProcess::start(
+        binary(),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &args,
+    );
+    let config = picket_proto::tls::client_config(&pki.peer_ca, None).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let mut socket = std::net::TcpStream::connect(&server.addr).unwrap();
+    while connection.is_handshaking() {
+        connection.complete_io(&mut socket).unwrap();
+    }
+    let started = std::time::Instant::now();
+    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut stream = rustls::Stream::new(&mut connection, &mut socket);
+    let mut byte = [0_u8; 1];
+    // The node closes the connection (end of stream, or an error), it does not keep it open.
+    let read = stream.read(&mut byte);
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() < Duration::from_secs(25), "closed after {:?}", started.elapsed());
+}
