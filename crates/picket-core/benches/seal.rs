@@ -22,6 +22,6 @@ fn main() {
     let text = signer.seal("jobs/report", 99, 42).to_string();
     measure("parse and verify a p2 sequencer", 2_000, || {
         let parsed = Sequencer::parse(black_box(&text)).expect("parses");
-        black_box(keys.verify(&parsed).expect("verifies"));
+        black_box(keys.verify(&parsed)).expect("verifies");
     });
 }

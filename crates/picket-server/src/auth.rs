@@ -92,8 +92,18 @@ pub enum Access {
     },
     /// A cluster member, by its certificate: acts as an admin.
     Member,
-    /// An authenticated principal.
-    Principal(Arc<Principal>),
+    /// An authenticated principal, and the credential it proved itself with.
+    Principal(Arc<Principal>, Credential),
+}
+
+/// What a principal authenticated with, so a long-lived request can check it again after the
+/// auth file changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credential {
+    /// The SHA-256 of its bearer token.
+    Token([u8; 32]),
+    /// The name its client certificate carried.
+    Certificate(String),
 }
 
 impl Access {
@@ -101,7 +111,7 @@ impl Access {
     #[must_use]
     pub fn owner(&self) -> Option<&str> {
         match self {
-            Self::Principal(principal) => Some(&principal.name),
+            Self::Principal(principal, _) => Some(&principal.name),
             Self::Anyone { .. } | Self::Member => None,
         }
     }
@@ -112,7 +122,7 @@ impl Access {
         match self {
             Self::Anyone { .. } => "anyone",
             Self::Member => "a cluster member",
-            Self::Principal(principal) => &principal.name,
+            Self::Principal(principal, _) => &principal.name,
         }
     }
 
@@ -121,7 +131,7 @@ impl Access {
     pub fn is_admin(&self) -> bool {
         match self {
             Self::Anyone { .. } | Self::Member => true,
-            Self::Principal(principal) => principal.admin,
+            Self::Principal(principal, _) => principal.admin,
         }
     }
 
@@ -130,7 +140,7 @@ impl Access {
         match self {
             Self::Anyone { tls } => !tls,
             Self::Member => true,
-            Self::Principal(principal) => principal.admin,
+            Self::Principal(principal, _) => principal.admin,
         }
     }
 
@@ -157,7 +167,7 @@ impl Access {
     /// [`ServiceError::PermissionDenied`].
     pub fn require(&self, role: Role, name: &str) -> Result<(), ServiceError> {
         match self {
-            Self::Principal(principal) if !principal.covers(role, name) => {
+            Self::Principal(principal, _) if !principal.covers(role, name) => {
                 Err(self.denied(format!(
                     "its {} role does not cover lock {name:?} (it covers {})",
                     role_name(role),
@@ -174,7 +184,7 @@ impl Access {
     /// [`ServiceError::PermissionDenied`].
     pub fn require_prefix(&self, role: Role, prefix: &str) -> Result<(), ServiceError> {
         match self {
-            Self::Principal(principal) if !principal.covers_prefix(role, prefix) => {
+            Self::Principal(principal, _) if !principal.covers_prefix(role, prefix) => {
                 Err(self.denied(format!(
                     "its {} role does not cover every lock under {prefix:?}; ask for a prefix it covers ({})",
                     role_name(role),
@@ -191,7 +201,7 @@ impl Access {
     /// [`ServiceError::PermissionDenied`].
     pub fn require_some_lock_role(&self) -> Result<(), ServiceError> {
         match self {
-            Self::Principal(principal) if !principal.admin && principal.lock.is_empty() => {
+            Self::Principal(principal, _) if !principal.admin && principal.lock.is_empty() => {
                 Err(self.denied("opening a session needs the lock role on some prefix".into()))
             }
             _ => Ok(()),
@@ -203,7 +213,7 @@ impl Access {
     #[must_use]
     pub fn acting_principal(&self) -> Option<&str> {
         match self {
-            Self::Principal(principal) if !principal.admin => Some(&principal.name),
+            Self::Principal(principal, _) if !principal.admin => Some(&principal.name),
             _ => None,
         }
     }
@@ -381,6 +391,8 @@ pub struct AuthFile {
     path: PathBuf,
     table: RwLock<Arc<Table>>,
     watched: WatchedFiles,
+    /// One more at every reload that took effect.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// Why an auth file cannot be used.
@@ -406,7 +418,12 @@ impl AuthFile {
     pub fn load(path: PathBuf) -> Result<Self, AuthFileError> {
         let watched = WatchedFiles::new(vec![path.clone()]);
         let table = read_table(&path)?;
-        Ok(Self { path, table: RwLock::new(Arc::new(table)), watched })
+        Ok(Self {
+            path,
+            table: RwLock::new(Arc::new(table)),
+            watched,
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     /// Rereads the file if it changed; a file that cannot be used leaves the principals as they
@@ -419,6 +436,7 @@ impl AuthFile {
             Ok(table) => {
                 *self.table.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     Arc::new(table);
+                self.generation.fetch_add(1, std::sync::atomic::Ordering::Release);
                 tracing::info!(target: AUDIT, path = %self.path.display(), "reloaded the auth file");
                 true
             }
@@ -427,6 +445,33 @@ impl AuthFile {
                 false
             }
         }
+    }
+
+    /// How many times the file was reread with effect; a long-lived request checks its
+    /// caller again when this moved.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The caller as the file now has it: the same credential looked up again, so a revoked
+    /// token or a removed principal is refused and changed roles take effect.
+    ///
+    /// # Errors
+    /// [`ServiceError::Unauthenticated`] when the credential is no longer in the file.
+    pub fn reauthenticate(&self, access: &Access) -> Result<Access, ServiceError> {
+        let Access::Principal(_, credential) = access else { return Ok(access.clone()) };
+        let table = self.table();
+        let principal = match credential {
+            Credential::Token(digest) => table.by_token.get(digest),
+            Credential::Certificate(name) => table.by_certificate.get(name),
+        };
+        principal.map(|principal| Access::Principal(principal.clone(), credential.clone())).ok_or_else(|| {
+            tracing::warn!(target: AUDIT, principal = access.who(), "ended a stream: its credentials were revoked");
+            ServiceError::Unauthenticated(
+                "the credentials this stream was opened with were revoked; authenticate again".into(),
+            )
+        })
     }
 
     fn table(&self) -> Arc<Table> {
@@ -464,10 +509,11 @@ pub fn authenticate(
             .and_then(|value| value.strip_prefix("Bearer "))
             .map(str::trim)
             .ok_or_else(|| refuse("the authorization header is not `Bearer <token>`".into()))?;
+        let digest = token_digest(token);
         return table
             .by_token
-            .get(&token_digest(token))
-            .map(|principal| Access::Principal(principal.clone()))
+            .get(&digest)
+            .map(|principal| Access::Principal(principal.clone(), Credential::Token(digest)))
             .ok_or_else(|| {
                 refuse(
                     "the bearer token is unknown or was revoked; ask the operator for a valid one"
@@ -479,8 +525,10 @@ pub fn authenticate(
         let names = certificate_names(certificate);
         return names
             .iter()
-            .find_map(|name| table.by_certificate.get(name))
-            .map(|principal| Access::Principal(principal.clone()))
+            .find_map(|name| {
+                let principal = table.by_certificate.get(name)?;
+                Some(Access::Principal(principal.clone(), Credential::Certificate(name.clone())))
+            })
             .ok_or_else(|| {
                 refuse(format!(
                     "the client certificate (names {names:?}) belongs to no principal of the auth file; list one of its names under certificate_names"

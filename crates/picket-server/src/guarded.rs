@@ -2,9 +2,9 @@
 //! ([`crate::auth`]), then runs on the node. Both APIs reach the node through this, so the rules
 //! live in one place and no operation can skip them.
 
-use crate::auth::{Access, Role};
+use crate::auth::{Access, AuthFile, Role};
 use crate::error::ServiceError;
-use crate::node::{AcquireRequest, ClusterView, Grant, Node, WatchStream, WatchTarget};
+use crate::node::{AcquireRequest, ClusterView, Grant, Node, Recheck, WatchStream, WatchTarget};
 use crate::raft_types::NodeId;
 use picket_core::{CheckOutcome, LockInfo, RequestId, Sequencer, SessionId, SessionInfo};
 use std::sync::Arc;
@@ -205,9 +205,9 @@ impl Guarded<'_> {
     /// # Errors
     /// As the node's, and [`ServiceError::PermissionDenied`].
     pub fn watch(&self, target: WatchTarget) -> Result<WatchStream, ServiceError> {
+        may_read_target(&self.access, &target)?;
         match &target {
-            WatchTarget::Lock(name) => self.access.require(Role::Read, name)?,
-            WatchTarget::Prefix(prefix) => self.access.require_prefix(Role::Read, prefix)?,
+            WatchTarget::Lock(_) | WatchTarget::Prefix(_) => {}
             WatchTarget::Session(session) => self.require_watchable(*session)?,
             WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => {
                 for session in sessions {
@@ -215,7 +215,20 @@ impl Guarded<'_> {
                 }
             }
         }
-        self.node.watch(target)
+        let stream = self.node.watch(target.clone())?;
+        let auth = match (&self.access, self.node.auth_file()) {
+            (Access::Principal(..), Some(auth)) => auth.clone(),
+            _ => return Ok(stream),
+        };
+        // A principal whose credential is revoked, or whose roles stop covering the target,
+        // sees nothing more on this stream. A session's owner never changes, so the sessions
+        // it watches stay its own.
+        let access = self.access.clone();
+        let allowed = move |auth: &AuthFile| {
+            let access = auth.reauthenticate(&access)?;
+            may_read_target(&access, &target)
+        };
+        Ok(stream.with_recheck(Recheck::new(auth, Box::new(allowed))))
     }
 
     /// See [`Node::cluster`]: any authenticated caller.
@@ -244,5 +257,17 @@ impl Guarded<'_> {
     pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
         self.access.require_admin(&format!("removing node {node_id}"))?;
         self.node.remove_member(node_id).await
+    }
+}
+
+/// Whether `access` may read what a watch of `target` shows: the lock, or every lock under the
+/// prefix. Session watches show only the caller's own sessions, checked apart.
+fn may_read_target(access: &Access, target: &WatchTarget) -> Result<(), ServiceError> {
+    match target {
+        WatchTarget::Lock(name) => access.require(Role::Read, name),
+        WatchTarget::Prefix(prefix) => access.require_prefix(Role::Read, prefix),
+        WatchTarget::Session(_) | WatchTarget::Sessions(_) | WatchTarget::SessionLosses(_) => {
+            Ok(())
+        }
     }
 }

@@ -119,6 +119,8 @@ impl WatchTarget {
 pub struct WatchStream {
     subscription: Subscription,
     ended: bool,
+    /// Whether the caller may still see this watch, asked again when the auth file changed.
+    recheck: Option<Recheck>,
     /// This stream's place under `--max-watch-streams`, given back when it is dropped.
     _place: tokio::sync::OwnedSemaphorePermit,
 }
@@ -130,7 +132,17 @@ impl WatchStream {
         if self.ended {
             return None;
         }
-        match self.subscription.receiver.recv().await {
+        let delivery = self.subscription.receiver.recv().await;
+        // Checked before anything more is delivered: a caller whose credentials were revoked or
+        // whose roles no longer cover the target sees nothing after the change.
+        if delivery.is_some()
+            && let Some(recheck) = &mut self.recheck
+            && let Err(error) = recheck.still_allowed()
+        {
+            self.ended = true;
+            return Some(Err(error));
+        }
+        match delivery {
             Some(Delivery::Event { revision, event }) => {
                 Some(Ok(WatchItem::Event { revision, event }))
             }
@@ -144,6 +156,48 @@ impl WatchStream {
                 })
             }
         }
+    }
+}
+
+impl WatchStream {
+    /// Asks `recheck` whether the caller may still see this watch whenever the auth file
+    /// changed.
+    pub(crate) fn with_recheck(mut self, recheck: Recheck) -> Self {
+        self.recheck = Some(recheck);
+        self
+    }
+}
+
+/// Whether a caller may still see a watch, under the auth file as it is now.
+pub(crate) type StillAllowed = Box<dyn Fn(&AuthFile) -> Result<(), ServiceError> + Send + Sync>;
+
+/// Whether a watch's caller may still see it, under the auth file as it is now.
+pub(crate) struct Recheck {
+    auth: Arc<AuthFile>,
+    seen: u64,
+    allowed: StillAllowed,
+}
+
+impl Recheck {
+    /// Checks with `allowed` every time the file's generation moved.
+    pub(crate) fn new(auth: Arc<AuthFile>, allowed: StillAllowed) -> Self {
+        let seen = auth.generation();
+        Self { auth, seen, allowed }
+    }
+
+    fn still_allowed(&mut self) -> Result<(), ServiceError> {
+        let now = self.auth.generation();
+        if now != self.seen {
+            (self.allowed)(&self.auth)?;
+            self.seen = now;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Recheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recheck").field("seen", &self.seen).finish_non_exhaustive()
     }
 }
 
@@ -347,6 +401,11 @@ impl Node {
     #[must_use]
     pub fn auth(&self) -> Option<&AuthFile> {
         self.auth.as_deref()
+    }
+
+    /// The auth file, shared, for requests that outlive one look at it.
+    pub(crate) fn auth_file(&self) -> Option<&Arc<AuthFile>> {
+        self.auth.as_ref()
     }
 
     /// Calls this node's peers over TLS with `to_peers`.
@@ -985,7 +1044,7 @@ impl Node {
     pub fn watch(&self, target: WatchTarget) -> Result<WatchStream, ServiceError> {
         let place = self.watch_streams.take()?;
         let subscription = self.hub().watch(target.into_hub_target());
-        Ok(WatchStream { subscription, ended: false, _place: place })
+        Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
     }
 
     /// Membership and leadership as this node sees them.

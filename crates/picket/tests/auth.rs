@@ -3,7 +3,7 @@
 //! a principal's prefixes in its lists or watches, unknown and revoked bearer tokens refused,
 //! and a client certificate that names its principal.
 
-use picket_client::{Client, ClientConfig, ClientTls};
+use picket_client::{Client, ClientConfig, ClientTls, WatchTarget};
 use picket_testkit::cluster::Cluster;
 use picket_testkit::http::{As, Reply, request_as};
 use picket_testkit::pki::TestPki;
@@ -300,6 +300,9 @@ async fn one_principal_cannot_touch_another_principals_session() {
 async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
     let setup = start();
     assert_eq!(setup.http(Some(WORKER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    // A watch the worker opened before the revocation.
+    let worker = setup.grpc(Some(WORKER), false).await.unwrap();
+    let mut watch = worker.watch(WatchTarget::Prefix("jobs/".into())).await.unwrap();
     let partial = setup.auth_path.with_extension("partial");
     std::fs::write(&partial, auth_file(false)).unwrap();
     std::fs::rename(&partial, &setup.auth_path).unwrap();
@@ -326,4 +329,14 @@ async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
         });
     }
     assert_eq!(setup.http(Some(OTHER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    // What happens under jobs/ after the revocation does not reach the old watch: it ends.
+    let other = setup.grpc(Some(OTHER), false).await.unwrap();
+    let session = other.session(Duration::from_secs(30)).await.unwrap();
+    let _guard = session.try_lock("jobs/after-revocation").await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.message()).await;
+    match next.expect("the watch answers or ends") {
+        Err(status) => assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}"),
+        Ok(None) => {}
+        Ok(Some(event)) => panic!("an event reached a revoked principal: {event:?}"),
+    }
 }
