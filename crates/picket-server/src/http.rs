@@ -86,7 +86,15 @@ impl From<ServiceError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut response = (self.status, Json(self.body)).into_response();
+        // RFC 9110: a 401 names the scheme that would be accepted.
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"picket\""),
+            );
+        }
+        response
     }
 }
 
@@ -645,4 +653,24 @@ async fn watch(
         Some((Ok(event), watch))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_authentication_names_the_bearer_scheme() {
+        let refused: ApiError = ServiceError::Unauthenticated("no token".into()).into();
+        let response = refused.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            response.headers()[axum::http::header::WWW_AUTHENTICATE],
+            "Bearer realm=\"picket\""
+        );
+        let denied: ApiError = ServiceError::PermissionDenied("not yours".into()).into();
+        let response = denied.into_response();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert!(!response.headers().contains_key(axum::http::header::WWW_AUTHENTICATE));
+    }
 }
