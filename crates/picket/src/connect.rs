@@ -21,12 +21,13 @@ pub struct Connect {
     /// signed the nodes' certificates, the servers' --peer-ca).
     // Explicit ids: a subcommand's own argument named `key` (`picket kv put KEY`) must not be
     // mistaken for this one.
-    #[arg(long = "ca", id = "connect_ca", global = true, env = "PICKET_CA")]
+    #[arg(long = "ca", id = "connect_ca", value_name = "FILE", global = true, env = "PICKET_CA")]
     pub ca: Option<PathBuf>,
     /// Present this client certificate (PEM) to the nodes; needs --ca and --key.
     #[arg(
         long = "cert",
         id = "connect_cert",
+        value_name = "FILE",
         global = true,
         env = "PICKET_CERT",
         requires_all = ["connect_ca", "connect_key"]
@@ -36,6 +37,7 @@ pub struct Connect {
     #[arg(
         long = "key",
         id = "connect_key",
+        value_name = "FILE",
         global = true,
         env = "PICKET_KEY",
         requires = "connect_cert"
@@ -43,7 +45,13 @@ pub struct Connect {
     pub key: Option<PathBuf>,
     /// Authenticate with the bearer token in this file (its first line). The environment
     /// variable PICKET_AUTH_TOKEN may hold the token itself instead.
-    #[arg(long, id = "connect_auth_token_file", global = true, env = "PICKET_AUTH_TOKEN_FILE")]
+    #[arg(
+        long,
+        id = "connect_auth_token_file",
+        value_name = "FILE",
+        global = true,
+        env = "PICKET_AUTH_TOKEN_FILE"
+    )]
     pub auth_token_file: Option<PathBuf>,
 }
 

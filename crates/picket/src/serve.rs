@@ -76,8 +76,8 @@ pub struct ServeArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, env = "PICKET_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// The CA (PEM) that signs every node's certificate. Only a connection whose client
-    /// certificate chains to it may send Raft messages.
+    /// The CA (PEM) that signs every node's certificate directly. Only a connection whose
+    /// client certificate it signed may send Raft messages.
     #[arg(long, env = "PICKET_PEER_CA", requires = "tls_cert")]
     peer_ca: Option<PathBuf>,
     /// The CA (PEM) that signs clients' certificates, for clients that authenticate with one.
