@@ -564,13 +564,25 @@ impl Drop for Guard {
     }
 }
 
-/// The sequencer the server issued for a grant (signed, when the cluster signs), or, from a
-/// server that sent none or one that does not match the grant, the unsigned one.
+/// The sequencer the server issued for a grant (signed, when the cluster signs), or the
+/// unsigned one from a server too old to send any. One that does not parse or does not match
+/// the grant is a server fault: it is said, and the unsigned one is used.
 fn grant_sequencer(name: &str, token: u64, issued: &str) -> Sequencer {
-    Sequencer::parse(issued)
-        .ok()
-        .filter(|sequencer| sequencer.name == name && sequencer.token == token)
-        .unwrap_or_else(|| Sequencer::new(name, token))
+    if issued.is_empty() {
+        return Sequencer::new(name, token);
+    }
+    match Sequencer::parse(issued) {
+        Ok(sequencer) if sequencer.name == name && sequencer.token == token => sequencer,
+        _ => {
+            tracing::warn!(
+                issued,
+                name,
+                token,
+                "the server's sequencer does not match its grant; using an unsigned one"
+            );
+            Sequencer::new(name, token)
+        }
+    }
 }
 
 #[cfg(test)]

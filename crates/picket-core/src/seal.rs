@@ -4,7 +4,7 @@
 //! public keys (several at once while a key is rotated, each known by its id) and checks a
 //! presented sequencer before anything else, without asking Picket. Both sides are pure: the
 //! caller reads the key files and hands their DER bytes in. Ed25519 signing is deterministic,
-//! so every node renders the same sequencer for the same grant.
+//! so nodes that hold the same key render the same sequencer for the same grant.
 
 use crate::sequencer::{KEY_ID_HEX_DIGITS, Seal, Sequencer, is_valid_cluster_id};
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
@@ -55,6 +55,11 @@ pub enum SealError {
         "the sequencer is signed by key {0}, which this resource does not trust: add its public key, or the sequencer is forged"
     )]
     UnknownKey(String),
+    /// The sequencer is not spelled as Picket issued it (another spelling of its name).
+    #[error(
+        "the sequencer is not spelled as the lock service issued it: pass it on exactly as received"
+    )]
+    Respelled,
     /// The signature does not match the sequencer.
     #[error(
         "the sequencer's signature does not match its lock, token, session and cluster: it was forged or altered"
@@ -62,7 +67,19 @@ pub enum SealError {
     BadSignature,
 }
 
-/// The id of a public key: the first 8 bytes of its SHA-256, in hex.
+/// Why a sequencer string was refused by [`SequencerKeys::verify_text`].
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// It is not a sequencer.
+    #[error(transparent)]
+    Malformed(#[from] crate::sequencer::SequencerError),
+    /// It is one, and does not verify.
+    #[error(transparent)]
+    Seal(#[from] SealError),
+}
+
+/// The id of a public key: the first 8 bytes of the SHA-256 of its 32 raw bytes, in hex.
 #[must_use]
 pub fn key_id(public_key: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, public_key);
@@ -181,6 +198,22 @@ impl SequencerKeys {
         self.keys.keys().map(String::as_str)
     }
 
+    /// Parses `text` and verifies it, and refuses any spelling but the one Picket renders: the
+    /// same seal under another spelling of the name (a raw byte for an escape, lower-case hex)
+    /// would verify too, and fool whatever compares or caches sequencer strings. Use this on a
+    /// sequencer as received (a header); [`SequencerKeys::verify`] on one already parsed.
+    ///
+    /// # Errors
+    /// [`SealError::Respelled`], or why the parsed sequencer does not verify.
+    pub fn verify_text(&self, text: &str) -> Result<Sequencer, VerifyError> {
+        let sequencer = Sequencer::parse(text)?;
+        if sequencer.to_string() != text {
+            return Err(SealError::Respelled.into());
+        }
+        self.verify(&sequencer)?;
+        Ok(sequencer)
+    }
+
     /// Whether `sequencer` was signed, for its lock, token and session, by one of these keys
     /// for this cluster.
     ///
@@ -268,6 +301,21 @@ mod tests {
     }
 
     #[test]
+    fn only_the_issued_spelling_verifies_as_text() {
+        let signer = signer(1);
+        let trusted = keys(&[&signer]);
+        let text = signer.seal("jobs/été", 5, 1).to_string();
+        assert!(trusted.verify_text(&text).is_ok());
+        for other in [
+            text.replace("%C3%A9", "%c3%a9"),
+            text.replace("%C3%A9", "é"),
+            text.replace("jobs/", "jobs%2F"),
+        ] {
+            assert_eq!(trusted.verify_text(&other), Err(SealError::Respelled.into()), "{other}");
+        }
+    }
+
+    #[test]
     fn several_keys_verify_during_a_rotation() {
         let (old, new) = (signer(1), signer(2));
         let both = keys(&[&old, &new]);
@@ -296,12 +344,8 @@ mod tests {
             let mut bytes = signer.seal(&name, token, session).to_string().into_bytes();
             let index = position.index(bytes.len());
             bytes[index] ^= 1 << bit;
-            if let Ok(text) = String::from_utf8(bytes)
-                && let Ok(parsed) = Sequencer::parse(&text)
-            {
-                // Every field has one spelling (plain names, lower-case hex, no leading zeros),
-                // so a string that still parses says something else, and must not verify.
-                prop_assert!(trusted.verify(&parsed).is_err(), "{text} verified");
+            if let Ok(text) = String::from_utf8(bytes) {
+                prop_assert!(trusted.verify_text(&text).is_err(), "{text} verified");
             }
         }
     }

@@ -235,6 +235,10 @@ fn percent_decode(encoded: &str) -> Option<String> {
         let byte = bytes[index];
         if byte == b'%' {
             let hex = bytes.get(index + 1..index + 3)?;
+            // Two hex digits exactly: `from_str_radix` alone would also take a sign.
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
             let hex = std::str::from_utf8(hex).ok()?;
             decoded.push(u8::from_str_radix(hex, 16).ok()?);
             index += 3;
@@ -302,6 +306,11 @@ mod tests {
         let signature: String = (0..64_u8).map(|byte| format!("{byte:02x}")).collect();
         assert_eq!(text, format!("p2.34.7.prod-eu_1.0123456789abcdef.{signature}.jobs/a.b"));
         assert_eq!(Sequencer::parse(&text), Ok(sequencer));
+    }
+
+    #[test]
+    fn an_escape_is_two_hex_digits() {
+        assert_eq!(Sequencer::parse("p1.5.a%+A"), Err(SequencerError::BadName));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
-use picket_core::{CheckOutcome, Sequencer, SequencerKeys};
+use picket_core::{CheckOutcome, Sequencer, SequencerKeys, VerifyError};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -240,15 +240,20 @@ pub fn presented_from_headers(
             })
             .transpose()
     };
-    let Some(sequencer) = header(SEQUENCER_HEADER)? else { return Ok(None) };
-    let sequencer = Sequencer::parse(sequencer).map_err(|error| {
+    let Some(text) = header(SEQUENCER_HEADER)? else { return Ok(None) };
+    let malformed = |error: &dyn std::fmt::Display| {
         error_response(StatusCode::BAD_REQUEST, "bad_sequencer", error.to_string())
-    })?;
-    if let Some(keys) = keys {
-        keys.verify(&sequencer).map_err(|error| {
-            error_response(StatusCode::FORBIDDEN, "bad_signature", error.to_string())
-        })?;
-    }
+    };
+    let sequencer = match keys {
+        None => Sequencer::parse(text).map_err(|error| malformed(&error))?,
+        Some(keys) => keys.verify_text(text).map_err(|error| match error {
+            VerifyError::Malformed(error) => malformed(&error),
+            VerifyError::Seal(error) => {
+                error_response(StatusCode::FORBIDDEN, "bad_signature", error.to_string())
+            }
+            other => malformed(&other),
+        })?,
+    };
     let seq = header(SEQ_HEADER)?
         .map(|seq| {
             seq.trim().parse::<u64>().map_err(|_| {

@@ -84,7 +84,8 @@ BEGIN
 END
 $fn$;
 
--- Fence on acquire: makes p_token the highest unless a newer one was seen.
+-- Fence on acquire: makes p_token the highest unless a newer one was seen. Like
+-- picket_fence_admit it trusts its caller: verify signed sequencers before calling it.
 CREATE OR REPLACE FUNCTION picket_fence_register(
     p_resource text, p_lock text, p_strict boolean, p_presented_lock text, p_token bigint)
 RETURNS TABLE (admitted boolean, reason text, highest_token bigint)
@@ -244,9 +245,18 @@ pub async fn admit_signed(
     sequencer: &str,
     keys: &picket_core::SequencerKeys,
 ) -> Result<Admission, PgFenceError> {
-    let sequencer = picket_core::Sequencer::parse(sequencer)?;
-    let presented = Presented::verified(&sequencer, keys)?;
+    let presented = verified(sequencer, keys)?;
     admit(client, resource, policy, &presented).await
+}
+
+/// A sequencer string, parsed and verified exactly as received.
+fn verified(sequencer: &str, keys: &picket_core::SequencerKeys) -> Result<Presented, PgFenceError> {
+    match keys.verify_text(sequencer) {
+        Ok(sequencer) => Ok(Presented::from_sequencer(&sequencer)),
+        Err(picket_core::VerifyError::Malformed(error)) => Err(PgFenceError::BadSequencer(error)),
+        Err(picket_core::VerifyError::Seal(error)) => Err(PgFenceError::BadSignature(error)),
+        Err(other) => Err(PgFenceError::Unexpected(other.to_string())),
+    }
 }
 
 async fn last_seq(
@@ -257,6 +267,22 @@ async fn last_seq(
         .query_opt("SELECT last_seq FROM picket_fence WHERE resource = $1", &[&resource])
         .await?;
     Ok(row.and_then(|row| row.get::<_, Option<i64>>(0)).and_then(|seq| u64::try_from(seq).ok()))
+}
+
+/// [`register`] for a signed sequencer string (fence on acquire): parsed and verified with the
+/// lock service's public keys first, so a forged huge token can never become the highest.
+///
+/// # Errors
+/// [`PgFenceError::BadSequencer`], [`PgFenceError::BadSignature`], and [`register`]'s errors.
+pub async fn register_signed(
+    client: &impl GenericClient,
+    resource: &str,
+    policy: &Policy,
+    sequencer: &str,
+    keys: &picket_core::SequencerKeys,
+) -> Result<(), PgFenceError> {
+    let presented = verified(sequencer, keys)?;
+    register(client, resource, policy, &presented.lock, presented.stamp.token).await
 }
 
 /// Fence on acquire: makes `token` the highest at `resource` unless a newer one was seen.

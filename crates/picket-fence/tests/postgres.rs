@@ -398,6 +398,15 @@ fn signed_sequencers_are_verified_before_the_database() {
                 assert!(matches!(refused, Err(PgFenceError::BadSignature(_))), "{refused:?}");
             }
             assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 30);
+            // Fence on acquire takes the same check: a forged huge token never becomes the
+            // highest.
+            let mut forged = signer.seal("signed", 31, 4);
+            forged.token = i64::MAX as u64;
+            let refused =
+                postgres::register_signed(&client, "signed/", &policy, &forged.to_string(), &keys)
+                    .await;
+            assert!(matches!(refused, Err(PgFenceError::BadSignature(_))), "{refused:?}");
+            assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 30);
             let next = signer.seal("signed", 34, 5).to_string();
             postgres::admit_signed(&client, "signed/", &policy, &next, &keys).await.unwrap();
             assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 34);

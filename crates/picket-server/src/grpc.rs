@@ -2,6 +2,7 @@
 
 use crate::auth::{Access, authenticate};
 use crate::error::ServiceError;
+use crate::guarded::Guarded;
 use crate::node::AcquireRequest;
 use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
 use crate::tls::Caller;
@@ -72,10 +73,10 @@ fn limit_from(limit: u32) -> usize {
     if limit == 0 { usize::MAX } else { limit as usize }
 }
 
-pub(crate) fn lock_message(node: &Node, info: LockInfo) -> v1::LockInfo {
+pub(crate) fn lock_message(caller: &Guarded<'_>, info: LockInfo) -> v1::LockInfo {
     let holder = info.holder;
     let sequencer = holder
-        .map(|holder| node.sequencer(&info.name, holder.token, holder.session))
+        .map(|holder| caller.holder_sequencer(&info.name, holder.token, holder.session))
         .unwrap_or_default();
     v1::LockInfo {
         name: info.name,
@@ -297,13 +298,9 @@ impl picket_server::Picket for ClientService {
 
     async fn get_lock(&self, request: Request<v1::GetLockRequest>) -> Reply<v1::LockInfo> {
         let who = self.who(&request)?;
-        respond(
-            self.node
-                .as_caller(who)
-                .lock(&request.into_inner().name)
-                .await
-                .map(|info| lock_message(&self.node, info)),
-        )
+        let caller = self.node.as_caller(who);
+        let info = caller.lock(&request.into_inner().name).await;
+        respond(info.map(|info| lock_message(&caller, info)))
     }
 
     async fn list_locks(
@@ -313,10 +310,10 @@ impl picket_server::Picket for ClientService {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let after = (!request.after.is_empty()).then_some(request.after.as_str());
-        let locks =
-            self.node.as_caller(who).locks(&request.prefix, after, limit_from(request.limit)).await;
+        let caller = self.node.as_caller(who);
+        let locks = caller.locks(&request.prefix, after, limit_from(request.limit)).await;
         respond(locks.map(|locks| v1::ListLocksResponse {
-            locks: locks.into_iter().map(|info| lock_message(&self.node, info)).collect(),
+            locks: locks.into_iter().map(|info| lock_message(&caller, info)).collect(),
         }))
     }
 

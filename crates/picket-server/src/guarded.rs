@@ -4,7 +4,9 @@
 
 use crate::auth::{Access, AuthFile, Role};
 use crate::error::ServiceError;
-use crate::node::{AcquireRequest, ClusterView, Grant, Node, Recheck, WatchStream, WatchTarget};
+use crate::node::{
+    AcquireRequest, ClusterView, Grant, Node, Ownership, Recheck, WatchStream, WatchTarget,
+};
 use crate::raft_types::NodeId;
 use picket_core::{CheckOutcome, LockInfo, RequestId, Sequencer, SessionId, SessionInfo};
 use std::sync::Arc;
@@ -220,15 +222,35 @@ impl Guarded<'_> {
             (Access::Principal(..), Some(auth)) => auth.clone(),
             _ => return Ok(stream),
         };
-        // A principal whose credential is revoked, or whose roles stop covering the target,
-        // sees nothing more on this stream. A session's owner never changes, so the sessions
-        // it watches stay its own.
+        // A principal whose credential is revoked, whose roles stop covering the target, or who
+        // is no longer an admin watching another's session, sees nothing more on this stream.
         let access = self.access.clone();
+        let node = self.node.clone();
         let allowed = move |auth: &AuthFile| {
             let access = auth.reauthenticate(&access)?;
-            may_read_target(&access, &target)
+            may_read_target(&access, &target)?;
+            for session in watched_sessions(&target) {
+                access.require_owner(session.0, false, |name| node.ownership(*session, name))?;
+            }
+            Ok(())
         };
-        Ok(stream.with_recheck(Recheck::new(auth, Box::new(allowed))))
+        Ok(stream.with_recheck(Recheck::new(auth, Box::new(allowed))?))
+    }
+
+    /// The sequencer of a lock's holder as this caller may see it: signed for the principal
+    /// that holds it and for admins; unsigned (`p1.`) for anyone else, who may read the lock but
+    /// must not get a sequencer a resource that takes only signed ones would admit.
+    #[must_use]
+    pub fn holder_sequencer(&self, name: &str, token: u64, session: SessionId) -> String {
+        let holds = match self.principal() {
+            None => true,
+            Some(principal) => self.node.ownership(session, principal) == Ownership::Owned,
+        };
+        if holds {
+            self.node.sequencer(name, token, session)
+        } else {
+            Sequencer::new(name, token).to_string()
+        }
     }
 
     /// See [`Node::cluster`]: any authenticated caller.
@@ -269,5 +291,14 @@ fn may_read_target(access: &Access, target: &WatchTarget) -> Result<(), ServiceE
         WatchTarget::Session(_) | WatchTarget::Sessions(_) | WatchTarget::SessionLosses(_) => {
             Ok(())
         }
+    }
+}
+
+/// The sessions a watch of `target` follows.
+fn watched_sessions(target: &WatchTarget) -> &[SessionId] {
+    match target {
+        WatchTarget::Session(session) => std::slice::from_ref(session),
+        WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => sessions,
+        WatchTarget::Lock(_) | WatchTarget::Prefix(_) => &[],
     }
 }

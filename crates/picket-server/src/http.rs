@@ -9,6 +9,7 @@
 use crate::auth::{Access, authenticate};
 use crate::error::ServiceError;
 use crate::grpc::{check_fields, to_snake_case};
+use crate::guarded::Guarded;
 use crate::node::{AcquireRequest, ClusterView, Node, WatchItem, WatchTarget};
 use crate::tls::Caller;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
@@ -433,12 +434,12 @@ async fn cancel(
 
 /// A lock as JSON: holder (with its sequencer), queue, and lock-delay.
 #[must_use]
-pub fn lock_json(node: &Node, info: &LockInfo) -> Value {
+pub fn lock_json(caller: &Guarded<'_>, info: &LockInfo) -> Value {
     let holder = info.holder.map(|holder| {
         json!({
             "session_id": holder.session.0,
             "token": holder.token,
-            "sequencer": node.sequencer(&info.name, holder.token, holder.session),
+            "sequencer": caller.holder_sequencer(&info.name, holder.token, holder.session),
         })
     });
     let waiters: Vec<u64> = info.waiters.iter().map(|session| session.0).collect();
@@ -455,23 +456,33 @@ async fn get_lock(
     Who(who): Who,
     PathParam(name): PathParam<String>,
 ) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node, &node.as_caller(who).lock(&name).await?)))
+    let caller = node.as_caller(who);
+    let info = caller.lock(&name).await?;
+    Ok(Json(lock_json(&caller, &info)))
 }
 
 async fn get_lock_named_acquire(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node, &node.as_caller(who).lock("acquire").await?)))
+    let caller = node.as_caller(who);
+    let info = caller.lock("acquire").await?;
+    Ok(Json(lock_json(&caller, &info)))
 }
 
 async fn get_lock_named_release(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node, &node.as_caller(who).lock("release").await?)))
+    let caller = node.as_caller(who);
+    let info = caller.lock("release").await?;
+    Ok(Json(lock_json(&caller, &info)))
 }
 
 async fn get_lock_named_cancel(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node, &node.as_caller(who).lock("cancel").await?)))
+    let caller = node.as_caller(who);
+    let info = caller.lock("cancel").await?;
+    Ok(Json(lock_json(&caller, &info)))
 }
 
 async fn get_lock_named_abandon(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    Ok(Json(lock_json(&node, &node.as_caller(who).lock("abandon").await?)))
+    let caller = node.as_caller(who);
+    let info = caller.lock("abandon").await?;
+    Ok(Json(lock_json(&caller, &info)))
 }
 
 #[derive(Deserialize)]
@@ -488,11 +499,11 @@ async fn list_locks(
     Who(who): Who,
     QueryParams(query): QueryParams<ListLocksQuery>,
 ) -> ApiResult<Value> {
-    let locks = node
-        .as_caller(who)
+    let caller = node.as_caller(who);
+    let locks = caller
         .locks(&query.prefix, query.after.as_deref(), query.limit.unwrap_or(usize::MAX))
         .await?;
-    let locks: Vec<Value> = locks.iter().map(|info| lock_json(&node, info)).collect();
+    let locks: Vec<Value> = locks.iter().map(|info| lock_json(&caller, info)).collect();
     Ok(Json(json!({ "locks": locks })))
 }
 

@@ -179,10 +179,15 @@ pub(crate) struct Recheck {
 }
 
 impl Recheck {
-    /// Checks with `allowed` every time the file's generation moved.
-    pub(crate) fn new(auth: Arc<AuthFile>, allowed: StillAllowed) -> Self {
+    /// Checks with `allowed` every time the file's generation moved, and once now: a reload
+    /// between the caller's authentication and this moment would otherwise go unseen.
+    ///
+    /// # Errors
+    /// What `allowed` refuses now.
+    pub(crate) fn new(auth: Arc<AuthFile>, allowed: StillAllowed) -> Result<Self, ServiceError> {
         let seen = auth.generation();
-        Self { auth, seen, allowed }
+        allowed(&auth)?;
+        Ok(Self { auth, seen, allowed })
     }
 
     fn still_allowed(&mut self) -> Result<(), ServiceError> {

@@ -66,6 +66,8 @@ fn start() -> Setup {
         .collect();
     args.extend(pki.serve_args());
     args.extend(["--auth-file".to_owned(), auth_path.display().to_string()]);
+    let (signing_key, _) = picket_testkit::pki::signing_key(&dir.path().join("keys"), "cluster");
+    args.extend(["--signing-key".to_owned(), signing_key.display().to_string()]);
     let cluster = Cluster::start(binary(), 3, &args);
     Setup { _dir: dir, pki, cluster, auth_path }
 }
@@ -171,6 +173,13 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     let reader = Some(READER);
     let lock = setup.http(reader, "GET", "/v1/locks/jobs/a", None);
     assert_eq!(lock.body["holder"]["session_id"], session, "{}", lock.text);
+    // The holder's signed sequencer is for its owner (and admins) only: a reader sees the
+    // unsigned one, which a resource that takes only signed sequencers refuses.
+    let signed = granted.body["sequencer"].as_str().unwrap();
+    assert!(signed.starts_with("p2."), "{signed}");
+    assert!(lock.body["holder"]["sequencer"].as_str().unwrap().starts_with("p1."), "{}", lock.text);
+    let own = setup.http(worker, "GET", "/v1/locks/jobs/a", None);
+    assert_eq!(own.body["holder"]["sequencer"], signed, "{}", own.text);
     assert_eq!(
         setup.http(reader, "GET", "/v1/locks?prefix=jobs/", None).body["locks"][0]["name"],
         "jobs/a"

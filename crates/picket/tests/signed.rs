@@ -20,6 +20,12 @@ fn put(kv: &str, key: &str, sequencer: &str) -> Reply {
     http::request_as(kv, &caller, "PUT", &format!("/kv/{key}"), Some(&json!("v"))).unwrap()
 }
 
+fn register(kv: &str, sequencer: &str) -> Reply {
+    let caller =
+        As { headers: vec![("Picket-Sequencer".into(), sequencer.into())], ..As::default() };
+    http::request_as(kv, &caller, "POST", "/fence/res/", None).unwrap()
+}
+
 #[test]
 fn a_store_with_the_public_key_refuses_forged_sequencers_even_with_picket_down() {
     let dir = temp_dir();
@@ -79,12 +85,19 @@ fn a_store_with_the_public_key_refuses_forged_sequencers_even_with_picket_down()
         ("u64::MAX", altered(&|s| s.token = u64::MAX)),
         ("wrong key", stranger.seal("res", parsed.token + 1, session).to_string()),
         ("unsigned", Sequencer::new("res", parsed.token + 1).to_string()),
+        ("altered session", altered(&|s| s.seal.as_mut().unwrap().session += 1)),
     ];
     let refuse_all = |when: &str| {
         for (what, forged) in &forgeries {
-            let refused = put(&kv.addr, "res/a", forged);
-            assert_eq!(refused.status, 403, "{when}, {what}: {}", refused.text);
-            assert_eq!(refused.body["code"], "bad_signature", "{when}, {what}: {}", refused.text);
+            // A write, and fence on acquire (registering the token as the newest).
+            for refused in [put(&kv.addr, "res/a", forged), register(&kv.addr, forged)] {
+                assert_eq!(refused.status, 403, "{when}, {what}: {}", refused.text);
+                assert_eq!(
+                    refused.body["code"], "bad_signature",
+                    "{when}, {what}: {}",
+                    refused.text
+                );
+            }
         }
     };
     refuse_all("picket up");
