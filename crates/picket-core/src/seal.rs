@@ -126,6 +126,26 @@ impl SequencerSigner {
         Ok(Self { cluster: cluster.to_owned(), key_id, pair })
     }
 
+    /// Whether `sequencer` carries a valid signature by this very key, for this cluster; `None`
+    /// when it is unsigned or signed by another key (an older one during a rotation), which
+    /// this signer cannot judge.
+    #[must_use]
+    pub fn verify_own(&self, sequencer: &Sequencer) -> Option<Result<(), SealError>> {
+        let seal = sequencer.seal.as_ref()?;
+        if seal.key_id != self.key_id {
+            return None;
+        }
+        if seal.cluster != self.cluster {
+            return Some(Err(SealError::WrongCluster {
+                expected: self.cluster.clone(),
+                found: seal.cluster.clone(),
+            }));
+        }
+        let message = sequencer.signed_message(seal.session, &seal.cluster, &seal.key_id);
+        let public_key = UnparsedPublicKey::new(&ED25519, self.pair.public_key().as_ref());
+        Some(public_key.verify(&message, &seal.signature).map_err(|_| SealError::BadSignature))
+    }
+
     /// The key's id.
     #[must_use]
     pub fn key_id(&self) -> &str {
@@ -313,6 +333,18 @@ mod tests {
         ] {
             assert_eq!(trusted.verify_text(&other), Err(SealError::Respelled.into()), "{other}");
         }
+    }
+
+    #[test]
+    fn a_signer_judges_only_its_own_signatures() {
+        let (signer, other) = (signer(1), signer(2));
+        let real = signer.seal("a", 3, 4);
+        assert_eq!(signer.verify_own(&real), Some(Ok(())));
+        let mut altered = real.clone();
+        altered.seal.as_mut().unwrap().session = 5;
+        assert_eq!(signer.verify_own(&altered), Some(Err(SealError::BadSignature)));
+        assert_eq!(signer.verify_own(&other.seal("a", 3, 4)), None);
+        assert_eq!(signer.verify_own(&Sequencer::new("a", 3)), None);
     }
 
     #[test]

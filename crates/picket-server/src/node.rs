@@ -1037,6 +1037,13 @@ impl Node {
     pub async fn check(&self, sequencer: &str) -> Result<(CheckOutcome, u64), ServiceError> {
         let sequencer = Sequencer::parse(sequencer)
             .map_err(|error| ServiceError::BadRequest(error.to_string()))?;
+        // A signed sequencer is checked against its signature too, where this node holds the key
+        // that made it: one with an altered session (or anything else) is no grant at all.
+        if let Some(Err(error)) =
+            self.signer.as_ref().and_then(|signer| signer.verify_own(&sequencer))
+        {
+            return Err(ServiceError::BadRequest(error.to_string()));
+        }
         let outcome = self.read_linearizable(|state| state.machine.check(&sequencer)).await?;
         Ok((outcome, sequencer.token))
     }

@@ -133,4 +133,11 @@ async fn the_rust_client_carries_the_signed_sequencer() {
     assert_eq!(keys.unwrap().verify(guard.sequencer()), Ok(()));
     let info = client.lock_info("jobs/signed").await.unwrap();
     assert_eq!(info.sequencer, guard.sequencer().to_string());
+    // `check` judges a signed sequencer by its signature as well as its lock and token.
+    assert_eq!(client.check(&guard.sequencer().to_string()).await.unwrap().status, "current");
+    let mut altered = guard.sequencer().clone();
+    altered.seal.as_mut().unwrap().session += 1;
+    let refused = client.check(&altered.to_string()).await.unwrap_err();
+    assert_eq!(refused.code(), Some("bad_request"), "{refused}");
+    assert!(refused.to_string().contains("forged or altered"), "{refused}");
 }
