@@ -103,13 +103,7 @@ impl SequencerSigner {
     /// # Errors
     /// [`SealError::BadSigningKey`], [`SealError::BadClusterId`].
     pub fn from_pkcs8(cluster: &str, pkcs8: &[u8]) -> Result<Self, SealError> {
-        if !is_valid_cluster_id(cluster) {
-            return Err(SealError::BadClusterId(cluster.to_owned()));
-        }
-        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(pkcs8)
-            .map_err(|error| SealError::BadSigningKey(error.to_string()))?;
-        let key_id = key_id(pair.public_key().as_ref());
-        Ok(Self { cluster: cluster.to_owned(), key_id, pair })
+        Self::with_pair(cluster, Ed25519KeyPair::from_pkcs8_maybe_unchecked(pkcs8))
     }
 
     /// The key whose 32-byte Ed25519 seed is `seed` (tests, and keys kept outside PKCS#8).
@@ -117,11 +111,17 @@ impl SequencerSigner {
     /// # Errors
     /// [`SealError::BadSigningKey`], [`SealError::BadClusterId`].
     pub fn from_seed(cluster: &str, seed: &[u8; 32]) -> Result<Self, SealError> {
+        Self::with_pair(cluster, Ed25519KeyPair::from_seed_unchecked(seed))
+    }
+
+    fn with_pair(
+        cluster: &str,
+        pair: Result<Ed25519KeyPair, ring::error::KeyRejected>,
+    ) -> Result<Self, SealError> {
         if !is_valid_cluster_id(cluster) {
             return Err(SealError::BadClusterId(cluster.to_owned()));
         }
-        let pair = Ed25519KeyPair::from_seed_unchecked(seed)
-            .map_err(|error| SealError::BadSigningKey(error.to_string()))?;
+        let pair = pair.map_err(|error| SealError::BadSigningKey(error.to_string()))?;
         let key_id = key_id(pair.public_key().as_ref());
         Ok(Self { cluster: cluster.to_owned(), key_id, pair })
     }

@@ -456,33 +456,30 @@ async fn get_lock(
     Who(who): Who,
     PathParam(name): PathParam<String>,
 ) -> ApiResult<Value> {
+    lock_view(&node, who, &name).await
+}
+
+/// One lock as `who` may see it.
+async fn lock_view(node: &Arc<Node>, who: Access, name: &str) -> ApiResult<Value> {
     let caller = node.as_caller(who);
-    let info = caller.lock(&name).await?;
+    let info = caller.lock(name).await?;
     Ok(Json(lock_json(&caller, &info)))
 }
 
 async fn get_lock_named_acquire(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    let caller = node.as_caller(who);
-    let info = caller.lock("acquire").await?;
-    Ok(Json(lock_json(&caller, &info)))
+    lock_view(&node, who, "acquire").await
 }
 
 async fn get_lock_named_release(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    let caller = node.as_caller(who);
-    let info = caller.lock("release").await?;
-    Ok(Json(lock_json(&caller, &info)))
+    lock_view(&node, who, "release").await
 }
 
 async fn get_lock_named_cancel(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    let caller = node.as_caller(who);
-    let info = caller.lock("cancel").await?;
-    Ok(Json(lock_json(&caller, &info)))
+    lock_view(&node, who, "cancel").await
 }
 
 async fn get_lock_named_abandon(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {
-    let caller = node.as_caller(who);
-    let info = caller.lock("abandon").await?;
-    Ok(Json(lock_json(&caller, &info)))
+    lock_view(&node, who, "abandon").await
 }
 
 #[derive(Deserialize)]
