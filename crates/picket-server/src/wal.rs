@@ -86,6 +86,9 @@ pub struct Wal {
     /// Where the next frame goes in the current segment.
     offset: u64,
     shared: Arc<Shared>,
+    /// Joined on drop, so that a log closed and opened again in one process never lists a
+    /// segment the old flusher is still deleting.
+    flusher: Option<std::thread::JoinHandle<()>>,
 }
 
 struct Segment {
@@ -278,7 +281,12 @@ impl Wal {
         let generations = list_segments(dir)?;
         let recovered = |generations| Recovered { dir: dir.to_owned(), segment_bytes, generations };
         for &generation in generations.iter().rev() {
-            let records = read_segment(&segment_path(dir, generation))?;
+            let records = match read_segment(&segment_path(dir, generation)) {
+                Ok(records) => records,
+                // Deleted since it was listed: only a replaced segment is ever deleted.
+                Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(error),
+            };
             if let Some(records) = intact_records(records) {
                 return Ok((recovered(generations), records));
             }
@@ -403,6 +411,11 @@ impl Drop for Wal {
     fn drop(&mut self) {
         self.shared.queue().closed = true;
         self.shared.wake.notify_one();
+        if let Some(flusher) = self.flusher.take() {
+            // The flusher writes what is queued (at most one sync) and returns; a panic in it
+            // was already reported by the panic hook.
+            let _ = flusher.join();
+        }
     }
 }
 
@@ -429,13 +442,17 @@ impl Recovered {
         segment.file.sync_data()?;
         sync_dir(&self.dir)?;
         for old in self.generations {
-            std::fs::remove_file(segment_path(&self.dir, old))?;
+            match std::fs::remove_file(segment_path(&self.dir, old)) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
         }
         let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats });
-        let flusher = shared.clone();
-        std::thread::Builder::new()
+        let flusher_shared = shared.clone();
+        let flusher = std::thread::Builder::new()
             .name("picket-log-flusher".into())
-            .spawn(move || run_flusher(&flusher))?;
+            .spawn(move || run_flusher(&flusher_shared))?;
         Ok(Wal {
             dir: self.dir,
             segment_bytes: self.segment_bytes,
@@ -443,6 +460,7 @@ impl Recovered {
             segment: Arc::new(segment),
             offset: bytes.len() as u64,
             shared,
+            flusher: Some(flusher),
         })
     }
 }
@@ -524,15 +542,16 @@ fn flush(batches: VecDeque<Batch>) -> io::Result<()> {
             return Err(error);
         }
         for batch in &mut batches[start..end] {
-            for completion in batch.completions.drain(..) {
-                completion(Ok(()));
-            }
+            // Replaced segments go before the completions fire, so that a completed rotation has
+            // left one segment behind. One that outlives its replacement (a failed delete) is
+            // skipped on recovery as an older generation; deleting it only frees the space.
             for old in batch.replaces.take().into_iter().flatten() {
-                // A segment that outlives its replacement is skipped on recovery (an older
-                // generation); deleting it only frees the space.
                 if let Err(error) = std::fs::remove_file(&old) {
                     tracing::warn!(%error, path = %old.display(), "cannot delete an old WAL segment");
                 }
+            }
+            for completion in batch.completions.drain(..) {
+                completion(Ok(()));
             }
         }
         start = end;
@@ -707,6 +726,25 @@ mod tests {
         assert_eq!(list_segments(dir.path()).expect("lists").len(), 1, "old segments deleted");
         assert_eq!(records.len(), 3, "the last checkpoint and the records after it");
         assert_eq!(records[1], payload);
+    }
+
+    /// Regression (CI, 2026-12-02): a rotation's completion fired before its flusher deleted the
+    /// replaced segment, so a log dropped and opened again at once could list that segment and
+    /// then fail to open it (`NotFound`). Replaced segments are now deleted before the rotation
+    /// completes, dropping the log waits for its flusher, and opening skips a segment deleted
+    /// since it was listed.
+    #[test]
+    fn a_log_reopened_at_once_after_a_rotation_never_meets_a_segment_being_deleted() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        for round in 0..200_u8 {
+            let (mut wal, _) = open(dir.path(), 300);
+            let (completion, receiver) = done();
+            wal.rotate(&[vec![round]], Some(completion)).expect("rotates");
+            receiver.recv().expect("completed").expect("durable");
+            let left = list_segments(dir.path()).expect("lists").len();
+            assert_eq!(left, 1, "a completed rotation left {left} segments (round {round})");
+            drop(wal);
+        }
     }
 
     #[test]
