@@ -23,6 +23,8 @@ mod hub;
 pub mod limits;
 mod listener;
 mod log_store;
+#[cfg(feature = "mutations")]
+mod mutation;
 mod network;
 pub mod node;
 mod raft_types;

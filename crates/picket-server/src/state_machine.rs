@@ -68,7 +68,10 @@ impl StateStore {
             Err(error) => return Err(error),
         }
         let stored = read_snapshot_file(&dir.join(SNAPSHOT_FILE))?;
-        let state = match &stored {
+        #[cfg(feature = "mutations")]
+        let limits_for_mutation = limits.clone();
+        #[cfg_attr(not(feature = "mutations"), expect(unused_mut))]
+        let mut state = match &stored {
             Some(snapshot) => Applied {
                 machine: restore_machine(&snapshot.data)?,
                 last_applied: snapshot.meta.last_log_id,
@@ -80,6 +83,12 @@ impl StateStore {
                 membership: StoredMembership::default(),
             },
         };
+        // The mutation: the lock state restarts empty while the log position is kept, so the
+        // revision (every token's source) starts again near zero.
+        #[cfg(feature = "mutations")]
+        if stored.is_some() && crate::mutation::is_on("token_counter_resets_on_restart") {
+            state.machine = StateMachine::new(limits_for_mutation);
+        }
         hub.resync(&state.machine);
         Ok(Self {
             inner: Arc::new(Inner {

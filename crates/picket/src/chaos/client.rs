@@ -4,6 +4,10 @@
 //! It never checks `Guard::lost()` before writing: it behaves like the worst client, one that
 //! paused after its last check, so that only the fence stands between its late writes and the
 //! data. It stops after the current cycle once its standard input closes.
+//!
+//! SIGUSR1 stalls it: its current think (or its next one) lasts twice its session TTL, like a
+//! worker busy with a long job. The harness sends it with `client_isolate`, so that a holder cut
+//! off from every node is still working when its session expires and the lock moves on.
 
 use super::history::{Event, Op, Phase};
 use crate::http_client;
@@ -14,6 +18,43 @@ use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A stall asked for by SIGUSR1 and not yet served.
+#[derive(Debug, Default)]
+struct Stall {
+    asked: AtomicBool,
+    wake: Notify,
+}
+
+impl Stall {
+    /// Listens for SIGUSR1 for the rest of the process's life.
+    fn listen() -> anyhow::Result<Arc<Self>> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let stall = Arc::new(Self::default());
+        let mut signals =
+            signal(SignalKind::user_defined1()).context("cannot listen for SIGUSR1")?;
+        let asked = stall.clone();
+        tokio::spawn(async move {
+            while signals.recv().await.is_some() {
+                asked.asked.store(true, Ordering::Relaxed);
+                asked.wake.notify_one();
+            }
+        });
+        Ok(stall)
+    }
+
+    /// Thinks for `think`, or for `long` from the moment a stall is asked for.
+    async fn think(&self, think: Duration, long: Duration) {
+        if !self.asked.swap(false, Ordering::Relaxed) {
+            tokio::select! {
+                () = tokio::time::sleep(think) => return,
+                () = self.wake.notified() => self.asked.store(false, Ordering::Relaxed),
+            }
+        }
+        tokio::time::sleep(long).await;
+    }
+}
 
 /// How one client process behaves.
 #[derive(Clone, Debug)]
@@ -94,6 +135,7 @@ pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()>
             stop.store(true, Ordering::Relaxed);
         });
     }
+    let stall = Stall::listen()?;
     let client = Client::connect(endpoints).await.context("cannot reach Picket")?;
     let mut rng = picket_sim::Rng::new(plan.seed ^ u64::from(plan.process));
     let mut session: Option<Session> = None;
@@ -111,7 +153,7 @@ pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()>
             },
         };
         cycle += 1;
-        run_cycle(&plan, &current, cycle, &mut rng).await;
+        run_cycle(&plan, &current, (cycle, &stall), &mut rng).await;
         session = Some(current);
     }
     if let Some(session) = session {
@@ -121,7 +163,12 @@ pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()>
 }
 
 /// One acquire, register, read, think, write, release.
-async fn run_cycle(plan: &ClientPlan, session: &Session, cycle: u64, rng: &mut picket_sim::Rng) {
+async fn run_cycle(
+    plan: &ClientPlan,
+    session: &Session,
+    (cycle, stall): (u64, &Stall),
+    rng: &mut picket_sim::Rng,
+) {
     let process = plan.process;
     emit(&Event::client(process, Op::Acquire, Phase::Invoke));
     let guard = match session.lock_timeout(&plan.lock, Duration::from_secs(3)).await {
@@ -164,7 +211,7 @@ async fn run_cycle(plan: &ClientPlan, session: &Session, cycle: u64, rng: &mut p
 
     // Think: a pause of this process lands here as often as anywhere.
     let think_ms = u64::try_from(plan.think.as_millis()).unwrap_or(u64::MAX).max(1);
-    tokio::time::sleep(Duration::from_millis(rng.range(0, think_ms))).await;
+    stall.think(Duration::from_millis(rng.range(0, think_ms)), 2 * plan.ttl).await;
 
     let element = format!("p{process}-{cycle}");
     let op = Op::Write { token, element: element.clone() };

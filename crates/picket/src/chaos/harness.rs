@@ -4,6 +4,7 @@
 
 use super::check::{Summary, Verdict, check};
 use super::history::{Event, Op, Phase};
+use super::network::{Cut, Network};
 use anyhow::{Context, bail};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -32,11 +33,71 @@ pub enum FaultKind {
     LeaderClockJump,
     /// The leader's clock runs at 0.5, 1.5 or 2 times real time for one to three session TTLs.
     LeaderClockRate,
+    /// The leader is cut off from both followers, both ways, for three to eight election
+    /// timeouts; clients can still reach it. The majority elects a new leader while the old one
+    /// still believes it leads.
+    PartitionLeader,
+    /// One node (any) against the other two, both ways, for one to three session TTLs; each
+    /// client lands on one side at random and cannot reach the nodes of the other.
+    PartitionSplit,
+    /// The leader cannot send to one follower (its connections there go dead); the follower
+    /// can still send to the leader. Two to six election timeouts.
+    PartitionOneWay,
+    /// The leader and one follower cannot reach each other; the other follower reaches both.
+    /// Two to six election timeouts.
+    PartitionBridge,
+    /// A client (a holder between its read and its write, when there is one) is cut off from
+    /// every node, not from the store, for one to three session TTLs: its session expires, the
+    /// lock moves on, and it wakes up writing with a superseded token.
+    ClientIsolate,
+    /// `kill -9` every node at once and restart them all after up to two election timeouts.
+    ClusterRestart,
+    /// `kill -9` the fenced store and restart it at once on the same data and port: what it
+    /// acknowledged must survive, and its fence must remember every token it admitted.
+    StoreRestart,
+}
+
+/// A deliberate bug, to show that the checker catches it (`--mutation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// The store runs with `--no-fence` (its benchmark switch): it admits every write.
+    FenceAdmitsEverything,
+    /// Each node restores its lock state empty on restart, keeping its log position: the
+    /// revision, and with it the token counter, starts again near zero. Only a binary built
+    /// with `picket-server`'s `mutations` feature (tests only) has this bug to switch on.
+    TokenCounterResetsOnRestart,
+}
+
+impl Mutation {
+    /// The name on the command line and in `PICKET_MUTATION`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FenceAdmitsEverything => "fence_admits_everything",
+            Self::TokenCounterResetsOnRestart => "token_counter_resets_on_restart",
+        }
+    }
+
+    /// The mutation named `name`.
+    ///
+    /// # Errors
+    /// When no mutation has that name.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        [Self::FenceAdmitsEverything, Self::TokenCounterResetsOnRestart]
+            .into_iter()
+            .find(|mutation| mutation.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown mutation {name:?}; choose fence_admits_everything or \
+                     token_counter_resets_on_restart"
+                )
+            })
+    }
 }
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 14] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -44,6 +105,13 @@ impl FaultKind {
         Self::LeaderPause,
         Self::LeaderClockJump,
         Self::LeaderClockRate,
+        Self::PartitionLeader,
+        Self::PartitionSplit,
+        Self::PartitionOneWay,
+        Self::PartitionBridge,
+        Self::ClientIsolate,
+        Self::ClusterRestart,
+        Self::StoreRestart,
     ];
 
     /// The name in the history and on the command line.
@@ -57,7 +125,27 @@ impl FaultKind {
             Self::LeaderPause => "leader_pause",
             Self::LeaderClockJump => "leader_clock_jump",
             Self::LeaderClockRate => "leader_clock_rate",
+            Self::PartitionLeader => "partition_leader",
+            Self::PartitionSplit => "partition_split",
+            Self::PartitionOneWay => "partition_one_way",
+            Self::PartitionBridge => "partition_bridge",
+            Self::ClientIsolate => "client_isolate",
+            Self::ClusterRestart => "cluster_restart",
+            Self::StoreRestart => "store_restart",
         }
+    }
+
+    /// Whether this fault cuts network links (and so needs [`Network`]).
+    #[must_use]
+    pub fn is_partition(self) -> bool {
+        matches!(
+            self,
+            Self::PartitionLeader
+                | Self::PartitionSplit
+                | Self::PartitionOneWay
+                | Self::PartitionBridge
+                | Self::ClientIsolate
+        )
     }
 
     /// The kind named `name`.
@@ -93,6 +181,8 @@ pub struct RunPlan {
     pub faults: Vec<FaultKind>,
     /// Longest gap between two faults.
     pub max_fault_gap: Duration,
+    /// A deliberate bug to switch on, for the mutation tests.
+    pub mutation: Option<Mutation>,
 }
 
 const LOCK: &str = "chaos";
@@ -123,6 +213,28 @@ fn spawn_listening(mut command: Command) -> anyhow::Result<(Child, String)> {
     Ok((child, addr))
 }
 
+/// A command that runs this binary with `args`, inside the cgroup whose `cgroup.procs` is
+/// `procs` when the run cuts links.
+fn launch(exe: &Path, procs: Option<&Path>, args: &[String]) -> Command {
+    let mut command = Command::new(exe);
+    if let Some(procs) = procs {
+        command.args(["chaos", "enter", "--procs"]).arg(procs).arg("--");
+    }
+    command.args(args);
+    command
+}
+
+/// A child process that is killed when dropped, so that a run that fails half-way leaves
+/// nothing running.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn log_file(path: &Path) -> anyhow::Result<Stdio> {
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -142,6 +254,11 @@ fn signal(pid: u32, signal: nix::sys::signal::Signal) {
 struct Node {
     id: u64,
     addr: String,
+    port: u16,
+    /// The node's cgroup, when the run cuts links.
+    procs: Option<PathBuf>,
+    /// The deliberate bug the node runs with (through `PICKET_MUTATION`), if any.
+    mutation: Option<Mutation>,
     args: Vec<String>,
     dir: PathBuf,
     child: Option<Child>,
@@ -165,8 +282,11 @@ impl Node {
     }
 
     fn start(&mut self, exe: &Path) -> anyhow::Result<()> {
-        let mut command = Command::new(exe);
-        command.args(&self.args).stderr(log_file(&self.dir.with_extension("log"))?);
+        let mut command = launch(exe, self.procs.as_deref(), &self.args);
+        command.stderr(log_file(&self.dir.with_extension("log"))?);
+        if let Some(mutation) = self.mutation {
+            command.env("PICKET_MUTATION", mutation.name());
+        }
         let (child, _) = spawn_listening(command)?;
         self.child = Some(child);
         Ok(())
@@ -184,10 +304,16 @@ impl Node {
 struct Cluster {
     exe: PathBuf,
     nodes: Vec<Node>,
+    /// The run's link cuts, when it has partition faults. Declared after the nodes: dropped
+    /// (its rules and cgroups deleted) once they are stopped.
+    network: Option<Network>,
 }
 
 impl Cluster {
-    fn start(exe: &Path, out: &Path, election_timeout: Duration) -> anyhow::Result<Self> {
+    fn start(exe: &Path, plan: &RunPlan, mut network: Option<Network>) -> anyhow::Result<Self> {
+        let (out, election_timeout) = (&plan.out, plan.election_timeout);
+        let mutation =
+            plan.mutation.filter(|mutation| *mutation != Mutation::FenceAdmitsEverything);
         let ports = (0..3).map(|_| free_port()).collect::<anyhow::Result<Vec<u16>>>()?;
         let peers = ports
             .iter()
@@ -217,16 +343,55 @@ impl Cluster {
                 &election_timeout.as_millis().to_string(),
                 "--test-clock-file",
                 &clock.display().to_string(),
+                // Snapshots, compaction and snapshot installs happen within a short run.
+                "--snapshot-every",
+                "200",
+                "--keep-entries",
+                "50",
             ]
             .iter()
             .map(|arg| (*arg).to_owned())
             .collect();
-            let mut node = Node { id, addr, args, dir, child: None, clock, jump_ms: 0 };
+            let procs = match &mut network {
+                Some(network) => Some(network.member(&node_member(index))?),
+                None => None,
+            };
+            let mut node = Node {
+                id,
+                addr,
+                port: *port,
+                procs,
+                mutation,
+                args,
+                dir,
+                child: None,
+                clock,
+                jump_ms: 0,
+            };
             node.set_clock(1.0, 0)?;
             node.start(exe)?;
             nodes.push(node);
         }
-        Ok(Self { exe: exe.to_owned(), nodes })
+        Ok(Self { exe: exe.to_owned(), nodes, network })
+    }
+
+    /// Cuts `cuts` (replacing any others); returns the packets the previous cuts dropped.
+    fn set_cuts(&self, cuts: &[Cut]) -> anyhow::Result<u64> {
+        self.network.as_ref().context("this run has no partition faults")?.set_cuts(cuts)
+    }
+
+    /// The leader that the nodes at `indices` agree on, if they do.
+    async fn leader_among(&self, indices: &[usize]) -> Option<u64> {
+        let mut named = Vec::new();
+        for node in indices.iter().filter_map(|index| self.nodes.get(*index)) {
+            let url = format!("http://{}/v1/cluster", node.addr);
+            let reply = crate::http_client::send(hyper::Method::GET, &url, &[], Vec::new()).await;
+            let view: serde_json::Value =
+                reply.ok().and_then(|reply| serde_json::from_slice(&reply.body).ok())?;
+            named.push(view["leader_id"].as_u64()?);
+        }
+        let leader = *named.first()?;
+        named.iter().all(|id| *id == leader).then_some(leader)
     }
 
     fn endpoints(&self) -> String {
@@ -266,37 +431,70 @@ impl Cluster {
     }
 }
 
+/// The fenced store (`picket kv serve`), restartable on its port and data.
+struct Store {
+    exe: PathBuf,
+    args: Vec<String>,
+    procs: Option<PathBuf>,
+    log: PathBuf,
+    url: String,
+    child: Option<Process>,
+}
+
+impl Store {
+    fn start(&mut self) -> anyhow::Result<()> {
+        let mut command = launch(&self.exe, self.procs.as_deref(), &self.args);
+        command.stderr(log_file(&self.log)?);
+        let (child, _) = spawn_listening(command)?;
+        self.child = Some(Process(child));
+        Ok(())
+    }
+}
+
+/// The cgroup name of the node at `index`.
+fn node_member(index: usize) -> String {
+    format!("node{}", index + 1)
+}
+
+/// The cgroup name of client `process` (from 1).
+fn client_member(process: usize) -> String {
+    format!("client{process}")
+}
+
 /// A client process and the history it reported.
 struct ClientProcess {
-    child: Child,
+    child: Process,
     stdin: Option<ChildStdin>,
 }
 
 fn start_client(
     exe: &Path,
-    endpoints: &str,
-    kv_url: &str,
+    (endpoints, kv_url): (&str, &str),
     process: u32,
+    procs: Option<&Path>,
     plan: &RunPlan,
     history: &Arc<Mutex<Vec<Event>>>,
 ) -> anyhow::Result<ClientProcess> {
-    let mut child = Command::new(exe)
-        .args([
-            "--endpoints",
-            endpoints,
-            "chaos",
-            "client",
-            "--process",
-            &process.to_string(),
-            "--kv",
-            kv_url,
-            "--ttl-ms",
-            &plan.ttl.as_millis().to_string(),
-            "--think-ms",
-            &plan.think.as_millis().to_string(),
-            "--seed",
-            &plan.seed.to_string(),
-        ])
+    let args: Vec<String> = [
+        "--endpoints",
+        endpoints,
+        "chaos",
+        "client",
+        "--process",
+        &process.to_string(),
+        "--kv",
+        kv_url,
+        "--ttl-ms",
+        &plan.ttl.as_millis().to_string(),
+        "--think-ms",
+        &plan.think.as_millis().to_string(),
+        "--seed",
+        &plan.seed.to_string(),
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    let mut child = launch(exe, procs, &args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log_file(&plan.out.join(format!("client{process}.log")))?)
@@ -312,7 +510,7 @@ fn start_client(
         }
     });
     let stdin = child.stdin.take();
-    Ok(ClientProcess { child, stdin })
+    Ok(ClientProcess { child: Process(child), stdin })
 }
 
 /// Runs the plan and returns the checked summary. Everything it started is stopped before it
@@ -324,7 +522,12 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<Summary> {
     std::fs::create_dir_all(&plan.out)
         .with_context(|| format!("cannot create {}", plan.out.display()))?;
     let exe = std::env::current_exe().context("cannot find the picket binary")?;
-    let mut cluster = Cluster::start(&exe, &plan.out, plan.election_timeout)?;
+    let network = if plan.faults.iter().any(|kind| kind.is_partition()) {
+        Some(Network::open().context("this run's partition faults cannot be set up")?)
+    } else {
+        None
+    };
+    let mut cluster = Cluster::start(&exe, plan, network)?;
     let result = run_started(plan, &exe, &mut cluster).await;
     for node in &mut cluster.nodes {
         node.kill();
@@ -340,21 +543,44 @@ async fn run_started(plan: &RunPlan, exe: &Path, cluster: &mut Cluster) -> anyho
         .await
         .context("the cluster elected no leader within 30 s")?;
     let endpoints = cluster.endpoints();
-    let mut kv_command = Command::new(exe);
-    kv_command
-        .args(["--endpoints", &endpoints, "kv", "serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(plan.out.join("kv"))
-        .args(["--guard", &format!("{PREFIX}={LOCK}")])
-        .stderr(log_file(&plan.out.join("kv.log"))?);
-    let (mut kv, kv_addr) = spawn_listening(kv_command)?;
-    let kv_url = format!("http://{kv_addr}");
+    let kv_addr = format!("127.0.0.1:{}", free_port()?);
+    let mut kv_args: Vec<String> =
+        ["--endpoints", &endpoints, "kv", "serve", "--listen", &kv_addr, "--data-dir"]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .chain([plan.out.join("kv").display().to_string()])
+            .chain(["--guard".to_owned(), format!("{PREFIX}={LOCK}")])
+            .collect();
+    if plan.mutation == Some(Mutation::FenceAdmitsEverything) {
+        kv_args.push("--no-fence".to_owned());
+    }
+    let procs = match &mut cluster.network {
+        Some(network) => Some(network.member("kv")?),
+        None => None,
+    };
+    let mut store = Store {
+        exe: exe.to_owned(),
+        args: kv_args,
+        procs,
+        log: plan.out.join("kv.log"),
+        url: format!("http://{kv_addr}"),
+        child: None,
+    };
+    store.start()?;
+    let kv_url = store.url.clone();
     let history = Arc::new(Mutex::new(Vec::new()));
     let mut clients = Vec::new();
     for process in 1..=plan.clients {
-        clients.push(start_client(exe, &endpoints, &kv_url, process, plan, &history)?);
+        let procs = match &mut cluster.network {
+            Some(network) => Some(network.member(&client_member(process as usize))?),
+            None => None,
+        };
+        let client =
+            start_client(exe, (&endpoints, &kv_url), process, procs.as_deref(), plan, &history)?;
+        clients.push(client);
     }
-    let pids: Vec<u32> = clients.iter().map(|client| client.child.id()).collect();
-    let nemesis = run_nemesis(plan, cluster, &pids, &history).await;
+    let pids: Vec<u32> = clients.iter().map(|client| client.child.0.id()).collect();
+    let nemesis = run_nemesis(plan, (cluster, &mut store), &pids, &history).await;
     // Wake every client, let it finish its cycle, and stop it.
     for pid in &pids {
         signal(*pid, nix::sys::signal::Signal::SIGCONT);
@@ -364,11 +590,13 @@ async fn run_started(plan: &RunPlan, exe: &Path, cluster: &mut Cluster) -> anyho
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     for client in &mut clients {
-        while Instant::now() < deadline && matches!(client.child.try_wait(), Ok(None)) {
+        while Instant::now() < deadline && matches!(client.child.0.try_wait(), Ok(None)) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let _ = client.child.kill();
-        let _ = client.child.wait();
+    }
+    drop(clients);
+    if cluster.network.is_some() {
+        cluster.set_cuts(&[])?;
     }
     nemesis?;
     for index in 0..cluster.nodes.len() {
@@ -376,9 +604,11 @@ async fn run_started(plan: &RunPlan, exe: &Path, cluster: &mut Cluster) -> anyho
             cluster.restart(index)?;
         }
     }
+    if store.child.is_none() {
+        store.start()?;
+    }
     let final_list = read_final_list(&kv_url).await;
-    let _ = kv.kill();
-    let _ = kv.wait();
+    drop(store);
     let final_list = final_list?;
     let mut events =
         std::mem::take(&mut *history.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
@@ -414,7 +644,7 @@ fn write_history(path: &Path, events: &[Event]) -> anyhow::Result<()> {
 /// before the next begins, except client pauses, which run beside the others.
 async fn run_nemesis(
     plan: &RunPlan,
-    cluster: &mut Cluster,
+    (cluster, store): (&mut Cluster, &mut Store),
     clients: &[u32],
     history: &Arc<Mutex<Vec<Event>>>,
 ) -> anyhow::Result<()> {
@@ -463,13 +693,43 @@ async fn run_nemesis(
                     signal(pid, nix::sys::signal::Signal::SIGCONT);
                 }));
             }
+            FaultKind::StoreRestart => {
+                record("store_restart".to_owned());
+                store.child = None;
+                store.start()?;
+            }
+            FaultKind::ClusterRestart => {
+                let down_ms = rng.range(0, 2 * election_ms);
+                record(format!("cluster_restart down_ms={down_ms}"));
+                for node in &mut cluster.nodes {
+                    node.kill();
+                }
+                tokio::time::sleep(Duration::from_millis(down_ms)).await;
+                for index in 0..cluster.nodes.len() {
+                    cluster.restart(index)?;
+                }
+            }
+            FaultKind::ClientIsolate => {
+                let pick = thinking_client(history).unwrap_or_else(|| {
+                    usize::try_from(rng.range(0, clients.len() as u64)).unwrap_or(0)
+                });
+                isolate_client((pick + 1, clients[pick]), cluster, &mut rng, &record, ttl_ms)
+                    .await?;
+            }
             kind => {
                 // Every other fault is aimed at the leader, or placed relative to it.
                 let Some(leader) = cluster.wait_for_leader(Duration::from_secs(20)).await else {
                     record("no_leader_for_20s".into());
                     continue;
                 };
-                node_fault(kind, leader, cluster, &mut rng, &record, (election_ms, ttl_ms)).await?;
+                let timing = (election_ms, ttl_ms);
+                if kind.is_partition() {
+                    let partition =
+                        partition_fault(kind, leader, cluster, clients.len(), &mut rng, timing);
+                    hold_cuts(cluster, partition, &record).await?;
+                } else {
+                    node_fault(kind, leader, cluster, &mut rng, &record, timing).await?;
+                }
             }
         }
     }
@@ -503,7 +763,13 @@ async fn node_fault(
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             cluster.restart(index)?;
         }
-        FaultKind::ClientPause => unreachable!("client pauses are not node faults"),
+        kind if matches!(
+            kind,
+            FaultKind::ClientPause | FaultKind::StoreRestart | FaultKind::ClusterRestart
+        ) || kind.is_partition() =>
+        {
+            unreachable!("{} is not a fault of one node", kind.name())
+        }
         _ => {
             let node = &mut cluster.nodes[leader];
             match kind {
@@ -537,6 +803,168 @@ async fn node_fault(
         }
     }
     Ok(())
+}
+
+/// A partition drawn by the nemesis, not yet in place.
+struct Partition {
+    kind: FaultKind,
+    /// Who is cut from what, for the record.
+    description: String,
+    cuts: Vec<Cut>,
+    hold: Duration,
+    /// The nodes expected to elect a leader among themselves while the cut holds.
+    majority: Option<Vec<usize>>,
+}
+
+/// Both directions between nodes `a` and `b`.
+fn cut_both_ways(cluster_ports: &[u16], a: usize, b: usize) -> [Cut; 2] {
+    [
+        Cut { from: node_member(a), to_port: cluster_ports[b] },
+        Cut { from: node_member(b), to_port: cluster_ports[a] },
+    ]
+}
+
+/// Draws the partition of `kind` (a node-level partition) around `leader`.
+fn partition_fault(
+    kind: FaultKind,
+    leader: usize,
+    cluster: &Cluster,
+    clients: usize,
+    rng: &mut picket_sim::Rng,
+    (election_ms, ttl_ms): (u64, u64),
+) -> Partition {
+    let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port).collect();
+    let count = ports.len();
+    let pick = |rng: &mut picket_sim::Rng, below: usize| {
+        usize::try_from(rng.range(0, below as u64)).unwrap_or(0)
+    };
+    let alone = pick(rng, count);
+    // A follower: the one a one-way cut aims at, or that bridges the leader and the other
+    // follower. Only the leader sends between nodes in a quiet cluster, so a cut that does not
+    // start at the leader drops nothing (and is recorded as ineffective).
+    let follower = (leader + 1 + pick(rng, count - 1)) % count;
+    let sides: Vec<bool> = (0..clients).map(|_| rng.range(0, 2) == 0).collect();
+    let hold_ms = match kind {
+        FaultKind::PartitionLeader => rng.range(3 * election_ms, 8 * election_ms),
+        FaultKind::PartitionSplit => rng.range(ttl_ms, 3 * ttl_ms),
+        _ => rng.range(2 * election_ms, 6 * election_ms),
+    };
+    let id = |index: usize| cluster.nodes[index].id;
+    let others = |index: usize| (0..count).filter(move |other| *other != index);
+    let mut cuts = Vec::new();
+    let mut majority = None;
+    let description = match kind {
+        FaultKind::PartitionLeader => {
+            for other in others(leader) {
+                cuts.extend(cut_both_ways(&ports, leader, other));
+            }
+            majority = Some(others(leader).collect());
+            format!("partition_leader node={}", id(leader))
+        }
+        FaultKind::PartitionSplit => {
+            for other in others(alone) {
+                cuts.extend(cut_both_ways(&ports, alone, other));
+            }
+            let mut with_alone = Vec::new();
+            for (client, beside_alone) in sides.iter().enumerate() {
+                let process = client + 1;
+                let unreachable: Vec<usize> =
+                    if *beside_alone { others(alone).collect() } else { vec![alone] };
+                if *beside_alone {
+                    with_alone.push(process);
+                }
+                for node in unreachable {
+                    cuts.push(Cut { from: client_member(process), to_port: ports[node] });
+                }
+            }
+            if alone == leader {
+                majority = Some(others(alone).collect());
+            }
+            format!(
+                "partition_split alone={} leader={} clients_beside_it={with_alone:?}",
+                id(alone),
+                id(leader)
+            )
+        }
+        FaultKind::PartitionOneWay => {
+            cuts.push(Cut { from: node_member(leader), to_port: ports[follower] });
+            format!("partition_one_way from={} to={}", id(leader), id(follower))
+        }
+        _ => {
+            let end = others(leader).find(|other| *other != follower).unwrap_or(follower);
+            cuts.extend(cut_both_ways(&ports, leader, end));
+            format!(
+                "partition_bridge middle={} leader={} other_end={}",
+                id(follower),
+                id(leader),
+                id(end)
+            )
+        }
+    };
+    Partition { kind, description, cuts, hold: Duration::from_millis(hold_ms), majority }
+}
+
+/// Puts a drawn partition in place, holds it, heals it, and records it as fired only if its
+/// rules dropped packets (otherwise as `ineffective_<kind>`, which does not count).
+async fn hold_cuts(
+    cluster: &Cluster,
+    partition: Partition,
+    record: &impl Fn(String),
+) -> anyhow::Result<()> {
+    let hold_ms = partition.hold.as_millis();
+    record(format!("cut {} hold_ms={hold_ms}", partition.description));
+    cluster.set_cuts(&partition.cuts)?;
+    let started = Instant::now();
+    let mut new_leader = None;
+    if let Some(majority) = &partition.majority {
+        while new_leader.is_none() && started.elapsed() < partition.hold {
+            new_leader = cluster
+                .leader_among(majority)
+                .await
+                .filter(|leader| majority.iter().any(|index| cluster.nodes[*index].id == *leader));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(partition.hold.saturating_sub(started.elapsed())).await;
+    let dropped = cluster.set_cuts(&[])?;
+    let failover = match (&partition.majority, new_leader) {
+        (None, _) => String::new(),
+        (Some(_), Some(leader)) => format!(" majority_elected={leader}"),
+        (Some(_), None) => " majority_elected=none".to_owned(),
+    };
+    let fired = if dropped > 0 { "" } else { "ineffective_" };
+    record(format!(
+        "{fired}{} hold_ms={hold_ms} dropped_packets={dropped}{failover}",
+        partition.description
+    ));
+    debug_assert!(partition.kind.is_partition());
+    Ok(())
+}
+
+/// Cuts client `process` (from 1, process id `pid`) off from every node, not from the store,
+/// and stalls it (SIGUSR1: its think lasts two TTLs), so that it is still working when its
+/// session expires.
+async fn isolate_client(
+    (process, pid): (usize, u32),
+    cluster: &Cluster,
+    rng: &mut picket_sim::Rng,
+    record: &impl Fn(String),
+    ttl_ms: u64,
+) -> anyhow::Result<()> {
+    let hold_ms = rng.range(ttl_ms + ttl_ms / 2, 2 * ttl_ms);
+    signal(pid, nix::sys::signal::Signal::SIGUSR1);
+    let partition = Partition {
+        kind: FaultKind::ClientIsolate,
+        description: format!("client_isolate process={process}"),
+        cuts: cluster
+            .nodes
+            .iter()
+            .map(|node| Cut { from: client_member(process), to_port: node.port })
+            .collect(),
+        hold: Duration::from_millis(hold_ms),
+        majority: None,
+    };
+    hold_cuts(cluster, partition, record).await
 }
 
 /// The index (process - 1) of a client whose last event is a successful read: it holds the lock

@@ -6,11 +6,12 @@ mod check;
 mod client;
 mod harness;
 mod history;
+mod network;
 
 use crate::duration::parse_duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use harness::{FaultKind, RunPlan};
+use harness::{FaultKind, Mutation, RunPlan};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -32,6 +33,20 @@ enum ChaosCommand {
     /// One client process of a run (started by `picket chaos run`).
     #[command(hide = true)]
     Client(ClientArgs),
+    /// Joins a cgroup, then runs this binary with the given arguments (used by
+    /// `picket chaos run` so that its partitions can tell the processes apart).
+    #[command(hide = true)]
+    Enter(EnterArgs),
+}
+
+#[derive(Debug, Args)]
+struct EnterArgs {
+    /// The `cgroup.procs` file of the cgroup to join.
+    #[arg(long)]
+    procs: PathBuf,
+    /// The arguments to run this binary with.
+    #[arg(last = true, required = true)]
+    args: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -62,7 +77,10 @@ struct RunArgs {
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     fault_gap: Duration,
     /// The faults to draw from, comma-separated: leader_kill_quick, leader_kill_long,
-    /// follower_kill, client_pause, leader_pause, leader_clock_jump, leader_clock_rate.
+    /// follower_kill, client_pause, leader_pause, leader_clock_jump, leader_clock_rate,
+    /// partition_leader, partition_split, partition_one_way, partition_bridge,
+    /// client_isolate, cluster_restart, store_restart. The partitions need root, nftables and
+    /// cgroup v2.
     #[arg(
         long,
         value_delimiter = ',',
@@ -70,6 +88,11 @@ struct RunArgs {
         value_parser = FaultKind::parse
     )]
     faults: Vec<FaultKind>,
+    /// A deliberate bug, to show the checker catches it: fence_admits_everything (the store
+    /// runs with --no-fence) or token_counter_resets_on_restart (only in test builds, which
+    /// compile picket-server's `mutations` feature). The verdict should then be `invalid`.
+    #[arg(long, value_parser = Mutation::parse)]
+    mutation: Option<Mutation>,
 }
 
 #[derive(Debug, Args)]
@@ -97,9 +120,10 @@ pub fn run(args: ChaosArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Runtime::new()?;
     match args.command {
+        ChaosCommand::Enter(enter) => match network::enter(&enter.procs, &enter.args)? {},
         ChaosCommand::Client(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
             let plan = client::ClientPlan {
                 process: args.process,
                 kv: args.kv,
@@ -113,7 +137,7 @@ pub fn run(args: ChaosArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
             runtime.block_on(client::run(plan, endpoints))?;
             Ok(ExitCode::SUCCESS)
         }
-        ChaosCommand::Run(args) => runtime.block_on(run_harness(args)),
+        ChaosCommand::Run(args) => tokio::runtime::Runtime::new()?.block_on(run_harness(args)),
     }
 }
 
@@ -134,6 +158,7 @@ async fn run_harness(args: RunArgs) -> anyhow::Result<ExitCode> {
         think: args.think,
         faults: args.faults,
         max_fault_gap: args.fault_gap,
+        mutation: args.mutation,
     };
     eprintln!(
         "picket chaos: {} s, seed {}, {} clients, faults {:?}; output in {}",

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the test suites need and a fresh Debian machine lacks, then runs every suite.
+# This is the README's test command; `.ci/run` runs it after the format and lint checks.
+#
+# - PostgreSQL's server binaries: the PostgreSQL fence's tests start their own server.
+# - nftables: the fault harness's partitions (`picket chaos run`) cut links with nftables rules
+#   matched by cgroup; they also need root and cgroup v2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then missing+=(postgresql); fi
+if ! command -v nft >/dev/null 2>&1 && [ ! -x /usr/sbin/nft ]; then missing+=(nftables); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]} (needed by the tests)"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+echo "== cargo test --workspace"
+cargo test --workspace
