@@ -19,6 +19,7 @@ mod authority;
 mod config;
 mod report;
 mod rng;
+pub mod small_world;
 mod world;
 
 pub use config::{Mutations, Scenario, SimConfig, Strategy};
