@@ -204,6 +204,24 @@ impl ServerHandle {
         }
     }
 
+    /// Resolves when the node's Raft core stops by itself, with the reason: a fatal error, such
+    /// as a log that could not be written or synced. The node then can neither vote nor
+    /// replicate, and should exit so that a supervisor restarts it once the cause is fixed.
+    pub fn raft_stopped(&self) -> impl Future<Output = String> + Send + 'static {
+        use openraft::async_runtime::WatchReceiver;
+        let mut metrics = self.node.raft().metrics();
+        async move {
+            loop {
+                if let Err(fatal) = &metrics.borrow_watched().running_state {
+                    return fatal.to_string();
+                }
+                if metrics.changed().await.is_err() {
+                    return "the Raft core ended".to_owned();
+                }
+            }
+        }
+    }
+
     /// Runs until the server stops by itself (it does not, unless it fails).
     pub async fn wait(self) {
         let _ = self.serving.await;

@@ -175,13 +175,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             data_dir.display()
         );
         std::io::stdout().flush().ok();
+        let stopped = handle.raft_stopped();
         tokio::select! {
             () = wait_for_signal() => {
                 tracing::info!("stopping");
                 handle.shutdown().await;
+                Ok(ExitCode::SUCCESS)
+            }
+            reason = stopped => {
+                // A node whose Raft core stopped (its log could not be written or synced) can
+                // neither vote nor replicate; serving "stopped" to every request would hide it.
+                // Exit, so that a supervisor restarts it once the cause (a full disk, say) is
+                // fixed: recovery rereads only what was durable.
+                tracing::error!(%reason, "the Raft core stopped; exiting");
+                eprintln!(
+                    "picket: this node stopped: {reason}. Fix the cause (free disk space, check \
+                     the disk) and start it again; it recovers from what was durable."
+                );
+                Ok(ExitCode::FAILURE)
             }
         }
-        Ok(ExitCode::SUCCESS)
     })
 }
 

@@ -3,6 +3,7 @@
 //! end it reads the store's list and every node's log and checks the whole history.
 
 use super::check::{Summary, Verdict, check};
+use super::disk::Disks;
 use super::history::{Event, Op, Phase};
 use super::network::{Cut, Network};
 use anyhow::{Context, bail};
@@ -55,6 +56,10 @@ pub enum FaultKind {
     /// `kill -9` the fenced store and restart it at once on the same data and port: what it
     /// acknowledged must survive, and its fence must remember every token it admitted.
     StoreRestart,
+    /// A node's data disk (a tmpfs of its own) fills up, the leader's half the time: the node
+    /// must stop at its next write that needs space (a snapshot, a new log segment) without
+    /// acknowledging it; the nemesis then frees the space and starts it again.
+    DiskFull,
 }
 
 /// A deliberate bug, to show that the checker catches it (`--mutation`).
@@ -97,7 +102,7 @@ impl Mutation {
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -112,6 +117,7 @@ impl FaultKind {
         Self::ClientIsolate,
         Self::ClusterRestart,
         Self::StoreRestart,
+        Self::DiskFull,
     ];
 
     /// The name in the history and on the command line.
@@ -132,6 +138,7 @@ impl FaultKind {
             Self::ClientIsolate => "client_isolate",
             Self::ClusterRestart => "cluster_restart",
             Self::StoreRestart => "store_restart",
+            Self::DiskFull => "disk_full",
         }
     }
 
@@ -292,6 +299,11 @@ impl Node {
         Ok(())
     }
 
+    /// Whether the node's process has exited by itself.
+    fn exited(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
+    }
+
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -307,6 +319,8 @@ struct Cluster {
     /// The run's link cuts, when it has partition faults. Declared after the nodes: dropped
     /// (its rules and cgroups deleted) once they are stopped.
     network: Option<Network>,
+    /// The nodes' data disks, when the run fills them; unmounted when dropped.
+    disks: Option<Disks>,
 }
 
 impl Cluster {
@@ -314,6 +328,7 @@ impl Cluster {
         let (out, election_timeout) = (&plan.out, plan.election_timeout);
         let mutation =
             plan.mutation.filter(|mutation| *mutation != Mutation::FenceAdmitsEverything);
+        let mut disks = plan.faults.contains(&FaultKind::DiskFull).then(Disks::default);
         let ports = (0..3).map(|_| free_port()).collect::<anyhow::Result<Vec<u16>>>()?;
         let peers = ports
             .iter()
@@ -325,6 +340,9 @@ impl Cluster {
         for (index, port) in ports.iter().enumerate() {
             let id = index as u64 + 1;
             let dir = out.join(format!("node{id}"));
+            if let Some(disks) = &mut disks {
+                disks.mount(&dir)?;
+            }
             let addr = format!("127.0.0.1:{port}");
             let clock = out.join(format!("node{id}.clock"));
             let args: Vec<String> = [
@@ -348,6 +366,9 @@ impl Cluster {
                 "200",
                 "--keep-entries",
                 "50",
+                // Small segments: the log rotates (and needs new space) within a run.
+                "--wal-segment-bytes",
+                "1048576",
             ]
             .iter()
             .map(|arg| (*arg).to_owned())
@@ -372,7 +393,7 @@ impl Cluster {
             node.start(exe)?;
             nodes.push(node);
         }
-        Ok(Self { exe: exe.to_owned(), nodes, network })
+        Ok(Self { exe: exe.to_owned(), nodes, network, disks })
     }
 
     /// Cuts `cuts` (replacing any others); returns the packets the previous cuts dropped.
@@ -749,6 +770,12 @@ async fn node_fault(
     (election_ms, ttl_ms): (u64, u64),
 ) -> anyhow::Result<()> {
     match kind {
+        FaultKind::DiskFull => {
+            let step = usize::try_from(rng.range(0, 4)).unwrap_or(0);
+            // The leader half the time, else one of the followers.
+            let index = if step < 2 { leader } else { (leader + step - 1) % cluster.nodes.len() };
+            fill_disk(cluster, index, record).await?;
+        }
         FaultKind::LeaderKillQuick | FaultKind::LeaderKillLong | FaultKind::FollowerKill => {
             let (index, down_ms) = match kind {
                 FaultKind::LeaderKillQuick => (leader, 0),
@@ -965,6 +992,46 @@ async fn isolate_client(
         majority: None,
     };
     hold_cuts(cluster, partition, record).await
+}
+
+/// Fills the data disk of the node at `index`, waits (at most 15 s) for the node to stop, frees
+/// the space and starts the node again. Recorded as fired only if the node stopped.
+async fn fill_disk(
+    cluster: &mut Cluster,
+    index: usize,
+    record: &impl Fn(String),
+) -> anyhow::Result<()> {
+    const LONGEST_WAIT: Duration = Duration::from_secs(15);
+    cluster.disks.as_ref().context("this run did not give the nodes disks of their own")?;
+    let node = &mut cluster.nodes[index];
+    let id = node.id;
+    record(format!("fill node={id}"));
+    let filled = Disks::fill(&node.dir)?;
+    let started = Instant::now();
+    let mut stopped_after = None;
+    while started.elapsed() < LONGEST_WAIT {
+        if node.exited() {
+            stopped_after = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Disks::free(&node.dir)?;
+    match stopped_after {
+        Some(after) => {
+            record(format!(
+                "disk_full node={id} filled_bytes={filled} stopped_after_ms={}",
+                after.as_millis()
+            ));
+            node.kill();
+            cluster.restart(index)?;
+        }
+        None => record(format!(
+            "ineffective_disk_full node={id} filled_bytes={filled} (no write needed space within {} s)",
+            LONGEST_WAIT.as_secs()
+        )),
+    }
+    Ok(())
 }
 
 /// The index (process - 1) of a client whose last event is a successful read: it holds the lock

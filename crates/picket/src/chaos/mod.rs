@@ -4,6 +4,7 @@
 
 mod check;
 mod client;
+mod disk;
 mod harness;
 mod history;
 mod network;
@@ -79,8 +80,8 @@ struct RunArgs {
     /// The faults to draw from, comma-separated: leader_kill_quick, leader_kill_long,
     /// follower_kill, client_pause, leader_pause, leader_clock_jump, leader_clock_rate,
     /// partition_leader, partition_split, partition_one_way, partition_bridge,
-    /// client_isolate, cluster_restart, store_restart. The partitions need root, nftables and
-    /// cgroup v2.
+    /// client_isolate, cluster_restart, store_restart, disk_full. The partitions need root,
+    /// nftables and cgroup v2; disk_full needs root (each node's data is a tmpfs of its own).
     #[arg(
         long,
         value_delimiter = ',',
