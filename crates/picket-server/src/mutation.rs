@@ -1,7 +1,7 @@
 //! Deliberate bugs for the fault harness's mutation tests (`picket chaos run --mutation`),
 //! switched on by the `PICKET_MUTATION` environment variable. Compiled only with the
-//! `mutations` feature, which only the picket crate's tests enable: a release build cannot
-//! have them.
+//! `mutations` feature, which only the picket crate's dev-dependencies enable: a binary built
+//! without its tests (`cargo build --release -p picket`, `cargo install`) cannot have them.
 
 /// Whether the mutation `name` is switched on for this process.
 pub(crate) fn is_on(name: &str) -> bool {

@@ -1,7 +1,8 @@
 //! Explores a small world with the bounds given as `name=value` arguments, e.g.
 //! `cargo run --release -p picket-sim --example explore -- clients=2 acquires=2 keepalives=1`.
-//! Names: clients, acquires, keepalives, steps, refreshes, lock_delay, max_states, and
-//! broken_fence=1 for the deliberate bug.
+//! Names: clients, acquires, keepalives, steps, refreshes, lock_delay, max_states, wait=1 for
+//! acquires that wait in the queue, and broken_fence=1 or resetting_tokens=1 for the deliberate
+//! bugs.
 
 use picket_sim::small_world::{Bounds, explore};
 use std::process::ExitCode;
@@ -26,7 +27,9 @@ fn main() -> ExitCode {
             "refreshes" => bounds.refreshes = small,
             "lock_delay" => bounds.lock_delay_steps = small,
             "max_states" => bounds.max_states = number,
+            "wait" => bounds.wait_in_queue = number != 0,
             "broken_fence" => bounds.fence_admits_everything = number != 0,
+            "resetting_tokens" => bounds.token_counter_resets_on_refresh = number != 0,
             _ => {
                 eprintln!("unknown bound {name:?}");
                 return ExitCode::FAILURE;
@@ -41,9 +44,11 @@ fn main() -> ExitCode {
     let exploration = explore(&bounds);
     println!("{bounds:?}");
     println!(
-        "{} states, {} transitions, depth {}, {} in {:.1?}",
+        "{} states, {} transitions ({} with an expiry, {} granting after one), depth {}, {} in {:.1?}",
         exploration.states,
         exploration.transitions,
+        exploration.expiries,
+        exploration.grants_after_expiry,
         exploration.depth,
         if exploration.complete { "complete" } else { "cut short by max_states" },
         started.elapsed()

@@ -6,8 +6,11 @@
 //! keepalive, release, the service's answer, a write) is in flight until the explorer delivers
 //! it, in any order, so a client's write can arrive after its release, after its session
 //! expired and after the next holder's write: a paused client and a slow network are the same
-//! thing here. Time moves in steps (a `Tick` at the new time expires sessions), and the leader
-//! can change (a `Refresh`, as a new leader proposes first).
+//! thing here. Keepalives reach the leader and ride in its next `Tick`, as in the server; time
+//! moves in steps, each a `Tick` at the new time that renews those sessions and expires the
+//! others past their deadline (sessions live one step, with no grace); acquires either try or
+//! wait in the queue, where expiry, release and lock-delay's end grant them; and the leader can
+//! change (a `Refresh`, as a new leader proposes first).
 //!
 //! Every reachable state is checked:
 //! - tokens strictly increase: every new grant's token is above every earlier grant's;
@@ -27,9 +30,10 @@ use std::hash::{Hash, Hasher};
 
 const LOCK: &str = "L";
 const RESOURCE: &str = "r";
-/// One step of time; sessions live two of them past their last keepalive.
+/// One step of time; sessions live one step past their last keepalive (with no expiry grace),
+/// so a session that is not renewed expires at the second tick after it was last renewed.
 const STEP_MS: u64 = 1_000;
-const TTL_MS: u64 = 2 * STEP_MS;
+const TTL_MS: u64 = STEP_MS;
 /// The longest trace kept for a violation.
 const MAX_TRACE: usize = 256;
 
@@ -50,8 +54,13 @@ pub struct Bounds {
     pub lock_delay_steps: u8,
     /// Stop (with an incomplete result) after this many distinct states.
     pub max_states: usize,
+    /// Acquires wait in the lock's queue (else they only try).
+    pub wait_in_queue: bool,
     /// A deliberate bug, to show the explorer catches it: the resource admits every write.
     pub fence_admits_everything: bool,
+    /// A deliberate bug: a leader change starts the lock state afresh (the sessions reopened
+    /// under the same ids), so the token counter starts again.
+    pub token_counter_resets_on_refresh: bool,
 }
 
 impl Default for Bounds {
@@ -64,7 +73,9 @@ impl Default for Bounds {
             refreshes: 1,
             lock_delay_steps: 0,
             max_states: 2_000_000,
+            wait_in_queue: false,
             fence_admits_everything: false,
+            token_counter_resets_on_refresh: false,
         }
     }
 }
@@ -80,6 +91,10 @@ pub struct Exploration {
     pub depth: usize,
     /// Whether every state within the bounds was reached (else `max_states` cut it short).
     pub complete: bool,
+    /// Transitions in which a session expired.
+    pub expiries: usize,
+    /// Transitions in which a lock was granted after some session had expired.
+    pub grants_after_expiry: usize,
     /// The first violation found, with the actions that lead to it from the start.
     pub violation: Option<Violation>,
 }
@@ -126,6 +141,10 @@ struct World {
     clients: Vec<Client>,
     /// A multiset, kept sorted so that equal worlds hash equally.
     in_flight: Vec<Message>,
+    /// Sessions whose keepalive reached the leader since its last tick, sorted.
+    renew: Vec<SessionId>,
+    /// Whether some session has expired.
+    expired: bool,
     fence: Option<FenceRecord>,
     max_granted: u64,
     max_admitted: u64,
@@ -133,26 +152,16 @@ struct World {
 
 impl World {
     fn start(bounds: &Bounds) -> Self {
-        let limits = Limits::default();
-        let mut machine = StateMachine::new(limits);
-        let mut clients = Vec::new();
-        for _ in 0..bounds.clients {
-            let open = Command::OpenSession {
-                ttl_ms: TTL_MS,
-                lock_delay_ms: u64::from(bounds.lock_delay_steps) * STEP_MS,
-                owner: None,
-            };
-            let applied = machine.apply(&Input::new(0, open));
-            let Ok(Response::SessionOpened { session, .. }) = applied.result else {
-                panic!("a session opens in an empty world: {:?}", applied.result);
-            };
-            clients.push(Client {
+        let (machine, sessions) = fresh_machine(bounds, 0);
+        let clients = sessions
+            .into_iter()
+            .map(|session| Client {
                 session,
                 phase: Phase::Idle,
                 acquires_left: bounds.acquires_per_client,
                 keepalives_left: bounds.keepalives_per_client,
-            });
-        }
+            })
+            .collect();
         Self {
             machine,
             now_ms: 0,
@@ -160,6 +169,8 @@ impl World {
             refreshes_left: bounds.refreshes,
             clients,
             in_flight: Vec::new(),
+            renew: Vec::new(),
+            expired: false,
             fence: None,
             max_granted: 0,
             max_admitted: 0,
@@ -174,6 +185,8 @@ impl World {
         self.refreshes_left.hash(&mut hasher);
         self.clients.hash(&mut hasher);
         self.in_flight.hash(&mut hasher);
+        self.renew.hash(&mut hasher);
+        self.expired.hash(&mut hasher);
         serde_json::to_vec(&self.fence).expect("a fence record serializes").hash(&mut hasher);
         self.max_granted.hash(&mut hasher);
         self.max_admitted.hash(&mut hasher);
@@ -185,20 +198,42 @@ impl World {
         self.in_flight.insert(at, message);
     }
 
+    fn client_of(&self, session: SessionId) -> Option<u8> {
+        let index = self.clients.iter().position(|client| client.session == session)?;
+        u8::try_from(index).ok()
+    }
+
     /// Applies `command` at the world's time; checks the machine's invariants and that every
-    /// new grant's token is above every earlier one.
-    fn apply(&mut self, command: Command) -> Result<Result<Response, ()>, String> {
+    /// new grant's token is above every earlier one. Each grant and each ended wait is
+    /// answered to its client.
+    fn apply(&mut self, command: Command, seen: &mut Seen) -> Result<Result<Response, ()>, String> {
         let applied = self.machine.apply(&Input::new(self.now_ms, command));
         self.machine.check_invariants().map_err(|error| format!("machine invariant: {error}"))?;
         for event in &applied.events {
-            if let Event::Granted { token, .. } = event {
-                if *token <= self.max_granted {
-                    return Err(format!(
-                        "token {token} granted after token {} had been granted",
-                        self.max_granted
-                    ));
+            match event {
+                Event::Granted { token, session, .. } => {
+                    if *token <= self.max_granted {
+                        return Err(format!(
+                            "token {token} granted after token {} had been granted",
+                            self.max_granted
+                        ));
+                    }
+                    self.max_granted = *token;
+                    seen.granted_after_expiry |= self.expired;
+                    if let Some(client) = self.client_of(*session) {
+                        self.send(Message::Answer { client, token: Some(*token) });
+                    }
                 }
-                self.max_granted = *token;
+                Event::Cancelled { session, .. } => {
+                    if let Some(client) = self.client_of(*session) {
+                        self.send(Message::Answer { client, token: None });
+                    }
+                }
+                Event::SessionEnded { .. } => {
+                    self.expired = true;
+                    seen.expired = true;
+                }
+                _ => {}
             }
         }
         Ok(applied.result.map_err(|_| ()))
@@ -238,7 +273,8 @@ impl World {
     }
 
     /// Takes `action`; an error is a broken property.
-    fn take(&mut self, action: &Action, bounds: &Bounds) -> Result<(), String> {
+    fn take(&mut self, action: &Action, bounds: &Bounds) -> Result<Seen, String> {
+        let mut seen = Seen::default();
         match action {
             Action::Acquire(client) => {
                 let state = &mut self.clients[usize::from(*client)];
@@ -263,45 +299,65 @@ impl World {
             Action::Deliver(message) => {
                 let at = self.in_flight.binary_search(message).expect("the message is in flight");
                 self.in_flight.remove(at);
-                self.deliver(message.clone(), bounds)?;
+                self.deliver(message.clone(), bounds, &mut seen)?;
             }
             Action::Advance => {
                 self.steps_left -= 1;
                 self.now_ms += STEP_MS;
-                self.apply(Command::Tick { renew: Vec::new() })?.ok();
+                let renew = std::mem::take(&mut self.renew);
+                self.apply(Command::Tick { renew }, &mut seen)?.ok();
             }
             Action::Refresh => {
                 self.refreshes_left -= 1;
-                self.apply(Command::Refresh)?.ok();
+                if bounds.token_counter_resets_on_refresh {
+                    let (machine, sessions) = fresh_machine(bounds, self.now_ms);
+                    let before: Vec<SessionId> =
+                        self.clients.iter().map(|client| client.session).collect();
+                    assert_eq!(sessions, before, "a fresh machine opens the same session ids");
+                    self.machine = machine;
+                }
+                self.apply(Command::Refresh, &mut seen)?.ok();
             }
         }
-        Ok(())
+        Ok(seen)
     }
 
-    fn deliver(&mut self, message: Message, bounds: &Bounds) -> Result<(), String> {
+    fn deliver(
+        &mut self,
+        message: Message,
+        bounds: &Bounds,
+        seen: &mut Seen,
+    ) -> Result<(), String> {
         match message {
             Message::Acquire { client, request } => {
                 let session = self.clients[usize::from(client)].session;
+                let wait = if bounds.wait_in_queue { Wait::Forever } else { Wait::Try };
                 let acquire = Command::Acquire {
                     session,
                     name: LOCK.to_owned(),
-                    wait: Wait::Try,
+                    wait,
                     request: RequestId(request),
                     attempt: 0,
                 };
-                let token = match self.apply(acquire)? {
-                    Ok(Response::Granted { token, .. }) => Some(token),
-                    _ => None,
-                };
-                self.send(Message::Answer { client, token });
+                // A grant is answered from its event; a queued acquire hears when its wait
+                // ends; a refusal is answered now.
+                match self.apply(acquire, seen)? {
+                    Ok(Response::Granted { already_held: true, token, .. }) => {
+                        self.send(Message::Answer { client, token: Some(token) });
+                    }
+                    Ok(_) => {}
+                    Err(()) => self.send(Message::Answer { client, token: None }),
+                }
             }
             Message::KeepAlive { client } => {
                 let session = self.clients[usize::from(client)].session;
-                self.apply(Command::KeepAlive { session })?.ok();
+                if let Err(at) = self.renew.binary_search(&session) {
+                    self.renew.insert(at, session);
+                }
             }
             Message::Release { client, token } => {
                 let session = self.clients[usize::from(client)].session;
-                self.apply(Command::Release { session, name: LOCK.to_owned(), token })?.ok();
+                self.apply(Command::Release { session, name: LOCK.to_owned(), token }, seen)?.ok();
             }
             Message::Answer { client, token } => {
                 self.clients[usize::from(client)].phase = match token {
@@ -347,6 +403,33 @@ impl World {
     }
 }
 
+/// What one transition did, for the exploration's counts.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    expired: bool,
+    granted_after_expiry: bool,
+}
+
+/// A state machine with one session per client opened at `now_ms`, and their ids.
+fn fresh_machine(bounds: &Bounds, now_ms: u64) -> (StateMachine, Vec<SessionId>) {
+    let limits = Limits { session_expiry_grace_ms: 0, ..Limits::default() };
+    let mut machine = StateMachine::new(limits);
+    let mut sessions = Vec::new();
+    for _ in 0..bounds.clients {
+        let open = Command::OpenSession {
+            ttl_ms: TTL_MS,
+            lock_delay_ms: u64::from(bounds.lock_delay_steps) * STEP_MS,
+            owner: None,
+        };
+        let applied = machine.apply(&Input::new(now_ms, open));
+        let Ok(Response::SessionOpened { session, .. }) = applied.result else {
+            panic!("a session opens in an empty world: {:?}", applied.result);
+        };
+        sessions.push(session);
+    }
+    (machine, sessions)
+}
+
 #[derive(Clone, Debug)]
 enum Action {
     Acquire(u8),
@@ -370,18 +453,31 @@ pub fn explore(bounds: &Bounds) -> Exploration {
     let start_print = start.fingerprint();
     parents.insert(start_print, None);
     let mut queue = VecDeque::from([(start, start_print, 0_usize)]);
-    let mut exploration =
-        Exploration { states: 1, transitions: 0, depth: 0, complete: true, violation: None };
+    let mut exploration = Exploration {
+        states: 1,
+        transitions: 0,
+        depth: 0,
+        complete: true,
+        expiries: 0,
+        grants_after_expiry: 0,
+        violation: None,
+    };
     while let Some((world, print, depth)) = queue.pop_front() {
         exploration.depth = exploration.depth.max(depth);
         for action in world.actions() {
             exploration.transitions += 1;
             let mut next = world.clone();
-            if let Err(property) = next.take(&action, bounds) {
-                let mut trace = trace_to(&parents, print);
-                trace.push(describe(&action));
-                exploration.violation = Some(Violation { property, trace });
-                return exploration;
+            match next.take(&action, bounds) {
+                Ok(seen) => {
+                    exploration.expiries += usize::from(seen.expired);
+                    exploration.grants_after_expiry += usize::from(seen.granted_after_expiry);
+                }
+                Err(property) => {
+                    let mut trace = trace_to(&parents, print);
+                    trace.push(describe(&action));
+                    exploration.violation = Some(Violation { property, trace });
+                    return exploration;
+                }
             }
             let next_print = next.fingerprint();
             if parents.contains_key(&next_print) {
@@ -419,7 +515,7 @@ fn describe(action: &Action) -> String {
         Action::WriteAndRelease(client) => format!("client {client} sends its write and release"),
         Action::KeepAlive(client) => format!("client {client} sends a keepalive"),
         Action::Deliver(message) => format!("deliver {message:?}"),
-        Action::Advance => format!("time advances {STEP_MS} ms (tick)"),
+        Action::Advance => format!("time advances {STEP_MS} ms (a tick with the keepalives)"),
         Action::Refresh => "the leader changes (refresh)".to_owned(),
     }
 }
@@ -435,14 +531,5 @@ mod tests {
         assert!(exploration.complete);
         assert!(exploration.violation.is_none(), "{:?}", exploration.violation);
         assert!(exploration.states > 10, "{exploration:?}");
-    }
-
-    #[test]
-    fn a_fence_that_admits_everything_is_caught_with_a_short_trace() {
-        let bounds = Bounds { fence_admits_everything: true, ..Bounds::default() };
-        let exploration = explore(&bounds);
-        let violation = exploration.violation.expect("the bug is found");
-        assert!(violation.property.contains("admitted a write"), "{violation:?}");
-        assert!(violation.trace.len() <= 16, "{violation:?}");
     }
 }

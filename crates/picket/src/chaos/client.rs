@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-/// A stall asked for by SIGUSR1 and not yet served.
+/// A stall asked for by SIGUSR1 and not yet served: a `Notify` permit, taken by the think
+/// running when it arrives or else by the next one, once.
 #[derive(Debug, Default)]
 struct Stall {
-    asked: AtomicBool,
     wake: Notify,
 }
 
@@ -37,7 +37,6 @@ impl Stall {
         let asked = stall.clone();
         tokio::spawn(async move {
             while signals.recv().await.is_some() {
-                asked.asked.store(true, Ordering::Relaxed);
                 asked.wake.notify_one();
             }
         });
@@ -46,13 +45,10 @@ impl Stall {
 
     /// Thinks for `think`, or for `long` from the moment a stall is asked for.
     async fn think(&self, think: Duration, long: Duration) {
-        if !self.asked.swap(false, Ordering::Relaxed) {
-            tokio::select! {
-                () = tokio::time::sleep(think) => return,
-                () = self.wake.notified() => self.asked.store(false, Ordering::Relaxed),
-            }
+        tokio::select! {
+            () = tokio::time::sleep(think) => {}
+            () = self.wake.notified() => tokio::time::sleep(long).await,
         }
-        tokio::time::sleep(long).await;
     }
 }
 

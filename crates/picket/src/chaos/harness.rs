@@ -299,9 +299,9 @@ impl Node {
         Ok(())
     }
 
-    /// Whether the node's process has exited by itself.
-    fn exited(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
+    /// How the node's process exited, if it has.
+    fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|child| child.try_wait().ok().flatten())
     }
 
     fn kill(&mut self) {
@@ -309,6 +309,13 @@ impl Node {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A run that fails half-way leaves no node running.
+        self.kill();
     }
 }
 
@@ -321,6 +328,8 @@ struct Cluster {
     network: Option<Network>,
     /// The nodes' data disks, when the run fills them; unmounted when dropped.
     disks: Option<Disks>,
+    /// Nodes that exited when no fault asked them to: each one a violation.
+    unexpected_exits: Vec<String>,
 }
 
 impl Cluster {
@@ -393,7 +402,7 @@ impl Cluster {
             node.start(exe)?;
             nodes.push(node);
         }
-        Ok(Self { exe: exe.to_owned(), nodes, network, disks })
+        Ok(Self { exe: exe.to_owned(), nodes, network, disks, unexpected_exits: Vec::new() })
     }
 
     /// Cuts `cuts` (replacing any others); returns the packets the previous cuts dropped.
@@ -446,6 +455,23 @@ impl Cluster {
         None
     }
 
+    /// Notes every node that exited by itself (a crash: no fault in progress stops a node),
+    /// and starts it again so the run goes on.
+    fn reap_unexpected_exits(&mut self, record: &impl Fn(String)) -> anyhow::Result<()> {
+        for index in 0..self.nodes.len() {
+            let node = &mut self.nodes[index];
+            let Some(Ok(Some(status))) = node.child.as_mut().map(Child::try_wait) else {
+                continue;
+            };
+            node.child = None;
+            let exit = format!("node {} exited by itself ({status}); see its log", node.id);
+            record(format!("node_exited node={} status={status}", node.id));
+            self.unexpected_exits.push(exit);
+            self.restart(index)?;
+        }
+        Ok(())
+    }
+
     fn restart(&mut self, index: usize) -> anyhow::Result<()> {
         let exe = self.exe.clone();
         self.nodes[index].start(&exe)
@@ -486,6 +512,8 @@ fn client_member(process: usize) -> String {
 struct ClientProcess {
     child: Process,
     stdin: Option<ChildStdin>,
+    /// Reads its standard output into the history; ends when the process has exited.
+    reader: std::thread::JoinHandle<()>,
 }
 
 fn start_client(
@@ -523,7 +551,7 @@ fn start_client(
         .context("cannot start a chaos client")?;
     let stdout = child.stdout.take().context("stdout is piped")?;
     let history = history.clone();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Ok(event) = serde_json::from_str::<Event>(&line) {
                 history.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
@@ -531,7 +559,7 @@ fn start_client(
         }
     });
     let stdin = child.stdin.take();
-    Ok(ClientProcess { child: Process(child), stdin })
+    Ok(ClientProcess { child: Process(child), stdin, reader })
 }
 
 /// Runs the plan and returns the checked summary. Everything it started is stopped before it
@@ -555,6 +583,10 @@ pub async fn run(plan: &RunPlan) -> anyhow::Result<Summary> {
     }
     let mut summary = result?;
     check_logs_agree(&cluster, &mut summary);
+    if !cluster.unexpected_exits.is_empty() {
+        summary.violations.append(&mut cluster.unexpected_exits);
+        summary.verdict = Verdict::Invalid;
+    }
     Ok(summary)
 }
 
@@ -615,11 +647,22 @@ async fn run_started(plan: &RunPlan, exe: &Path, cluster: &mut Cluster) -> anyho
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    drop(clients);
+    // Every event a client printed is in the history once its reader has seen the pipe close.
+    for client in clients {
+        let ClientProcess { child, reader, .. } = client;
+        drop(child);
+        let _ = reader.join();
+    }
     if cluster.network.is_some() {
         cluster.set_cuts(&[])?;
     }
     nemesis?;
+    cluster.reap_unexpected_exits(&|description| {
+        history
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Event::fault(description));
+    })?;
     for index in 0..cluster.nodes.len() {
         if cluster.nodes[index].child.is_none() {
             cluster.restart(index)?;
@@ -683,8 +726,12 @@ async fn run_nemesis(
     let gap_ms = u64::try_from(plan.max_fault_gap.as_millis()).unwrap_or(1_000).max(2);
     let mut pauses: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let mut deck: Vec<FaultKind> = Vec::new();
+    // Clients frozen by a client pause, until when: no second fault picks them meanwhile.
+    let mut paused: BTreeMap<usize, Instant> = BTreeMap::new();
     while started.elapsed() < plan.duration {
         tokio::time::sleep(Duration::from_millis(rng.range(gap_ms / 2, gap_ms))).await;
+        cluster.reap_unexpected_exits(&record)?;
+        paused.retain(|_, until| *until > Instant::now());
         if plan.faults.is_empty() {
             continue;
         }
@@ -702,11 +749,13 @@ async fn run_nemesis(
             FaultKind::ClientPause => {
                 // The classic race wants the holder frozen after its read and before its write;
                 // freeze that client when there is one, any client otherwise.
-                let pick = thinking_client(history).unwrap_or_else(|| {
-                    usize::try_from(rng.range(0, clients.len() as u64)).unwrap_or(0)
-                });
+                let Some(pick) = pick_client(history, &paused, clients.len(), &mut rng) else {
+                    record("no_unpaused_client".into());
+                    continue;
+                };
                 let pid = clients[pick];
                 let pause_ms = rng.range(ttl_ms / 2, 2 * ttl_ms);
+                paused.insert(pick, Instant::now() + Duration::from_millis(pause_ms));
                 record(format!("client_pause process={} pause_ms={pause_ms}", pick + 1));
                 signal(pid, nix::sys::signal::Signal::SIGSTOP);
                 pauses.push(tokio::spawn(async move {
@@ -731,9 +780,10 @@ async fn run_nemesis(
                 }
             }
             FaultKind::ClientIsolate => {
-                let pick = thinking_client(history).unwrap_or_else(|| {
-                    usize::try_from(rng.range(0, clients.len() as u64)).unwrap_or(0)
-                });
+                let Some(pick) = pick_client(history, &paused, clients.len(), &mut rng) else {
+                    record("no_unpaused_client".into());
+                    continue;
+                };
                 isolate_client((pick + 1, clients[pick]), cluster, &mut rng, &record, ttl_ms)
                     .await?;
             }
@@ -1010,15 +1060,25 @@ async fn fill_disk(
     let started = Instant::now();
     let mut stopped_after = None;
     while started.elapsed() < LONGEST_WAIT {
-        if node.exited() {
-            stopped_after = Some(started.elapsed());
+        if let Some(status) = node.exit_status() {
+            stopped_after = Some((started.elapsed(), status));
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Disks::free(&node.dir)?;
     match stopped_after {
-        Some(after) => {
+        // `picket serve` exits with 1 when its Raft core stops; anything else (a panic's 101,
+        // a signal) is a crash.
+        Some((_, status)) if status.code() != Some(1) => {
+            record(format!("node_exited node={id} status={status} (its disk was full)"));
+            cluster.unexpected_exits.push(format!(
+                "node {id} crashed when its disk filled ({status}) instead of stopping cleanly"
+            ));
+            cluster.nodes[index].kill();
+            cluster.restart(index)?;
+        }
+        Some((after, _)) => {
             record(format!(
                 "disk_full node={id} filled_bytes={filled} stopped_after_ms={}",
                 after.as_millis()
@@ -1036,18 +1096,38 @@ async fn fill_disk(
 
 /// The index (process - 1) of a client whose last event is a successful read: it holds the lock
 /// and is thinking before its write.
-fn thinking_client(history: &Arc<Mutex<Vec<Event>>>) -> Option<usize> {
+fn thinking_client(
+    history: &Arc<Mutex<Vec<Event>>>,
+    paused: &BTreeMap<usize, Instant>,
+) -> Option<usize> {
     let history = history.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut last: BTreeMap<u32, &Event> = BTreeMap::new();
     for event in history.iter().rev().take(256) {
         last.entry(event.process).or_insert(event);
     }
     last.values()
-        .find(|event| {
+        .filter(|event| {
             matches!(event.op, Some(Op::Read { .. }))
                 && matches!(event.phase, Some(Phase::Ok { .. }))
         })
-        .and_then(|event| usize::try_from(event.process).ok()?.checked_sub(1))
+        .filter_map(|event| usize::try_from(event.process).ok()?.checked_sub(1))
+        .find(|index| !paused.contains_key(index))
+}
+
+/// A client for a client fault: a thinking holder if there is one, else any client; never one
+/// that is frozen by a client pause. None when every client is frozen.
+fn pick_client(
+    history: &Arc<Mutex<Vec<Event>>>,
+    paused: &BTreeMap<usize, Instant>,
+    clients: usize,
+    rng: &mut picket_sim::Rng,
+) -> Option<usize> {
+    if let Some(thinking) = thinking_client(history, paused) {
+        return Some(thinking);
+    }
+    let free: Vec<usize> = (0..clients).filter(|index| !paused.contains_key(index)).collect();
+    let at = usize::try_from(rng.range(0, free.len() as u64)).ok()?;
+    free.get(at).copied()
 }
 
 /// After the run, with every node stopped: no log id holds different entries on two nodes.
