@@ -16,13 +16,33 @@ const DISK_BYTES: u64 = 64 << 20;
 /// The name of the file that fills a disk.
 const FILLER: &str = "filler";
 
+/// The source name of each run's mounts; the harness's process id follows, so that the mounts
+/// of a run whose harness was killed can be found and removed.
+const SOURCE_PREFIX: &str = "picket_chaos_";
+
 /// The run's mounted data directories. Dropping it unmounts them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Disks {
     mounted: Vec<PathBuf>,
 }
 
 impl Disks {
+    /// No disks yet; the mounts of earlier runs whose harness is gone are removed.
+    pub fn new() -> Self {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        for line in mounts.lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(source), Some(path)) = (fields.next(), fields.next()) else { continue };
+            let Some(pid) = source.strip_prefix(SOURCE_PREFIX) else { continue };
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            tracing::info!(path, "unmounting a data disk left by an earlier run");
+            let _ = Command::new("umount").arg("-l").arg(path).status();
+        }
+        Self { mounted: Vec::new() }
+    }
+
     /// Mounts a tmpfs of its own at `dir` (created).
     ///
     /// # Errors
@@ -30,7 +50,8 @@ impl Disks {
     pub fn mount(&mut self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={DISK_BYTES}"), "tmpfs"])
+            .args(["-t", "tmpfs", "-o", &format!("size={DISK_BYTES}")])
+            .arg(format!("{SOURCE_PREFIX}{}", std::process::id()))
             .arg(dir)
             .output()
             .context("cannot run mount")?;

@@ -203,10 +203,17 @@ fn free_port() -> anyhow::Result<u16> {
 /// Spawns `command` and waits for its first standard output line, `... listening on ADDR`;
 /// returns the child and ADDR. The rest of its standard output is drained.
 fn spawn_listening(mut command: Command) -> anyhow::Result<(Child, String)> {
+    // A node recovering a long log takes a while; one that takes longer has hung.
+    const START_DEADLINE: Duration = Duration::from_secs(60);
     let mut child = command.stdout(Stdio::piped()).spawn().context("cannot start a process")?;
     let stdout = child.stdout.take().context("stdout is piped")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let line = lines.next().transpose()?.unwrap_or_default();
+    let (first, first_line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = first.send(lines.next().and_then(Result::ok).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = first_line.recv_timeout(START_DEADLINE).unwrap_or_default();
     let Some(addr) = line
         .split(" listening on ")
         .nth(1)
@@ -214,9 +221,12 @@ fn spawn_listening(mut command: Command) -> anyhow::Result<(Child, String)> {
         .map(str::to_owned)
     else {
         let _ = child.kill();
-        bail!("a process did not start: {line:?}");
+        let _ = child.wait();
+        bail!(
+            "a process did not start within {} s: its first line was {line:?}",
+            START_DEADLINE.as_secs()
+        );
     };
-    std::thread::spawn(move || for _ in lines {});
     Ok((child, addr))
 }
 
@@ -337,7 +347,7 @@ impl Cluster {
         let (out, election_timeout) = (&plan.out, plan.election_timeout);
         let mutation =
             plan.mutation.filter(|mutation| *mutation != Mutation::FenceAdmitsEverything);
-        let mut disks = plan.faults.contains(&FaultKind::DiskFull).then(Disks::default);
+        let mut disks = plan.faults.contains(&FaultKind::DiskFull).then(Disks::new);
         let ports = (0..3).map(|_| free_port()).collect::<anyhow::Result<Vec<u16>>>()?;
         let peers = ports
             .iter()
