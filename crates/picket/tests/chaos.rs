@@ -90,48 +90,45 @@ fn violations(summary: &serde_json::Value) -> Vec<String> {
 /// Runs `picket chaos run` for `duration` with `extra` and the deliberate bug `mutation`, and
 /// returns its summary.
 fn run(duration: &str, extra: &[&str], mutation: &str) -> serde_json::Value {
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let out = dir.path().join("run");
-    let output = Command::new(env!("CARGO_BIN_EXE_picket"))
-        .args(["chaos", "run", "--duration", duration, "--fault-gap", "2s", "--mutation", mutation])
-        .args(extra)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("picket chaos runs");
-    assert!(!output.status.success(), "a run with a bug must not succeed");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    serde_json::from_slice(
-        &std::fs::read(out.join("summary.json"))
-            .unwrap_or_else(|error| panic!("no summary ({error}):\n{stderr}")),
-    )
-    .expect("the summary is JSON")
+    let (succeeded, summary, output) = run_chaos(duration, &[extra, &["--mutation", mutation]]);
+    assert!(!succeeded, "a run with a bug must not succeed:\n{output}");
+    summary
 }
 
 /// Runs `picket chaos run` for `duration` with `extra` and asserts its verdict is `valid`.
 fn run_valid(duration: &str, extra: &[&str]) {
+    let (succeeded, summary, output) = run_chaos(duration, &[extra]);
+    assert_eq!(summary["verdict"], "valid", "{output}");
+    assert!(succeeded, "{output}");
+    // The history holds the invocations and completions of every client, and the faults.
+    assert!(summary["history_lines"].as_u64().unwrap_or(0) > 100, "a short history: {summary}");
+    assert!(summary["grants"].as_u64().unwrap_or(0) > 20, "{summary}");
+}
+
+/// Runs `picket chaos run` (one at a time) and returns whether it exited 0, its summary (with
+/// the history's line count added as `history_lines`), and its output.
+fn run_chaos(duration: &str, extra: &[&[&str]]) -> (bool, serde_json::Value, String) {
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let out = dir.path().join("run");
     let output = Command::new(env!("CARGO_BIN_EXE_picket"))
         .args(["chaos", "run", "--duration", duration, "--fault-gap", "2s"])
-        .args(extra)
+        .args(extra.iter().copied().flatten())
         .arg("--out")
         .arg(&out)
         .output()
         .expect("picket chaos runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let summary: serde_json::Value = serde_json::from_slice(
+    let printed = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut summary: serde_json::Value = serde_json::from_slice(
         &std::fs::read(out.join("summary.json"))
-            .unwrap_or_else(|error| panic!("no summary ({error}):\n{stdout}\n{stderr}")),
+            .unwrap_or_else(|error| panic!("no summary ({error}):\n{printed}")),
     )
     .expect("the summary is JSON");
-    assert_eq!(summary["verdict"], "valid", "{stdout}\n{stderr}");
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    // The history holds the invocations and completions of every client, and the faults.
-    let history = std::fs::read_to_string(out.join("history.jsonl")).expect("a history");
-    assert!(history.lines().count() > 100, "a short history: {} lines", history.lines().count());
-    assert!(summary["grants"].as_u64().unwrap_or(0) > 20, "{summary}");
+    let history = std::fs::read_to_string(out.join("history.jsonl")).unwrap_or_default();
+    summary["history_lines"] = history.lines().count().into();
+    (output.status.success(), summary, printed)
 }

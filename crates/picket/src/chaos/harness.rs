@@ -440,18 +440,11 @@ impl Cluster {
 
     /// The index of the node the running nodes agree leads, if any.
     async fn leader(&self) -> Option<usize> {
-        let mut named = Vec::new();
-        for node in self.nodes.iter().filter(|node| node.child.is_some()) {
-            let url = format!("http://{}/v1/cluster", node.addr);
-            let reply = crate::http_client::send(hyper::Method::GET, &url, &[], Vec::new()).await;
-            let view: serde_json::Value =
-                reply.ok().and_then(|reply| serde_json::from_slice(&reply.body).ok())?;
-            named.push(view["leader_id"].as_u64()?);
-        }
-        let leader = *named.first()?;
+        let running: Vec<usize> =
+            (0..self.nodes.len()).filter(|index| self.nodes[*index].child.is_some()).collect();
+        let leader = self.leader_among(&running).await?;
         let index = usize::try_from(leader).ok()?.checked_sub(1)?;
-        let running = self.nodes.get(index).is_some_and(|node| node.child.is_some());
-        (running && named.iter().all(|id| *id == leader)).then_some(index)
+        running.contains(&index).then_some(index)
     }
 
     async fn wait_for_leader(&self, timeout: Duration) -> Option<usize> {
