@@ -183,7 +183,9 @@ impl Keeper {
     }
 }
 
-/// Acquire and release cycles over eight locks by one session, until stopped.
+/// Acquire and release cycles over eight locks by one session, until stopped. The session is
+/// kept alive every few seconds: grants do not renew it, and a slow machine can stretch a test
+/// past its TTL (CI once saw it expire 85 s into a run).
 struct Load {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<u64>,
@@ -197,7 +199,13 @@ impl Load {
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut cycles = 0_u64;
+            let mut kept_at = Instant::now();
             while !stopping.load(Ordering::SeqCst) {
+                if kept_at.elapsed() > Duration::from_secs(5) {
+                    let kept = keep_alive(&addrs, worker);
+                    assert_eq!(kept.status, 200, "the load's session: {kept:?}");
+                    kept_at = Instant::now();
+                }
                 let name = format!("load/{}", cycles % 8);
                 let token = acquire_try(&addrs, worker, &name);
                 let body = json!({ "name": name, "session_id": worker, "token": token });
