@@ -56,7 +56,7 @@ pub use limits::{
 pub use machine::{RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
-pub use query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo, SessionLease};
+pub use query::{CheckOutcome, HolderInfo, LockInfo, QueueSummary, SessionInfo, SessionLease};
 pub use seal::{SealError, SequencerKeys, SequencerSigner, VerifyError};
 pub use sequencer::{
     MAX_CLUSTER_ID_BYTES, MAX_SEQUENCER_BYTES, Seal, Sequencer, SequencerError, is_valid_cluster_id,

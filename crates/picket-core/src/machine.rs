@@ -30,7 +30,7 @@ use crate::error::CommandError;
 use crate::limits::{Limits, MAX_OWNER_BYTES};
 use crate::name::validate_name;
 use crate::outcome::{Applied, Event, Response};
-use crate::query::{CheckOutcome, HolderInfo, LockInfo, SessionInfo, SessionLease};
+use crate::query::{CheckOutcome, HolderInfo, LockInfo, QueueSummary, SessionInfo, SessionLease};
 use crate::record::{Delay, Holder, LockRecord, SessionRecord, Waiter};
 use crate::sequencer::Sequencer;
 use crate::types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};
@@ -950,6 +950,30 @@ impl StateMachine {
     #[must_use]
     pub fn lock(&self, name: &str) -> Option<LockInfo> {
         self.locks.get(name).map(|lock| lock_info(name, lock))
+    }
+
+    /// How many locks are held, how many sessions wait in queues, and the `top` longest queues
+    /// (longest first, then by name), for metrics. Reads every lock once.
+    #[must_use]
+    pub fn queue_summary(&self, top: usize) -> QueueSummary {
+        let mut summary = QueueSummary::default();
+        for (name, lock) in &self.locks {
+            summary.held += usize::from(lock.holder.is_some());
+            summary.waiters += lock.waiters.len();
+            summary.delayed += usize::from(lock.delay.is_some());
+            if lock.waiters.is_empty() || top == 0 {
+                continue;
+            }
+            let shorter =
+                summary.longest.last().is_some_and(|(_, depth)| *depth >= lock.waiters.len());
+            if summary.longest.len() == top && shorter {
+                continue;
+            }
+            let at = summary.longest.partition_point(|(_, depth)| *depth >= lock.waiters.len());
+            summary.longest.insert(at, (name.clone(), lock.waiters.len()));
+            summary.longest.truncate(top);
+        }
+        summary
     }
 
     /// The session holding `name` now, if any (cheaper than [`StateMachine::lock`]).

@@ -16,6 +16,19 @@ pub struct LockInfo {
     pub delayed_until_ms: Option<u64>,
 }
 
+/// Counts over every lock, for metrics ([`crate::StateMachine::queue_summary`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueSummary {
+    /// Locks held now.
+    pub held: usize,
+    /// Sessions waiting in any lock's queue.
+    pub waiters: usize,
+    /// Locks in a lock-delay.
+    pub delayed: usize,
+    /// The longest queues as (lock, waiters), longest first.
+    pub longest: Vec<(String, usize)>,
+}
+
 /// A current grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderInfo {

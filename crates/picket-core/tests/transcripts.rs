@@ -876,3 +876,27 @@ fn a_principal_cannot_use_a_session_another_opened() {
     let admin = Input::new(2, Command::Release { session, name: "x".into(), token: 2 });
     assert!(machine.apply(&admin).result.is_ok(), "an admin's command names no principal");
 }
+
+#[test]
+fn queue_summary_counts_holders_waiters_delays_and_the_longest_queues() {
+    let mut story = Story::new();
+    for who in ["A", "B", "C", "D", "E"] {
+        story.open(0, who, 5_000, 0);
+    }
+    story.open(0, "L", 1_000, 3_000);
+    for (holder, lock) in [("A", "one"), ("B", "two"), ("C", "three")] {
+        story.acquire(1, holder, lock, Wait::Try);
+    }
+    for (waiter, lock) in [("D", "two"), ("E", "two"), ("D", "three")] {
+        story.acquire(2, waiter, lock, Wait::Forever);
+    }
+    story.acquire(3, "L", "delayed", Wait::Try);
+    story.tick(2_000, &["A", "B", "C", "D", "E"]);
+    let summary = story.machine.queue_summary(2);
+    assert_eq!(summary.held, 3, "L's grant ended with its session");
+    assert_eq!(summary.waiters, 3);
+    assert_eq!(summary.delayed, 1);
+    assert_eq!(summary.longest, vec![("two".to_owned(), 2), ("three".to_owned(), 1)]);
+    assert_eq!(story.machine.queue_summary(1).longest, vec![("two".to_owned(), 2)]);
+    assert!(story.machine.queue_summary(0).longest.is_empty());
+}

@@ -106,6 +106,7 @@ async fn tick_while_leader(
                 }
                 Command::Refresh
             } else {
+                node.metrics().tick_renewed(batch.sessions.len());
                 Command::Tick { renew: batch.sessions.clone() }
             };
             if let Err(error) = write(node, batch, command).await {

@@ -36,6 +36,7 @@ pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}", delete(close_session))
         .route("/v1/sessions/{id}/keepalive", post(keep_alive))
@@ -231,6 +232,15 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
+}
+
+/// Prometheus metrics (see [`crate::metrics`]). They name locks (the longest queues), so with
+/// authentication on they need the `read` role over every lock.
+async fn metrics(State(node): State<Arc<Node>>, Who(who): Who) -> Result<Response, ApiError> {
+    who.require_prefix(crate::auth::Role::Read, "")?;
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    let text = node.render_metrics();
+    Ok(([(axum::http::header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
 async fn healthz(State(node): State<Arc<Node>>) -> Json<Value> {

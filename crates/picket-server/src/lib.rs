@@ -23,6 +23,7 @@ mod hub;
 pub mod limits;
 mod listener;
 mod log_store;
+pub mod metrics;
 #[cfg(feature = "mutations")]
 mod mutation;
 mod network;
@@ -76,6 +77,7 @@ mod storage_suite {
                 dir.path(),
                 picket_core::Limits::default(),
                 Arc::new(Hub::default()),
+                Arc::default(),
             )
             .expect("the state opens");
             Ok((dir, log, store))

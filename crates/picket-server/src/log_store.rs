@@ -29,7 +29,6 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::RangeBounds;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
@@ -257,10 +256,24 @@ impl LogStore {
     /// # Errors
     /// When the directory cannot be used, holds damaged records, or holds a log in the format of
     /// an earlier Picket.
+    #[cfg(test)]
     pub fn open(
         data_dir: &Path,
         segment_bytes: u64,
         defer_sync: Option<DeferSync>,
+    ) -> io::Result<Self> {
+        Self::open_counted(data_dir, segment_bytes, defer_sync, Arc::default())
+    }
+
+    /// [`LogStore::open`], counting the log's writes into `stats` (a node's metrics).
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn open_counted(
+        data_dir: &Path,
+        segment_bytes: u64,
+        defer_sync: Option<DeferSync>,
+        stats: Arc<WriterStats>,
     ) -> io::Result<Self> {
         if let Some(old) = OLD_LOG_PATHS.iter().find(|old| data_dir.join(old).exists()) {
             return Err(io::Error::new(
@@ -284,16 +297,9 @@ impl LogStore {
             view.replay(record)?;
         }
         check_contiguous(&view)?;
-        let stats = Arc::new(WriterStats::default());
         let wal = recovered.start(&view.checkpoint(), stats.clone())?;
         let inner = Inner { view: Mutex::new(view), wal: Mutex::new(wal), stats, defer_sync };
         Ok(Self { inner: Arc::new(inner) })
-    }
-
-    /// Counters of the log.
-    #[must_use]
-    pub fn stats(&self) -> Arc<WriterStats> {
-        self.inner.stats.clone()
     }
 
     fn view(&self) -> MutexGuard<'_, View> {
@@ -471,7 +477,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        self.inner.stats.entries.fetch_add(entries.len() as u64, Ordering::Relaxed);
+        self.inner.stats.entries.inc_by(entries.len() as u64);
         let completion: Completion = Box::new(move |result| callback.io_completed(result));
         // Encoded before the locks are taken, so readers of the view do not wait for it.
         let payloads = append_records(&entries);

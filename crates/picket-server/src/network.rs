@@ -38,13 +38,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug, Default)]
 pub struct Network {
     tls: Option<ClientTls>,
+    contacts: Contacts,
 }
 
 impl Network {
     /// Peers reached over TLS with `tls`, or in plaintext.
     #[must_use]
     pub fn new(tls: Option<ClientTls>) -> Self {
-        Self { tls }
+        Self { tls, contacts: Contacts::default() }
     }
 }
 
@@ -52,7 +53,37 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient { target, addr: node.addr.clone(), tls: self.tls.clone(), connection: None }
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            tls: self.tls.clone(),
+            connection: None,
+            contacts: Some(self.contacts.clone()),
+        }
+    }
+}
+
+/// Whether this node has reached each peer, so that the log says once when a peer is first
+/// reached, lost or back, instead of a warning per failed RPC. openraft's own warnings (one per
+/// failed vote or append, several a second while a peer is down, and on every clean first start
+/// of a cluster while its nodes come up) are off by default (`picket serve --log`).
+#[derive(Clone, Debug, Default)]
+struct Contacts(Arc<std::sync::Mutex<std::collections::BTreeMap<NodeId, bool>>>);
+
+impl Contacts {
+    fn note(&self, target: NodeId, addr: &str, failure: Option<&str>) {
+        let mut reached = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = reached.insert(target, failure.is_none());
+        match (before, failure) {
+            (None, Some(detail)) => {
+                tracing::info!(peer = target, addr, detail, "waiting for a peer to answer");
+            }
+            (Some(true), Some(detail)) => {
+                tracing::warn!(peer = target, addr, detail, "lost contact with a peer");
+            }
+            (None | Some(false), None) => tracing::info!(peer = target, addr, "reached a peer"),
+            (Some(false), Some(_)) | (Some(true), None) => {}
+        }
     }
 }
 
@@ -63,6 +94,8 @@ pub struct PeerClient {
     addr: String,
     tls: Option<ClientTls>,
     connection: Option<Connection>,
+    /// Where Raft's clients report reaching or losing the peer; `None` for clock probes.
+    contacts: Option<Contacts>,
 }
 
 fn unreachable(message: impl ToString) -> Unreachable<TypeConfig> {
@@ -123,6 +156,25 @@ impl PeerClient {
         F: FnOnce(RaftClient<Connection>, Request<RaftPayload>) -> Fut,
         Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
     {
+        let result = self.call_once(data, timeout, send).await;
+        if let Some(contacts) = &self.contacts {
+            let failure = result.as_ref().err().map(ToString::to_string);
+            contacts.note(self.target, &self.addr, failure.as_deref());
+        }
+        result
+    }
+
+    async fn call_once<Resp, F, Fut>(
+        &mut self,
+        data: Vec<u8>,
+        timeout: Duration,
+        send: F,
+    ) -> Result<Resp, Unreachable<TypeConfig>>
+    where
+        Resp: DeserializeOwned,
+        F: FnOnce(RaftClient<Connection>, Request<RaftPayload>) -> Fut,
+        Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
+    {
         let client = self.client().await?;
         let request = self.request(RaftPayload { data, error: String::new() }, timeout);
         // The deadline travels as `grpc-timeout` too; it is enforced here so a peer that stops
@@ -158,7 +210,7 @@ pub(crate) struct ClockProbe {
 impl ClockProbe {
     /// A probe of node `target` at `addr`; connects on first use.
     pub(crate) fn new(target: NodeId, addr: String, tls: Option<ClientTls>) -> Self {
-        Self { peer: PeerClient { target, addr, tls, connection: None } }
+        Self { peer: PeerClient { target, addr, tls, connection: None, contacts: None } }
     }
 
     /// The peer's address.

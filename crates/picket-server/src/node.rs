@@ -561,6 +561,7 @@ impl Node {
 
     async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
         if let Some(refusal) = self.refusal_before_log(&input.command).await {
+            self.metrics().refused(refusal.code(), "before_log");
             return Err(ServiceError::Command(refusal));
         }
         match self.raft.client_write(input).await {
@@ -852,6 +853,7 @@ impl Node {
         registration: WaiterRegistration,
         principal: Option<String>,
     ) -> Result<Grant, ServiceError> {
+        let arrived = std::time::Instant::now();
         let command = Command::Acquire { session, name: name.to_owned(), wait, request, attempt };
         let applied = self.propose_as(principal, command).await?;
         match applied.result? {
@@ -866,6 +868,7 @@ impl Node {
         self.hub().queued(session, name, registration.id, applied.revision);
         match registration.outcome.await {
             Ok(WaitOutcome::Granted { token }) => {
+                self.metrics().acquire_waited(arrived.elapsed());
                 let sequencer = self.sequencer(name, token, session);
                 Ok(Grant { name: name.to_owned(), token, already_held: false, sequencer })
             }
@@ -1059,6 +1062,34 @@ impl Node {
         Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
     }
 
+    /// This node's metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        self.store.metrics()
+    }
+
+    /// Every metric in the Prometheus text format, with the gauges read now.
+    #[must_use]
+    pub fn render_metrics(&self) -> String {
+        let raft = self.raft.metrics().borrow_watched().clone();
+        let (sessions, queues) = self.read_local(|state| {
+            let queues = state.machine.queue_summary(crate::metrics::QUEUE_DEPTH_TOP);
+            (state.machine.session_count(), queues)
+        });
+        let scrape = crate::metrics::Scrape {
+            sessions,
+            queues,
+            role: role_name(raft.state),
+            term: raft.current_term,
+            commit_index: raft.local_committed.map_or(0, |log_id| log_id.index()),
+            applied_index: raft.last_applied.map_or(0, |log_id| log_id.index()),
+            last_log_index: raft.last_log_index.unwrap_or(0),
+            members: raft.membership_config.membership().nodes().count(),
+            clock_gaps: self.gaps.gaps_total(),
+        };
+        self.metrics().render(&scrape)
+    }
+
     /// Membership and leadership as this node sees them.
     #[must_use]
     pub fn cluster(&self) -> ClusterView {
@@ -1072,13 +1103,7 @@ impl Node {
         let leader_addr = metrics
             .current_leader
             .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
-        let role = match metrics.state {
-            ServerState::Leader => "leader",
-            ServerState::Follower => "follower",
-            ServerState::Candidate => "candidate",
-            ServerState::Learner => "learner",
-            ServerState::Shutdown => "shutdown",
-        };
+        let role = role_name(metrics.state);
         let (applied_revision, applied_log_index) = self.read_local(|state| {
             (state.machine.revision(), state.last_applied.map_or(0, |log_id| log_id.index()))
         });
@@ -1272,5 +1297,15 @@ impl Drop for AcquireGuard {
                 }
             }
         });
+    }
+}
+
+fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
     }
 }

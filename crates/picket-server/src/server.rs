@@ -8,7 +8,8 @@ use crate::grpc::ClientService;
 use crate::http;
 use crate::hub::Hub;
 use crate::limits::ServerLimits;
-use crate::log_store::LogStore;
+use crate::log_store::{LogStore, WriterStats};
+use crate::metrics::Metrics;
 use crate::network::{Network, RaftService};
 use crate::node::Node;
 use crate::raft_types::{NodeId, Raft};
@@ -101,6 +102,9 @@ pub struct ServerConfig {
     pub signing_key: Option<PathBuf>,
     /// The cluster's id, inside every signed sequencer: a resource trusts one cluster's grants.
     pub cluster_id: String,
+    /// The `prefix` label values of lock-level metrics (see [`crate::metrics`]); empty: each
+    /// name's first path segment, bounded.
+    pub metrics_prefixes: Vec<String>,
     /// Serve plaintext on an address other than loopback. Without it such a node refuses to
     /// start: anyone who can reach the port could then act as any client or as a peer.
     pub insecure_plaintext: bool,
@@ -124,6 +128,7 @@ impl ServerConfig {
             auth_file: None,
             signing_key: None,
             cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
+            metrics_prefixes: Vec::new(),
             insecure_plaintext: false,
         }
     }
@@ -291,6 +296,16 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             "the WAL segment size {segment_bytes} bytes is out of range; choose between {MIN_WAL_SEGMENT_BYTES} and {MAX_WAL_SEGMENT_BYTES}"
         )));
     }
+    let prefixes = &config.metrics_prefixes;
+    let longest_name = Limits::default().max_name_bytes;
+    if prefixes.len() > crate::metrics::MAX_CONFIGURED_PREFIXES
+        || prefixes.iter().any(|prefix| prefix.is_empty() || prefix.len() > longest_name)
+    {
+        return Err(StartError::Config(format!(
+            "give at most {} metrics prefixes, each 1 to {longest_name} bytes long",
+            crate::metrics::MAX_CONFIGURED_PREFIXES,
+        )));
+    }
     if config.tls.is_none() && !config.listen.ip().is_loopback() && !config.insecure_plaintext {
         return Err(StartError::Config(format!(
             "refusing to serve plaintext on {}: anyone who can reach that address could act as \
@@ -337,12 +352,19 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
-    let store = StateStore::open(&config.data_dir, Limits::default(), hub).map_err(data_error)?;
+    let log_stats = Arc::new(WriterStats::default());
+    let metrics = Arc::new(Metrics::new(config.metrics_prefixes.clone(), &log_stats));
+    let store = StateStore::open(&config.data_dir, Limits::default(), hub, metrics.clone())
+        .map_err(data_error)?;
     let applied = store.clone();
     let defer_sync = Box::new(move |entries: &[_]| applied.only_queue_waiters(entries));
-    let log =
-        LogStore::open(&config.data_dir, segment_bytes, Some(defer_sync)).map_err(data_error)?;
-    let log_stats = log.stats();
+    let log = LogStore::open_counted(
+        &config.data_dir,
+        segment_bytes,
+        Some(defer_sync),
+        log_stats.clone(),
+    )
+    .map_err(data_error)?;
     let raft = Raft::new(
         config.node_id,
         raft_config(&config.tuning)?,
@@ -378,6 +400,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     tokio::spawn(async move {
         crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), pulse_signal).await;
     });
+    tokio::spawn(count_leader_changes(raft.clone(), metrics, shutdown_signal.clone()));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
     let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
@@ -409,6 +432,30 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     });
     tracing::info!(node = config.node_id, %addr, "serving");
     Ok(ServerHandle { addr, node, shutdown, serving, duties })
+}
+
+/// Counts every change of the leader this node sees, until shutdown.
+async fn count_leader_changes(raft: Raft, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+    use openraft::async_runtime::WatchReceiver;
+    let mut watched = raft.metrics();
+    let mut leader = watched.borrow_watched().current_leader;
+    loop {
+        tokio::select! {
+            changed = watched.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let now = watched.borrow_watched().current_leader;
+        if now.is_some() && now != leader {
+            metrics.leader_changed();
+        }
+        if now.is_some() {
+            leader = now;
+        }
+    }
 }
 
 /// Reads the signing key: an Ed25519 private key in a PEM `PRIVATE KEY` (PKCS#8) file.

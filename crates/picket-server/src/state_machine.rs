@@ -8,6 +8,7 @@
 //! snapshot or the new one, never half of one.
 
 use crate::hub::Hub;
+use crate::metrics::Metrics;
 use crate::raft_types::{
     Entry, LogId, Reply, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -53,6 +54,7 @@ struct Inner {
     dir: PathBuf,
     current: Mutex<Option<StoredSnapshot>>,
     hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
 }
 
 impl StateStore {
@@ -60,7 +62,12 @@ impl StateStore {
     ///
     /// # Errors
     /// When the snapshot file exists but cannot be read or is damaged.
-    pub fn open(dir: &Path, limits: Limits, hub: Arc<Hub>) -> io::Result<Self> {
+    pub fn open(
+        dir: &Path,
+        limits: Limits,
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+    ) -> io::Result<Self> {
         // A snapshot being written when the node stopped is incomplete; the previous one stands.
         match fs::remove_file(dir.join(SNAPSHOT_TMP)) {
             Ok(()) => tracing::info!("removed an incomplete snapshot left by a crash"),
@@ -96,6 +103,7 @@ impl StateStore {
                 dir: dir.to_owned(),
                 current: Mutex::new(stored),
                 hub,
+                metrics,
             }),
         })
     }
@@ -133,6 +141,12 @@ impl StateStore {
         &self.inner.hub
     }
 
+    /// This node's metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
     fn apply_entry(&self, entry: Entry) -> Reply {
         let log_id = entry.log_id;
         let mut state = self.inner.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -146,6 +160,7 @@ impl StateStore {
             }
             EntryPayload::Normal(input) => {
                 let mut applied = state.machine.apply(&input);
+                self.inner.metrics.applied(&applied, &state.machine);
                 drop(state);
                 // Waiters and watchers get the events through the hub; the proposer needs only the
                 // response, so the events are not copied into the reply.
@@ -226,8 +241,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
+        let started = std::time::Instant::now();
         let snapshot = self.build();
         self.persist(snapshot.clone()).await?;
+        self.inner.metrics.snapshot_built(snapshot.data.len(), started.elapsed());
         Ok(Snapshot { meta: snapshot.meta, snapshot: snapshot.data })
     }
 }
@@ -301,7 +318,8 @@ mod tests {
     /// Sessions 1 and 2; session 1 holds "held", nobody holds "free".
     fn store() -> (tempfile::TempDir, StateStore) {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = StateStore::open(dir.path(), Limits::default(), Arc::default()).expect("opens");
+        let store = StateStore::open(dir.path(), Limits::default(), Arc::default(), Arc::default())
+            .expect("opens");
         {
             let mut state = store.inner.state.write().expect("not poisoned");
             for command in [
@@ -363,7 +381,7 @@ mod tests {
         fn open_with(bytes: &[u8]) -> io::Result<StateStore> {
             let dir = tempfile::tempdir().expect("a temporary directory");
             fs::write(dir.path().join(SNAPSHOT_FILE), bytes).expect("written");
-            StateStore::open(dir.path(), Limits::default(), Arc::new(Hub::default()))
+            StateStore::open(dir.path(), Limits::default(), Arc::default(), Arc::default())
         }
 
         proptest! {

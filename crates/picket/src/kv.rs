@@ -74,6 +74,8 @@ struct ServeArgs {
     /// A guarded key prefix and the lock whose tokens it accepts, PREFIX=LOCK (repeatable).
     #[arg(long = "guard", value_parser = parse_guard)]
     guards: Vec<(String, String)>,
+    #[command(flatten)]
+    logging: crate::logging::LogArgs,
     /// Like --guard, in strict mode: each grant gets exactly one write or unit.
     #[arg(long = "strict-guard", value_parser = parse_guard)]
     strict_guards: Vec<(String, String)>,
@@ -261,12 +263,7 @@ fn admission_name(admission: Admission) -> &'static str {
 }
 
 async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    args.logging.init("info")?;
     if args.guards.is_empty() && args.strict_guards.is_empty() {
         bail!("give at least one --guard PREFIX=LOCK: the store only takes fenced writes");
     }
@@ -311,6 +308,7 @@ async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Res
         );
     }
     let kv = Kv { store, guards, config: config.clone(), fenced: !args.no_fence };
+    let metrics = Arc::new(crate::kv_metrics::KvMetrics::default());
     let app = Router::new()
         .route("/kv/{*key}", put(put_key).get(get_key).delete(delete_key))
         .route("/fence/{*prefix}", post(register).get(fence_record))
@@ -318,7 +316,9 @@ async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Res
         .route("/txn", post(transaction))
         .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
         .layer(DefaultBodyLimit::max(picket_fence::MAX_VALUE_BYTES + 64 * 1024))
-        .with_state(kv);
+        .with_state(kv)
+        .layer(axum::middleware::from_fn_with_state(metrics.clone(), crate::kv_metrics::count))
+        .route("/metrics", get(crate::kv_metrics::render).with_state(metrics));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -8,7 +8,9 @@ mod connect;
 mod duration;
 mod http_client;
 mod kv;
+mod kv_metrics;
 mod lock_cmd;
+mod logging;
 mod serve;
 mod sim;
 
@@ -34,7 +36,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a Picket node (a one-node cluster by default).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a command while holding a lock; stop it if the lock is lost.
     ///
     /// The command sees PICKET_LOCK, PICKET_TOKEN, PICKET_SEQUENCER and PICKET_SESSION. Exit
@@ -116,7 +118,7 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Bench(args) => bench::run(args, &cli.connect),
         Command::Kv(args) => kv::run(args, cli.connect),
         Command::Sim(args) => sim::run(&args),

@@ -96,6 +96,13 @@ pub struct ServeArgs {
     /// The cluster's id, carried in every signed sequencer (letters, digits, '-', '_').
     #[arg(long, env = "PICKET_CLUSTER_ID", default_value = picket_server::DEFAULT_CLUSTER_ID)]
     cluster_id: String,
+    #[command(flatten)]
+    logging: crate::logging::LogArgs,
+    /// Lock name prefixes that label the lock-level metrics at /metrics (repeat the flag, or
+    /// separate with commas); a name counts under the longest one it starts with, else under
+    /// `other`. Without any, each name's first path segment, at most 64 of them.
+    #[arg(long = "metrics-prefix", env = "PICKET_METRICS_PREFIXES", value_delimiter = ',')]
+    metrics_prefixes: Vec<String>,
     /// Serve plaintext on an address other than loopback. Anyone who can reach it can then act
     /// as any client or as a cluster member: only for a network that only you can reach.
     #[arg(long)]
@@ -123,13 +130,7 @@ fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
 
 /// Runs the node until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    args.logging.init("info,openraft=error")?;
     if args.node_id == 0 {
         bail!("--node-id must be a positive number");
     }
@@ -161,6 +162,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         auth_file: args.auth_file,
         signing_key: args.signing_key,
         cluster_id: args.cluster_id,
+        metrics_prefixes: args.metrics_prefixes,
         insecure_plaintext: args.insecure_plaintext,
     };
     raise_open_files_limit(config.limits.max_connections);

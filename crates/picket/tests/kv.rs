@@ -150,6 +150,34 @@ fn the_highest_token_survives_kill_9() {
     assert_eq!(get(&world, "res/x").text, "new");
 }
 
+/// `GET /metrics` of the store counts admissions by kind and refusals by code.
+#[test]
+fn store_metrics_count_admissions_and_refusals_by_reason() {
+    let world = World::start(&[]);
+    let metric = |name: &str| -> f64 {
+        let text = get_path(&world, "/metrics").text;
+        text.lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+            .unwrap_or(0.0)
+    };
+    let (old_session, old) = world.acquire("res");
+    assert_eq!(put(&world, "res/x", Some(&old), "old").status, 200);
+    assert_eq!(put(&world, "res/x", Some(&old), "again").status, 200);
+    world.release("res", old_session, &old);
+    let (_, new) = world.acquire("res");
+    assert_eq!(put(&world, "res/x", Some(&new), "new").status, 200);
+    assert_eq!(put(&world, "res/x", Some(&old), "zombie").status, 409);
+    assert_eq!(put(&world, "res/x", Some(&format!("p1.{}.res", u64::MAX)), "forged").status, 409);
+    assert_eq!(metric("picket_kv_admissions_total{admission=\"advanced\"}"), 2.0);
+    assert_eq!(metric("picket_kv_admissions_total{admission=\"same\"}"), 1.0);
+    assert_eq!(metric("picket_kv_refusals_total{code=\"stale_token\"}"), 1.0);
+    assert_eq!(metric("picket_kv_refusals_total{code=\"not_current_grant\"}"), 1.0);
+}
+
+fn get_path(world: &World, path: &str) -> Reply {
+    kv_request(&world.kv.addr, "GET", path, None, &[], &[])
+}
+
 /// Verify on advance: a forged huge token from a client that never held the lock is refused
 /// instead of wedging the resource, and a superseded grant is refused even before the new holder
 /// writes. Without verification the forged token would wedge the resource.
