@@ -430,6 +430,34 @@ impl Client {
         .await
     }
 
+    /// A consistent backup of the lock state, taken on the leader (admins only): the bytes of
+    /// a backup file, to restore with `picket serve --restore FILE`.
+    ///
+    /// # Errors
+    /// Permission denied; the cluster being unreachable; the stream breaking before its end
+    /// (nothing partial is returned).
+    pub async fn backup(&self) -> Result<Vec<u8>, ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        let mut chunks =
+            self.call(Retry::Safe, timeout, |mut client| async move {
+                client.backup(v1::Empty {}).await
+            })
+            .await?;
+        let mut bytes = Vec::new();
+        let broken = |status: tonic::Status| ClientError::Service {
+            code: "backup_incomplete".into(),
+            message: format!(
+                "the backup stream broke before its end: {}; try again",
+                status.message()
+            ),
+            holder_token: None,
+        };
+        while let Some(chunk) = chunks.message().await.map_err(broken)? {
+            bytes.extend_from_slice(&chunk.data);
+        }
+        Ok(bytes)
+    }
+
     /// The state of one lock.
     ///
     /// # Errors

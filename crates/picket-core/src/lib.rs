@@ -53,7 +53,7 @@ pub use limits::{
     DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits, MAX_NAME_BYTES_CAP, MAX_OWNER_BYTES,
     MAX_RENEWALS_PER_TICK_CAP,
 };
-pub use machine::{RestoreError, StateMachine};
+pub use machine::{RESTORE_EPOCH_SHIFT, RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
 pub use query::{CheckOutcome, HolderInfo, LockInfo, QueueSummary, SessionInfo, SessionLease};

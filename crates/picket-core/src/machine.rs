@@ -113,6 +113,10 @@ struct Step {
     granted: BTreeSet<String>,
 }
 
+/// Where the restore epoch starts in a revision: the top 16 bits are the epoch, the low 48
+/// count commands within it (2^48 is 89 years at 100,000 commands a second).
+pub const RESTORE_EPOCH_SHIFT: u32 = 48;
+
 impl StateMachine {
     /// An empty state with the given limits.
     ///
@@ -140,6 +144,29 @@ impl StateMachine {
     #[must_use]
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// The restore epoch: the revision's top 16 bits. A cluster starts in epoch 0 and counts
+    /// up within it; a state restored from a backup starts the next epoch
+    /// ([`StateMachine::into_next_epoch`]).
+    #[must_use]
+    pub fn restore_epoch(&self) -> u64 {
+        self.revision >> RESTORE_EPOCH_SHIFT
+    }
+
+    /// This state as the start of the next restore epoch: its revision becomes that epoch's
+    /// first, so every token granted from now on is greater than any revision the state it was
+    /// copied from could reach within its own epoch, however long that one went on after the
+    /// copy. Everything else (sessions, grants and their tokens, queues) is kept. `None` in the
+    /// last epoch.
+    #[must_use]
+    pub fn into_next_epoch(mut self) -> Option<Self> {
+        let next = self.restore_epoch() + 1;
+        if next >> (u64::BITS - RESTORE_EPOCH_SHIFT) != 0 {
+            return None;
+        }
+        self.revision = next << RESTORE_EPOCH_SHIFT;
+        Some(self)
     }
 
     /// The state machine's clock: the `now_ms` of the last accepted command.

@@ -182,6 +182,10 @@ pub fn to_snake_case(camel: &str) -> String {
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchEvent, Status>> + Send>>;
+type BackupStream = Pin<Box<dyn Stream<Item = Result<v1::BackupChunk, Status>> + Send>>;
+
+/// A backup travels in chunks of this size, well under any message limit.
+const BACKUP_CHUNK_BYTES: usize = 1 << 20;
 
 #[tonic::async_trait]
 impl picket_server::Picket for ClientService {
@@ -381,6 +385,18 @@ impl picket_server::Picket for ClientService {
     async fn cluster(&self, request: Request<v1::Empty>) -> Reply<v1::ClusterInfo> {
         let who = self.who(&request)?;
         Ok(Response::new(cluster_message(self.node.as_caller(who).cluster())))
+    }
+
+    type BackupStream = BackupStream;
+
+    async fn backup(&self, request: Request<v1::Empty>) -> Reply<Self::BackupStream> {
+        let who = self.who(&request)?;
+        let bytes = self.node.as_caller(who).backup().await.map_err(|error| status(&error))?;
+        let chunks: Vec<Result<v1::BackupChunk, Status>> = bytes
+            .chunks(BACKUP_CHUNK_BYTES)
+            .map(|chunk| Ok(v1::BackupChunk { data: chunk.to_vec() }))
+            .collect();
+        Ok(Response::new(Box::pin(futures_util::stream::iter(chunks))))
     }
 
     async fn add_member(&self, request: Request<v1::AddMemberRequest>) -> Reply<v1::ClusterInfo> {

@@ -259,6 +259,15 @@ impl Guarded<'_> {
         self.node.cluster()
     }
 
+    /// See [`Node::backup`]: admins only.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn backup(&self) -> Result<Vec<u8>, ServiceError> {
+        self.access.require_admin("taking a backup")?;
+        self.node.backup().await
+    }
+
     /// See [`Node::add_member`]: admins only.
     ///
     /// # Errors

@@ -37,6 +37,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/backup", get(backup))
         .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}", delete(close_session))
         .route("/v1/sessions/{id}/keepalive", post(keep_alive))
@@ -232,6 +233,16 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
+}
+
+/// A backup of the lock state (see [`crate::backup`]), admins only, on the leader.
+async fn backup(State(node): State<Arc<Node>>, Who(who): Who) -> Result<Response, ApiError> {
+    let bytes = node.as_caller(who).backup().await?;
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "application/octet-stream"),
+        (axum::http::header::CONTENT_DISPOSITION, "attachment; filename=\"picket.backup\""),
+    ];
+    Ok((headers, bytes).into_response())
 }
 
 /// Prometheus metrics (see [`crate::metrics`]). They name locks (the longest queues), so with

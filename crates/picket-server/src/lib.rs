@@ -13,6 +13,7 @@
 //! Start a node with [`start`]; [`ServerConfig::single`] is a one-node cluster.
 
 pub mod auth;
+pub mod backup;
 pub mod clock;
 mod driver;
 pub mod error;

@@ -1062,6 +1062,30 @@ impl Node {
         Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
     }
 
+    /// A backup of the lock state (see [`crate::backup`]): linearizable, so it holds every
+    /// grant any client was told of before the call.
+    ///
+    /// # Errors
+    /// On a follower ([`ServiceError::NotLeader`]), and when no quorum answers.
+    pub async fn backup(&self) -> Result<Vec<u8>, ServiceError> {
+        let taken_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+        let node_id = self.id;
+        self.read_linearizable(|state| {
+            let meta = crate::backup::BackupMeta {
+                revision: state.machine.revision(),
+                log_index: state.last_applied.map_or(0, |log_id| log_id.index()),
+                node_id,
+                taken_unix_ms,
+                sessions: state.machine.session_count(),
+                locks: state.machine.lock_count(),
+            };
+            crate::backup::encode(&meta, &state.machine.snapshot())
+        })
+        .await
+    }
+
     /// This node's metrics.
     #[must_use]
     pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {

@@ -102,6 +102,10 @@ pub struct ServerConfig {
     pub signing_key: Option<PathBuf>,
     /// The cluster's id, inside every signed sequencer: a resource trusts one cluster's grants.
     pub cluster_id: String,
+    /// Restore the lock state from this backup (`picket snapshot save`) into an empty data
+    /// directory, as the start of a new restore epoch (see [`crate::backup`]). A restart with
+    /// the same backup keeps what the node did since.
+    pub restore: Option<PathBuf>,
     /// The `prefix` label values of lock-level metrics (see [`crate::metrics`]); empty: each
     /// name's first path segment, bounded.
     pub metrics_prefixes: Vec<String>,
@@ -128,6 +132,7 @@ impl ServerConfig {
             auth_file: None,
             signing_key: None,
             cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
+            restore: None,
             metrics_prefixes: Vec::new(),
             insecure_plaintext: false,
         }
@@ -174,6 +179,9 @@ pub enum StartError {
     /// Raft could not start.
     #[error("the consensus engine could not start: {0}")]
     Raft(String),
+    /// The backup could not be restored.
+    #[error(transparent)]
+    Restore(#[from] crate::backup::BackupError),
 }
 
 /// A running node.
@@ -352,6 +360,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
+    if config.restore.is_some() && config.join {
+        return Err(StartError::Config(
+            "--restore starts a new cluster and --join joins an existing one; a node that joins a restored cluster gets its state from the leader".into(),
+        ));
+    }
+    let backup = config.restore.as_deref().map(crate::backup::read).transpose()?;
     let log_stats = Arc::new(WriterStats::default());
     let metrics = Arc::new(Metrics::new(config.metrics_prefixes.clone(), &log_stats));
     let store = StateStore::open(&config.data_dir, Limits::default(), hub, metrics.clone())
@@ -365,6 +379,9 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         log_stats.clone(),
     )
     .map_err(data_error)?;
+    if let Some(backup) = backup {
+        restore(&config.data_dir, backup, &peers, &store, &log).await?;
+    }
     let raft = Raft::new(
         config.node_id,
         raft_config(&config.tuning)?,
@@ -432,6 +449,45 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     });
     tracing::info!(node = config.node_id, %addr, "serving");
     Ok(ServerHandle { addr, node, shutdown, serving, duties })
+}
+
+/// Restores `backup` into a node about to start (see [`crate::backup`]): the restored state
+/// becomes a snapshot at the restore log id, with `peers` as its membership, and the log starts
+/// after it, so the node starts as a member of a cluster whose history begins with that state.
+async fn restore(
+    data_dir: &std::path::Path,
+    backup: crate::backup::Backup,
+    peers: &BTreeMap<NodeId, String>,
+    store: &StateStore,
+    log: &LogStore,
+) -> Result<(), StartError> {
+    use openraft::storage::{RaftLogReader, RaftLogStorage, RaftStateMachine};
+    let data_error = |source| StartError::DataDir { path: data_dir.to_owned(), source };
+    let mut log = log.clone();
+    let state = log.get_log_state().await.map_err(data_error)?;
+    let vote = log.read_vote().await.map_err(data_error)?;
+    let has_log = state.last_log_id.is_some() || vote.is_some();
+    let revision = backup.meta.revision;
+    let crate::backup::RestorePlan::Write(machine) =
+        crate::backup::plan(data_dir, backup, has_log)?
+    else {
+        tracing::info!("already restored from this backup; starting from what this node has");
+        return Ok(());
+    };
+    let log_id = crate::backup::restore_log_id();
+    let meta = crate::raft_types::SnapshotMeta {
+        last_log_id: Some(log_id),
+        last_membership: crate::backup::restored_membership(peers),
+    };
+    let first_revision = machine.revision() + 1;
+    store.clone().install_snapshot(&meta, machine.snapshot()).await.map_err(data_error)?;
+    log.purge(log_id).await.map_err(data_error)?;
+    tracing::info!(
+        backup_revision = revision,
+        first_revision,
+        "restored the lock state from a backup; new tokens start a new restore epoch"
+    );
+    Ok(())
 }
 
 /// Counts every change of the leader this node sees, until shutdown.

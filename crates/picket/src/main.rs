@@ -61,6 +61,8 @@ enum Command {
     Members(commands::MembersArgs),
     /// Check whether a sequencer is its lock's current grant (exit 0 if it is, 1 if not).
     Check(commands::CheckArgs),
+    /// Back up a running cluster's lock state (`save FILE`), or inspect a backup.
+    Snapshot(commands::SnapshotArgs),
     /// The reference fenced key-value store (`picket kv serve`), and writes to it.
     Kv(kv::KvArgs),
     /// The race lab: simulate what each locking strategy lets through (deterministic, seeded).
@@ -101,6 +103,7 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
             Command::Watch(args) => commands::watch(args, &client).await,
             Command::Members(args) => commands::members(args, &client).await,
             Command::Check(args) => commands::check(args, &client).await,
+            Command::Snapshot(args) => commands::snapshot(args, &client).await,
             Command::Serve(_)
             | Command::Bench(_)
             | Command::Lock(_)
@@ -119,6 +122,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
+        Command::Snapshot(args) if args.offline().is_some() => {
+            commands::inspect_snapshot(args.offline().expect("checked"))
+        }
         Command::Bench(args) => bench::run(args, &cli.connect),
         Command::Kv(args) => kv::run(args, cli.connect),
         Command::Sim(args) => sim::run(&args),

@@ -96,6 +96,12 @@ pub struct ServeArgs {
     /// The cluster's id, carried in every signed sequencer (letters, digits, '-', '_').
     #[arg(long, env = "PICKET_CLUSTER_ID", default_value = picket_server::DEFAULT_CLUSTER_ID)]
     cluster_id: String,
+    /// Restore the lock state from a backup (`picket snapshot save`) into an empty data
+    /// directory; give every node of the new cluster the same backup and --peers. Tokens of the
+    /// restored cluster start above any the old cluster could have issued (a new restore
+    /// epoch). Starting again with the same backup keeps what the node did since.
+    #[arg(long, env = "PICKET_RESTORE")]
+    restore: Option<PathBuf>,
     #[command(flatten)]
     logging: crate::logging::LogArgs,
     /// Lock name prefixes that label the lock-level metrics at /metrics (repeat the flag, or
@@ -162,6 +168,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         auth_file: args.auth_file,
         signing_key: args.signing_key,
         cluster_id: args.cluster_id,
+        restore: args.restore,
         metrics_prefixes: args.metrics_prefixes,
         insecure_plaintext: args.insecure_plaintext,
     };

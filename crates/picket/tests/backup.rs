@@ -1,0 +1,209 @@
+//! Backup and restore keep tokens monotonic: grant, back up, grant more, restore the backup into
+//! a new node or cluster, and its next grant's token is greater than every earlier one, however
+//! many grants the old cluster made after the backup. Real processes, on free loopback ports.
+
+use picket_testkit::cluster::{Cluster, send};
+use picket_testkit::http;
+use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const PICKET: &str = env!("CARGO_BIN_EXE_picket");
+
+fn post(addrs: &[String], path: &str, body: &Value) -> http::Reply {
+    send(addrs, "POST", path, Some(body), Duration::from_secs(30)).expect("the service answers")
+}
+
+fn open_session(addrs: &[String]) -> u64 {
+    let reply = post(addrs, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["session_id"].as_u64().expect("a session id")
+}
+
+fn acquire(addrs: &[String], session: u64, name: &str) -> u64 {
+    let body = json!({ "name": name, "session_id": session, "wait_ms": 0 });
+    let reply = post(addrs, "/v1/locks/acquire", &body);
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body["token"].as_u64().expect("a token")
+}
+
+fn release(addrs: &[String], session: u64, name: &str, token: u64) {
+    let body = json!({ "name": name, "session_id": session, "token": token });
+    let reply = post(addrs, "/v1/locks/release", &body);
+    assert_eq!(reply.status, 200, "{}", reply.text);
+}
+
+/// `count` acquire and release cycles of `name`; returns the last token.
+fn cycle(addrs: &[String], session: u64, name: &str, count: usize) -> u64 {
+    let mut last = 0;
+    for _ in 0..count {
+        last = acquire(addrs, session, name);
+        release(addrs, session, name, last);
+    }
+    last
+}
+
+fn save_backup(addr: &str, file: &Path) {
+    let output = Command::new(PICKET)
+        .args(["--endpoints", addr, "snapshot", "save"])
+        .arg(file)
+        .output()
+        .expect("picket snapshot save runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("saved a backup of revision"), "{stdout}");
+}
+
+fn lock(addrs: &[String], name: &str) -> Value {
+    let reply = send(addrs, "GET", &format!("/v1/locks/{name}"), None, Duration::from_secs(30))
+        .expect("the service answers");
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.body
+}
+
+fn assert_held(addrs: &[String], name: &str, session: u64, token: u64) {
+    let holder = &lock(addrs, name)["holder"];
+    assert_eq!(
+        (&holder["session_id"], &holder["token"]),
+        (&json!(session), &json!(token)),
+        "{holder}"
+    );
+}
+
+/// The old cluster: a lock held across the backup, grants before it and many after it.
+/// Returns (the holder's session, its token, the highest token the old cluster issued).
+fn history_around_a_backup(addrs: &[String], backup: &Path) -> (u64, u64, u64) {
+    let holder = open_session(addrs);
+    let held = acquire(addrs, holder, "kept");
+    let worker = open_session(addrs);
+    cycle(addrs, worker, "jobs/a", 3);
+    save_backup(&addrs[0], backup);
+    let highest = cycle(addrs, worker, "jobs/a", 20);
+    assert!(highest > held);
+    (holder, held, highest)
+}
+
+#[test]
+fn a_restored_node_grants_tokens_above_every_token_of_the_old_one() {
+    let dir = temp_dir();
+    let backup = dir.path().join("picket.backup");
+    let (_old_dir, old) = ServerProcess::start_ready(Path::new(PICKET), &[]);
+    let old_addrs = vec![old.addr.clone()];
+    let (holder, held, highest) = history_around_a_backup(&old_addrs, &backup);
+    drop(old);
+
+    let restore = ["--restore".to_owned(), backup.display().to_string()];
+    let listen = "127.0.0.1:0".parse().expect("an address");
+    let mut restored =
+        ServerProcess::start(Path::new(PICKET), &dir.path().join("new"), listen, &restore);
+    let addrs = vec![restored.addr.clone()];
+    wait_until("the restored node to be ready", Duration::from_secs(10), || {
+        (http::get(&restored.addr, "/readyz").status == 200).then_some(())
+    });
+    // What the backup held is there: the grant, with its token, and its session.
+    assert_held(&addrs, "kept", holder, held);
+    let session = open_session(&addrs);
+    let first = acquire(&addrs, session, "jobs/a");
+    assert!(first > highest, "token {first} after the restore, {highest} before it");
+    assert!(first > 1 << 48, "the restore started a new epoch: {first}");
+    // The old holder's session lives on in the restored cluster and may release.
+    release(&addrs, holder, "kept", held);
+
+    // A node that joins later gets the restored state from the leader, not an empty one.
+    let joiner_dir = temp_dir();
+    let listen = format!("127.0.0.1:{}", picket_testkit::free_port()).parse().expect("an address");
+    let join = ["--node-id", "2", "--join"].map(str::to_owned);
+    let joiner =
+        ServerProcess::start(Path::new(PICKET), &joiner_dir.path().join("node2"), listen, &join);
+    let added = post(&addrs, "/v1/cluster/members", &json!({ "node_id": 2, "addr": joiner.addr }));
+    assert_eq!(added.status, 200, "{}", added.text);
+    wait_until("the joiner to hold the restored state", Duration::from_secs(20), || {
+        let view = http::try_request(&joiner.addr, "GET", "/v1/cluster", None).ok()?.body;
+        (view["applied_revision"].as_u64()? >= first).then_some(())
+    });
+    let removed = send(&addrs, "DELETE", "/v1/cluster/members/2", None, Duration::from_secs(30))
+        .expect("the service answers");
+    assert_eq!(removed.status, 200, "{}", removed.text);
+    drop(joiner);
+
+    // A restart with the same flag keeps what the node did since the restore.
+    restored.restart();
+    let addrs = vec![restored.addr.clone()];
+    wait_until("the node to be ready again", Duration::from_secs(10), || {
+        (http::get(&restored.addr, "/readyz").status == 200).then_some(())
+    });
+    assert_eq!(lock(&addrs, "jobs/a")["holder"]["token"], json!(first));
+    let next = acquire(&addrs, session, "jobs/b");
+    assert!(next > first);
+}
+
+#[test]
+fn a_restored_three_node_cluster_grants_tokens_above_every_token_of_the_old_one() {
+    let dir = temp_dir();
+    let backup = dir.path().join("picket.backup");
+    let old = Cluster::start(Path::new(PICKET), 3, &[]);
+    let _ = old.leader(Duration::from_secs(20));
+    let (holder, held, highest) = history_around_a_backup(&old.addrs(), &backup);
+    drop(old);
+
+    let restore = ["--restore".to_owned(), backup.display().to_string()];
+    let restored = Cluster::start(Path::new(PICKET), 3, &restore);
+    let _ = restored.leader(Duration::from_secs(20));
+    let addrs = restored.addrs();
+    assert_held(&addrs, "kept", holder, held);
+    let session = open_session(&addrs);
+    let first = acquire(&addrs, session, "jobs/a");
+    assert!(first > highest, "token {first} after the restore, {highest} before it");
+    restored.wait_converged(Duration::from_secs(20));
+    for index in 0..3 {
+        let view = restored.view(index);
+        assert!(
+            view["applied_revision"].as_u64().expect("a revision") >= first,
+            "node {} applied the restored state and what followed: {view}",
+            index + 1
+        );
+    }
+}
+
+#[test]
+fn a_restore_into_a_used_data_directory_or_a_damaged_backup_is_refused() {
+    let dir = temp_dir();
+    let backup = dir.path().join("picket.backup");
+    let (used_dir, server) = ServerProcess::start_ready(Path::new(PICKET), &[]);
+    save_backup(&server.addr, &backup);
+    // The same backup over HTTP, for curl.
+    let over_http = http::get(&server.addr, "/v1/backup");
+    assert_eq!(over_http.status, 200);
+    assert!(over_http.text.starts_with("PICKETBK"), "{}", over_http.text);
+    drop(server);
+    let refused = Command::new(PICKET)
+        .args(["serve", "--listen", "127.0.0.1:0", "--restore"])
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(used_dir.path().join("data"))
+        .output()
+        .expect("picket serve runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("refusing to restore into"), "{stderr}");
+
+    let mut damaged = std::fs::read(&backup).expect("read");
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x40;
+    std::fs::write(&backup, damaged).expect("written");
+    let refused = Command::new(PICKET)
+        .args(["serve", "--listen", "127.0.0.1:0", "--restore"])
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(dir.path().join("fresh"))
+        .output()
+        .expect("picket serve runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("checksum does not match"), "{stderr}");
+    let inspect =
+        Command::new(PICKET).args(["snapshot", "inspect"]).arg(&backup).output().expect("runs");
+    assert!(!inspect.status.success(), "inspect refuses it too");
+}
