@@ -5,6 +5,7 @@ mod bench;
 mod chaos;
 mod commands;
 mod connect;
+mod demo;
 mod duration;
 mod http_client;
 mod kv;
@@ -35,6 +36,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// See why fencing matters, in one command: a one-node Picket and two stores (fenced and
+    /// not) in a temporary directory, and the canonical race run live against each.
+    Demo,
     /// Run a Picket node (a one-node cluster by default).
     Serve(Box<serve::ServeArgs>),
     /// Run a command while holding a lock; stop it if the lock is lost.
@@ -105,6 +109,7 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
             Command::Check(args) => commands::check(args, &client).await,
             Command::Snapshot(args) => commands::snapshot(args, &client).await,
             Command::Serve(_)
+            | Command::Demo
             | Command::Bench(_)
             | Command::Lock(_)
             | Command::Kv(_)
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
+        Command::Demo => demo::run(),
         Command::Snapshot(args) if args.offline().is_some() => {
             commands::inspect_snapshot(args.offline().expect("checked"))
         }
