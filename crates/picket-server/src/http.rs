@@ -37,6 +37,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/ui", get(dashboard))
         .route("/v1/backup", get(backup))
         .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}", delete(close_session))
@@ -233,6 +234,21 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
+}
+
+/// The live dashboard: one page, embedded in the binary, that reads this node's own API
+/// (cluster, locks, sessions, the watch stream and /metrics) with the caller's bearer token.
+/// The page itself holds no data, so it needs no credentials; every call it makes does.
+async fn dashboard() -> Response {
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+        (
+            axum::http::header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+        ),
+        (axum::http::header::X_FRAME_OPTIONS, "DENY"),
+    ];
+    (headers, include_str!("ui/index.html")).into_response()
 }
 
 /// A backup of the lock state (see [`crate::backup`]), admins only, on the leader.
@@ -556,6 +572,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "leader_addr": view.leader_addr,
         "node_id": view.node_id,
         "role": view.role,
+        "term": view.term,
+        "commit_index": view.commit_index,
         "applied_revision": view.applied_revision,
         "applied_log_index": view.applied_log_index,
         "snapshot_log_index": view.snapshot_log_index,

@@ -236,6 +236,10 @@ pub struct ClusterView {
     pub node_id: NodeId,
     /// This node's role: leader, follower, candidate, learner or shutdown.
     pub role: &'static str,
+    /// The current Raft term.
+    pub term: u64,
+    /// The last log index this node knows committed.
+    pub commit_index: u64,
     /// The lock state's revision on this node.
     pub applied_revision: u64,
     /// The last log index applied on this node.
@@ -1137,6 +1141,8 @@ impl Node {
             leader_addr,
             node_id: self.id,
             role,
+            term: metrics.current_term,
+            commit_index: metrics.local_committed.map_or(0, |log_id| log_id.index()),
             applied_revision,
             applied_log_index,
             snapshot_log_index: metrics.snapshot.map_or(0, |log_id| log_id.index()),
