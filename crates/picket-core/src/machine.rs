@@ -1075,6 +1075,12 @@ impl StateMachine {
     #[must_use]
     pub fn check(&self, sequencer: &Sequencer) -> CheckOutcome {
         let Some(lock) = self.locks.get(&sequencer.name) else {
+            // Nobody holds, awaits or is delayed on the lock. A token this state has reached was
+            // a grant that ended (or never was this lock's): superseded either way. A token
+            // above the revision was never issued at all.
+            if sequencer.token <= self.revision {
+                return CheckOutcome::Superseded { current_token: None };
+            }
             return CheckOutcome::UnknownLock;
         };
         match lock.holder {

@@ -83,7 +83,8 @@ pub enum CheckOutcome {
         /// The current grant's token, if anyone holds the lock.
         current_token: Option<u64>,
     },
-    /// No such lock is held, awaited or delayed: any grant of it is over.
+    /// No such lock is held, awaited or delayed, and no grant has had this token yet: it is
+    /// above every token issued so far (a forged token, or one from another cluster).
     UnknownLock,
 }
 

@@ -666,7 +666,11 @@ fn locks_list_by_prefix_in_pages() {
     assert_eq!(names(story.machine.locks("jobs/", None, 2)), ["jobs/a", "jobs/b"]);
     assert_eq!(names(story.machine.locks("jobs/", Some("jobs/b"), 2)), ["jobs/c"]);
     assert_eq!(names(story.machine.locks("", Some("jobz"), 10)), ["other"]);
-    assert_eq!(story.machine.check(&Sequencer::new("nothing", 1)), CheckOutcome::UnknownLock);
+    // A lock nobody holds: a token already issued is over, one above the revision never was.
+    let superseded = CheckOutcome::Superseded { current_token: None };
+    assert_eq!(story.machine.check(&Sequencer::new("nothing", 1)), superseded);
+    let future = story.machine.revision() + 1;
+    assert_eq!(story.machine.check(&Sequencer::new("nothing", future)), CheckOutcome::UnknownLock);
 }
 
 /// A snapshot restores to an equal state, and a damaged one is refused rather than loaded.

@@ -24,3 +24,6 @@ pub const ERROR_CODE_KEY: &str = "picket-error-code";
 pub const LEADER_KEY: &str = "picket-leader";
 /// Metadata key of the current holder's token when a lock is busy.
 pub const HOLDER_TOKEN_KEY: &str = "picket-holder-token";
+/// Metadata key of an error's outcome: `not_applied` (nothing changed, retrying is safe) or
+/// `unknown` (it may have been applied: read the state before retrying).
+pub const OUTCOME_KEY: &str = "picket-outcome";

@@ -113,6 +113,24 @@ impl ServiceError {
         }
     }
 
+    /// Whether the request that failed changed anything: `not_applied` (it did not: retrying
+    /// is safe) or `unknown` (it may have been applied: read the state before retrying).
+    #[must_use]
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::OutcomeUnknown(_) | Self::Stopped(_) | Self::WaitUntracked { .. } => "unknown",
+            Self::Command(_)
+            | Self::NotLeader { .. }
+            | Self::WaitTimedOut { .. }
+            | Self::WaitEnded { .. }
+            | Self::Unavailable(_)
+            | Self::BadRequest(_)
+            | Self::Unauthenticated(_)
+            | Self::PermissionDenied(_)
+            | Self::Exhausted { .. } => "not_applied",
+        }
+    }
+
     /// The HTTP status that fits.
     #[must_use]
     pub fn http_status(&self) -> u16 {

@@ -46,6 +46,7 @@ pub fn status(error: &ServiceError) -> Status {
     let mut status = Status::new(error.grpc_code(), error.to_string());
     let metadata = status.metadata_mut();
     metadata.insert(ERROR_CODE_KEY, MetadataValue::from_static(error.code()));
+    metadata.insert(picket_proto::OUTCOME_KEY, MetadataValue::from_static(error.outcome()));
     if let Some(addr) = error.leader_addr().and_then(|addr| addr.parse().ok()) {
         metadata.insert(LEADER_KEY, addr);
     }

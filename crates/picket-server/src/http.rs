@@ -12,7 +12,7 @@ use crate::grpc::{check_fields, to_snake_case};
 use crate::guarded::Guarded;
 use crate::node::{AcquireRequest, ClusterView, Node, WatchItem, WatchTarget};
 use crate::tls::Caller;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -28,6 +28,10 @@ use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
 
+/// The header that names the leader's address on a `421 not_leader` answer; [`router`] adds a
+/// `Location` on the leader for the same path.
+pub const LEADER_HEADER: &str = "picket-leader";
+
 /// Largest request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
@@ -38,6 +42,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/ui", get(dashboard))
+        .route("/v1/openapi.json", get(openapi))
         .route("/v1/backup", get(backup))
         .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}", delete(close_session))
@@ -56,8 +61,21 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", delete(remove_member))
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(locate_leader))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(node)
+}
+
+/// On a `421 not_leader` answer, adds `Location`: the same path and query on the leader, as a
+/// network-path reference (`//leader:port/path`), so it keeps the scheme the caller used.
+async fn locate_leader(request: Request, next: axum::middleware::Next) -> Response {
+    let path = request.uri().path_and_query().map_or("/", |path| path.as_str()).to_owned();
+    let mut response = next.run(request).await;
+    let leader = response.headers().get(LEADER_HEADER).and_then(|leader| leader.to_str().ok());
+    if let Some(location) = leader.and_then(|leader| format!("//{leader}{path}").parse().ok()) {
+        response.headers_mut().insert(axum::http::header::LOCATION, location);
+    }
+    response
 }
 
 /// An error response.
@@ -68,8 +86,10 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error of a request that changed nothing.
     fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        Self { status, body: json!({ "code": code, "message": message.into() }) }
+        let body = json!({ "code": code, "message": message.into(), "outcome": "not_applied" });
+        Self { status, body }
     }
 }
 
@@ -78,6 +98,7 @@ impl From<ServiceError> for ApiError {
         let status =
             StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut api = Self::new(status, error.code(), error.to_string());
+        api.body["outcome"] = json!(error.outcome());
         if let Some(token) = error.holder_token() {
             api.body["holder_token"] = json!(token);
         }
@@ -90,7 +111,11 @@ impl From<ServiceError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let leader = self.body["leader"].as_str().and_then(|leader| leader.parse().ok());
         let mut response = (self.status, Json(self.body)).into_response();
+        if let Some(leader) = leader {
+            response.headers_mut().insert(LEADER_HEADER, leader);
+        }
         // RFC 9110: a 401 names the scheme that would be accepted.
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
@@ -126,26 +151,22 @@ struct Body<T>(T);
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
+    /// The body is read as JSON whatever its `Content-Type` says: `curl -d` sends
+    /// `application/x-www-form-urlencoded`, and refusing a JSON body for its label helps nobody.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(request, state).await {
-            Ok(Json(value)) => Ok(Self(value)),
-            Err(rejection) => Err(json_rejection(&rejection)),
-        }
+        let bytes = axum::body::Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                let advice = format!("the body is over {MAX_BODY_BYTES} bytes");
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", advice)
+            } else {
+                ApiError::new(rejection.status(), "bad_request", rejection.body_text())
+            }
+        })?;
+        serde_json::from_slice(&bytes).map(Self).map_err(|error| {
+            let advice = format!("the body is not the JSON this call takes: {error}");
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", advice)
+        })
     }
-}
-
-fn json_rejection(rejection: &JsonRejection) -> ApiError {
-    let status = rejection.status();
-    let code =
-        if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_request" };
-    let advice = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => format!("the body is over {MAX_BODY_BYTES} bytes"),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-            "send the body as JSON with Content-Type: application/json".to_owned()
-        }
-        _ => rejection.body_text(),
-    };
-    ApiError::new(status, code, advice)
 }
 
 /// A path parameter whose rejection (a name that is not UTF-8 once decoded, an id that is not a
@@ -234,6 +255,14 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
+}
+
+/// The OpenAPI description of this API, as shipped in the binary (see the test that checks it
+/// against [`router`]).
+const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 /// The live dashboard: one page, embedded in the binary, that reads this node's own API
@@ -705,6 +734,66 @@ async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every (method, path) [`router`] serves, read from its source: the GET handlers of lock
+    /// names that collide with an operation (`get_lock_named_*`) are `GET /v1/locks/{name}`.
+    fn routes_in_source() -> std::collections::BTreeSet<(String, String)> {
+        let source = include_str!("http.rs");
+        let start = source.find("pub fn router(").expect("the router");
+        let end = start + source[start..].find("\n}\n").expect("its end");
+        let mut routes = std::collections::BTreeSet::new();
+        for line in source[start..end].lines().map(str::trim) {
+            let Some(rest) = line.strip_prefix(".route(\"") else { continue };
+            let (path, handlers) = rest.split_once('"').expect("a quoted path");
+            let path = path.replace("{*", "{");
+            for handler in handlers.split(['(', ')', '.', ',', ' ']) {
+                if matches!(handler, "get" | "post" | "put" | "delete") {
+                    routes.insert((handler.to_owned(), path.clone()));
+                }
+            }
+            if handlers.contains("get_lock_named_") {
+                routes.remove(&("get".to_owned(), path.clone()));
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn the_openapi_description_lists_exactly_the_routes_the_router_serves() {
+        let description: Value = serde_json::from_str(OPENAPI).expect("the description is JSON");
+        assert_eq!(description["openapi"], "3.1.0");
+        let mut described = std::collections::BTreeSet::new();
+        for (path, operations) in description["paths"].as_object().expect("paths") {
+            for (method, operation) in operations.as_object().expect("operations") {
+                assert!(operation["summary"].is_string(), "{method} {path} has a summary");
+                assert!(operation["responses"]["200"].is_object(), "{method} {path}: its 200");
+                described.insert((method.clone(), path.clone()));
+            }
+        }
+        let served = routes_in_source();
+        assert!(served.len() > 20, "the router's routes were read: {served:?}");
+        let undescribed: Vec<_> = served.difference(&described).collect();
+        let unserved: Vec<_> = described.difference(&served).collect();
+        assert!(undescribed.is_empty(), "routes missing from openapi.json: {undescribed:?}");
+        assert!(
+            unserved.is_empty(),
+            "openapi.json describes routes the router lacks: {unserved:?}"
+        );
+    }
+
+    #[test]
+    fn every_reference_in_the_openapi_description_resolves() {
+        let description: Value = serde_json::from_str(OPENAPI).expect("the description is JSON");
+        let references = OPENAPI.split("\"$ref\": \"").skip(1);
+        let mut count = 0;
+        for reference in references {
+            let target = reference.split('"').next().expect("a reference");
+            let pointer = target.strip_prefix('#').expect("a local reference");
+            assert!(description.pointer(pointer).is_some(), "{target} resolves");
+            count += 1;
+        }
+        assert!(count > 20, "references were found: {count}");
+    }
 
     #[test]
     fn a_refused_authentication_names_the_bearer_scheme() {

@@ -82,6 +82,17 @@ pub mod http {
         pub body: Value,
         /// The body, as text.
         pub text: String,
+        /// The headers, names in lower case, in order.
+        pub headers: Vec<(String, String)>,
+    }
+
+    impl Reply {
+        /// The first value of header `name` (any case).
+        #[must_use]
+        pub fn header(&self, name: &str) -> Option<&str> {
+            let name = name.to_ascii_lowercase();
+            self.headers.iter().find(|(key, _)| *key == name).map(|(_, value)| value.as_str())
+        }
     }
 
     /// Sends one request and reads the whole response. `body` is sent as JSON when present.
@@ -221,6 +232,7 @@ pub mod http {
             .ok_or_else(|| format!("not an HTTP status line: {status_line:?}"))?;
         let mut content_length = None;
         let mut chunked = false;
+        let mut headers = Vec::new();
         loop {
             let mut line = String::new();
             reader.read_line(&mut line).map_err(io)?;
@@ -229,6 +241,9 @@ pub mod http {
                 break;
             }
             let lower = line.to_ascii_lowercase();
+            if let Some((name, value)) = line.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+            }
             if let Some(value) = lower.strip_prefix("content-length:") {
                 content_length = value.trim().parse::<usize>().ok();
             }
@@ -258,7 +273,7 @@ pub mod http {
         }
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(Reply { status, body, text })
+        Ok(Reply { status, body, text, headers })
     }
 
     /// `GET path`.

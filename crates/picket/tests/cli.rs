@@ -320,7 +320,7 @@ fn read_commands_print_tables_and_json() {
     assert!(released.status.success(), "{}", stderr(&released));
     let check = picket(addr, &["check", sequencer]);
     assert_eq!(check.status.code(), Some(1));
-    assert_eq!(stdout(&check).trim(), "unknown_lock");
+    assert_eq!(stdout(&check).trim(), "superseded");
 
     let revoke = picket(addr, &["sessions", "revoke", &session.to_string()]);
     assert!(revoke.status.success(), "{}", stderr(&revoke));

@@ -386,3 +386,26 @@ fn a_member_can_be_added_and_removed() {
     assert_eq!(after.status, 200, "the cluster still serves writes: {}", after.text);
     assert!(after.body["token"].as_u64() > before.body["token"].as_u64());
 }
+
+/// A follower refuses a request with 421 `not_leader` and names the leader three ways: in the
+/// body, in a `picket-leader` header, and as a `Location` for the same path on the leader.
+#[test]
+fn a_follower_names_the_leader_in_the_body_a_header_and_a_location() {
+    let cluster = start_cluster();
+    let leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let follower = (leader + 1) % addrs.len();
+    let refused = picket_testkit::http::request(
+        &addrs[follower],
+        "POST",
+        "/v1/sessions?from=follower",
+        Some(&json!({ "ttl_ms": 10_000 })),
+    );
+    assert_eq!(refused.status, 421, "{}", refused.text);
+    assert_eq!(refused.body["code"], "not_leader");
+    assert_eq!(refused.body["outcome"], "not_applied");
+    assert_eq!(refused.body["leader"], json!(addrs[leader]));
+    assert_eq!(refused.header("picket-leader"), Some(addrs[leader].as_str()));
+    let location = format!("//{}/v1/sessions?from=follower", addrs[leader]);
+    assert_eq!(refused.header("location"), Some(location.as_str()));
+}

@@ -117,7 +117,12 @@ fn kv_request(
     let status: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body_text =
         text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
-    Reply { status, body: serde_json::from_str(&body_text).unwrap_or(Value::Null), text: body_text }
+    Reply {
+        status,
+        body: serde_json::from_str(&body_text).unwrap_or(Value::Null),
+        text: body_text,
+        headers: Vec::new(),
+    }
 }
 
 fn put(world: &World, key: &str, sequencer: Option<&str>, value: &str) -> Reply {

@@ -78,7 +78,7 @@ fn acquire_check_release_over_http() {
 
     assert_eq!(release(addr, "jobs/nightly report", session, token).status, 200);
     let check = http::get(addr, &format!("/v1/check?sequencer={sequencer}"));
-    assert_eq!(check.body["status"], "unknown_lock");
+    assert_eq!(check.body["status"], "superseded", "a released grant is over");
     let lock = http::get(addr, "/v1/locks/jobs/nightly%20report");
     assert_eq!(lock.body["holder"], Value::Null);
 
@@ -330,12 +330,12 @@ fn bad_input_is_refused_and_changes_nothing() {
         ),
         (
             http::request_raw(addr, "POST", "/v1/sessions", Some(b"ttl=5"), "text/plain"),
-            415,
+            400,
             "bad_request",
         ),
         (
             http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 5_000, "extra": true })),
-            422,
+            400,
             "bad_request",
         ),
         (http::post(addr, "/v1/sessions", &json!({ "ttl_ms": 0 })), 400, "ttl_out_of_range"),
@@ -344,7 +344,7 @@ fn bad_input_is_refused_and_changes_nothing() {
             400,
             "ttl_out_of_range",
         ),
-        (http::post(addr, "/v1/sessions", &json!({ "ttl_ms": -5 })), 422, "bad_request"),
+        (http::post(addr, "/v1/sessions", &json!({ "ttl_ms": -5 })), 400, "bad_request"),
         (acquire(addr, "", session, Some(0)), 400, "invalid_name"),
         (acquire(addr, &"x".repeat(300), session, Some(0)), 400, "invalid_name"),
         (acquire(addr, "bad\u{1}name", session, Some(0)), 400, "invalid_name"),
@@ -380,4 +380,39 @@ fn bad_input_is_refused_and_changes_nothing() {
         before.2.body["applied_revision"], after.2.body["applied_revision"],
         "a refused request advanced the revision"
     );
+}
+
+/// `curl -d` labels its body `application/x-www-form-urlencoded`; a JSON body is taken whatever
+/// its label, and a body that is not JSON is refused with the reason. Every error says whether
+/// the request changed anything.
+#[test]
+fn json_bodies_are_taken_whatever_their_label_and_errors_say_what_was_applied() {
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let body = br#"{"ttl_ms": 10000}"#;
+    for label in ["application/x-www-form-urlencoded", "text/plain", ""] {
+        let opened = http::request_raw(addr, "POST", "/v1/sessions", Some(body), label);
+        assert_eq!(opened.status, 200, "labelled {label:?}: {}", opened.text);
+    }
+    let garbage = http::request_raw(addr, "POST", "/v1/sessions", Some(b"ttl_ms=10000"), "");
+    assert_eq!(garbage.status, 400, "{}", garbage.text);
+    assert_eq!(garbage.body["code"], "bad_request");
+    assert_eq!(garbage.body["outcome"], "not_applied");
+
+    let holder = open_session(addr, 10_000, 0);
+    let other = open_session(addr, 10_000, 0);
+    assert_eq!(acquire(addr, "outcome", holder, Some(0)).status, 200);
+    let busy = acquire(addr, "outcome", other, Some(0));
+    assert_eq!(busy.status, 409);
+    assert_eq!(
+        (&busy.body["code"], &busy.body["outcome"]),
+        (&json!("lock_busy"), &json!("not_applied"))
+    );
+    let unknown = http::post(addr, "/v1/sessions/999999/keepalive", &json!({}));
+    assert_eq!(unknown.body["outcome"], "not_applied", "{}", unknown.text);
+    // The node describes its API.
+    let description = http::get(addr, "/v1/openapi.json");
+    assert_eq!(description.status, 200);
+    assert_eq!(description.body["openapi"], "3.1.0");
+    assert!(description.body["paths"]["/v1/locks/acquire"]["post"].is_object());
 }
