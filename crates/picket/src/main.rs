@@ -4,6 +4,7 @@ mod auth_cmd;
 mod bench;
 mod chaos;
 mod commands;
+mod config;
 mod connect;
 mod demo;
 mod duration;
@@ -15,7 +16,7 @@ mod logging;
 mod serve;
 mod sim;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 // The server and the client spend a tenth of their CPU in the allocator under load; mimalloc
 // is measurably cheaper there than the system allocator (see BENCHMARKS.md).
@@ -124,7 +125,25 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (command, from_file) = match config::apply(Cli::command(), &args) {
+        Ok(applied) => applied,
+        Err(error) => {
+            eprintln!("picket: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let matches = command.clone().get_matches_from(&args);
+    if let Some(("serve", serve)) = matches.subcommand()
+        && serve.get_flag("print_config")
+    {
+        // The flags in their declared order (the config file's defaults moved some to the end).
+        let declared = Cli::command();
+        let serve_command = declared.find_subcommand("serve").expect("picket has a serve command");
+        print!("{}", config::render(serve_command, serve, &from_file));
+        return ExitCode::SUCCESS;
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Demo => demo::run(),

@@ -11,9 +11,19 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Options of `picket serve`.
+/// Options of `picket serve`. Each may also be set by its `PICKET_*` environment variable or
+/// in the `--config` file (see `config.rs`): a flag beats the environment, which beats the file,
+/// which beats the default.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Read settings from this TOML file: `key = value` per flag, named as the flag without its
+    /// dashes (`data-dir = "/var/lib/picket"`, `metrics-prefix = ["jobs/", "tenants/"]`).
+    #[arg(long, env = crate::config::CONFIG_ENV)]
+    config: Option<PathBuf>,
+    /// Print the settings this node would run with, each with where it came from (flag,
+    /// environment, file or default), as TOML, and exit.
+    #[arg(long)]
+    print_config: bool,
     /// Where this node keeps its log, vote and snapshots. The log's write-ahead segments are
     /// allocated up front, 64 MiB each unless --wal-segment-bytes says otherwise (under `wal/`).
     #[arg(long, env = "PICKET_DATA_DIR", default_value = "./picket-data")]
@@ -34,23 +44,23 @@ pub struct ServeArgs {
     #[arg(long, env = "PICKET_PEERS", value_parser = parse_peers)]
     peers: Option<BTreeMap<NodeId, String>>,
     /// Start without forming a cluster, to be added later with `AddMember` on the leader.
-    #[arg(long)]
+    #[arg(long, env = "PICKET_JOIN")]
     join: bool,
     /// Leader heartbeat period, in milliseconds.
-    #[arg(long, default_value_t = RaftTuning::default().heartbeat_ms)]
+    #[arg(long, env = "PICKET_HEARTBEAT_MS", default_value_t = RaftTuning::default().heartbeat_ms)]
     heartbeat_ms: u64,
     /// Shortest election timeout, in milliseconds (the longest is twice this).
-    #[arg(long, default_value_t = RaftTuning::default().election_timeout_min_ms)]
+    #[arg(long, env = "PICKET_ELECTION_TIMEOUT_MS", default_value_t = RaftTuning::default().election_timeout_min_ms)]
     election_timeout_ms: u64,
     /// Build a snapshot and compact the log after this many entries.
-    #[arg(long, default_value_t = RaftTuning::default().snapshot_every_entries)]
+    #[arg(long, env = "PICKET_SNAPSHOT_EVERY", default_value_t = RaftTuning::default().snapshot_every_entries)]
     snapshot_every: u64,
     /// Entries kept in the log behind a snapshot.
-    #[arg(long, default_value_t = RaftTuning::default().keep_entries_after_snapshot)]
+    #[arg(long, env = "PICKET_KEEP_ENTRIES", default_value_t = RaftTuning::default().keep_entries_after_snapshot)]
     keep_entries: u64,
     /// Space allocated up front for each segment of the write-ahead log, in bytes (64 KiB to
     /// 1 GiB). A sync into allocated space is cheaper than one that grows the file.
-    #[arg(long, default_value_t = RaftTuning::default().wal_segment_bytes)]
+    #[arg(long, env = "PICKET_WAL_SEGMENT_BYTES", default_value_t = RaftTuning::default().wal_segment_bytes)]
     wal_segment_bytes: u64,
     /// For fault tests only: take the lock state's time from a script file holding
     /// `rate=R jump_ms=J` (the clock runs R times real time, plus a total jump of J ms), reread
@@ -58,15 +68,15 @@ pub struct ServeArgs {
     #[arg(long, hide = true)]
     test_clock_file: Option<PathBuf>,
     /// Most watch streams open on this node at once; more get 429 `too_many_watch_streams`.
-    #[arg(long, default_value_t = ServerLimits::default().max_watch_streams)]
+    #[arg(long, env = "PICKET_MAX_WATCH_STREAMS", default_value_t = ServerLimits::default().max_watch_streams)]
     max_watch_streams: usize,
     /// Most acquire requests in flight on this node at once (waiting ones included); more get
     /// 429 `too_many_pending_acquires`.
-    #[arg(long, default_value_t = ServerLimits::default().max_pending_acquires)]
+    #[arg(long, env = "PICKET_MAX_PENDING_ACQUIRES", default_value_t = ServerLimits::default().max_pending_acquires)]
     max_pending_acquires: usize,
     /// Most connections open on this node at once (clients' and peers'); past it the node stops
     /// accepting until one closes. The open-files limit is raised to fit it where it can be.
-    #[arg(long, default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, env = "PICKET_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_connections: usize,
     /// Serve TLS with this certificate chain (PEM), signed by --peer-ca. It must name the host
     /// clients and peers use to reach this node and allow both server and client use: the node
@@ -111,7 +121,7 @@ pub struct ServeArgs {
     metrics_prefixes: Vec<String>,
     /// Serve plaintext on an address other than loopback. Anyone who can reach it can then act
     /// as any client or as a cluster member: only for a network that only you can reach.
-    #[arg(long)]
+    #[arg(long, env = "PICKET_INSECURE_PLAINTEXT")]
     insecure_plaintext: bool,
 }
 

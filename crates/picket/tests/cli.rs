@@ -417,3 +417,60 @@ fn serve_refuses_a_bad_log_filter() {
         stderr(&output)
     );
 }
+
+/// `picket serve --config FILE`: every flag may be set in the file, and a flag beats the
+/// environment, which beats the file, which beats the default; `--print-config` shows each
+/// setting with its source; the node runs with the file's settings; an unknown key is refused.
+#[test]
+fn serve_takes_settings_from_a_config_file_with_flags_and_environment_first() {
+    use std::io::{BufRead, BufReader};
+    let dir = temp_dir();
+    let data_dir = dir.path().join("from-file");
+    let file = dir.path().join("picket.toml");
+    let settings = format!(
+        "data-dir = {:?}\nlisten = \"127.0.0.1:0\"\nheartbeat_ms = 77\nelection-timeout-ms = 900\nmetrics-prefix = [\"jobs/\", \"tenants/\"]\n",
+        data_dir.display().to_string()
+    );
+    std::fs::write(&file, settings).expect("written");
+    let printed = Command::new(PICKET)
+        .args(["serve", "--election-timeout-ms", "1200", "--print-config", "--config"])
+        .arg(&file)
+        .env("PICKET_HEARTBEAT_MS", "88")
+        .output()
+        .expect("runs");
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let printed = stdout(&printed);
+    for line in [
+        format!("data-dir = {:?}  # file", data_dir.display().to_string()),
+        "heartbeat-ms = 88  # environment".to_owned(),
+        "election-timeout-ms = 1200  # flag".to_owned(),
+        "metrics-prefix = [\"jobs/\", \"tenants/\"]  # file".to_owned(),
+        "snapshot-every = 20000  # default".to_owned(),
+    ] {
+        assert!(printed.lines().any(|printed| printed == line), "{line:?} in:\n{printed}");
+    }
+
+    let mut node = Command::new(PICKET)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let first = BufReader::new(node.stdout.take().expect("piped")).lines().next();
+    node.kill().ok();
+    node.wait().ok();
+    let first = first.expect("a line").expect("readable");
+    assert!(first.contains(&format!("(data in {})", data_dir.display())), "{first}");
+    assert!(data_dir.join("node.json").exists(), "the node used the file's data directory");
+
+    std::fs::write(&file, "data-dri = \"x\"\n").expect("written");
+    let refused =
+        Command::new(PICKET).args(["serve", "--config"]).arg(&file).output().expect("runs");
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("\"data-dri\" is not a setting of picket serve"),
+        "{}",
+        stderr(&refused)
+    );
+}
