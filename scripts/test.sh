@@ -6,6 +6,7 @@
 # - nftables: the fault harness's partitions (`picket chaos run`) cut links with nftables rules
 #   matched by cgroup; they also need root and cgroup v2.
 # - Chromium and ChromeDriver: the dashboard's test drives a headless browser.
+# - systemd (for systemd-analyze): the deploy test verifies deploy/picket.service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then missing+=(postgre
 if ! command -v nft >/dev/null 2>&1 && [ ! -x /usr/sbin/nft ]; then missing+=(nftables); fi
 if [ ! -x /usr/bin/chromium ]; then missing+=(chromium); fi
 if [ ! -x /usr/bin/chromedriver ]; then missing+=(chromium-driver); fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then missing+=(systemd); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (needed by the tests)"
   sudo=""
