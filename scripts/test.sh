@@ -7,6 +7,7 @@
 #   matched by cgroup; they also need root and cgroup v2.
 # - Chromium and ChromeDriver: the dashboard's test drives a headless browser.
 # - systemd (for systemd-analyze): the deploy test verifies deploy/picket.service.
+# - Python 3 with venv: the Python client's tests (pytest, mypy) run in target/python-venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,8 @@ if ! command -v nft >/dev/null 2>&1 && [ ! -x /usr/sbin/nft ]; then missing+=(nf
 if [ ! -x /usr/bin/chromium ]; then missing+=(chromium); fi
 if [ ! -x /usr/bin/chromedriver ]; then missing+=(chromium-driver); fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then missing+=(systemd); fi
+if ! command -v python3 >/dev/null 2>&1; then missing+=(python3); fi
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then missing+=(python3-venv); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (needed by the tests)"
   sudo=""
@@ -26,3 +29,11 @@ fi
 
 echo "== cargo test --workspace"
 cargo test --workspace
+
+echo "== the Python client: mypy --strict and pytest (against target/debug/picket)"
+venv=target/python-venv
+if [ ! -x "$venv/bin/pip" ]; then python3 -m venv "$venv"; fi
+"$venv/bin/pip" install --quiet --upgrade pip
+"$venv/bin/pip" install --quiet --upgrade './clients/python[test]'
+"$venv/bin/mypy" --strict --config-file clients/python/pyproject.toml clients/python/src
+PICKET_BIN="$PWD/target/debug/picket" "$venv/bin/pytest" -q -p no:cacheprovider clients/python/tests

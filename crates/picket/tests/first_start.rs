@@ -13,10 +13,8 @@ fn a_clean_first_start_of_a_cluster_logs_no_warning() {
     use std::process::{Command, Stdio};
     let dir = temp_dir();
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let peers = (1..=3)
-        .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
-        .collect::<Vec<_>>()
-        .join(",");
+    let peers =
+        (1..=3).map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1])).collect::<Vec<_>>().join(",");
     let mut nodes = Vec::new();
     for id in 1..=3 {
         let log = std::fs::File::create(dir.path().join(format!("node{id}.log"))).unwrap();

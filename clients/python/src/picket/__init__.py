@@ -1,0 +1,59 @@
+"""Picket: a distributed lock service whose locks are enforced at the resource by fencing tokens.
+
+A grant's ``token`` only ever grows; carry its ``sequencer`` on every write, and let the
+resource refuse older tokens in the same atomic step as the write (:mod:`picket.fence`).
+"""
+
+from . import fence
+from ._common import Sequencer
+from .aio import AsyncClient, AsyncGrant, AsyncSession
+from .client import Client, Grant, Session
+from .errors import (
+    BadRequest,
+    Exhausted,
+    FenceRefused,
+    LockBusy,
+    LockDelayed,
+    NotHeld,
+    NotLeader,
+    OutcomeUnknown,
+    PermissionDenied,
+    PicketError,
+    SessionLost,
+    StaleToken,
+    TokenMismatch,
+    Unauthenticated,
+    Unavailable,
+    UnknownSession,
+    WaitEnded,
+    WaitTimedOut,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncGrant",
+    "AsyncSession",
+    "BadRequest",
+    "Client",
+    "Exhausted",
+    "FenceRefused",
+    "Grant",
+    "LockBusy",
+    "LockDelayed",
+    "NotHeld",
+    "NotLeader",
+    "OutcomeUnknown",
+    "PermissionDenied",
+    "PicketError",
+    "Sequencer",
+    "Session",
+    "SessionLost",
+    "StaleToken",
+    "TokenMismatch",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownSession",
+    "WaitEnded",
+    "WaitTimedOut",
+    "fence",
+]

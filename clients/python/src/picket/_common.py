@@ -1,0 +1,97 @@
+"""What the sync and async clients share: clocks, sequencers, names of causes."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+#: A session counts on itself for its TTL less this share after its last confirmed keepalive,
+#: so that a clock running up to 1 % fast, and the time the keepalive took to arrive, cannot
+#: make it believe in a lease the server already ended (the same margin as the Rust client).
+LEASE_MARGIN = 0.03
+
+#: Keepalives go out every TTL / KEEPALIVE_DIVISOR.
+KEEPALIVE_DIVISOR = 3
+
+#: How long a watch stream waits for a byte before it reconnects (the server sends a comment
+#: every 15 s).
+WATCH_READ_TIMEOUT_S = 30.0
+
+
+def lease_clock() -> float:
+    """Seconds on a clock that keeps counting while the machine sleeps (``CLOCK_BOOTTIME`` on
+    Linux), so a suspended laptop does not wake up believing in a lease that ran out."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        return time.clock_gettime(boottime)
+    return time.monotonic()
+
+
+def new_request_id() -> int:
+    """A fresh request id for an acquire: positive, 63 bits."""
+    return random.SystemRandom().randint(1, (1 << 63) - 1)
+
+
+def lock_path(name: str) -> str:
+    """The path of a lock: its name as it is, other bytes percent-encoded."""
+    return "/v1/locks/" + urllib.parse.quote(name, safe="/-._~")
+
+
+def ms(seconds: Optional[float]) -> Optional[int]:
+    return None if seconds is None else max(0, int(round(seconds * 1000)))
+
+
+@dataclass(frozen=True)
+class Sequencer:
+    """A grant as a resource sees it: its lock and token (``p1.<token>.<lock>``, or a signed
+    ``p2.<token>.<session>.<cluster>.<key>.<signature>.<lock>``)."""
+
+    text: str
+    token: int
+    lock: str
+
+    @staticmethod
+    def parse(text: str) -> "Sequencer":
+        parts = text.split(".", 6)
+        try:
+            if parts[0] == "p1" and len(parts) >= 3:
+                token, lock = int(parts[1]), text.split(".", 2)[2]
+            elif parts[0] == "p2" and len(parts) == 7:
+                token, lock = int(parts[1]), parts[6]
+            else:
+                raise ValueError(text)
+        except ValueError as error:
+            raise ValueError(f"{text!r} is not a Picket sequencer") from error
+        if token <= 0 or not lock:
+            raise ValueError(f"{text!r} is not a Picket sequencer")
+        return Sequencer(text, token, lock)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def loss_of(event: Dict[str, Any]) -> Optional[str]:
+    """The reason a losses-only watch event names: a session's end, or a grant ended by
+    anything but its holder's release."""
+    kind = event.get("kind")
+    if kind == "session_ended":
+        return str(event.get("cause", "ended"))
+    if kind == "released" and event.get("cause") != "released":
+        return str(event.get("cause", "lost"))
+    return None
+
+
+def sse_events(buffer: str) -> "tuple[list[Dict[str, Any]], str]":
+    """The complete server-sent events in ``buffer`` (their JSON data), and what is left."""
+    import json
+
+    events = []
+    while "\n\n" in buffer:
+        block, buffer = buffer.split("\n\n", 1)
+        data = "\n".join(line[5:].lstrip() for line in block.split("\n") if line.startswith("data:"))
+        if data:
+            events.append(json.loads(data))
+    return events, buffer

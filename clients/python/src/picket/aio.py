@@ -1,0 +1,340 @@
+"""The asyncio twin of :mod:`picket.client`: the same sessions and locks, kept alive by tasks.
+
+>>> async with picket.AsyncClient(["127.0.0.1:7687"]) as client:
+...     async with client.lock("jobs/report", ttl=10, wait=30) as grant:
+...         await write(data, sequencer=grant.sequencer)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.parse
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+
+import httpx
+
+from . import _common
+from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id
+from ._transport import AsyncTransport, Json, Verify
+from .client import MAX_ACQUIRE_RETRIES, fence_refusal
+from .errors import NotHeld, OutcomeUnknown, PicketError, SessionLost, TokenMismatch, UnknownSession
+
+AsyncOnLost = Callable[["AsyncGrant", str], Union[None, Awaitable[None]]]
+
+
+class AsyncGrant:
+    """A lock held under ``token``; ``lost`` is an :class:`asyncio.Event` set the moment the
+    grant is known to be over."""
+
+    def __init__(
+        self, session: "AsyncSession", name: str, token: int, sequencer: str, on_lost: Optional[AsyncOnLost]
+    ) -> None:
+        self.session = session
+        self.name = name
+        self.token = token
+        self.sequencer = sequencer
+        self.lost = asyncio.Event()
+        self.lost_reason: Optional[str] = None
+        self._on_lost = on_lost
+        self._released = False
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set() or self._released:
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        if self._on_lost is not None:
+            result = self._on_lost(self, reason)
+            if asyncio.iscoroutine(result):
+                self.session._spawn(result)
+
+    async def release(self) -> None:
+        """Releases the grant; releasing a grant that was already lost does nothing."""
+        if self._released:
+            return
+        self._released = True
+        self.session._forget(self)
+        if self.lost.is_set():
+            return
+        body = {"name": self.name, "session_id": self.session.id, "token": self.token}
+        try:
+            await self.session.client.transport.call("POST", "/v1/locks/release", body, safe=False)
+        except (NotHeld, TokenMismatch, UnknownSession):
+            pass
+
+    async def __aenter__(self) -> "AsyncGrant":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    def __repr__(self) -> str:
+        return f"AsyncGrant({self.name!r}, token={self.token}, lost={self.lost.is_set()})"
+
+
+class AsyncSession:
+    """A lease kept alive every TTL/3 by a task; ``lost`` is set at once when the service ends
+    the session and, by this client's clock, after the TTL less 3 % without a confirmed
+    keepalive."""
+
+    def __init__(self, client: "AsyncClient", session_id: int, ttl_s: float) -> None:
+        self.client = client
+        self.id = session_id
+        self.ttl = ttl_s
+        self.lost = asyncio.Event()
+        self.lost_reason: Optional[str] = None
+        self._grants: Dict[str, AsyncGrant] = {}
+        self._closing = asyncio.Event()
+        self._confirmed_at = lease_clock()
+        self._watching = asyncio.Event()
+        self._tasks: List["asyncio.Task[Any]"] = []
+        self._tasks.append(asyncio.ensure_future(self._keep_alive()))
+        self._tasks.append(asyncio.ensure_future(self._watch()))
+
+    async def _started(self) -> "AsyncSession":
+        """Waits briefly for the watch stream: a loss is heard at once only once it is open."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._watching.wait(), min(2.0, self.ttl / _common.KEEPALIVE_DIVISOR))
+        return self
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        self._tasks.append(asyncio.ensure_future(work))
+
+    async def lock(
+        self,
+        name: str,
+        *,
+        wait: Optional[float] = None,
+        on_lost: Optional[AsyncOnLost] = None,
+        fence: Sequence[str] = (),
+    ) -> AsyncGrant:
+        """Acquires ``name``, waiting at most ``wait`` seconds (``None``: until granted), and
+        registers the grant with each ``fence`` URL before returning."""
+        grant = await self._acquire(name, ms(wait), on_lost)
+        for url in fence:
+            try:
+                await register(self.client, url, grant)
+            except BaseException:
+                await grant.release()
+                raise
+        return grant
+
+    async def try_lock(
+        self, name: str, *, on_lost: Optional[AsyncOnLost] = None, fence: Sequence[str] = ()
+    ) -> AsyncGrant:
+        """Acquires ``name`` only if it is free now; raises :class:`~picket.errors.LockBusy`."""
+        return await self.lock(name, wait=0, on_lost=on_lost, fence=fence)
+
+    async def _acquire(self, name: str, wait_ms: Optional[int], on_lost: Optional[AsyncOnLost]) -> AsyncGrant:
+        if self.lost.is_set():
+            raise SessionLost(f"session {self.id} is lost ({self.lost_reason}): open a new session", code="session_lost")
+        request_id = new_request_id()
+        budget = self.client.timeout + (wait_ms / 1000 if wait_ms is not None else 365 * 86400.0)
+        for attempt in range(MAX_ACQUIRE_RETRIES + 1):
+            body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
+            if wait_ms is not None:
+                body["wait_ms"] = wait_ms
+            try:
+                answer = await self.client.transport.call(
+                    "POST", "/v1/locks/acquire", body, safe=False, timeout_s=budget
+                )
+            except OutcomeUnknown:
+                if attempt == MAX_ACQUIRE_RETRIES:
+                    raise
+                continue
+            grant = AsyncGrant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
+            self._grants[name] = grant
+            if self.lost.is_set():
+                grant._mark_lost(self.lost_reason or "session_lost")
+            return grant
+        raise AssertionError("unreachable")
+
+    def _forget(self, grant: AsyncGrant) -> None:
+        if self._grants.get(grant.name) is grant:
+            del self._grants[grant.name]
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        for grant in list(self._grants.values()):
+            grant._mark_lost(reason)
+
+    async def _keep_alive(self) -> None:
+        period = self.ttl / _common.KEEPALIVE_DIVISOR
+        path = f"/v1/sessions/{self.id}/keepalive"
+        while not self._closing.is_set() and not self.lost.is_set():
+            sent_at = lease_clock()
+            # A keepalive in flight must not outlast the lease: the loss is noticed on time.
+            remaining = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN) - sent_at
+            if remaining <= 0:
+                self._mark_lost("silent")
+                return
+            budget = min(period, remaining)
+            try:
+                await asyncio.wait_for(
+                    self.client.transport.call("POST", path, {}, safe=True, timeout_s=budget), budget
+                )
+                self._confirmed_at = max(self._confirmed_at, sent_at)
+            except UnknownSession:
+                self._mark_lost("expired")
+                return
+            except (PicketError, asyncio.TimeoutError):
+                pass
+            deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+            while not self._closing.is_set():
+                now = lease_clock()
+                if now >= deadline:
+                    self._mark_lost("silent")
+                    return
+                pause = min(deadline - now, max(0.0, sent_at + period - now))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), pause)
+                if self._closing.is_set():
+                    return
+                if lease_clock() >= sent_at + period:
+                    break
+
+    async def _watch(self) -> None:
+        transport = self.client.transport
+        timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
+        query = {"session_id": str(self.id), "losses_only": "true"}
+        async with httpx.AsyncClient(timeout=timeout, verify=transport.verify, headers=transport.http.headers) as http:
+            while not self._closing.is_set() and not self.lost.is_set():
+                try:
+                    url = transport.endpoints.url() + "/v1/watch"
+                    async with http.stream("GET", url, params=query) as response:
+                        if response.status_code != 200:
+                            transport.endpoints.next()
+                            await asyncio.sleep(0.5)
+                            continue
+                        self._watching.set()
+                        # Whatever ended while the stream was not open is not replayed: ask.
+                        await self._probe()
+                        buffer = ""
+                        async for text in response.aiter_text():
+                            events, buffer = _common.sse_events(buffer + text)
+                            for event in events:
+                                self._on_event(event)
+                except httpx.HTTPError:
+                    transport.endpoints.next()
+                    await asyncio.sleep(0.5)
+
+    async def _probe(self) -> None:
+        try:
+            await self.keepalive()
+        except UnknownSession:
+            self._mark_lost("ended")
+        except PicketError:
+            pass
+
+    def _on_event(self, event: Dict[str, Any]) -> None:
+        reason = _common.loss_of(event)
+        if reason is None:
+            return
+        if event.get("kind") == "session_ended":
+            self._mark_lost(reason)
+        else:
+            grant = self._grants.get(str(event.get("name")))
+            if grant is not None:
+                grant._mark_lost(reason)
+
+    async def keepalive(self) -> None:
+        """Sends a keepalive now (the background task sends them anyway)."""
+        sent_at = lease_clock()
+        await self.client.transport.call("POST", f"/v1/sessions/{self.id}/keepalive", {}, safe=True)
+        self._confirmed_at = max(self._confirmed_at, sent_at)
+
+    async def close(self) -> None:
+        """Releases what the session holds and ends it."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        for grant in self._grants.values():
+            grant._released = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self.lost.is_set():
+            with contextlib.suppress(UnknownSession):
+                await self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
+            self._mark_lost("closed")
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    """The asyncio Picket client; the same arguments as :class:`picket.Client`."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] = ("127.0.0.1:7687",),
+        *,
+        token: Optional[str] = None,
+        timeout: float = 10.0,
+        verify: Verify = True,
+    ) -> None:
+        self.timeout = timeout
+        self.transport = AsyncTransport(endpoints, token=token, timeout_s=timeout, verify=verify)
+
+    async def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> AsyncSession:
+        """Opens a session that lives ``ttl`` seconds past its last keepalive."""
+        body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
+        opened = await self.transport.call("POST", "/v1/sessions", body, safe=False)
+        return await AsyncSession(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000)._started()
+
+    @contextlib.asynccontextmanager
+    async def lock(
+        self,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        wait: Optional[float] = None,
+        lock_delay: float = 0.0,
+        on_lost: Optional[AsyncOnLost] = None,
+        fence: Sequence[str] = (),
+    ) -> AsyncIterator[AsyncGrant]:
+        """A session of its own and a grant of ``name`` in it, both ended on exit."""
+        async with await self.session(ttl, lock_delay=lock_delay) as session:
+            async with await session.lock(name, wait=wait, on_lost=on_lost, fence=fence) as grant:
+                yield grant
+
+    @contextlib.asynccontextmanager
+    async def try_lock(
+        self, name: str, *, ttl: float = 10.0, on_lost: Optional[AsyncOnLost] = None
+    ) -> AsyncIterator[AsyncGrant]:
+        """Like :meth:`lock`, without waiting: raises :class:`~picket.errors.LockBusy`."""
+        async with self.lock(name, ttl=ttl, wait=0, on_lost=on_lost) as grant:
+            yield grant
+
+    async def lock_info(self, name: str) -> Json:
+        return await self.transport.call("GET", lock_path(name), safe=True)
+
+    async def check(self, sequencer: str) -> Json:
+        path = "/v1/check?sequencer=" + urllib.parse.quote(sequencer, safe="")
+        return await self.transport.call("GET", path, safe=True)
+
+    async def revoke(self, session_id: int) -> None:
+        await self.transport.call("POST", f"/v1/sessions/{session_id}/revoke", {}, safe=True)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def register(client: AsyncClient, url: str, grant: AsyncGrant) -> None:
+    """Fence on acquire over HTTP, as :func:`picket.client.register`."""
+    response = await client.transport.http.post(url, headers={"Picket-Sequencer": grant.sequencer})
+    if not response.is_success:
+        raise fence_refusal(response, Sequencer.parse(grant.sequencer))

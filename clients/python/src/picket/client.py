@@ -1,0 +1,387 @@
+"""The blocking client: sessions kept alive by a background thread, locks as context managers.
+
+>>> client = picket.Client(["127.0.0.1:7687"])
+>>> with client.lock("jobs/report", ttl=10, wait=30) as grant:
+...     write(data, sequencer=grant.sequencer)   # every write carries the sequencer
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import urllib.parse
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import httpx
+
+from . import _common
+from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id
+from ._transport import Json, Transport, Verify
+from .errors import (
+    FenceRefused,
+    NotHeld,
+    OutcomeUnknown,
+    PicketError,
+    SessionLost,
+    TokenMismatch,
+    UnknownSession,
+)
+
+OnLost = Callable[["Grant", str], None]
+
+#: Most retries of one acquire whose answer was lost (each under the same request id).
+MAX_ACQUIRE_RETRIES = 5
+
+
+class Grant:
+    """A lock held under ``token``. ``sequencer`` goes with every write to a fenced resource;
+    ``lost`` is set the moment the grant is known to be over (released by the service, the
+    session revoked or expired, or silent past its TTL by this client's clock)."""
+
+    def __init__(self, session: "Session", name: str, token: int, sequencer: str, on_lost: Optional[OnLost]) -> None:
+        self.session = session
+        self.name = name
+        self.token = token
+        self.sequencer = sequencer
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+        self._on_lost = on_lost
+        self._released = False
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set() or self._released:
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        if self._on_lost is not None:
+            self._on_lost(self, reason)
+
+    def release(self) -> None:
+        """Releases the grant; the next waiter gets a greater token. Releasing a grant that
+        was already lost does nothing."""
+        if self._released:
+            return
+        self._released = True
+        self.session._forget(self)
+        if self.lost.is_set():
+            return
+        body = {"name": self.name, "session_id": self.session.id, "token": self.token}
+        try:
+            self.session.client.transport.call("POST", "/v1/locks/release", body, safe=False)
+        except (NotHeld, TokenMismatch, UnknownSession):
+            pass
+
+    def __enter__(self) -> "Grant":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Grant({self.name!r}, token={self.token}, lost={self.lost.is_set()})"
+
+
+class Session:
+    """A lease kept alive every TTL/3 by a background thread. ``lost`` (a
+    :class:`threading.Event`) is set at once when the service ends the session (revocation,
+    expiry) and, by this client's own clock, when no keepalive was confirmed for the TTL less 3 %."""
+
+    def __init__(self, client: "Client", session_id: int, ttl_s: float) -> None:
+        self.client = client
+        self.id = session_id
+        self.ttl = ttl_s
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+        self._grants: Dict[str, Grant] = {}
+        self._guard = threading.Lock()
+        self._closing = threading.Event()
+        self._confirmed_at = lease_clock()
+        self._watch_http: Optional[httpx.Client] = None
+        self._watching = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._keep_alive, name=f"picket-keepalive-{session_id}", daemon=True),
+            threading.Thread(target=self._watch, name=f"picket-watch-{session_id}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        # A loss is heard at once only once the watch stream is open; wait for it briefly.
+        self._watching.wait(min(2.0, ttl_s / _common.KEEPALIVE_DIVISOR))
+
+    # Locks.
+
+    def lock(
+        self,
+        name: str,
+        *,
+        wait: Optional[float] = None,
+        on_lost: Optional[OnLost] = None,
+        fence: Sequence[str] = (),
+    ) -> Grant:
+        """Acquires ``name``, waiting at most ``wait`` seconds (``None``: until granted). With
+        ``fence``, registers the grant's token with each resource URL before returning (fence on
+        acquire), so a superseded holder's writes are refused even before this one writes."""
+        grant = self._acquire(name, ms(wait), on_lost)
+        for url in fence:
+            try:
+                register(self.client, url, grant)
+            except BaseException:
+                grant.release()
+                raise
+        return grant
+
+    def try_lock(self, name: str, *, on_lost: Optional[OnLost] = None, fence: Sequence[str] = ()) -> Grant:
+        """Acquires ``name`` only if it is free now; raises :class:`~picket.errors.LockBusy`."""
+        return self.lock(name, wait=0, on_lost=on_lost, fence=fence)
+
+    def _acquire(self, name: str, wait_ms: Optional[int], on_lost: Optional[OnLost]) -> Grant:
+        if self.lost.is_set():
+            raise SessionLost(f"session {self.id} is lost ({self.lost_reason}): open a new session", code="session_lost")
+        request_id = new_request_id()
+        budget = self.client.timeout + (wait_ms / 1000 if wait_ms is not None else 365 * 86400.0)
+        for attempt in range(MAX_ACQUIRE_RETRIES + 1):
+            body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
+            if wait_ms is not None:
+                body["wait_ms"] = wait_ms
+            try:
+                answer = self.client.transport.call("POST", "/v1/locks/acquire", body, safe=False, timeout_s=budget)
+            except OutcomeUnknown:
+                # The same request id under the next attempt: the service applies it once.
+                if attempt == MAX_ACQUIRE_RETRIES:
+                    raise
+                continue
+            grant = Grant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
+            with self._guard:
+                self._grants[name] = grant
+            if self.lost.is_set():
+                grant._mark_lost(self.lost_reason or "session_lost")
+            return grant
+        raise AssertionError("unreachable")
+
+    def _forget(self, grant: Grant) -> None:
+        with self._guard:
+            if self._grants.get(grant.name) is grant:
+                del self._grants[grant.name]
+
+    # Liveness.
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._guard:
+            if self.lost.is_set():
+                return
+            self.lost_reason = reason
+            self.lost.set()
+            grants = list(self._grants.values())
+        for grant in grants:
+            grant._mark_lost(reason)
+
+    def _grant_lost(self, name: str, reason: str) -> None:
+        with self._guard:
+            grant = self._grants.get(name)
+        if grant is not None:
+            grant._mark_lost(reason)
+
+    def _keep_alive(self) -> None:
+        period = self.ttl / _common.KEEPALIVE_DIVISOR
+        path = f"/v1/sessions/{self.id}/keepalive"
+        while not self._closing.is_set() and not self.lost.is_set():
+            sent_at = lease_clock()
+            # A keepalive in flight must not outlast the lease: the loss is noticed on time.
+            remaining = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN) - sent_at
+            try:
+                if remaining <= 0:
+                    self._mark_lost("silent")
+                    return
+                self.client.transport.call("POST", path, {}, safe=True, timeout_s=min(period, remaining))
+                self._confirmed_at = max(self._confirmed_at, sent_at)
+            except UnknownSession:
+                self._mark_lost("expired")
+                return
+            except PicketError:
+                pass
+            deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+            while not self._closing.is_set():
+                now = lease_clock()
+                if now >= deadline:
+                    self._mark_lost("silent")
+                    return
+                if self._closing.wait(min(deadline - now, max(0.0, sent_at + period - now))):
+                    return
+                if lease_clock() >= sent_at + period:
+                    break
+
+    def _watch(self) -> None:
+        """Follows the session's losses (``losses_only``): a revocation or a grant ended by the
+        service reaches the session at once, not at the next keepalive."""
+        transport = self.client.transport
+        timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
+        http = httpx.Client(timeout=timeout, verify=transport.verify, headers=transport.http.headers)
+        self._watch_http = http
+        query = {"session_id": str(self.id), "losses_only": "true"}
+        try:
+            while not self._closing.is_set() and not self.lost.is_set():
+                try:
+                    with http.stream("GET", transport.endpoints.url() + "/v1/watch", params=query) as response:
+                        if response.status_code != 200:
+                            transport.endpoints.next()
+                            self._closing.wait(0.5)
+                            continue
+                        self._watching.set()
+                        # Whatever ended while the stream was not open is not replayed: ask.
+                        self._probe()
+                        buffer = ""
+                        for text in response.iter_text():
+                            events, buffer = _common.sse_events(buffer + text)
+                            for event in events:
+                                self._on_event(event)
+                except (httpx.HTTPError, RuntimeError):
+                    if self._closing.is_set():
+                        return
+                    transport.endpoints.next()
+                    self._closing.wait(0.5)
+        finally:
+            http.close()
+
+    def _probe(self) -> None:
+        try:
+            self.keepalive()
+        except UnknownSession:
+            self._mark_lost("ended")
+        except PicketError:
+            pass
+
+    def _on_event(self, event: Dict[str, Any]) -> None:
+        reason = _common.loss_of(event)
+        if reason is None:
+            return
+        if event.get("kind") == "session_ended":
+            self._mark_lost(reason)
+        else:
+            self._grant_lost(str(event.get("name")), reason)
+
+    def keepalive(self) -> None:
+        """Sends a keepalive now (the background thread sends them anyway)."""
+        sent_at = lease_clock()
+        self.client.transport.call("POST", f"/v1/sessions/{self.id}/keepalive", {}, safe=True)
+        self._confirmed_at = max(self._confirmed_at, sent_at)
+
+    def close(self) -> None:
+        """Releases what the session holds and ends it."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        with self._guard:
+            grants: List[Grant] = list(self._grants.values())
+        for grant in grants:
+            grant._released = True
+        if self._watch_http is not None:
+            self._watch_http.close()
+        if not self.lost.is_set():
+            try:
+                self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
+            except UnknownSession:
+                pass
+            self._mark_lost("closed")
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    """A Picket client over HTTP/JSON. ``endpoints`` are the nodes (``host:port`` or URLs); the
+    client follows the leader. ``token`` is a bearer token for nodes with ``--auth-file``;
+    ``verify`` a CA bundle path (or ``False``) for TLS."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] = ("127.0.0.1:7687",),
+        *,
+        token: Optional[str] = None,
+        timeout: float = 10.0,
+        verify: Verify = True,
+    ) -> None:
+        self.timeout = timeout
+        self.transport = Transport(endpoints, token=token, timeout_s=timeout, verify=verify)
+
+    def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> Session:
+        """Opens a session that lives ``ttl`` seconds past its last keepalive."""
+        body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
+        opened = self.transport.call("POST", "/v1/sessions", body, safe=False)
+        return Session(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000)
+
+    @contextlib.contextmanager
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        wait: Optional[float] = None,
+        lock_delay: float = 0.0,
+        on_lost: Optional[OnLost] = None,
+        fence: Sequence[str] = (),
+    ) -> Iterator[Grant]:
+        """A session of its own and a grant of ``name`` in it, both ended on exit."""
+        with self.session(ttl, lock_delay=lock_delay) as session:
+            with session.lock(name, wait=wait, on_lost=on_lost, fence=fence) as grant:
+                yield grant
+
+    @contextlib.contextmanager
+    def try_lock(self, name: str, *, ttl: float = 10.0, on_lost: Optional[OnLost] = None) -> Iterator[Grant]:
+        """Like :meth:`lock`, without waiting: raises :class:`~picket.errors.LockBusy`."""
+        with self.lock(name, ttl=ttl, wait=0, on_lost=on_lost) as grant:
+            yield grant
+
+    def lock_info(self, name: str) -> Json:
+        """The lock's holder, queue and lock-delay."""
+        return self.transport.call("GET", lock_path(name), safe=True)
+
+    def check(self, sequencer: str) -> Json:
+        """Whether ``sequencer`` is its lock's current grant: ``{"status": "current" |
+        "superseded" | "unknown_lock", "current_token"}``."""
+        path = "/v1/check?sequencer=" + urllib.parse.quote(sequencer, safe="")
+        return self.transport.call("GET", path, safe=True)
+
+    def revoke(self, session_id: int) -> None:
+        """Ends a session as an expiry would (admins, or its owner)."""
+        self.transport.call("POST", f"/v1/sessions/{session_id}/revoke", {}, safe=True)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def register(client: Client, url: str, grant: Grant) -> None:
+    """Fence on acquire: tells the resource at ``url`` (e.g. ``picket kv``'s
+    ``http://store/fence/prefix/``) the grant's token before any write."""
+    headers = {"Picket-Sequencer": grant.sequencer}
+    response = client.transport.http.post(url, headers=headers)
+    if response.is_success:
+        return
+    raise fence_refusal(response, Sequencer.parse(grant.sequencer))
+
+
+def fence_refusal(response: httpx.Response, sequencer: Sequencer) -> FenceRefused:
+    """The refusal a fenced HTTP resource answered, as a typed error."""
+    from .errors import StaleToken
+
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    reason = str(body.get("code", f"http_{response.status_code}"))
+    highest = body.get("highest_token")
+    cls = StaleToken if reason == "stale_token" else FenceRefused
+    return cls(
+        str(body.get("message", response.text[:200])),
+        reason=reason,
+        lock=str(body.get("lock", sequencer.lock)),
+        presented_token=sequencer.token,
+        highest_token=int(highest) if highest is not None else None,
+    )

@@ -1,0 +1,93 @@
+"""The asyncio twin against a real ``picket serve``: each behaviour of the blocking client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import List, Tuple
+
+import httpx
+import pytest
+
+import picket
+from conftest import Server
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_lock_and_unlock(server: Server) -> None:
+    async with picket.AsyncClient([server.addr]) as client:
+        async with client.lock("jobs/report", ttl=5, wait=5) as grant:
+            assert grant.sequencer == f"p1.{grant.token}.jobs/report"
+            assert (await client.check(grant.sequencer))["status"] == "current"
+        assert (await client.lock_info("jobs/report"))["holder"] is None
+        with pytest.raises(picket.LockBusy):
+            async with client.lock("held", ttl=5):
+                async with client.try_lock("held", ttl=5):
+                    pass
+
+
+async def test_waiters_are_granted_in_fifo_order_with_growing_tokens(server: Server) -> None:
+    async with picket.AsyncClient([server.addr]) as client:
+        first = await client.session(ttl=10)
+        held = await first.lock("queue")
+        order: List[Tuple[str, int]] = []
+
+        async def wait_for(name: str) -> None:
+            async with await client.session(ttl=10) as session:
+                async with await session.lock("queue", wait=20) as grant:
+                    order.append((name, grant.token))
+
+        waiters = []
+        for position, name in enumerate(["second", "third"]):
+            waiters.append(asyncio.ensure_future(wait_for(name)))
+            for _ in range(500):
+                if len((await client.lock_info("queue"))["waiters"]) == position + 1:
+                    break
+                await asyncio.sleep(0.02)
+        await held.release()
+        await asyncio.wait_for(asyncio.gather(*waiters), 20)
+        await first.close()
+        assert [name for name, _ in order] == ["second", "third"]
+        assert held.token < order[0][1] < order[1][1]
+
+
+async def test_lost_is_set_at_once_when_the_server_revokes_the_session(server: Server) -> None:
+    losses: List[str] = []
+    async with picket.AsyncClient([server.addr]) as client:
+        session = await client.session(ttl=30)
+        grant = await session.lock("revoked", on_lost=lambda grant, reason: losses.append(reason))
+        await client.revoke(session.id)
+        await asyncio.wait_for(session.lost.wait(), 3)
+        assert grant.lost.is_set()
+        assert losses == ["session_revoked"], losses
+        with pytest.raises(picket.SessionLost):
+            await session.lock("again")
+        await session.close()
+
+
+async def test_lost_is_set_within_the_ttl_when_the_server_stops(server: Server) -> None:
+    async with picket.AsyncClient([server.addr], timeout=1) as client:
+        session = await client.session(ttl=2)
+        grant = await session.lock("silent")
+        await session.keepalive()
+        stopped_at = time.monotonic()
+        server.stop()
+        await asyncio.wait_for(session.lost.wait(), 3)
+        lost_after = time.monotonic() - stopped_at
+        assert lost_after < 2.0, f"the client counted on its lease for {lost_after:.2f} s, past its TTL"
+        assert session.lost_reason == "silent"
+        assert grant.lost.is_set()
+        await session.close()
+
+
+async def test_fence_on_acquire_over_http(server: Server, kv: "object") -> None:
+    store = f"http://{kv.addr}"  # type: ignore[attr-defined]
+    async with picket.AsyncClient([server.addr]) as client:
+        async with client.lock("res", ttl=5) as old:
+            pass
+        async with client.lock("res", ttl=5, fence=[f"{store}/fence/res/"]) as grant:
+            async with httpx.AsyncClient() as http:
+                stale = await http.put(f"{store}/kv/res/x", content=b"old", headers=picket.fence.headers(old))
+                assert stale.status_code == 409
+                assert stale.json()["highest_token"] == grant.token

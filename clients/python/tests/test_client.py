@@ -1,0 +1,118 @@
+"""The blocking client against a real ``picket serve``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List, Tuple
+
+import httpx
+import pytest
+
+import picket
+from conftest import Server, wait_until
+
+
+def holder(server: Server, name: str) -> object:
+    return httpx.get(f"http://{server.addr}/v1/locks/{name}").json()["holder"]
+
+
+def test_lock_and_unlock(server: Server) -> None:
+    with picket.Client([server.addr]) as client:
+        with client.lock("jobs/report", ttl=5, wait=5) as grant:
+            assert grant.token > 0
+            assert grant.sequencer == f"p1.{grant.token}.jobs/report"
+            assert client.check(grant.sequencer)["status"] == "current"
+            assert holder(server, "jobs/report")["token"] == grant.token
+            assert not grant.lost.is_set()
+        assert holder(server, "jobs/report") is None
+        assert client.check(grant.sequencer)["status"] == "superseded"
+
+
+def test_try_lock_on_a_held_lock_raises_lock_busy_with_the_holders_token(server: Server) -> None:
+    with picket.Client([server.addr]) as client:
+        with client.lock("busy", ttl=5) as grant:
+            with pytest.raises(picket.LockBusy) as busy:
+                with client.try_lock("busy", ttl=5):
+                    pass
+            assert busy.value.holder_token == grant.token
+            assert busy.value.code == "lock_busy"
+            assert busy.value.outcome == "not_applied"
+
+
+def test_waiters_are_granted_in_fifo_order_with_growing_tokens(server: Server) -> None:
+    client = picket.Client([server.addr])
+    first = client.session(ttl=10)
+    held = first.lock("queue")
+    order: List[Tuple[str, int]] = []
+
+    def wait_for(name: str) -> None:
+        with client.session(ttl=10) as session:
+            with session.lock("queue", wait=20) as grant:
+                order.append((name, grant.token))
+
+    waiters = []
+    for position, name in enumerate(["second", "third"]):
+        thread = threading.Thread(target=wait_for, args=(name,))
+        thread.start()
+        waiters.append(thread)
+        wait_until(f"{name} to queue", 10, lambda: len(client.lock_info("queue")["waiters"]) == position + 1)
+    held.release()
+    for thread in waiters:
+        thread.join(20)
+    first.close()
+    assert [name for name, _ in order] == ["second", "third"]
+    assert held.token < order[0][1] < order[1][1]
+    client.close()
+
+
+def test_lost_is_set_at_once_when_the_server_revokes_the_session(server: Server) -> None:
+    losses: List[str] = []
+    with picket.Client([server.addr]) as client:
+        session = client.session(ttl=30)
+        grant = session.lock("revoked", on_lost=lambda grant, reason: losses.append(reason))
+        client.revoke(session.id)
+        assert session.lost.wait(3), "revocation reaches the session at once, not after its TTL"
+        assert grant.lost.is_set()
+        assert losses == ["session_revoked"] or losses == ["revoked"], losses
+        with pytest.raises(picket.SessionLost):
+            session.lock("again")
+        grant.release()
+        session.close()
+
+
+def test_lost_is_set_within_the_ttl_when_the_server_stops(server: Server) -> None:
+    with picket.Client([server.addr], timeout=1) as client:
+        session = client.session(ttl=2)
+        grant = session.lock("silent")
+        session.keepalive()
+        stopped_at = time.monotonic()
+        server.stop()
+        assert session.lost.wait(3)
+        lost_after = time.monotonic() - stopped_at
+        assert lost_after < 2.0, f"the client counted on its lease for {lost_after:.2f} s, past its TTL"
+        assert session.lost_reason == "silent"
+        assert grant.lost.is_set()
+        session.close()
+
+
+def test_a_grant_is_released_when_its_block_raises(server: Server) -> None:
+    with picket.Client([server.addr]) as client:
+        with pytest.raises(RuntimeError):
+            with client.lock("raises", ttl=5):
+                raise RuntimeError("the work failed")
+        assert holder(server, "raises") is None
+
+
+def test_fence_on_acquire_and_the_sequencer_on_http_writes(server: Server, kv: "object") -> None:
+    store = f"http://{kv.addr}"  # type: ignore[attr-defined]
+    with picket.Client([server.addr]) as client:
+        with client.lock("res", ttl=5) as old:
+            pass
+        with client.lock("res", ttl=5, fence=[f"{store}/fence/res/"]) as grant:
+            with httpx.Client(auth=picket.fence.SequencerAuth(grant)) as http:
+                assert http.put(f"{store}/kv/res/x", content=b"new").status_code == 200
+            stale = httpx.put(f"{store}/kv/res/x", content=b"old", headers=picket.fence.headers(old))
+            assert stale.status_code == 409
+            assert stale.json()["code"] == "stale_token"
+            assert stale.json()["highest_token"] == grant.token
