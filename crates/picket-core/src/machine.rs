@@ -160,13 +160,44 @@ impl StateMachine {
     /// copy. Everything else (sessions, grants and their tokens, queues) is kept. `None` in the
     /// last epoch.
     #[must_use]
-    pub fn into_next_epoch(mut self) -> Option<Self> {
+    pub fn into_next_epoch(self) -> Option<Self> {
         let next = self.restore_epoch() + 1;
+        self.into_epoch(next)
+    }
+
+    /// This state as the start of restore epoch `epoch`, which must be above its own: for a
+    /// restore that must also start above tokens the state never saw (a backup restored a
+    /// second time, whose first restore went on granting). `None` when `epoch` is not above
+    /// this state's, or past the last epoch.
+    #[must_use]
+    pub fn into_epoch(mut self, epoch: u64) -> Option<Self> {
+        let next = epoch;
+        if next <= self.restore_epoch() {
+            return None;
+        }
         if next >> (u64::BITS - RESTORE_EPOCH_SHIFT) != 0 {
             return None;
         }
         self.revision = next << RESTORE_EPOCH_SHIFT;
         Some(self)
+    }
+
+    /// This state without any session, grant, wait or lock-delay: its limits, clock and
+    /// revision only. A restore that must not bring back holders nobody remembers starts from
+    /// it (`picket serve --restore`, the default): every lock is free, and the next token is
+    /// still above every earlier one.
+    #[must_use]
+    pub fn without_sessions(self) -> Self {
+        Self {
+            limits: self.limits,
+            revision: self.revision,
+            now_ms: self.now_ms,
+            sessions: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            session_deadlines: BTreeSet::new(),
+            wait_deadlines: BTreeSet::new(),
+            delay_ends: BTreeSet::new(),
+        }
     }
 
     /// The state machine's clock: the `now_ms` of the last accepted command.

@@ -20,7 +20,7 @@
 //! state machine's snapshot | SHA-256 of everything before it. Any damage is refused whole.
 
 use crate::raft_types::{LogId, NodeId, StoredMembership};
-use picket_core::StateMachine;
+use picket_core::{RESTORE_EPOCH_SHIFT, StateMachine};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
@@ -162,13 +162,33 @@ fn decode(bytes: &[u8]) -> Result<Backup, String> {
     Ok(Backup { meta, machine, digest: crate::auth::hex(computed.as_ref()) })
 }
 
-/// The log position a restored state sits at: before any entry a new cluster writes (they start
-/// at index 1, in term 1 or later), the same on every node restored from the same backup.
+/// The node id in the restore position's leader id: no node may have it
+/// ([`crate::server::start`] refuses it), so no log a node writes can sort equal to a restore.
+pub const RESTORE_LEADER: NodeId = NodeId::MAX;
+
+/// The log position a restored state sits at, the same on every node restored from the same
+/// backup: term 0, index 0, leader [`RESTORE_LEADER`]. It sorts above the first entry of any
+/// cluster formed without a restore (openraft's `initialize` writes term 0, index 0 under the
+/// forming node's own id), so a peer started by mistake without `--restore` can win no vote
+/// from a restored node, and is sent the restored state as a snapshot instead of serving an
+/// empty one; and below every entry a leader writes (term 1 or later).
 #[must_use]
 pub fn restore_log_id() -> LogId {
     use openraft::vote::RaftLeaderIdExt;
     type LeaderId = <crate::raft_types::TypeConfig as openraft::RaftTypeConfig>::LeaderId;
-    LogId::new(LeaderId::new_committed(0, 0), 0)
+    LogId::new(LeaderId::new_committed(0, RESTORE_LEADER), 0)
+}
+
+/// How to restore.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreOptions {
+    /// Keep the backup's sessions, grants and waits. Off by default: a client of the old cluster
+    /// may have released or lost a grant after the backup, and a restored grant it does not
+    /// know of would be a ghost holder. Off, every lock starts free.
+    pub keep_sessions: bool,
+    /// Start above this token too: the highest token any fence has admitted, when the backup
+    /// was restored before and that cluster went on granting (or when in doubt).
+    pub above_token: Option<u64>,
 }
 
 /// The membership a restored cluster starts with: `peers`, all voters.
@@ -206,7 +226,12 @@ pub enum RestorePlan {
 /// # Errors
 /// [`BackupError::NotEmpty`], [`BackupError::OtherBackup`], I/O errors, and a backup whose
 /// epoch cannot grow.
-pub fn plan(data_dir: &Path, backup: Backup, has_log: bool) -> Result<RestorePlan, BackupError> {
+pub fn plan(
+    data_dir: &Path,
+    backup: Backup,
+    options: &RestoreOptions,
+    has_log: bool,
+) -> Result<RestorePlan, BackupError> {
     let marker_path = data_dir.join(RESTORED_MARKER);
     match std::fs::read(&marker_path) {
         Ok(bytes) => {
@@ -230,9 +255,13 @@ pub fn plan(data_dir: &Path, backup: Backup, has_log: bool) -> Result<RestorePla
         Err(error) => return Err(error.into()),
     }
     let backup_revision = backup.machine.revision();
-    let machine = backup.machine.into_next_epoch().ok_or_else(|| BackupError::Damaged {
+    let above = options.above_token.map_or(0, |token| (token >> RESTORE_EPOCH_SHIFT) + 1);
+    let epoch = (backup.machine.restore_epoch() + 1).max(above);
+    let machine =
+        if options.keep_sessions { backup.machine } else { backup.machine.without_sessions() };
+    let machine = machine.into_epoch(epoch).ok_or_else(|| BackupError::Damaged {
         path: marker_path.clone(),
-        reason: "its state is in the last restore epoch; it cannot be restored again".into(),
+        reason: format!("restore epoch {epoch} is past the last one; it cannot be restored"),
     })?;
     let marker =
         Marker { digest: backup.digest, backup_revision, first_revision: machine.revision() + 1 };
@@ -263,6 +292,26 @@ mod tests {
             assert!(machine.apply(&Input::new(1, command)).result.is_ok());
         }
         machine
+    }
+
+    fn keep() -> RestoreOptions {
+        RestoreOptions { keep_sessions: true, above_token: None }
+    }
+
+    #[test]
+    fn by_default_a_restore_ends_every_session_and_may_start_above_a_given_token() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let machine = machine_with_sessions(2);
+        let bytes = encode(&meta(&machine), &machine.snapshot());
+        let options = RestoreOptions { keep_sessions: false, above_token: Some((3 << 48) + 5) };
+        let RestorePlan::Write(restored) =
+            plan(dir.path(), decode(&bytes).expect("decodes"), &options, false).expect("plans")
+        else {
+            panic!("a fresh directory is restored");
+        };
+        assert_eq!(restored.session_count(), 0);
+        assert_eq!(restored.restore_epoch(), 4, "above the given token's epoch");
+        assert_eq!(restored.revision(), 4 << 48);
     }
 
     fn meta(machine: &StateMachine) -> BackupMeta {
@@ -298,7 +347,7 @@ mod tests {
         let machine = machine_with_sessions(2);
         let bytes = encode(&meta(&machine), &machine.snapshot());
         let RestorePlan::Write(restored) =
-            plan(dir.path(), decode(&bytes).expect("decodes"), false).expect("plans")
+            plan(dir.path(), decode(&bytes).expect("decodes"), &keep(), false).expect("plans")
         else {
             panic!("a fresh directory is restored");
         };
@@ -306,14 +355,16 @@ mod tests {
         assert_eq!(restored.revision(), 1 << 48);
         assert_eq!(restored.session_count(), 2);
         // Interrupted before the log was written: the same backup is restored again.
-        let again = plan(dir.path(), decode(&bytes).expect("decodes"), false).expect("plans");
+        let again =
+            plan(dir.path(), decode(&bytes).expect("decodes"), &keep(), false).expect("plans");
         assert!(matches!(again, RestorePlan::Write(_)));
         // Once the node has a log, a restart with the same flag keeps it.
-        let kept = plan(dir.path(), decode(&bytes).expect("decodes"), true).expect("plans");
+        let kept =
+            plan(dir.path(), decode(&bytes).expect("decodes"), &keep(), true).expect("plans");
         assert!(matches!(kept, RestorePlan::AlreadyDone));
         let other = machine_with_sessions(3);
         let other = encode(&meta(&other), &other.snapshot());
-        let refused = plan(dir.path(), decode(&other).expect("decodes"), true);
+        let refused = plan(dir.path(), decode(&other).expect("decodes"), &keep(), true);
         assert!(matches!(refused, Err(BackupError::OtherBackup { .. })), "{refused:?}");
     }
 
@@ -322,7 +373,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a directory");
         let machine = machine_with_sessions(1);
         let bytes = encode(&meta(&machine), &machine.snapshot());
-        let refused = plan(dir.path(), decode(&bytes).expect("decodes"), true);
+        let refused = plan(dir.path(), decode(&bytes).expect("decodes"), &keep(), true);
         assert!(matches!(refused, Err(BackupError::NotEmpty { .. })), "{refused:?}");
     }
 }

@@ -62,8 +62,43 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/cluster/members/{id}", delete(remove_member))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(locate_leader))
+        .layer(axum::middleware::from_fn(refuse_cross_site))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(node)
+}
+
+/// Refuses a request that changes something when a browser says another site sent it.
+///
+/// The API takes JSON whatever its `Content-Type` says, so a web page could make a visitor's
+/// browser POST to a node it can reach (loopback, or with the browser's client certificate)
+/// without asking first. Browsers name the sender: `Sec-Fetch-Site` other than `same-origin`
+/// or `none`, or an `Origin` whose host is not the node's. Clients other than browsers (curl,
+/// the Rust and Python clients) send neither header and are not affected; the dashboard is
+/// served by the node itself, so its calls are same-origin.
+async fn refuse_cross_site(request: Request, next: axum::middleware::Next) -> Response {
+    use axum::http::Method;
+    let changes = !matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if changes && sent_by_another_site(request.headers()) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_site_request",
+            "a browser sent this on behalf of another site; send it from the node's own page or a client that is not a browser",
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+fn sent_by_another_site(headers: &axum::http::HeaderMap) -> bool {
+    let fetch_site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
+    if fetch_site.is_some_and(|site| site != "same-origin" && site != "none") {
+        return true;
+    }
+    let Some(origin) = headers.get(axum::http::header::ORIGIN) else { return false };
+    let host = headers.get(axum::http::header::HOST).and_then(|value| value.to_str().ok());
+    let origin_host =
+        origin.to_str().ok().and_then(|origin| origin.split_once("://")).map(|(_, host)| host);
+    origin_host.is_none() || origin_host != host
 }
 
 /// On a `421 not_leader` answer, adds `Location`: the same path and query on the leader, as a
@@ -772,6 +807,13 @@ mod tests {
         }
         let served = routes_in_source();
         assert!(served.len() > 20, "the router's routes were read: {served:?}");
+        // Every route call was read: one written over several lines would be missed.
+        let source = include_str!("http.rs");
+        let router = &source[source.find("pub fn router(").expect("the router")..];
+        let router = &router[..router.find("\n}\n").expect("its end")];
+        let calls = router.matches(".route(").count();
+        let read = router.lines().filter(|line| line.trim().starts_with(".route(\"")).count();
+        assert_eq!(calls, read, "write each .route(\"...\", ...) of the router on one line");
         let undescribed: Vec<_> = served.difference(&described).collect();
         let unserved: Vec<_> = described.difference(&served).collect();
         assert!(undescribed.is_empty(), "routes missing from openapi.json: {undescribed:?}");

@@ -106,6 +106,8 @@ pub struct ServerConfig {
     /// directory, as the start of a new restore epoch (see [`crate::backup`]). A restart with
     /// the same backup keeps what the node did since.
     pub restore: Option<PathBuf>,
+    /// How to restore (`restore` set): keep the backup's sessions, start above a token.
+    pub restore_options: crate::backup::RestoreOptions,
     /// The `prefix` label values of lock-level metrics (see [`crate::metrics`]); empty: each
     /// name's first path segment, bounded.
     pub metrics_prefixes: Vec<String>,
@@ -133,6 +135,7 @@ impl ServerConfig {
             signing_key: None,
             cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
             restore: None,
+            restore_options: crate::backup::RestoreOptions::default(),
             metrics_prefixes: Vec::new(),
             insecure_plaintext: false,
         }
@@ -360,6 +363,13 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
+    if config.node_id == 0 || config.node_id == crate::backup::RESTORE_LEADER {
+        return Err(StartError::Config(format!(
+            "node id {} is reserved; choose a node id between 1 and {}",
+            config.node_id,
+            crate::backup::RESTORE_LEADER - 1
+        )));
+    }
     if config.restore.is_some() && config.join {
         return Err(StartError::Config(
             "--restore starts a new cluster and --join joins an existing one; a node that joins a restored cluster gets its state from the leader".into(),
@@ -380,7 +390,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     )
     .map_err(data_error)?;
     if let Some(backup) = backup {
-        restore(&config.data_dir, backup, &peers, &store, &log).await?;
+        restore(&config.data_dir, backup, &config.restore_options, &peers, &store, &log).await?;
     }
     let raft = Raft::new(
         config.node_id,
@@ -457,6 +467,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 async fn restore(
     data_dir: &std::path::Path,
     backup: crate::backup::Backup,
+    options: &crate::backup::RestoreOptions,
     peers: &BTreeMap<NodeId, String>,
     store: &StateStore,
     log: &LogStore,
@@ -469,7 +480,7 @@ async fn restore(
     let has_log = state.last_log_id.is_some() || vote.is_some();
     let revision = backup.meta.revision;
     let crate::backup::RestorePlan::Write(machine) =
-        crate::backup::plan(data_dir, backup, has_log)?
+        crate::backup::plan(data_dir, backup, options, has_log)?
     else {
         tracing::info!("already restored from this backup; starting from what this node has");
         return Ok(());

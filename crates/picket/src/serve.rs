@@ -112,6 +112,16 @@ pub struct ServeArgs {
     /// epoch). Starting again with the same backup keeps what the node did since.
     #[arg(long, env = "PICKET_RESTORE")]
     restore: Option<PathBuf>,
+    /// With --restore: `end` starts the restored cluster with every lock free and no session
+    /// (clients open new sessions and acquire again; no grant a client no longer knows of comes
+    /// back); `keep` keeps the backup's sessions, grants and waits, for clients that changed
+    /// nothing since the backup.
+    #[arg(long, env = "PICKET_RESTORE_SESSIONS", value_enum, default_value_t = RestoreSessions::End, requires = "restore")]
+    restore_sessions: RestoreSessions,
+    /// With --restore: also start above this token, the highest any fence has admitted; needed
+    /// when this backup was restored before and that cluster went on granting.
+    #[arg(long, env = "PICKET_RESTORE_ABOVE", requires = "restore")]
+    restore_above: Option<u64>,
     #[command(flatten)]
     logging: crate::logging::LogArgs,
     /// Lock name prefixes that label the lock-level metrics at /metrics (repeat the flag, or
@@ -123,6 +133,15 @@ pub struct ServeArgs {
     /// as any client or as a cluster member: only for a network that only you can reach.
     #[arg(long, env = "PICKET_INSECURE_PLAINTEXT")]
     insecure_plaintext: bool,
+}
+
+/// What a restore does with the backup's sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RestoreSessions {
+    /// Every session ends: every lock starts free.
+    End,
+    /// Sessions, grants and waits come back.
+    Keep,
 }
 
 fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -179,6 +198,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         signing_key: args.signing_key,
         cluster_id: args.cluster_id,
         restore: args.restore,
+        restore_options: picket_server::backup::RestoreOptions {
+            keep_sessions: args.restore_sessions == RestoreSessions::Keep,
+            above_token: args.restore_above,
+        },
         metrics_prefixes: args.metrics_prefixes,
         insecure_plaintext: args.insecure_plaintext,
     };

@@ -94,7 +94,8 @@ fn a_restored_node_grants_tokens_above_every_token_of_the_old_one() {
     let (holder, held, highest) = history_around_a_backup(&old_addrs, &backup);
     drop(old);
 
-    let restore = ["--restore".to_owned(), backup.display().to_string()];
+    let restore = ["--restore", &backup.display().to_string(), "--restore-sessions", "keep"]
+        .map(str::to_owned);
     let listen = "127.0.0.1:0".parse().expect("an address");
     let mut restored =
         ServerProcess::start(Path::new(PICKET), &dir.path().join("new"), listen, &restore);
@@ -148,11 +149,20 @@ fn a_restored_three_node_cluster_grants_tokens_above_every_token_of_the_old_one(
     let (holder, held, highest) = history_around_a_backup(&old.addrs(), &backup);
     drop(old);
 
+    // Node 3 is started by mistake without --restore: it must end up with the restored state
+    // (sent to it as a snapshot), never lead an empty cluster that issues tokens from 1 again.
     let restore = ["--restore".to_owned(), backup.display().to_string()];
-    let restored = Cluster::start(Path::new(PICKET), 3, &restore);
+    let restored = Cluster::start_each(Path::new(PICKET), 3, |node_id| {
+        if node_id == 3 { Vec::new() } else { restore.to_vec() }
+    });
     let _ = restored.leader(Duration::from_secs(20));
     let addrs = restored.addrs();
-    assert_held(&addrs, "kept", holder, held);
+    // By default a restore ends every session: the lock held in the backup is free, and its old
+    // holder is told its session is gone.
+    assert!(lock(&addrs, "kept")["holder"].is_null(), "a restored grant nobody may remember");
+    let kept = post(&addrs, &format!("/v1/sessions/{holder}/keepalive"), &json!({}));
+    assert_eq!(kept.body["code"], "unknown_session", "{}", kept.text);
+    let _ = held;
     let session = open_session(&addrs);
     let first = acquire(&addrs, session, "jobs/a");
     assert!(first > highest, "token {first} after the restore, {highest} before it");

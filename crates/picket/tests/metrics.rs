@@ -114,7 +114,8 @@ fn metrics_parse_and_move_with_grants_handoffs_expiries_and_refusals() {
     assert_eq!(http::post(&addr, &format!("/v1/sessions/{a}/keepalive"), &json!({})).status, 200);
 
     // A session that holds a lock with a lock-delay and is not kept alive.
-    let quiet = open_session(&addr, 1_000, 2_000);
+    // A lock-delay long enough to be in force when scraped, on a slow machine too.
+    let quiet = open_session(&addr, 1_000, 30_000);
     assert_eq!(acquire(&addr, quiet, "batch/nightly", 0).status, 200);
     wait_until("the quiet session to expire", Duration::from_secs(10), || {
         let scraped = scrape(&addr);

@@ -416,3 +416,40 @@ fn json_bodies_are_taken_whatever_their_label_and_errors_say_what_was_applied() 
     assert_eq!(description.body["openapi"], "3.1.0");
     assert!(description.body["paths"]["/v1/locks/acquire"]["post"].is_object());
 }
+
+/// A browser's request sent on behalf of another site is refused before it changes anything:
+/// the API takes JSON whatever its label, so a web page could otherwise make a visitor's
+/// browser post to a node on loopback. Clients that are not browsers send neither header.
+#[test]
+fn a_browsers_cross_site_request_is_refused() {
+    use picket_testkit::http::{As, request_as};
+    let (_dir, server) = start();
+    let addr = &server.addr;
+    let body = json!({ "ttl_ms": 10_000 });
+    let with = |headers: &[(&str, String)]| {
+        let how = As {
+            headers: headers
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), value.clone()))
+                .collect(),
+            ..As::default()
+        };
+        request_as(addr, &how, "POST", "/v1/sessions", Some(&body)).expect("the node answers")
+    };
+    for headers in [
+        vec![("Origin", "http://evil.example".to_owned())],
+        vec![("Origin", "null".to_owned())],
+        vec![("Sec-Fetch-Site", "cross-site".to_owned())],
+        vec![("Sec-Fetch-Site", "same-site".to_owned())],
+    ] {
+        let refused = with(&headers);
+        assert_eq!(refused.status, 403, "{headers:?}: {}", refused.text);
+        assert_eq!(refused.body["code"], "cross_site_request");
+    }
+    let own_page =
+        with(&[("Origin", format!("http://{addr}")), ("Sec-Fetch-Site", "same-origin".to_owned())]);
+    assert_eq!(own_page.status, 200, "{}", own_page.text);
+    assert_eq!(with(&[]).status, 200, "curl and the clients send neither header");
+    let sessions = http::get(addr, "/v1/sessions").body["sessions"].as_array().map(Vec::len);
+    assert_eq!(sessions, Some(2), "the refused requests opened nothing");
+}

@@ -9,13 +9,17 @@ from ._common import Sequencer
 from .aio import AsyncClient, AsyncGrant, AsyncSession
 from .client import Client, Grant, Session
 from .errors import (
+    AlreadyWaiting,
     BadRequest,
     Exhausted,
     FenceRefused,
     LockBusy,
     LockDelayed,
+    NotFound,
     NotHeld,
     NotLeader,
+    NothingToAbandon,
+    NotWaiting,
     OutcomeUnknown,
     PermissionDenied,
     PicketError,
@@ -30,6 +34,7 @@ from .errors import (
 )
 
 __all__ = [
+    "AlreadyWaiting",
     "AsyncClient",
     "AsyncGrant",
     "AsyncSession",
@@ -40,8 +45,11 @@ __all__ = [
     "Grant",
     "LockBusy",
     "LockDelayed",
+    "NotFound",
     "NotHeld",
     "NotLeader",
+    "NothingToAbandon",
+    "NotWaiting",
     "OutcomeUnknown",
     "PermissionDenied",
     "PicketError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import urllib.parse
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
@@ -21,6 +22,15 @@ from .client import MAX_ACQUIRE_RETRIES, fence_refusal
 from .errors import NotHeld, OutcomeUnknown, PicketError, SessionLost, TokenMismatch, UnknownSession
 
 AsyncOnLost = Callable[["AsyncGrant", str], Union[None, Awaitable[None]]]
+
+_log = logging.getLogger("picket")
+
+
+async def _logged(work: Awaitable[None], name: str) -> None:
+    try:
+        await work
+    except Exception:  # noqa: BLE001
+        _log.exception("on_lost callback for %s raised", name)
 
 
 class AsyncGrant:
@@ -39,15 +49,21 @@ class AsyncGrant:
         self._on_lost = on_lost
         self._released = False
 
-    def _mark_lost(self, reason: str) -> None:
-        if self.lost.is_set() or self._released:
+    def _mark_lost(self, reason: str, token: Optional[int] = None) -> None:
+        """Marks the grant lost once; ``token`` (from an event) must be this grant's."""
+        if (token is not None and token != self.token) or self.lost.is_set() or self._released:
             return
         self.lost_reason = reason
         self.lost.set()
-        if self._on_lost is not None:
+        if self._on_lost is None:
+            return
+        try:
             result = self._on_lost(self, reason)
-            if asyncio.iscoroutine(result):
-                self.session._spawn(result)
+        except Exception:  # noqa: BLE001 - a callback's failure must not stop loss detection
+            _log.exception("on_lost callback for %s raised", self.name)
+            return
+        if asyncio.iscoroutine(result):
+            self.session._spawn(_logged(result, self.name))
 
     async def release(self) -> None:
         """Releases the grant; releasing a grant that was already lost does nothing."""
@@ -78,7 +94,7 @@ class AsyncSession:
     the session and, by this client's clock, after the TTL less 3 % without a confirmed
     keepalive."""
 
-    def __init__(self, client: "AsyncClient", session_id: int, ttl_s: float) -> None:
+    def __init__(self, client: "AsyncClient", session_id: int, ttl_s: float, opened_at: float) -> None:
         self.client = client
         self.id = session_id
         self.ttl = ttl_s
@@ -86,7 +102,8 @@ class AsyncSession:
         self.lost_reason: Optional[str] = None
         self._grants: Dict[str, AsyncGrant] = {}
         self._closing = asyncio.Event()
-        self._confirmed_at = lease_clock()
+        # The lease counts from when the request that opened it was sent, not from its answer.
+        self._confirmed_at = opened_at
         self._watching = asyncio.Event()
         self._tasks: List["asyncio.Task[Any]"] = []
         self._tasks.append(asyncio.ensure_future(self._keep_alive()))
@@ -181,7 +198,7 @@ class AsyncSession:
             except UnknownSession:
                 self._mark_lost("expired")
                 return
-            except (PicketError, asyncio.TimeoutError):
+            except Exception:  # noqa: BLE001 - the deadline below decides; keep trying
                 pass
             deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
             while not self._closing.is_set():
@@ -218,7 +235,7 @@ class AsyncSession:
                             events, buffer = _common.sse_events(buffer + text)
                             for event in events:
                                 self._on_event(event)
-                except httpx.HTTPError:
+                except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
                     transport.endpoints.next()
                     await asyncio.sleep(0.5)
 
@@ -238,8 +255,9 @@ class AsyncSession:
             self._mark_lost(reason)
         else:
             grant = self._grants.get(str(event.get("name")))
+            token = event.get("token")
             if grant is not None:
-                grant._mark_lost(reason)
+                grant._mark_lost(reason, int(token) if token is not None else None)
 
     async def keepalive(self) -> None:
         """Sends a keepalive now (the background task sends them anyway)."""
@@ -286,8 +304,10 @@ class AsyncClient:
     async def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> AsyncSession:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
         body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
+        sent_at = lease_clock()
         opened = await self.transport.call("POST", "/v1/sessions", body, safe=False)
-        return await AsyncSession(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000)._started()
+        session = AsyncSession(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000, sent_at)
+        return await session._started()
 
     @contextlib.asynccontextmanager
     async def lock(
@@ -335,6 +355,8 @@ class AsyncClient:
 
 async def register(client: AsyncClient, url: str, grant: AsyncGrant) -> None:
     """Fence on acquire over HTTP, as :func:`picket.client.register`."""
-    response = await client.transport.http.post(url, headers={"Picket-Sequencer": grant.sequencer})
+    # A client of its own: the Picket client's default headers carry its bearer token.
+    async with httpx.AsyncClient(timeout=client.timeout, verify=client.transport.verify) as http:
+        response = await http.post(url, headers={"Picket-Sequencer": grant.sequencer})
     if not response.is_success:
         raise fence_refusal(response, Sequencer.parse(grant.sequencer))

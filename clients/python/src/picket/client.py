@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import urllib.parse
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
@@ -29,6 +30,8 @@ from .errors import (
 
 OnLost = Callable[["Grant", str], None]
 
+_log = logging.getLogger("picket")
+
 #: Most retries of one acquire whose answer was lost (each under the same request id).
 MAX_ACQUIRE_RETRIES = 5
 
@@ -48,13 +51,20 @@ class Grant:
         self._on_lost = on_lost
         self._released = False
 
-    def _mark_lost(self, reason: str) -> None:
-        if self.lost.is_set() or self._released:
+    def _mark_lost(self, reason: str, token: Optional[int] = None) -> None:
+        """Marks the grant lost once; ``token`` (from an event) must be this grant's."""
+        if token is not None and token != self.token:
             return
-        self.lost_reason = reason
-        self.lost.set()
+        with self.session._guard:
+            if self.lost.is_set() or self._released:
+                return
+            self.lost_reason = reason
+            self.lost.set()
         if self._on_lost is not None:
-            self._on_lost(self, reason)
+            try:
+                self._on_lost(self, reason)
+            except Exception:  # noqa: BLE001 - a callback's failure must not stop loss detection
+                _log.exception("on_lost callback for %s raised", self.name)
 
     def release(self) -> None:
         """Releases the grant; the next waiter gets a greater token. Releasing a grant that
@@ -86,7 +96,7 @@ class Session:
     :class:`threading.Event`) is set at once when the service ends the session (revocation,
     expiry) and, by this client's own clock, when no keepalive was confirmed for the TTL less 3 %."""
 
-    def __init__(self, client: "Client", session_id: int, ttl_s: float) -> None:
+    def __init__(self, client: "Client", session_id: int, ttl_s: float, opened_at: float) -> None:
         self.client = client
         self.id = session_id
         self.ttl = ttl_s
@@ -95,12 +105,15 @@ class Session:
         self._grants: Dict[str, Grant] = {}
         self._guard = threading.Lock()
         self._closing = threading.Event()
-        self._confirmed_at = lease_clock()
+        # The lease counts from when the request that opened it was sent, not from its answer.
+        self._confirmed_at = opened_at
+        self._renewed = threading.Event()
         self._watch_http: Optional[httpx.Client] = None
         self._watching = threading.Event()
         self._threads = [
             threading.Thread(target=self._keep_alive, name=f"picket-keepalive-{session_id}", daemon=True),
             threading.Thread(target=self._watch, name=f"picket-watch-{session_id}", daemon=True),
+            threading.Thread(target=self._watch_deadline, name=f"picket-lease-{session_id}", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -171,43 +184,50 @@ class Session:
             self.lost_reason = reason
             self.lost.set()
             grants = list(self._grants.values())
+        self._renewed.set()
         for grant in grants:
             grant._mark_lost(reason)
 
-    def _grant_lost(self, name: str, reason: str) -> None:
+    def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
         with self._guard:
             grant = self._grants.get(name)
         if grant is not None:
-            grant._mark_lost(reason)
+            grant._mark_lost(reason, token)
+
+    def _confirmed(self, sent_at: float) -> None:
+        with self._guard:
+            self._confirmed_at = max(self._confirmed_at, sent_at)
+        self._renewed.set()
 
     def _keep_alive(self) -> None:
+        """Sends a keepalive every TTL/3 until the session ends; the lease deadline is watched
+        by another thread, so a keepalive stuck in flight cannot delay the loss."""
         period = self.ttl / _common.KEEPALIVE_DIVISOR
         path = f"/v1/sessions/{self.id}/keepalive"
         while not self._closing.is_set() and not self.lost.is_set():
             sent_at = lease_clock()
-            # A keepalive in flight must not outlast the lease: the loss is noticed on time.
-            remaining = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN) - sent_at
             try:
-                if remaining <= 0:
-                    self._mark_lost("silent")
-                    return
-                self.client.transport.call("POST", path, {}, safe=True, timeout_s=min(period, remaining))
-                self._confirmed_at = max(self._confirmed_at, sent_at)
+                self.client.transport.call("POST", path, {}, safe=True, timeout_s=period)
+                self._confirmed(sent_at)
             except UnknownSession:
                 self._mark_lost("expired")
                 return
-            except PicketError:
+            except Exception:  # noqa: BLE001 - the deadline thread decides; keep trying
                 pass
-            deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
-            while not self._closing.is_set():
-                now = lease_clock()
-                if now >= deadline:
-                    self._mark_lost("silent")
-                    return
-                if self._closing.wait(min(deadline - now, max(0.0, sent_at + period - now))):
-                    return
-                if lease_clock() >= sent_at + period:
-                    break
+            self._closing.wait(max(0.0, sent_at + period - lease_clock()))
+
+    def _watch_deadline(self) -> None:
+        """Sets ``lost`` when no keepalive was confirmed for the TTL less 3 %, by this client's
+        own clock."""
+        while not self._closing.is_set() and not self.lost.is_set():
+            with self._guard:
+                deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+            remaining = deadline - lease_clock()
+            if remaining <= 0:
+                self._mark_lost("silent")
+                return
+            self._renewed.wait(remaining)
+            self._renewed.clear()
 
     def _watch(self) -> None:
         """Follows the session's losses (``losses_only``): a revocation or a grant ended by the
@@ -233,7 +253,7 @@ class Session:
                             events, buffer = _common.sse_events(buffer + text)
                             for event in events:
                                 self._on_event(event)
-                except (httpx.HTTPError, RuntimeError):
+                except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
                     if self._closing.is_set():
                         return
                     transport.endpoints.next()
@@ -256,13 +276,14 @@ class Session:
         if event.get("kind") == "session_ended":
             self._mark_lost(reason)
         else:
-            self._grant_lost(str(event.get("name")), reason)
+            token = event.get("token")
+            self._grant_lost(str(event.get("name")), reason, int(token) if token is not None else None)
 
     def keepalive(self) -> None:
         """Sends a keepalive now (the background thread sends them anyway)."""
         sent_at = lease_clock()
         self.client.transport.call("POST", f"/v1/sessions/{self.id}/keepalive", {}, safe=True)
-        self._confirmed_at = max(self._confirmed_at, sent_at)
+        self._confirmed(sent_at)
 
     def close(self) -> None:
         """Releases what the session holds and ends it."""
@@ -308,8 +329,9 @@ class Client:
     def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> Session:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
         body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
+        sent_at = lease_clock()
         opened = self.transport.call("POST", "/v1/sessions", body, safe=False)
-        return Session(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000)
+        return Session(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000, sent_at)
 
     @contextlib.contextmanager
     def lock(
@@ -360,8 +382,10 @@ class Client:
 def register(client: Client, url: str, grant: Grant) -> None:
     """Fence on acquire: tells the resource at ``url`` (e.g. ``picket kv``'s
     ``http://store/fence/prefix/``) the grant's token before any write."""
+    # A plain request: the client's own default headers carry Picket's bearer token, which is
+    # not the resource's business.
     headers = {"Picket-Sequencer": grant.sequencer}
-    response = client.transport.http.post(url, headers=headers)
+    response = httpx.post(url, headers=headers, timeout=client.timeout, verify=client.transport.verify)
     if response.is_success:
         return
     raise fence_refusal(response, Sequencer.parse(grant.sequencer))

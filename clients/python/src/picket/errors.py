@@ -75,6 +75,22 @@ class TokenMismatch(PicketError):
     """The token is not the session's current grant of the lock."""
 
 
+class NotWaiting(PicketError):
+    """The session does not wait for the lock (cancel of a wait that ended)."""
+
+
+class AlreadyWaiting(PicketError):
+    """The session already waits for the lock under another request."""
+
+
+class NothingToAbandon(PicketError):
+    """The request to abandon made no wait or grant that is still there."""
+
+
+class NotFound(PicketError):
+    """No such path on the server: a client and server of different versions?"""
+
+
 class NotLeader(PicketError):
     """The node is not the leader; ``leader`` names it when known (the client follows it)."""
 
@@ -146,6 +162,10 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "wait_ended": WaitEnded,
     "not_held": NotHeld,
     "token_mismatch": TokenMismatch,
+    "not_waiting": NotWaiting,
+    "already_waiting": AlreadyWaiting,
+    "nothing_to_abandon": NothingToAbandon,
+    "not_found": NotFound,
     "not_leader": NotLeader,
     "too_many_sessions": Exhausted,
     "too_many_locks": Exhausted,
