@@ -176,6 +176,15 @@ impl Guarded<'_> {
         self.node.lock(name).await
     }
 
+    /// See [`Node::lock_at`]: the caller must be able to read the lock.
+    ///
+    /// # Errors
+    /// As the node's, and [`ServiceError::PermissionDenied`].
+    pub async fn lock_at(&self, name: &str) -> Result<(LockInfo, u64), ServiceError> {
+        self.access.require(Role::Read, name)?;
+        self.node.lock_at(name).await
+    }
+
     /// See [`Node::locks`]: the caller must be able to read every lock under `prefix`.
     ///
     /// # Errors

@@ -561,10 +561,14 @@ async fn get_lock(
 }
 
 /// One lock as `who` may see it.
+/// It carries the revision it was read at: a free lock keeps no record, so its last token is
+/// not known, but every token it had is at most that revision and any later grant's is above.
 async fn lock_view(node: &Arc<Node>, who: Access, name: &str) -> ApiResult<Value> {
     let caller = node.as_caller(who);
-    let info = caller.lock(name).await?;
-    Ok(Json(lock_json(&caller, &info)))
+    let (info, revision) = caller.lock_at(name).await?;
+    let mut view = lock_json(&caller, &info);
+    view["revision"] = json!(revision);
+    Ok(Json(view))
 }
 
 async fn get_lock_named_acquire(State(node): State<Arc<Node>>, Who(who): Who) -> ApiResult<Value> {

@@ -984,16 +984,28 @@ impl Node {
     /// # Errors
     /// An invalid name; cluster failures.
     pub async fn lock(&self, name: &str) -> Result<LockInfo, ServiceError> {
+        self.lock_at(name).await.map(|(info, _)| info)
+    }
+
+    /// [`Node::lock`] with the revision it was read at. A lock nobody holds, awaits or is
+    /// delayed on keeps no record (the state stays bounded), so its last token is not known;
+    /// every token it ever had is at most this revision, and any later grant's is above it.
+    ///
+    /// # Errors
+    /// As [`Node::lock`].
+    pub async fn lock_at(&self, name: &str) -> Result<(LockInfo, u64), ServiceError> {
         let limits = self.read_local(|state| state.machine.limits().clone());
         picket_core::validate_name(name, &limits).map_err(CommandError::InvalidName)?;
-        self.read_linearizable(|state| state.machine.lock(name)).await.map(|info| {
-            info.unwrap_or(LockInfo {
-                name: name.to_owned(),
-                holder: None,
-                waiters: Vec::new(),
-                delayed_until_ms: None,
-            })
-        })
+        let (info, revision) = self
+            .read_linearizable(|state| (state.machine.lock(name), state.machine.revision()))
+            .await?;
+        let info = info.unwrap_or(LockInfo {
+            name: name.to_owned(),
+            holder: None,
+            waiters: Vec::new(),
+            delayed_until_ms: None,
+        });
+        Ok((info, revision))
     }
 
     /// Locks by prefix (linearizable).

@@ -81,6 +81,10 @@ fn acquire_check_release_over_http() {
     assert_eq!(check.body["status"], "superseded", "a released grant is over");
     let lock = http::get(addr, "/v1/locks/jobs/nightly%20report");
     assert_eq!(lock.body["holder"], Value::Null);
+    // A free lock keeps no record, but the view bounds its last token: every token it had is at
+    // most the revision it was read at, and the next grant's is above it.
+    let revision = lock.body["revision"].as_u64().expect("a revision");
+    assert!(revision >= token, "{}", lock.text);
 
     let listed = http::get(addr, "/v1/locks?prefix=jobs/");
     assert_eq!(listed.body["locks"], json!([]));
