@@ -31,6 +31,10 @@ pub const MAX_PREFIX_LABELS: usize = 64;
 pub const MAX_CONFIGURED_PREFIXES: usize = 256;
 /// How many of the longest queues `picket_lock_queue_depth` shows.
 pub const QUEUE_DEPTH_TOP: usize = 10;
+/// How long a summary of the queues serves scrapes before the locks are walked again: the walk
+/// reads every lock under the state's read lock, which holds up applying, so however many
+/// scrapers and dashboards ask, it runs at most this often.
+pub const QUEUE_SUMMARY_MAX_AGE: Duration = Duration::from_secs(5);
 /// Most released locks remembered while their waiters wait for the next grant (handoff
 /// latency); past it, handoffs go unmeasured until some complete.
 const MAX_HANDOFFS_TRACKED: usize = 10_000;
@@ -139,6 +143,8 @@ pub struct Metrics {
     /// Locks released while others waited, and when: the next grant of each is a handoff.
     released_at: Mutex<BTreeMap<String, Instant>>,
     keepalives_per_tick: Histogram,
+    /// The last summary of the queues and when it was made ([`QUEUE_SUMMARY_MAX_AGE`]).
+    queues: Mutex<Option<(Instant, QueueSummary)>>,
     snapshot_bytes: Gauge,
     snapshot_build_seconds: Histogram,
     leader_changes: Counter,
@@ -191,6 +197,7 @@ impl Metrics {
             handoff_seconds: latency_histogram(),
             released_at: Mutex::default(),
             keepalives_per_tick: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+            queues: Mutex::default(),
             snapshot_bytes: Gauge::default(),
             snapshot_build_seconds: latency_histogram(),
             leader_changes: Counter::default(),
@@ -409,6 +416,22 @@ impl Metrics {
 
     fn released_at(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Instant>> {
         self.released_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The summary of the queues: `summarize()`'s, made now if the last one is older than
+    /// [`QUEUE_SUMMARY_MAX_AGE`], else the last one.
+    pub fn queue_summary(&self, summarize: impl FnOnce() -> QueueSummary) -> QueueSummary {
+        let mut last = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
+            Some((made_at, summary)) if made_at.elapsed() < QUEUE_SUMMARY_MAX_AGE => {
+                summary.clone()
+            }
+            _ => {
+                let summary = summarize();
+                *last = Some((Instant::now(), summary.clone()));
+                summary
+            }
+        }
     }
 
     /// Counts a refused command by its stable code.

@@ -1112,10 +1112,10 @@ impl Node {
     #[must_use]
     pub fn render_metrics(&self) -> String {
         let raft = self.raft.metrics().borrow_watched().clone();
-        let (sessions, queues) = self.read_local(|state| {
-            let queues = state.machine.queue_summary(crate::metrics::QUEUE_DEPTH_TOP);
-            (state.machine.session_count(), queues)
+        let queues = self.metrics().queue_summary(|| {
+            self.read_local(|state| state.machine.queue_summary(crate::metrics::QUEUE_DEPTH_TOP))
         });
+        let sessions = self.read_local(|state| state.machine.session_count());
         let scrape = crate::metrics::Scrape {
             sessions,
             queues,
