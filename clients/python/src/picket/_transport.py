@@ -10,8 +10,9 @@ retried until the deadline.
 
 from __future__ import annotations
 
+import ssl
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
@@ -19,6 +20,8 @@ from .errors import NotLeader, OutcomeUnknown, PicketError, Unavailable, from_re
 
 Json = Dict[str, Any]
 Verify = Union[bool, str]
+#: A client certificate and its key (PEM files), for nodes that take certificates.
+Cert = Optional[Tuple[str, str]]
 
 #: Pause between attempts while the cluster has no leader.
 RETRY_PAUSE_S = 0.1
@@ -56,6 +59,20 @@ class _Endpoints:
         if url not in self.all:
             self.all.append(url)
         self.current = self.all.index(url)
+
+
+def tls(verify: Verify, cert: Cert) -> Union[bool, ssl.SSLContext]:
+    """What httpx takes as ``verify``: the default, or a context that trusts ``verify`` (a CA
+    bundle) and presents ``cert``."""
+    if cert is None and not isinstance(verify, str):
+        return verify
+    context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+    if verify is False:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert is not None:
+        context.load_cert_chain(cert[0], cert[1])
+    return context
 
 
 def _headers(token: Optional[str]) -> Dict[str, str]:
@@ -123,12 +140,14 @@ class Transport:
         token: Optional[str] = None,
         timeout_s: float = 10.0,
         verify: Verify = True,
+        cert: Cert = None,
     ) -> None:
         self.endpoints = _Endpoints(endpoints)
         self.timeout_s = timeout_s
         self.token = token
         self.verify = verify
-        self.http = httpx.Client(timeout=timeout_s, verify=verify, headers=_headers(token))
+        self.tls = tls(verify, cert)
+        self.http = httpx.Client(timeout=timeout_s, verify=self.tls, headers=_headers(token))
 
     def call(
         self,
@@ -173,12 +192,14 @@ class AsyncTransport:
         token: Optional[str] = None,
         timeout_s: float = 10.0,
         verify: Verify = True,
+        cert: Cert = None,
     ) -> None:
         self.endpoints = _Endpoints(endpoints)
         self.timeout_s = timeout_s
         self.token = token
         self.verify = verify
-        self.http = httpx.AsyncClient(timeout=timeout_s, verify=verify, headers=_headers(token))
+        self.tls = tls(verify, cert)
+        self.http = httpx.AsyncClient(timeout=timeout_s, verify=self.tls, headers=_headers(token))
 
     async def call(
         self,

@@ -17,7 +17,7 @@ import httpx
 
 from . import _common
 from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id
-from ._transport import AsyncTransport, Json, Verify
+from ._transport import AsyncTransport, Cert, Json, Verify
 from .client import MAX_ACQUIRE_RETRIES, fence_refusal
 from .errors import NotHeld, OutcomeUnknown, PicketError, SessionLost, TokenMismatch, UnknownSession
 
@@ -218,7 +218,9 @@ class AsyncSession:
         transport = self.client.transport
         timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
         query = {"session_id": str(self.id), "losses_only": "true"}
-        async with httpx.AsyncClient(timeout=timeout, verify=transport.verify, headers=transport.http.headers) as http:
+        async with httpx.AsyncClient(
+            timeout=timeout, verify=transport.tls, headers=transport.http.headers
+        ) as http:
             while not self._closing.is_set() and not self.lost.is_set():
                 try:
                     url = transport.endpoints.url() + "/v1/watch"
@@ -297,9 +299,10 @@ class AsyncClient:
         token: Optional[str] = None,
         timeout: float = 10.0,
         verify: Verify = True,
+        cert: Cert = None,
     ) -> None:
         self.timeout = timeout
-        self.transport = AsyncTransport(endpoints, token=token, timeout_s=timeout, verify=verify)
+        self.transport = AsyncTransport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
 
     async def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> AsyncSession:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
@@ -356,7 +359,7 @@ class AsyncClient:
 async def register(client: AsyncClient, url: str, grant: AsyncGrant) -> None:
     """Fence on acquire over HTTP, as :func:`picket.client.register`."""
     # A client of its own: the Picket client's default headers carry its bearer token.
-    async with httpx.AsyncClient(timeout=client.timeout, verify=client.transport.verify) as http:
+    async with httpx.AsyncClient(timeout=client.timeout) as http:
         response = await http.post(url, headers={"Picket-Sequencer": grant.sequencer})
     if not response.is_success:
         raise fence_refusal(response, Sequencer.parse(grant.sequencer))

@@ -17,7 +17,7 @@ import httpx
 
 from . import _common
 from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id
-from ._transport import Json, Transport, Verify
+from ._transport import Cert, Json, Transport, Verify
 from .errors import (
     FenceRefused,
     NotHeld,
@@ -234,7 +234,9 @@ class Session:
         service reaches the session at once, not at the next keepalive."""
         transport = self.client.transport
         timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
-        http = httpx.Client(timeout=timeout, verify=transport.verify, headers=transport.http.headers)
+        http = httpx.Client(
+            timeout=timeout, verify=transport.tls, headers=transport.http.headers
+        )
         self._watch_http = http
         query = {"session_id": str(self.id), "losses_only": "true"}
         try:
@@ -311,9 +313,11 @@ class Session:
 
 
 class Client:
-    """A Picket client over HTTP/JSON. ``endpoints`` are the nodes (``host:port`` or URLs); the
-    client follows the leader. ``token`` is a bearer token for nodes with ``--auth-file``;
-    ``verify`` a CA bundle path (or ``False``) for TLS."""
+    """A Picket client over HTTP/JSON. ``endpoints`` are the nodes (``host:port``, or
+    ``https://host:port`` for TLS); the client follows the leader. ``token`` is a bearer token for
+    nodes with ``--auth-file``; ``verify`` the CA bundle that signed the nodes' certificates (the
+    servers' ``--peer-ca``); ``cert`` a client certificate and key, for a principal named by its
+    certificate."""
 
     def __init__(
         self,
@@ -322,9 +326,10 @@ class Client:
         token: Optional[str] = None,
         timeout: float = 10.0,
         verify: Verify = True,
+        cert: Cert = None,
     ) -> None:
         self.timeout = timeout
-        self.transport = Transport(endpoints, token=token, timeout_s=timeout, verify=verify)
+        self.transport = Transport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
 
     def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> Session:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
@@ -385,7 +390,7 @@ def register(client: Client, url: str, grant: Grant) -> None:
     # A plain request: the client's own default headers carry Picket's bearer token, which is
     # not the resource's business.
     headers = {"Picket-Sequencer": grant.sequencer}
-    response = httpx.post(url, headers=headers, timeout=client.timeout, verify=client.transport.verify)
+    response = httpx.post(url, headers=headers, timeout=client.timeout)
     if response.is_success:
         return
     raise fence_refusal(response, Sequencer.parse(grant.sequencer))
