@@ -8,6 +8,7 @@
 # - Chromium and ChromeDriver: the dashboard's test drives a headless browser.
 # - systemd (for systemd-analyze): the deploy test verifies deploy/picket.service.
 # - Python 3 with venv: the Python client's tests (pytest, mypy) run in target/python-venv.
+# - openssl: the Python client's TLS tests make their certificates with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,7 @@ if [ ! -x /usr/bin/chromedriver ]; then missing+=(chromium-driver); fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then missing+=(systemd); fi
 if ! command -v python3 >/dev/null 2>&1; then missing+=(python3); fi
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then missing+=(python3-venv); fi
+if ! command -v openssl >/dev/null 2>&1; then missing+=(openssl); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (needed by the tests)"
   sudo=""
