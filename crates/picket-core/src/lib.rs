@@ -56,7 +56,9 @@ pub use limits::{
 pub use machine::{RESTORE_EPOCH_SHIFT, RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
-pub use query::{CheckOutcome, HolderInfo, LockInfo, QueueSummary, SessionInfo, SessionLease};
+pub use query::{
+    CheckOutcome, HolderInfo, LockInfo, Occupancy, QueueSummary, SessionInfo, SessionLease,
+};
 pub use seal::{SealError, SequencerKeys, SequencerSigner, VerifyError};
 pub use sequencer::{
     MAX_CLUSTER_ID_BYTES, MAX_SEQUENCER_BYTES, Seal, Sequencer, SequencerError, is_valid_cluster_id,

@@ -30,7 +30,9 @@ use crate::error::CommandError;
 use crate::limits::{Limits, MAX_OWNER_BYTES};
 use crate::name::validate_name;
 use crate::outcome::{Applied, Event, Response};
-use crate::query::{CheckOutcome, HolderInfo, LockInfo, QueueSummary, SessionInfo, SessionLease};
+use crate::query::{
+    CheckOutcome, HolderInfo, LockInfo, Occupancy, QueueSummary, SessionInfo, SessionLease,
+};
 use crate::record::{Delay, Holder, LockRecord, SessionRecord, Waiter};
 use crate::sequencer::Sequencer;
 use crate::types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};
@@ -1032,6 +1034,17 @@ impl StateMachine {
             summary.longest.truncate(top);
         }
         summary
+    }
+
+    /// Whether `name` is held, awaited or delayed, without copying its queue (cheaper than
+    /// [`StateMachine::lock`], for counting on the apply path); `None` for a free lock.
+    #[must_use]
+    pub fn occupancy(&self, name: &str) -> Option<Occupancy> {
+        self.locks.get(name).map(|lock| Occupancy {
+            held: lock.holder.is_some(),
+            waiters: lock.waiters.len(),
+            delayed: lock.delay.is_some(),
+        })
     }
 
     /// The session holding `name` now, if any (cheaper than [`StateMachine::lock`]).

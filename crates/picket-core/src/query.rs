@@ -16,6 +16,17 @@ pub struct LockInfo {
     pub delayed_until_ms: Option<u64>,
 }
 
+/// What one lock holds now, without copying its queue ([`crate::StateMachine::occupancy`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Someone holds it.
+    pub held: bool,
+    /// Sessions waiting for it.
+    pub waiters: usize,
+    /// A lock-delay is in force.
+    pub delayed: bool,
+}
+
 /// Counts over every lock, for metrics ([`crate::StateMachine::queue_summary`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueSummary {

@@ -903,4 +903,9 @@ fn queue_summary_counts_holders_waiters_delays_and_the_longest_queues() {
     assert_eq!(summary.longest, vec![("two".to_owned(), 2), ("three".to_owned(), 1)]);
     assert_eq!(story.machine.queue_summary(1).longest, vec![("two".to_owned(), 2)]);
     assert!(story.machine.queue_summary(0).longest.is_empty());
+    let two = picket_core::Occupancy { held: true, waiters: 2, delayed: false };
+    assert_eq!(story.machine.occupancy("two"), Some(two));
+    let delayed = picket_core::Occupancy { held: false, waiters: 0, delayed: true };
+    assert_eq!(story.machine.occupancy("delayed"), Some(delayed));
+    assert_eq!(story.machine.occupancy("free"), None);
 }

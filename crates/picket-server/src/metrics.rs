@@ -378,15 +378,13 @@ impl Metrics {
                 let prefix = self.prefixes.label(name);
                 let labels = PrefixCauseLabels { prefix, cause: release_cause(*cause).to_owned() };
                 self.releases.get_or_create(&labels).inc();
-                let lock = state.lock(name);
+                let lock = state.occupancy(name).unwrap_or_default();
                 let ended_by_loss =
                     matches!(cause, ReleaseCause::SessionExpired | ReleaseCause::SessionRevoked);
-                if ended_by_loss
-                    && lock.as_ref().is_some_and(|lock| lock.delayed_until_ms.is_some())
-                {
+                if ended_by_loss && lock.delayed {
                     self.lock_delays.get_or_create(&PrefixLabels { prefix: labels.prefix }).inc();
                 }
-                if lock.is_some_and(|lock| !lock.waiters.is_empty() || lock.holder.is_some()) {
+                if lock.waiters > 0 || lock.held {
                     let mut released_at = self.released_at();
                     if released_at.len() < MAX_HANDOFFS_TRACKED {
                         released_at.insert(name.clone(), Instant::now());
@@ -397,7 +395,7 @@ impl Metrics {
                 let prefix = self.prefixes.label(name);
                 let labels = PrefixCauseLabels { prefix, cause: cancel_cause(*cause).to_owned() };
                 self.waits_cancelled.get_or_create(&labels).inc();
-                if state.lock(name).is_none_or(|lock| lock.waiters.is_empty()) {
+                if state.occupancy(name).is_none_or(|lock| lock.waiters == 0) {
                     self.released_at().remove(name);
                 }
             }
