@@ -4,8 +4,8 @@
 //! a lock, then stops it. (The Dockerfile's image cannot be built here: base images come from a
 //! registry this machine does not reach; its command is checked like the others.)
 
-use picket_testkit::http;
-use picket_testkit::{free_port, temp_dir, wait_until};
+use picket_testkit::cluster::send;
+use picket_testkit::{free_port, temp_dir};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -126,16 +126,16 @@ fn the_cluster_script_starts_three_nodes_that_grant_a_lock_and_stops_them() {
     let started = cluster_script("start", &cluster.data, base);
     assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
     let addrs: Vec<String> = (0..3).map(|offset| format!("127.0.0.1:{}", base + offset)).collect();
-    let leader = wait_until("a leader", Duration::from_secs(30), || {
-        addrs.iter().find_map(|addr| {
-            let view = http::try_request(addr, "GET", "/v1/cluster", None).ok()?.body;
-            (view["role"] == "leader").then(|| addr.clone())
-        })
-    });
-    let session = http::post(&leader, "/v1/sessions", &json!({ "ttl_ms": 10_000 }));
+    // `send` follows the leader and waits out an election (a node that just became leader
+    // answers 503 until it settled), as a client would.
+    let post = |path: &str, body: &serde_json::Value| {
+        send(&addrs, "POST", path, Some(body), Duration::from_secs(30))
+            .expect("the cluster answers")
+    };
+    let session = post("/v1/sessions", &json!({ "ttl_ms": 10_000 }));
     let session = session.body["session_id"].as_u64().expect("a session");
     let body = json!({ "name": "deploy/check", "session_id": session, "wait_ms": 0 });
-    assert_eq!(http::post(&leader, "/v1/locks/acquire", &body).status, 200);
+    assert_eq!(post("/v1/locks/acquire", &body).status, 200);
     let stopped = cluster_script("stop", &cluster.data, base);
     assert!(stopped.status.success(), "{}", String::from_utf8_lossy(&stopped.stderr));
     for addr in &addrs {
