@@ -50,10 +50,10 @@ mod types;
 pub use command::{Command, Input};
 pub use error::{CommandError, NameError};
 pub use limits::{
-    DEFAULT_SESSION_EXPIRY_GRACE_MS, Limits, MAX_NAME_BYTES_CAP, MAX_OWNER_BYTES,
+    DEFAULT_SESSION_EXPIRY_GRACE_MS, InvalidLimits, Limits, MAX_NAME_BYTES_CAP, MAX_OWNER_BYTES,
     MAX_RENEWALS_PER_TICK_CAP,
 };
-pub use machine::{RESTORE_EPOCH_SHIFT, RestoreError, StateMachine};
+pub use machine::{BrokenInvariant, RESTORE_EPOCH_SHIFT, RestoreError, StateMachine};
 pub use name::validate_name;
 pub use outcome::{Applied, Event, Response};
 pub use query::{

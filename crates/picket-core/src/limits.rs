@@ -5,6 +5,15 @@
 //! when the state is created (at cluster bootstrap) and travel inside every snapshot.
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Limits that contradict themselves or the caps, naming the first rule they break.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("invalid limits: {rule}")]
+pub struct InvalidLimits {
+    /// The rule, as a sentence ("`min_ttl_ms` must not exceed `max_ttl_ms`").
+    pub rule: &'static str,
+}
 
 /// Bounds on names, TTLs, counts and listings. See [`Limits::default`] for the values.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,8 +95,8 @@ impl Limits {
     /// Checks that the limits themselves make sense; a state machine refuses to start otherwise.
     ///
     /// # Errors
-    /// A sentence naming the first limit that is out of place.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`InvalidLimits`] naming the first limit that is out of place.
+    pub fn validate(&self) -> Result<(), InvalidLimits> {
         let checks: [(bool, &str); 12] = [
             (self.max_name_bytes > 0, "max_name_bytes must be at least 1"),
             // The caps keep every command's encoding far below the log's entry bound.
@@ -113,7 +122,7 @@ impl Limits {
             ),
         ];
         match checks.iter().find(|(ok, _)| !ok) {
-            Some((_, message)) => Err((*message).to_owned()),
+            Some((_, rule)) => Err(InvalidLimits { rule }),
             None => Ok(()),
         }
     }

@@ -537,7 +537,7 @@ fn check_step(
             )
         }
     }
-    machine.check_invariants().map_err(TestCaseError::fail)?;
+    machine.check_invariants().map_err(|broken| TestCaseError::fail(broken.to_string()))?;
     // The next deadline is exactly the first time a tick would change something.
     let mut probe = machine.clone();
     match machine.next_deadline_ms() {

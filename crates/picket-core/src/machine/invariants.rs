@@ -1,0 +1,164 @@
+//! Snapshots of the state, and the check of its every invariant.
+
+use super::{Deadlines, RestoreError, StateMachine};
+use crate::record::{LockRecord, SessionRecord};
+use crate::types::SessionId;
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// An invariant of the state that does not hold: a bug in this crate, or a damaged snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum BrokenInvariant {
+    #[error("{count} sessions exceed the limit of {max}")]
+    TooManySessions { count: usize, max: usize },
+    #[error("session {session} was not opened at a past revision")]
+    SessionFromTheFuture { session: SessionId },
+    #[error("session {session} holds or waits for too many locks")]
+    SessionOverItsLocks { session: SessionId },
+    #[error("session {session} lists {name:?} as held but is not its holder")]
+    HeldButNotHolder { session: SessionId, name: String },
+    #[error("session {session} lists {name:?} as awaited but is not queued")]
+    AwaitedButNotQueued { session: SessionId, name: String },
+    #[error("lock {name:?} is idle but keeps a record")]
+    IdleLockKept { name: String },
+    #[error("lock {name:?} is free but has waiters")]
+    FreeLockWithWaiters { name: String },
+    #[error("lock {name:?} is held during its lock-delay")]
+    HeldDuringLockDelay { name: String },
+    #[error("lock {name:?} has too many waiters")]
+    TooManyWaiters { name: String },
+    #[error("lock {name:?} has token {token} from the future")]
+    TokenFromTheFuture { name: String, token: u64 },
+    #[error("lock {name:?} is held by session {session} which does not list it")]
+    HolderDoesNotListIt { name: String, session: SessionId },
+    #[error("session {session} is queued twice for {name:?}")]
+    QueuedTwice { name: String, session: SessionId },
+    #[error("session {session} waits for {name:?}, which it holds")]
+    WaitsForItsOwnLock { name: String, session: SessionId },
+    #[error("session {session} is queued for {name:?} but does not list it")]
+    WaiterDoesNotListIt { name: String, session: SessionId },
+    #[error("a deadline index disagrees with the records")]
+    DeadlineIndex,
+}
+
+/// Snapshots and invariants.
+impl StateMachine {
+    /// The whole state as bytes. Two state machines that applied the same inputs produce the
+    /// same bytes.
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("the state always serializes")
+    }
+
+    /// Rebuilds a state machine from [`StateMachine::snapshot`] bytes, checking every invariant.
+    ///
+    /// # Errors
+    /// [`RestoreError`] when the bytes do not decode or describe an inconsistent state.
+    pub fn restore(bytes: &[u8]) -> Result<Self, RestoreError> {
+        let mut machine: Self = serde_json::from_slice(bytes)?;
+        machine.limits.validate()?;
+        machine.rebuild_indices();
+        machine.check_invariants()?;
+        Ok(machine)
+    }
+
+    /// Checks every structural invariant of the state. It costs a pass over the whole state, so
+    /// the shells run it on restore and the tests after every step; the cheap ones are also
+    /// asserted inline on every change.
+    ///
+    /// # Errors
+    /// The first broken invariant.
+    pub fn check_invariants(&self) -> Result<(), BrokenInvariant> {
+        if self.sessions.len() > self.limits.max_sessions {
+            return Err(BrokenInvariant::TooManySessions {
+                count: self.sessions.len(),
+                max: self.limits.max_sessions,
+            });
+        }
+        for (session, record) in &self.sessions {
+            self.check_session(*session, record)?;
+        }
+        for (name, lock) in &self.locks {
+            self.check_lock(name, lock)?;
+        }
+        if Deadlines::of(&self.sessions, &self.locks) != self.deadlines {
+            return Err(BrokenInvariant::DeadlineIndex);
+        }
+        Ok(())
+    }
+
+    fn check_session(
+        &self,
+        session: SessionId,
+        record: &SessionRecord,
+    ) -> Result<(), BrokenInvariant> {
+        if session.0 == 0 || session.0 > self.revision {
+            return Err(BrokenInvariant::SessionFromTheFuture { session });
+        }
+        if record.lock_count() > self.limits.max_locks_per_session {
+            return Err(BrokenInvariant::SessionOverItsLocks { session });
+        }
+        for name in &record.held {
+            let holder = self.locks.get(name).and_then(|lock| lock.holder);
+            if holder.map(|holder| holder.session) != Some(session) {
+                return Err(BrokenInvariant::HeldButNotHolder { session, name: name.clone() });
+            }
+        }
+        for name in &record.waiting {
+            let queued = self.locks.get(name).and_then(|lock| lock.position_of(session));
+            if queued.is_none() {
+                return Err(BrokenInvariant::AwaitedButNotQueued { session, name: name.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_lock(&self, name: &str, lock: &LockRecord) -> Result<(), BrokenInvariant> {
+        let name_owned = || name.to_owned();
+        if lock.is_idle() {
+            return Err(BrokenInvariant::IdleLockKept { name: name_owned() });
+        }
+        if lock.is_free() && !lock.waiters.is_empty() {
+            return Err(BrokenInvariant::FreeLockWithWaiters { name: name_owned() });
+        }
+        if lock.holder.is_some() && lock.delay.is_some() {
+            return Err(BrokenInvariant::HeldDuringLockDelay { name: name_owned() });
+        }
+        if lock.waiters.len() > self.limits.max_waiters_per_lock {
+            return Err(BrokenInvariant::TooManyWaiters { name: name_owned() });
+        }
+        if let Some(holder) = lock.holder {
+            if holder.token == 0 || holder.token > self.revision {
+                return Err(BrokenInvariant::TokenFromTheFuture {
+                    name: name_owned(),
+                    token: holder.token,
+                });
+            }
+            let listed =
+                self.sessions.get(&holder.session).is_some_and(|record| record.held.contains(name));
+            if !listed {
+                return Err(BrokenInvariant::HolderDoesNotListIt {
+                    name: name_owned(),
+                    session: holder.session,
+                });
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for waiter in &lock.waiters {
+            let session = waiter.session;
+            if !seen.insert(session) {
+                return Err(BrokenInvariant::QueuedTwice { name: name_owned(), session });
+            }
+            if lock.holder.is_some_and(|holder| holder.session == session) {
+                return Err(BrokenInvariant::WaitsForItsOwnLock { name: name_owned(), session });
+            }
+            let listed =
+                self.sessions.get(&session).is_some_and(|record| record.waiting.contains(name));
+            if !listed {
+                return Err(BrokenInvariant::WaiterDoesNotListIt { name: name_owned(), session });
+            }
+        }
+        Ok(())
+    }
+}
