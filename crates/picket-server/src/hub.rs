@@ -29,9 +29,9 @@ pub enum WaitOutcome {
     },
 }
 
-/// What a watch target names.
+/// What a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
+pub enum WatchTarget {
     /// One lock.
     Lock(String),
     /// Every lock whose name starts with this.
@@ -383,7 +383,7 @@ impl Hub {
     }
 
     /// Starts a watch of `target` from the next applied command on.
-    pub fn watch(&self, target: Target) -> Subscription {
+    pub fn watch(&self, target: WatchTarget) -> Subscription {
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         let lagged = Arc::new(AtomicBool::new(false));
         let mut watchers = lock(&self.watchers);
@@ -393,15 +393,17 @@ impl Hub {
             watchers.since_sweep = 0;
             watchers.sweep_closed();
         }
-        let losses_only = matches!(target, Target::SessionLosses(_));
+        let losses_only = matches!(target, WatchTarget::SessionLosses(_));
         let watcher = Watcher { sender, lagged: lagged.clone(), losses_only };
         match target {
-            Target::Session(session) => {
+            WatchTarget::Session(session) => {
                 watchers.by_session.entry(session).or_default().push(watcher)
             }
-            Target::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
-            Target::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
-            Target::Sessions(sessions) | Target::SessionLosses(sessions) => {
+            WatchTarget::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
+            WatchTarget::Prefix(prefix) => {
+                watchers.by_prefix.entry(prefix).or_default().push(watcher)
+            }
+            WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => {
                 // One channel, registered under each session: the stream gets each event once,
                 // since an event names one session.
                 for session in sessions {
@@ -481,10 +483,10 @@ mod tests {
         let hub = Hub::default();
         let mut nested: Vec<Subscription> = ["", "j", "jobs/", "jobs/é", "jobs/éx"]
             .iter()
-            .map(|p| hub.watch(Target::Prefix((*p).into())))
+            .map(|p| hub.watch(WatchTarget::Prefix((*p).into())))
             .collect();
         let mut others: Vec<Subscription> =
-            (0..50).map(|n| hub.watch(Target::Prefix(format!("other/{n}")))).collect();
+            (0..50).map(|n| hub.watch(WatchTarget::Prefix(format!("other/{n}")))).collect();
         for name in ["jobs/éx", "jobs/é"] {
             hub.publish(7, &[granted(name, 1, 7)]);
         }
@@ -504,10 +506,10 @@ mod tests {
     #[test]
     fn events_reach_only_the_watchers_they_concern() {
         let hub = Hub::default();
-        let mut by_session = hub.watch(Target::Session(SessionId(1)));
-        let mut by_lock = hub.watch(Target::Lock("a/x".into()));
-        let mut by_prefix = hub.watch(Target::Prefix("a/".into()));
-        let mut elsewhere = hub.watch(Target::Prefix("b/".into()));
+        let mut by_session = hub.watch(WatchTarget::Session(SessionId(1)));
+        let mut by_lock = hub.watch(WatchTarget::Lock("a/x".into()));
+        let mut by_prefix = hub.watch(WatchTarget::Prefix("a/".into()));
+        let mut elsewhere = hub.watch(WatchTarget::Prefix("b/".into()));
         hub.publish(5, &[granted("a/x", 1, 5)]);
         hub.publish(6, &[granted("a/y", 2, 6)]);
         let received = |subscription: &mut Subscription| -> Vec<u64> {
@@ -526,7 +528,7 @@ mod tests {
     #[test]
     fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
         let hub = Hub::default();
-        let mut losses = hub.watch(Target::SessionLosses(vec![SessionId(1)]));
+        let mut losses = hub.watch(WatchTarget::SessionLosses(vec![SessionId(1)]));
         let released =
             |cause| Event::Released { name: "x".into(), session: SessionId(1), token: 5, cause };
         hub.publish(5, &[granted("x", 1, 5)]);
@@ -554,7 +556,7 @@ mod tests {
     #[test]
     fn a_watcher_that_does_not_keep_up_is_cut_off_and_told() {
         let hub = Hub::default();
-        let mut slow = hub.watch(Target::Lock("x".into()));
+        let mut slow = hub.watch(WatchTarget::Lock("x".into()));
         for revision in 0..=WATCH_BUFFER as u64 {
             hub.publish(revision, &[granted("x", 1, revision)]);
         }

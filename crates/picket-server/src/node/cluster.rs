@@ -1,0 +1,165 @@
+//! The cluster as a node sees it, and membership changes.
+
+use super::{Node, not_leader};
+use crate::error::ServiceError;
+use crate::raft_types::NodeId;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ServerState};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Membership and leadership as one node sees them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterView {
+    /// (id, address, voter) of every member.
+    pub members: Vec<(NodeId, String, bool)>,
+    /// The leader, if known.
+    pub leader_id: Option<NodeId>,
+    /// The leader's address, if known.
+    pub leader_addr: Option<String>,
+    /// This node.
+    pub node_id: NodeId,
+    /// This node's role: leader, follower, candidate, learner or shutdown.
+    pub role: &'static str,
+    /// The current Raft term.
+    pub term: u64,
+    /// The last log index this node knows committed.
+    pub commit_index: u64,
+    /// The lock state's revision on this node.
+    pub applied_revision: u64,
+    /// The last log index applied on this node.
+    pub applied_log_index: u64,
+    /// The last log index covered by this node's snapshot, 0 if none.
+    pub snapshot_log_index: u64,
+    /// The last log index this node has purged from its log, 0 if none.
+    pub purged_log_index: u64,
+    /// How many times this node saw its clock or its process lose time (a stall or a jump)
+    /// since it started; see [`crate::clock`].
+    pub clock_gaps_total: u64,
+    /// The factor this node's clock runs at against its source: 1 unless, as leader, its peers
+    /// found its clock fast or slow against theirs (see [`crate::rate`]).
+    pub clock_rate_factor: f64,
+    /// As leader, each voter's clock rate against this node's clock, once known (see
+    /// [`crate::rate`]); empty on a follower.
+    pub peer_clock_rates: BTreeMap<NodeId, f64>,
+}
+
+/// Most members (voters and learners) a cluster may have.
+pub const MAX_MEMBERS: usize = 32;
+
+/// Longest member address.
+pub const MAX_MEMBER_ADDR_BYTES: usize = 256;
+
+impl Node {
+    /// Membership and leadership as this node sees them.
+    #[must_use]
+    pub fn cluster(&self) -> ClusterView {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members: Vec<(NodeId, String, bool)> = membership
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+            .collect();
+        let leader_addr = metrics
+            .current_leader
+            .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
+        let role = role_name(metrics.state);
+        let (applied_revision, applied_log_index) = self.read_local(|state| {
+            (state.machine.revision(), state.last_applied.map_or(0, |log_id| log_id.index()))
+        });
+        ClusterView {
+            members,
+            leader_id: metrics.current_leader,
+            leader_addr,
+            node_id: self.id,
+            role,
+            term: metrics.current_term,
+            commit_index: metrics.local_committed.map_or(0, |log_id| log_id.index()),
+            applied_revision,
+            applied_log_index,
+            snapshot_log_index: metrics.snapshot.map_or(0, |log_id| log_id.index()),
+            purged_log_index: metrics.purged.map_or(0, |log_id| log_id.index()),
+            clock_gaps_total: self.gaps.gaps_total(),
+            clock_rate_factor: self.clock.rate_factor(),
+            peer_clock_rates: self
+                .peer_clock_rates
+                .lock()
+                .map(|rates| rates.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Adds a node as a voter: first as a learner until it has caught up, then as a voter.
+    ///
+    /// # Errors
+    /// On a follower, or when the membership change fails.
+    pub async fn add_member(
+        &self,
+        node_id: NodeId,
+        addr: String,
+    ) -> Result<ClusterView, ServiceError> {
+        // Every membership entry lists every member: bounded, so no request can grow one past
+        // what the log takes.
+        if addr.is_empty()
+            || addr.len() > MAX_MEMBER_ADDR_BYTES
+            || addr.chars().any(char::is_control)
+        {
+            return Err(ServiceError::BadRequest(format!(
+                "a member's address is 1 to {MAX_MEMBER_ADDR_BYTES} printable bytes, as host:port"
+            )));
+        }
+        let members = self.cluster().members;
+        if members.len() >= MAX_MEMBERS && !members.iter().any(|(id, _, _)| *id == node_id) {
+            return Err(ServiceError::BadRequest(format!(
+                "the cluster already has {MAX_MEMBERS} members, its limit; remove one first"
+            )));
+        }
+        self.raft.add_learner(node_id, BasicNode { addr }, true).await.map_err(membership_error)?;
+        let voters: BTreeSet<NodeId> = [node_id].into();
+        self.raft
+            .change_membership(openraft::ChangeMembers::AddVoterIds(voters), false)
+            .await
+            .map_err(membership_error)?;
+        Ok(self.cluster())
+    }
+
+    /// Removes a node from the cluster.
+    ///
+    /// # Errors
+    /// On a follower, or when the membership change fails.
+    pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
+        let voters: BTreeSet<NodeId> = [node_id].into();
+        self.raft
+            .change_membership(openraft::ChangeMembers::RemoveVoters(voters), false)
+            .await
+            .map_err(membership_error)?;
+        Ok(self.cluster())
+    }
+}
+
+fn membership_error(
+    error: RaftError<
+        crate::raft_types::TypeConfig,
+        ClientWriteError<crate::raft_types::TypeConfig>,
+    >,
+) -> ServiceError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
+            ServiceError::BadRequest(change.to_string())
+        }
+        RaftError::APIError(other) => ServiceError::Unavailable(other.to_string()),
+        RaftError::Fatal(fatal) => ServiceError::Stopped(fatal.to_string()),
+    }
+}
+
+pub(super) fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}

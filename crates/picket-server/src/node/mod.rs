@@ -1,0 +1,450 @@
+//! One Picket node: the operations the APIs offer, on top of Raft and the applied state.
+//!
+//! Writes become log entries stamped with the leader's clock and applied by every node. Reads
+//! are linearizable: the leader confirms its leadership with a quorum (`ReadIndex`) and waits
+//! until its state has applied everything committed before it answers. Keepalives do not become
+//! log entries: the leader remembers them and folds them into the next tick (see
+//! [`crate::driver`]).
+
+mod acquire;
+mod cluster;
+mod reads;
+mod sessions;
+mod watch;
+
+pub use crate::hub::WatchTarget;
+pub use acquire::{AcquireRequest, Grant};
+pub use cluster::{ClusterView, MAX_MEMBER_ADDR_BYTES, MAX_MEMBERS};
+pub use sessions::{MAX_KEEPALIVE_BATCH, Ownership};
+pub(crate) use watch::Recheck;
+pub use watch::{MAX_WATCHED_SESSIONS, WatchItem, WatchStream};
+
+use crate::auth::AuthFile;
+use crate::clock::{Clock, GapWatch};
+use crate::error::ServiceError;
+use crate::hub::Hub;
+use crate::limits::{Budget, ServerLimit, ServerLimits};
+use crate::log_store::WriterStats;
+use crate::raft_types::{NodeId, Raft, Reply};
+use crate::renewals::Renewals;
+use crate::state_machine::{Applied, StateStore};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
+use openraft::{ReadPolicy, ServerState};
+use picket_core::SequencerSigner;
+use picket_core::{Command, CommandError, Input, Response, Sequencer, SessionId};
+use picket_proto::tls::ClientTls;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One running node. Shared by the API front ends and the leader's background duties.
+#[derive(Debug)]
+pub struct Node {
+    id: NodeId,
+    raft: Raft,
+    store: StateStore,
+    clock: Arc<Clock>,
+    /// Written by the leader's rate check, read by `cluster()`.
+    peer_clock_rates: std::sync::Mutex<BTreeMap<NodeId, f64>>,
+    gaps: GapWatch,
+    renewals: Renewals,
+    /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
+    watch_streams: Budget,
+    pending_acquires: Budget,
+    log_stats: Arc<WriterStats>,
+    /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
+    /// has committed and applied an entry of its own term.
+    refreshed_term: std::sync::atomic::AtomicU64,
+    /// How long a leader may go without hearing from a quorum before it is not ready.
+    leader_lease: std::time::Duration,
+    /// TLS for this node's calls to its peers, when the cluster runs TLS.
+    to_peers: Option<ClientTls>,
+    /// Signs every grant's sequencer, when the cluster has a signing key.
+    signer: Option<Arc<SequencerSigner>>,
+    /// The principals that may use this node; `None` lets anyone do anything.
+    auth: Option<Arc<AuthFile>>,
+}
+
+/// Most committed entries a node may have left to apply and still count as caught up.
+const MAX_READY_APPLY_LAG: u64 = 1_000;
+
+/// Why a node cannot serve yet (see [`Node::readiness`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// No leader is known: an election is under way, or this node is cut off from a quorum.
+    NoLeader,
+    /// This node was just elected and has not yet applied an entry of its own term.
+    LeaderNotSettled,
+    /// This node leads but has not heard from a quorum within a leader lease: it may have been
+    /// deposed on the other side of a partition.
+    NoQuorum,
+    /// This node has not yet applied every entry it knows to be committed.
+    CatchingUp,
+}
+
+impl NotReady {
+    /// A stable code for the wire.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::NoLeader => "no_leader",
+            Self::LeaderNotSettled => "leader_not_settled",
+            Self::NoQuorum => "no_quorum",
+            Self::CatchingUp => "catching_up",
+        }
+    }
+
+    /// What it means, for a person.
+    #[must_use]
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::NoLeader => {
+                "no leader is known: an election is under way or this node is cut off from a quorum"
+            }
+            Self::LeaderNotSettled => {
+                "this node was just elected leader and has not yet committed an entry of its own term"
+            }
+            Self::NoQuorum => {
+                "this node leads but has not heard from a quorum within its lease: it may be cut off"
+            }
+            Self::CatchingUp => {
+                "this node is more than 1,000 committed entries behind in applying them"
+            }
+        }
+    }
+}
+
+fn not_leader(forward: &ForwardToLeader<crate::raft_types::TypeConfig>) -> ServiceError {
+    ServiceError::NotLeader {
+        leader_id: forward.leader_id,
+        leader_addr: forward.leader_node.as_ref().map(|node| node.addr.clone()),
+    }
+}
+
+impl Node {
+    pub(crate) fn new(
+        id: NodeId,
+        raft: Raft,
+        store: StateStore,
+        log_stats: Arc<WriterStats>,
+        leader_lease: std::time::Duration,
+        clock: Arc<Clock>,
+        limits: &ServerLimits,
+    ) -> Self {
+        Self {
+            id,
+            raft,
+            store,
+            clock,
+            peer_clock_rates: std::sync::Mutex::default(),
+            gaps: GapWatch::default(),
+            renewals: Renewals::default(),
+            watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
+            pending_acquires: Budget::new(
+                ServerLimit::PendingAcquires,
+                limits.max_pending_acquires,
+            ),
+            log_stats,
+            refreshed_term: std::sync::atomic::AtomicU64::new(0),
+            leader_lease,
+            to_peers: None,
+            signer: None,
+            auth: None,
+        }
+    }
+
+    /// Signs every grant's sequencer with `signer`.
+    pub(crate) fn with_signer(mut self, signer: Option<Arc<SequencerSigner>>) -> Self {
+        self.signer = signer;
+        self
+    }
+
+    /// The sequencer string of the grant of `name` under `token` to `session`: signed when the
+    /// node has a signing key (`p2.`), else `p1.`.
+    #[must_use]
+    pub fn sequencer(&self, name: &str, token: u64, session: SessionId) -> String {
+        match &self.signer {
+            Some(signer) => signer.seal(name, token, session.0).to_string(),
+            None => Sequencer::new(name, token).to_string(),
+        }
+    }
+
+    /// Authenticates callers against `auth` (see [`crate::auth`]).
+    pub(crate) fn with_auth(mut self, auth: Option<Arc<AuthFile>>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// The principals that may use this node, when it authenticates its callers.
+    #[must_use]
+    pub fn auth(&self) -> Option<&AuthFile> {
+        self.auth.as_deref()
+    }
+
+    /// The auth file, shared, for requests that outlive one look at it.
+    pub(crate) fn auth_file(&self) -> Option<&Arc<AuthFile>> {
+        self.auth.as_ref()
+    }
+
+    /// Calls this node's peers over TLS with `to_peers`.
+    pub(crate) fn with_peer_tls(mut self, to_peers: Option<ClientTls>) -> Self {
+        self.to_peers = to_peers;
+        self
+    }
+
+    /// TLS for this node's calls to its peers, when the cluster runs TLS.
+    #[must_use]
+    pub fn to_peers(&self) -> Option<&ClientTls> {
+        self.to_peers.as_ref()
+    }
+
+    /// This node's id.
+    #[must_use]
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The Raft handle.
+    #[must_use]
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The node's clock.
+    #[must_use]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Records the voters' clock rates the leader's rate check found.
+    pub(crate) fn set_peer_clock_rates(&self, rates: BTreeMap<NodeId, f64>) {
+        if let Ok(mut known) = self.peer_clock_rates.lock() {
+            *known = rates;
+        }
+    }
+
+    /// The watch for stalls and clock jumps.
+    pub(crate) fn gaps(&self) -> &GapWatch {
+        &self.gaps
+    }
+
+    /// The keepalives waiting for the next tick.
+    pub(crate) fn renewals(&self) -> &Renewals {
+        &self.renewals
+    }
+
+    /// Where applied events go.
+    #[must_use]
+    pub fn hub(&self) -> &Arc<Hub> {
+        self.store.hub()
+    }
+
+    /// Group-commit counters of the log writer.
+    #[must_use]
+    pub fn log_stats(&self) -> &Arc<WriterStats> {
+        &self.log_stats
+    }
+
+    /// Records that this node, leading in `term`, had its `Refresh` applied.
+    pub(crate) fn mark_refreshed(&self, term: u64) {
+        self.refreshed_term.store(term, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this node can serve now: a leader is known, and this node has applied what it
+    /// knows to be committed (within [`MAX_READY_APPLY_LAG`] entries); a leader, moreover, has
+    /// applied an entry of its own term (before that it cannot know what its predecessor
+    /// committed) and heard from a quorum within its lease. A ready follower answers writes
+    /// and reads with the leader's address (421), as every follower does; it names a leader
+    /// that was just lost until the next election settles. Liveness is another question: a
+    /// node that is not ready is still alive.
+    ///
+    /// # Errors
+    /// Why it cannot serve yet.
+    pub fn readiness(&self) -> Result<(), NotReady> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        if metrics.current_leader.is_none() {
+            return Err(NotReady::NoLeader);
+        }
+        if metrics.state == ServerState::Leader {
+            if self.refreshed_term.load(std::sync::atomic::Ordering::Acquire)
+                != metrics.current_term
+            {
+                return Err(NotReady::LeaderNotSettled);
+            }
+            // A leader alone in its cluster is its own quorum; openraft reports no time then.
+            let quorum_age = metrics
+                .last_quorum_acked
+                .as_ref()
+                .map(|acked| openraft::Instant::elapsed(&**acked));
+            let alone = metrics.membership_config.membership().voter_ids().count() == 1;
+            if !alone && quorum_age.is_none_or(|age| age > self.leader_lease) {
+                return Err(NotReady::NoQuorum);
+            }
+        }
+        // Under load the state trails the commit index by the entries in flight to it; a node
+        // is catching up only when it trails by more than that.
+        let applied = metrics.last_applied.map_or(0, |log_id| log_id.index());
+        let committed = metrics.local_committed.map_or(0, |log_id| log_id.index());
+        if committed.saturating_sub(applied) > MAX_READY_APPLY_LAG {
+            return Err(NotReady::CatchingUp);
+        }
+        Ok(())
+    }
+
+    /// Reads the applied state of this node, without any consistency check.
+    pub fn read_local<T>(&self, read: impl FnOnce(&Applied) -> T) -> T {
+        read(&self.store.read())
+    }
+
+    /// Proposes a command stamped with this node's clock and returns what applying it did.
+    ///
+    /// A command that would be refused is refused here without reaching the log, when the
+    /// refusal is sure (see `Node::refusal_before_log`).
+    ///
+    /// # Errors
+    /// That refusal as [`ServiceError::Command`]; [`ServiceError::NotLeader`] on a follower, and
+    /// the other cluster-level failures. A command the state machine refused at apply is *not*
+    /// an error here (see [`Node::command`]).
+    pub async fn propose(&self, command: Command) -> Result<picket_core::Applied, ServiceError> {
+        self.propose_as(None, command).await
+    }
+
+    /// [`Node::propose`] on behalf of `principal`, which must own the session the command uses.
+    ///
+    /// # Errors
+    /// As [`Node::propose`].
+    pub async fn propose_as(
+        &self,
+        principal: Option<String>,
+        command: Command,
+    ) -> Result<picket_core::Applied, ServiceError> {
+        self.submit(Input { now_ms: self.clock.now_ms(), command, principal }).await
+    }
+
+    /// Proposes a command stamped with a clock reading taken earlier (a tick's, taken with the
+    /// keepalives it carries).
+    pub(crate) async fn propose_at(
+        &self,
+        now_ms: u64,
+        command: Command,
+    ) -> Result<picket_core::Applied, ServiceError> {
+        self.submit(Input::new(now_ms, command)).await
+    }
+
+    async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
+        if let Some(refusal) = self.refusal_before_log(&input.command).await {
+            self.metrics().refused(refusal.code(), "before_log");
+            return Err(ServiceError::Command(refusal));
+        }
+        match self.raft.client_write(input).await {
+            Ok(response) => match response.data {
+                Reply::Applied(applied) => Ok(applied),
+                Reply::None => {
+                    Err(ServiceError::Stopped("a command was applied as a blank entry".into()))
+                }
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Err(not_leader(&forward))
+            }
+            Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward))) => {
+                Err(ServiceError::OutcomeUnknown(format!(
+                    "leadership moved to {:?}",
+                    forward.leader_id
+                )))
+            }
+            Err(RaftError::APIError(other)) => Err(ServiceError::Unavailable(other.to_string())),
+            Err(RaftError::Fatal(fatal)) => Err(ServiceError::Stopped(fatal.to_string())),
+        }
+    }
+
+    /// The refusal of `command` to answer without writing it to the log, if any.
+    ///
+    /// Any node refuses what no later entry could overturn (bad input, a session that ended for
+    /// good). A settled leader (it applied its own term's `Refresh`) refuses anything else its
+    /// state refuses once its lease check has also waited until it applied everything committed
+    /// so far: every outcome any node told a client (a proposal's reply, a waiting acquire's
+    /// grant, a watch event) was committed before, so the refusal is a linearizable answer.
+    /// Never refused early: `Abandon`, which must follow the acquire it undoes even while that
+    /// acquire is in flight; a retried acquire (attempt above 0), whose first attempt may be in
+    /// flight and grant it; and the leader's own ticks.
+    async fn refusal_before_log(&self, command: &Command) -> Option<CommandError> {
+        let (refusal, lasts) = self.read_local(|state| {
+            let refusal = state.machine.validate(command).err()?;
+            let lasts = state.machine.refusal_lasts(&refusal);
+            Some((refusal, lasts))
+        })?;
+        if lasts {
+            return Some(refusal);
+        }
+        let ordered =
+            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh)
+                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0);
+        let term = self.settled_term();
+        if ordered || term.is_none() {
+            return None;
+        }
+        // LeaseRead confirms leadership and waits until this node applied every entry committed
+        // before the call; decide again on that state, in the same term.
+        self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
+        let refusal = self.read_local(|state| state.machine.validate(command).err())?;
+        (self.settled_term() == term).then_some(refusal)
+    }
+
+    /// The term in which this node leads and has applied its own `Refresh`, if it does.
+    fn settled_term(&self) -> Option<u64> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let refreshed = self.refreshed_term.load(std::sync::atomic::Ordering::Acquire);
+        (metrics.state == ServerState::Leader && refreshed == metrics.current_term)
+            .then_some(metrics.current_term)
+    }
+
+    /// Proposes a command and returns the state machine's response, or its refusal as an error.
+    ///
+    /// # Errors
+    /// [`ServiceError::Command`] when refused, and everything [`Node::propose`] returns.
+    pub async fn command(&self, command: Command) -> Result<Response, ServiceError> {
+        Ok(self.propose(command).await?.result?)
+    }
+
+    /// [`Node::command`] on behalf of `principal` (see [`Node::propose_as`]).
+    ///
+    /// # Errors
+    /// As [`Node::command`].
+    pub async fn command_as(
+        &self,
+        principal: Option<&str>,
+        command: Command,
+    ) -> Result<Response, ServiceError> {
+        Ok(self.propose_as(principal.map(str::to_owned), command).await?.result?)
+    }
+
+    /// Confirms leadership with a quorum and waits until the local state has applied everything
+    /// committed before this call, then reads it. The read is linearizable.
+    ///
+    /// # Errors
+    /// [`ServiceError::NotLeader`] on a follower, [`ServiceError::Unavailable`] without quorum.
+    pub async fn read_linearizable<T>(
+        &self,
+        read: impl FnOnce(&Applied) -> T,
+    ) -> Result<T, ServiceError> {
+        self.ensure_leader(ReadPolicy::ReadIndex).await?;
+        Ok(self.read_local(read))
+    }
+
+    async fn ensure_leader(&self, policy: ReadPolicy) -> Result<(), ServiceError> {
+        match self.raft.ensure_linearizable(policy).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                Err(not_leader(&forward))
+            }
+            Err(RaftError::APIError(other)) => Err(ServiceError::Unavailable(other.to_string())),
+            Err(RaftError::Fatal(fatal)) => Err(ServiceError::Stopped(fatal.to_string())),
+        }
+    }
+}
+
+fn unexpected(response: &Response) -> ServiceError {
+    ServiceError::Stopped(format!("unexpected response from the state machine: {response:?}"))
+}

@@ -1,0 +1,136 @@
+//! Reads on a node: locks, sessions, sequencer checks, backups and metrics.
+
+use super::Node;
+use super::cluster::role_name;
+use crate::error::ServiceError;
+use openraft::async_runtime::WatchReceiver;
+use picket_core::{CheckOutcome, CommandError, LockInfo, Sequencer, SessionId, SessionInfo};
+use std::sync::Arc;
+
+impl Node {
+    /// The state of one lock (linearizable). A lock nobody holds or waits for is reported free.
+    ///
+    /// # Errors
+    /// An invalid name; cluster failures.
+    pub async fn lock(&self, name: &str) -> Result<LockInfo, ServiceError> {
+        self.lock_at(name).await.map(|(info, _)| info)
+    }
+
+    /// [`Node::lock`] with the revision it was read at. A lock nobody holds, awaits or is
+    /// delayed on keeps no record (the state stays bounded), so its last token is not known;
+    /// every token it ever had is at most this revision, and any later grant's is above it.
+    ///
+    /// # Errors
+    /// As [`Node::lock`].
+    pub async fn lock_at(&self, name: &str) -> Result<(LockInfo, u64), ServiceError> {
+        let limits = self.read_local(|state| state.machine.limits().clone());
+        picket_core::validate_name(name, &limits).map_err(CommandError::InvalidName)?;
+        let (info, revision) = self
+            .read_linearizable(|state| (state.machine.lock(name), state.machine.revision()))
+            .await?;
+        let info = info.unwrap_or(LockInfo {
+            name: name.to_owned(),
+            holder: None,
+            waiters: Vec::new(),
+            delayed_until_ms: None,
+        });
+        Ok((info, revision))
+    }
+
+    /// Locks by prefix (linearizable).
+    ///
+    /// # Errors
+    /// Cluster failures.
+    pub async fn locks(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<LockInfo>, ServiceError> {
+        self.read_linearizable(|state| state.machine.locks(prefix, after, limit)).await
+    }
+
+    /// Sessions (linearizable), only those `owner` opened when given.
+    ///
+    /// # Errors
+    /// Cluster failures.
+    pub async fn sessions(
+        &self,
+        owner: Option<&str>,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionInfo>, ServiceError> {
+        self.read_linearizable(|state| state.machine.sessions_of(owner, after, limit)).await
+    }
+
+    /// Whether a sequencer names its lock's current grant (linearizable), and the sequencer's
+    /// token.
+    ///
+    /// # Errors
+    /// A malformed sequencer; cluster failures.
+    pub async fn check(&self, sequencer: &str) -> Result<(CheckOutcome, u64), ServiceError> {
+        let sequencer = Sequencer::parse(sequencer)
+            .map_err(|error| ServiceError::BadRequest(error.to_string()))?;
+        // A signed sequencer is checked against its signature too, where this node holds the key
+        // that made it: one with an altered session (or anything else) is no grant at all.
+        if let Some(Err(error)) =
+            self.signer.as_ref().and_then(|signer| signer.verify_own(&sequencer))
+        {
+            return Err(ServiceError::BadRequest(error.to_string()));
+        }
+        let outcome = self.read_linearizable(|state| state.machine.check(&sequencer)).await?;
+        Ok((outcome, sequencer.token))
+    }
+
+    /// A backup of the lock state (see [`crate::backup`]): linearizable, so it holds every
+    /// grant any client was told of before the call.
+    ///
+    /// # Errors
+    /// On a follower ([`ServiceError::NotLeader`]), and when no quorum answers.
+    pub async fn backup(&self) -> Result<Vec<u8>, ServiceError> {
+        let taken_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+        let node_id = self.id;
+        self.read_linearizable(|state| {
+            let meta = crate::backup::BackupMeta {
+                revision: state.machine.revision(),
+                log_index: state.last_applied.map_or(0, |log_id| log_id.index()),
+                node_id,
+                taken_unix_ms,
+                sessions: state.machine.session_count(),
+                locks: state.machine.lock_count(),
+            };
+            crate::backup::encode(&meta, &state.machine.snapshot())
+        })
+        .await
+    }
+
+    /// This node's metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        self.store.metrics()
+    }
+
+    /// Every metric in the Prometheus text format, with the gauges read now.
+    #[must_use]
+    pub fn render_metrics(&self) -> String {
+        let raft = self.raft.metrics().borrow_watched().clone();
+        let queues = self.metrics().queue_summary(|| {
+            self.read_local(|state| state.machine.queue_summary(crate::metrics::QUEUE_DEPTH_TOP))
+        });
+        let sessions = self.read_local(|state| state.machine.session_count());
+        let scrape = crate::metrics::Scrape {
+            sessions,
+            queues,
+            role: role_name(raft.state),
+            term: raft.current_term,
+            commit_index: raft.local_committed.map_or(0, |log_id| log_id.index()),
+            applied_index: raft.last_applied.map_or(0, |log_id| log_id.index()),
+            last_log_index: raft.last_log_index.unwrap_or(0),
+            members: raft.membership_config.membership().nodes().count(),
+            clock_gaps: self.gaps.gaps_total(),
+        };
+        self.metrics().render(&scrape)
+    }
+}
