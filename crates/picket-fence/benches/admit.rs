@@ -2,7 +2,7 @@
 //! Figures are recorded in BENCHMARKS.md; nothing here asserts a timing.
 
 use picket_fence::rule::{self, Policy, Presented, Stamp};
-use picket_fence::{FencedStore, Guard, Guarded};
+use picket_fence::{FencedStore, Guarded, ResourceGuard};
 use picket_testkit::bench::measure;
 use std::hint::black_box;
 
@@ -38,7 +38,7 @@ fn main() {
     // without a fence record, both with fsync on.
     let dir = tempfile::tempdir().expect("a temporary directory");
     let store = FencedStore::open(dir.path().join("bench.redb")).expect("the store opens");
-    let guard = Guard { resource: "orders/", policy: &policy };
+    let guard = ResourceGuard { resource: "orders/", policy: &policy };
     let fenced = measure("fenced store: admitted write (one redb transaction, fsync)", 300, || {
         store
             .write(&[guard], &presented(40, None), |unit| unit.put("orders/1", b"value"))

@@ -37,6 +37,6 @@ pub use guarded::{Guarded, Written};
 pub use refusal::{Refusal, RefusalReason};
 pub use rule::{Admission, FenceRecord, Policy, Presented, RememberedWrite, Stamp};
 pub use store::{
-    Applied, FencedStore, Guard, MAX_KEY_BYTES, MAX_SCAN, MAX_VALUE_BYTES, StoreError, Unit,
+    FencedStore, MAX_KEY_BYTES, MAX_SCAN, MAX_VALUE_BYTES, ResourceGuard, StoreError, Unit,
     WriteError,
 };

@@ -5,8 +5,9 @@
 //! default durability fsyncs before `commit` returns, so the highest token is on disk before the
 //! write is acknowledged and survives a crash or restart of the resource.
 
+use crate::guarded::Written;
 use crate::refusal::Refusal;
-use crate::rule::{self, Admission, FenceRecord, Policy, Presented};
+use crate::rule::{self, FenceRecord, Policy, Presented};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::Path;
 use thiserror::Error;
@@ -69,7 +70,7 @@ pub enum WriteError {
 
 /// A resource a write touches and how it is guarded.
 #[derive(Clone, Copy, Debug)]
-pub struct Guard<'a> {
+pub struct ResourceGuard<'a> {
     /// The resource name, e.g. the key prefix a lock protects.
     pub resource: &'a str,
     /// Its lock and mode; stored with the first admitted write.
@@ -135,15 +136,6 @@ fn check_key(key: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// What an admitted write returned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Applied<R> {
-    /// How it was admitted.
-    pub admission: Admission,
-    /// The unit's result; `None` for a duplicate, whose unit did not run again.
-    pub output: Option<R>,
-}
-
 /// A durable fenced key-value store. See the module documentation.
 #[derive(Debug)]
 pub struct FencedStore {
@@ -174,10 +166,10 @@ impl FencedStore {
     /// or `unit` does.
     pub fn write<R>(
         &self,
-        guards: &[Guard<'_>],
+        guards: &[ResourceGuard<'_>],
         presented: &Presented,
         unit: impl FnOnce(&mut Unit<'_>) -> Result<R, StoreError>,
-    ) -> Result<Applied<R>, WriteError> {
+    ) -> Result<Written<R>, WriteError> {
         let txn = self.db.begin_write().map_err(storage)?;
         let output;
         let admission;
@@ -195,7 +187,7 @@ impl FencedStore {
             let (decided, records) = rule::admit_all(&inputs, presented)?;
             admission = decided;
             if !admission.should_apply() {
-                return Ok(Applied { admission, output: None });
+                return Ok(Written { admission, output: None });
             }
             // A record the admission left as it was (the same grant writing again, with no seq
             // or idempotency key to remember) is not rewritten: the commit then touches only
@@ -210,14 +202,19 @@ impl FencedStore {
             output = unit(&mut unit_handle)?;
         }
         txn.commit().map_err(storage)?;
-        Ok(Applied { admission, output: Some(output) })
+        Ok(Written { admission, output: Some(output) })
     }
 
     /// Fence on acquire: makes `token` the highest for the resource, durably.
     ///
     /// # Errors
     /// [`WriteError::Refused`] when the token is stale or of another lock.
-    pub fn register(&self, guard: Guard<'_>, lock: &str, token: u64) -> Result<(), WriteError> {
+    pub fn register(
+        &self,
+        guard: ResourceGuard<'_>,
+        lock: &str,
+        token: u64,
+    ) -> Result<(), WriteError> {
         let txn = self.db.begin_write().map_err(storage)?;
         {
             let mut fences = txn.open_table(FENCES).map_err(storage)?;
@@ -262,7 +259,7 @@ impl FencedStore {
     /// [`WriteError::Refused`] for a stale token; [`WriteError::Store`] if the store fails.
     pub fn get_checked(
         &self,
-        guard: Guard<'_>,
+        guard: ResourceGuard<'_>,
         lock: &str,
         token: u64,
         key: &str,

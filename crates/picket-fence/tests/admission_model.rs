@@ -5,7 +5,8 @@
 //! the admitted writes.
 
 use picket_fence::{
-    Admission, FencedStore, Guard, Guarded, Policy, Presented, RefusalReason, Stamp, WriteError,
+    Admission, FencedStore, Guarded, Policy, Presented, RefusalReason, ResourceGuard, Stamp,
+    WriteError,
 };
 use proptest::prelude::*;
 
@@ -138,7 +139,7 @@ proptest! {
         let path = dir.path().join("fence.redb");
         let policy = if strict { Policy::new(LOCK).strict() } else { Policy::new(LOCK) };
         let policy = policy.remembering_keys(REMEMBERED_KEYS);
-        let guard = Guard { resource: RESOURCE, policy: &policy };
+        let guard = ResourceGuard { resource: RESOURCE, policy: &policy };
         let mut store = Some(FencedStore::open(&path).unwrap());
         let memory = Guarded::new(RESOURCE, policy.clone(), Vec::<u64>::new());
         let mut model = Model { strict, ..Model::default() };

@@ -2,7 +2,7 @@
 //! write may be applied (the applied log's tokens never go down), none may be lost (every
 //! admitted write is in the log), and the stored highest token is the largest admitted.
 
-use picket_fence::{FencedStore, Guard, Guarded, Policy, Presented, Stamp, WriteError};
+use picket_fence::{FencedStore, Guarded, Policy, Presented, ResourceGuard, Stamp, WriteError};
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -74,7 +74,7 @@ fn durable_store_applies_no_stale_write_under_contention() {
     let dir = tempfile::tempdir().unwrap();
     let store = FencedStore::open(dir.path().join("fence.redb")).unwrap();
     let policy = Policy::new("race");
-    let guard = Guard { resource: "race/", policy: &policy };
+    let guard = ResourceGuard { resource: "race/", policy: &policy };
     let admitted = race(|token| {
         let result = store.write(&[guard], &presented(token), |unit| {
             let count = unit
@@ -105,8 +105,8 @@ fn a_write_over_several_resources_is_all_or_nothing() {
     let store = FencedStore::open(dir.path().join("fence.redb")).unwrap();
     let (orders, stock) = (Policy::new("shop"), Policy::new("shop"));
     let guards = [
-        Guard { resource: "orders/", policy: &orders },
-        Guard { resource: "stock/", policy: &stock },
+        ResourceGuard { resource: "orders/", policy: &orders },
+        ResourceGuard { resource: "stock/", policy: &stock },
     ];
     // A newer grant reached "stock/" only.
     store.register(guards[1], "shop", 10).unwrap();
@@ -137,7 +137,7 @@ fn a_failing_unit_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = FencedStore::open(dir.path().join("fence.redb")).unwrap();
     let policy = Policy::new("race");
-    let guard = Guard { resource: "race/", policy: &policy };
+    let guard = ResourceGuard { resource: "race/", policy: &policy };
     let failed = store.write(&[guard], &presented(5), |unit| {
         unit.put("race/a", b"1")?;
         unit.put("", b"empty keys are refused")

@@ -56,9 +56,9 @@ pub fn status(error: &ServiceError) -> Status {
     status
 }
 
-type Reply<T> = Result<Response<T>, Status>;
+type RpcResult<T> = Result<Response<T>, Status>;
 
-fn respond<T>(result: Result<T, ServiceError>) -> Reply<T> {
+fn respond<T>(result: Result<T, ServiceError>) -> RpcResult<T> {
     result.map(Response::new).map_err(|error| status(&error))
 }
 
@@ -193,7 +193,7 @@ impl picket_server::Picket for ClientService {
     async fn open_session(
         &self,
         request: Request<v1::OpenSessionRequest>,
-    ) -> Reply<v1::OpenSessionResponse> {
+    ) -> RpcResult<v1::OpenSessionResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let opened =
@@ -207,7 +207,7 @@ impl picket_server::Picket for ClientService {
     async fn keep_alive(
         &self,
         request: Request<v1::KeepAliveRequest>,
-    ) -> Reply<v1::KeepAliveResponse> {
+    ) -> RpcResult<v1::KeepAliveResponse> {
         let who = self.who(&request)?;
         let session_id = request.into_inner().session_id;
         let kept = self.node.as_caller(who).keep_alive(SessionId(session_id)).await;
@@ -217,7 +217,7 @@ impl picket_server::Picket for ClientService {
     async fn keep_alive_many(
         &self,
         request: Request<v1::KeepAliveManyRequest>,
-    ) -> Reply<v1::KeepAliveManyResponse> {
+    ) -> RpcResult<v1::KeepAliveManyResponse> {
         let who = self.who(&request)?;
         let sessions: Vec<SessionId> =
             request.into_inner().session_ids.into_iter().map(SessionId).collect();
@@ -227,13 +227,13 @@ impl picket_server::Picket for ClientService {
         }))
     }
 
-    async fn close_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
+    async fn close_session(&self, request: Request<v1::SessionRequest>) -> RpcResult<v1::Empty> {
         let who = self.who(&request)?;
         let session = SessionId(request.into_inner().session_id);
         respond(self.node.as_caller(who).close_session(session).await.map(|()| v1::Empty {}))
     }
 
-    async fn revoke_session(&self, request: Request<v1::SessionRequest>) -> Reply<v1::Empty> {
+    async fn revoke_session(&self, request: Request<v1::SessionRequest>) -> RpcResult<v1::Empty> {
         let who = self.who(&request)?;
         let session = SessionId(request.into_inner().session_id);
         respond(self.node.as_caller(who).revoke_session(session).await.map(|()| v1::Empty {}))
@@ -242,7 +242,7 @@ impl picket_server::Picket for ClientService {
     async fn list_sessions(
         &self,
         request: Request<v1::ListSessionsRequest>,
-    ) -> Reply<v1::ListSessionsResponse> {
+    ) -> RpcResult<v1::ListSessionsResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let after = (request.after > 0).then_some(SessionId(request.after));
@@ -252,7 +252,10 @@ impl picket_server::Picket for ClientService {
         }))
     }
 
-    async fn acquire(&self, request: Request<v1::AcquireRequest>) -> Reply<v1::AcquireResponse> {
+    async fn acquire(
+        &self,
+        request: Request<v1::AcquireRequest>,
+    ) -> RpcResult<v1::AcquireResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let wait = wait_from(request.wait_ms);
@@ -274,7 +277,10 @@ impl picket_server::Picket for ClientService {
         }))
     }
 
-    async fn abandon(&self, request: Request<v1::AbandonRequest>) -> Reply<v1::AbandonResponse> {
+    async fn abandon(
+        &self,
+        request: Request<v1::AbandonRequest>,
+    ) -> RpcResult<v1::AbandonResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let abandoned = self
@@ -290,7 +296,7 @@ impl picket_server::Picket for ClientService {
         respond(abandoned.map(|released_token| v1::AbandonResponse { released_token }))
     }
 
-    async fn release(&self, request: Request<v1::ReleaseRequest>) -> Reply<v1::Empty> {
+    async fn release(&self, request: Request<v1::ReleaseRequest>) -> RpcResult<v1::Empty> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let released = self
@@ -301,7 +307,7 @@ impl picket_server::Picket for ClientService {
         respond(released.map(|()| v1::Empty {}))
     }
 
-    async fn get_lock(&self, request: Request<v1::GetLockRequest>) -> Reply<v1::LockInfo> {
+    async fn get_lock(&self, request: Request<v1::GetLockRequest>) -> RpcResult<v1::LockInfo> {
         let who = self.who(&request)?;
         let caller = self.node.as_caller(who);
         let info = caller.lock(&request.into_inner().name).await;
@@ -311,7 +317,7 @@ impl picket_server::Picket for ClientService {
     async fn list_locks(
         &self,
         request: Request<v1::ListLocksRequest>,
-    ) -> Reply<v1::ListLocksResponse> {
+    ) -> RpcResult<v1::ListLocksResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let after = (!request.after.is_empty()).then_some(request.after.as_str());
@@ -322,7 +328,7 @@ impl picket_server::Picket for ClientService {
         }))
     }
 
-    async fn check(&self, request: Request<v1::CheckRequest>) -> Reply<v1::CheckResponse> {
+    async fn check(&self, request: Request<v1::CheckRequest>) -> RpcResult<v1::CheckResponse> {
         let who = self.who(&request)?;
         let outcome = self.node.as_caller(who).check(&request.into_inner().sequencer).await;
         respond(outcome.map(|(outcome, presented_token)| {
@@ -333,7 +339,7 @@ impl picket_server::Picket for ClientService {
 
     type WatchStream = WatchStream;
 
-    async fn watch(&self, request: Request<v1::WatchRequest>) -> Reply<Self::WatchStream> {
+    async fn watch(&self, request: Request<v1::WatchRequest>) -> RpcResult<Self::WatchStream> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         let losses_only = request.losses_only;
@@ -383,14 +389,14 @@ impl picket_server::Picket for ClientService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn cluster(&self, request: Request<v1::Empty>) -> Reply<v1::ClusterInfo> {
+    async fn cluster(&self, request: Request<v1::Empty>) -> RpcResult<v1::ClusterInfo> {
         let who = self.who(&request)?;
         Ok(Response::new(cluster_message(self.node.as_caller(who).cluster())))
     }
 
     type BackupStream = BackupStream;
 
-    async fn backup(&self, request: Request<v1::Empty>) -> Reply<Self::BackupStream> {
+    async fn backup(&self, request: Request<v1::Empty>) -> RpcResult<Self::BackupStream> {
         let who = self.who(&request)?;
         let bytes = self.node.as_caller(who).backup().await.map_err(|error| status(&error))?;
         let chunks: Vec<Result<v1::BackupChunk, Status>> = bytes
@@ -400,7 +406,10 @@ impl picket_server::Picket for ClientService {
         Ok(Response::new(Box::pin(futures_util::stream::iter(chunks))))
     }
 
-    async fn add_member(&self, request: Request<v1::AddMemberRequest>) -> Reply<v1::ClusterInfo> {
+    async fn add_member(
+        &self,
+        request: Request<v1::AddMemberRequest>,
+    ) -> RpcResult<v1::ClusterInfo> {
         let who = self.who(&request)?;
         let request = request.into_inner();
         respond(
@@ -415,7 +424,7 @@ impl picket_server::Picket for ClientService {
     async fn remove_member(
         &self,
         request: Request<v1::RemoveMemberRequest>,
-    ) -> Reply<v1::ClusterInfo> {
+    ) -> RpcResult<v1::ClusterInfo> {
         let who = self.who(&request)?;
         respond(
             self.node

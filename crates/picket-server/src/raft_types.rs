@@ -11,7 +11,7 @@ pub type NodeId = u64;
 
 /// What applying one log entry answers the proposer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum Reply {
+pub enum EntryReply {
     /// The entry was a blank or membership entry: nothing for the lock service to say.
     None,
     /// The lock state machine's answer.
@@ -22,7 +22,7 @@ openraft::declare_raft_types!(
     /// Picket's Raft types: log entries carry [`picket_core::Input`]s.
     pub TypeConfig:
         D = picket_core::Input,
-        R = Reply,
+        R = EntryReply,
         NodeId = NodeId,
         Node = openraft::BasicNode,
 );

@@ -10,7 +10,7 @@
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::raft_types::{
-    Entry, LogId, Reply, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
+    Entry, EntryReply, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
@@ -26,7 +26,7 @@ const SNAPSHOT_TMP: &str = "snapshot.tmp";
 
 /// The applied state of this node.
 #[derive(Debug)]
-pub struct Applied {
+pub struct AppliedState {
     /// The lock state.
     pub machine: StateMachine,
     /// The last log entry applied.
@@ -50,7 +50,7 @@ pub struct StateStore {
 
 #[derive(Debug)]
 struct Inner {
-    state: RwLock<Applied>,
+    state: RwLock<AppliedState>,
     dir: PathBuf,
     current: Mutex<Option<StoredSnapshot>>,
     hub: Arc<Hub>,
@@ -79,12 +79,12 @@ impl StateStore {
         let limits_for_mutation = limits.clone();
         #[cfg_attr(not(feature = "mutations"), expect(unused_mut))]
         let mut state = match &stored {
-            Some(snapshot) => Applied {
+            Some(snapshot) => AppliedState {
                 machine: restore_machine(&snapshot.data)?,
                 last_applied: snapshot.meta.last_log_id,
                 membership: snapshot.meta.last_membership.clone(),
             },
-            None => Applied {
+            None => AppliedState {
                 machine: StateMachine::new(limits),
                 last_applied: None,
                 membership: StoredMembership::default(),
@@ -109,7 +109,7 @@ impl StateStore {
     }
 
     /// Reads the applied state. Hold the guard briefly: applying waits for it.
-    pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
+    pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
         self.inner.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -147,16 +147,16 @@ impl StateStore {
         &self.inner.metrics
     }
 
-    fn apply_entry(&self, entry: Entry) -> Reply {
+    fn apply_entry(&self, entry: Entry) -> EntryReply {
         let log_id = entry.log_id;
         let mut state = self.inner.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         assert!(state.last_applied < Some(log_id), "entries are applied once, in log order");
         state.last_applied = Some(log_id);
         match entry.payload {
-            EntryPayload::Blank => Reply::None,
+            EntryPayload::Blank => EntryReply::None,
             EntryPayload::Membership(membership) => {
                 state.membership = StoredMembership::new(Some(log_id), membership);
-                Reply::None
+                EntryReply::None
             }
             EntryPayload::Normal(input) => {
                 let mut applied = state.machine.apply(&input);
@@ -166,7 +166,7 @@ impl StateStore {
                 // response, so the events are not copied into the reply.
                 let events = std::mem::take(&mut applied.events);
                 self.inner.hub.publish(applied.revision, &events);
-                Reply::Applied(applied)
+                EntryReply::Applied(applied)
             }
         }
     }

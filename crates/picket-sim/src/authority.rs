@@ -28,7 +28,7 @@ pub struct Granted {
 
 /// The answer to an acquire request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
+pub enum AcquireReply {
     /// Granted now.
     Granted(Granted),
     /// Queued: a grant will come from a later tick.
@@ -40,7 +40,7 @@ pub enum Reply {
 /// A lock authority.
 pub trait Authority {
     /// A client asks for the lock at simulated time `now_us`.
-    fn acquire(&mut self, now_us: u64, client: usize) -> Reply;
+    fn acquire(&mut self, now_us: u64, client: usize) -> AcquireReply;
     /// A client gives the lock up. Returns the grant to the next waiter, if the release made
     /// one.
     fn release(&mut self, now_us: u64, client: usize) -> Vec<Granted>;
@@ -145,22 +145,22 @@ impl LeaseAuthority {
 }
 
 impl Authority for LeaseAuthority {
-    fn acquire(&mut self, now_us: u64, client: usize) -> Reply {
+    fn acquire(&mut self, now_us: u64, client: usize) -> AcquireReply {
         let now_ms = self.local_ms(now_us);
         self.last_heard_ms.insert(client, now_ms);
         if let Some((holder, token)) = self.holder
             && holder == client
         {
-            return Reply::Granted(self.grant(client, token, false));
+            return AcquireReply::Granted(self.grant(client, token, false));
         }
         if self.queue.iter().any(|(waiter, _)| *waiter == client) {
-            return Reply::Queued;
+            return AcquireReply::Queued;
         }
         let token = self.next_token();
         self.queue.push_back((client, token));
         match self.promote() {
-            Some(granted) => Reply::Granted(granted),
-            None => Reply::Queued,
+            Some(granted) => AcquireReply::Granted(granted),
+            None => AcquireReply::Queued,
         }
     }
 
@@ -242,7 +242,7 @@ impl RedlockAuthority {
 }
 
 impl Authority for RedlockAuthority {
-    fn acquire(&mut self, now_us: u64, client: usize) -> Reply {
+    fn acquire(&mut self, now_us: u64, client: usize) -> AcquireReply {
         let mut won = Vec::new();
         let mut already = 0;
         for node in 0..self.nodes.len() {
@@ -265,7 +265,7 @@ impl Authority for RedlockAuthority {
             // (1% of the TTL plus 2 ms, as the Redlock description suggests).
             let drift_ms = self.ttl_ms / 100 + 2;
             let fresh = already <= self.nodes.len() / 2;
-            return Reply::Granted(Granted {
+            return AcquireReply::Granted(Granted {
                 client,
                 token: None,
                 lease_ms: self.ttl_ms - drift_ms,
@@ -275,7 +275,7 @@ impl Authority for RedlockAuthority {
         for node in won {
             self.nodes[node] = None;
         }
-        Reply::Busy
+        AcquireReply::Busy
     }
 
     fn release(&mut self, _now_us: u64, client: usize) -> Vec<Granted> {
@@ -392,7 +392,7 @@ impl PicketAuthority {
 }
 
 impl Authority for PicketAuthority {
-    fn acquire(&mut self, now_us: u64, client: usize) -> Reply {
+    fn acquire(&mut self, now_us: u64, client: usize) -> AcquireReply {
         let session = self.session(now_us, client);
         // A client that asks again while it waits is retrying: the same request, which keeps
         // its place in the queue.
@@ -406,13 +406,13 @@ impl Authority for PicketAuthority {
         };
         let applied = self.apply(now_us, command);
         match applied.result {
-            Ok(Response::Granted { token, already_held, .. }) => Reply::Granted(Granted {
+            Ok(Response::Granted { token, already_held, .. }) => AcquireReply::Granted(Granted {
                 client,
                 token: Some(token),
                 lease_ms: self.ttl_ms,
                 fresh: !already_held,
             }),
-            Ok(Response::Queued { .. }) => Reply::Queued,
+            Ok(Response::Queued { .. }) => AcquireReply::Queued,
             other => panic!("acquire failed: {other:?}"),
         }
     }

@@ -8,7 +8,7 @@
 //! authority made them, so the run can tell which writes came from a superseded grant whatever
 //! the strategy's tokens say.
 
-use crate::authority::{self, Authority, Granted, LOCK, Reply};
+use crate::authority::{self, AcquireReply, Authority, Granted, LOCK};
 use crate::config::{Scenario, SimConfig, Strategy};
 use crate::rng::Rng;
 use picket_fence::rule::{self, FenceRecord, Policy, Presented};
@@ -457,9 +457,9 @@ impl World {
 
     fn authority_acquire(&mut self, c: usize) {
         match self.authority.acquire(self.now_us, c) {
-            Reply::Granted(granted) => self.deliver(granted),
-            Reply::Queued => {}
-            Reply::Busy => self.send_to_authority(c, Event::Busy(c)),
+            AcquireReply::Granted(granted) => self.deliver(granted),
+            AcquireReply::Queued => {}
+            AcquireReply::Busy => self.send_to_authority(c, Event::Busy(c)),
         }
     }
 

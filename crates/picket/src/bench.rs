@@ -462,7 +462,7 @@ async fn run_writes(
     let end = measure_from + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for index in 0..args.clients {
-        let mut connection = crate::http_client::Connection::open(url).await?;
+        let mut connection = crate::http_client::Http1Connection::open(url).await?;
         let path = format!("/kv/{}{index}", args.prefix);
         let headers = vec![(picket_fence::http::SEQUENCER_HEADER, sequencer.to_owned())];
         tasks.push(tokio::spawn(async move {

@@ -209,7 +209,7 @@ async fn post_json(url: &str, body: &Value) -> anyhow::Result<Value> {
     Ok(serde_json::from_slice(&reply.body)?)
 }
 
-async fn put(url: &str, sequencer: &str, value: &str) -> anyhow::Result<http_client::Reply> {
+async fn put(url: &str, sequencer: &str, value: &str) -> anyhow::Result<http_client::HttpReply> {
     let headers = [("picket-sequencer", sequencer.to_owned())];
     http_client::send(Method::PUT, url, &headers, value.as_bytes().to_vec()).await
 }

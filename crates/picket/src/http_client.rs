@@ -13,14 +13,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A response: status and body.
 #[derive(Debug)]
-pub struct Reply {
+pub struct HttpReply {
     /// The status code.
     pub status: u16,
     /// The body.
     pub body: Bytes,
 }
 
-impl Reply {
+impl HttpReply {
     /// The body as text.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -46,7 +46,7 @@ pub async fn send(
     url: &str,
     headers: &[(&str, String)],
     body: Vec<u8>,
-) -> anyhow::Result<Reply> {
+) -> anyhow::Result<HttpReply> {
     tokio::time::timeout(REQUEST_TIMEOUT, send_inner(method, url, headers, body))
         .await
         .with_context(|| format!("{url} did not answer within {REQUEST_TIMEOUT:?}"))?
@@ -57,7 +57,7 @@ async fn send_inner(
     url: &str,
     headers: &[(&str, String)],
     body: Vec<u8>,
-) -> anyhow::Result<Reply> {
+) -> anyhow::Result<HttpReply> {
     let (authority, path) = split_url(url)?;
     let stream = tokio::net::TcpStream::connect(&authority)
         .await
@@ -73,16 +73,16 @@ async fn send_inner(
     let response = sender.send_request(request.body(Full::new(Bytes::from(body)))?).await?;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();
-    Ok(Reply { status, body })
+    Ok(HttpReply { status, body })
 }
 
 /// A kept-alive HTTP/1.1 connection, for many requests to one server (the benchmark).
-pub struct Connection {
+pub struct Http1Connection {
     authority: String,
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
 }
 
-impl Connection {
+impl Http1Connection {
     /// Connects to the server of `url` (an `http://host:port` URL).
     pub async fn open(url: &str) -> anyhow::Result<Self> {
         let (authority, _) = split_url(url)?;
@@ -103,7 +103,7 @@ impl Connection {
         path: &str,
         headers: &[(&str, String)],
         body: Vec<u8>,
-    ) -> anyhow::Result<Reply> {
+    ) -> anyhow::Result<HttpReply> {
         self.sender.ready().await?;
         let mut request =
             Request::builder().method(method).uri(path).header("host", &self.authority);
@@ -114,7 +114,7 @@ impl Connection {
             self.sender.send_request(request.body(Full::new(Bytes::from(body)))?).await?;
         let status = response.status().as_u16();
         let body = response.into_body().collect().await?.to_bytes();
-        Ok(Reply { status, body })
+        Ok(HttpReply { status, body })
     }
 }
 

@@ -32,7 +32,7 @@ use picket_fence::http::{
     FenceConfig, FenceContext, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
     fence, refusal_response,
 };
-use picket_fence::{Admission, FencedStore, Guard, Policy, StoreError, WriteError};
+use picket_fence::{Admission, FencedStore, Policy, ResourceGuard, StoreError, WriteError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -389,8 +389,9 @@ async fn write_key(
     };
     let token = presented.stamp.token;
     let result = blocking(move || {
-        let guard = Guard { resource: &context.resource, policy: &context.policy };
-        let guards: &[Guard<'_>] = if kv.fenced { std::slice::from_ref(&guard) } else { &[] };
+        let guard = ResourceGuard { resource: &context.resource, policy: &context.policy };
+        let guards: &[ResourceGuard<'_>] =
+            if kv.fenced { std::slice::from_ref(&guard) } else { &[] };
         kv.store.write(guards, &presented, |unit| match &value {
             Some(value) => unit.put(&key, value).map(|()| true),
             None => unit.delete(&key),
@@ -413,7 +414,7 @@ async fn get_key(
     });
     let result = blocking(move || match stamped {
         Some((context, presented)) => {
-            let guard = Guard { resource: &context.resource, policy: &context.policy };
+            let guard = ResourceGuard { resource: &context.resource, policy: &context.policy };
             kv.store.get_checked(guard, &presented.lock, presented.stamp.token, &key)
         }
         None => kv.store.get(&key).map_err(WriteError::Store),
@@ -440,7 +441,7 @@ async fn register(
     };
     let presented = context.presented.expect("the middleware requires a stamp for writes");
     let result = blocking(move || {
-        let guard = Guard { resource: &context.resource, policy: &context.policy };
+        let guard = ResourceGuard { resource: &context.resource, policy: &context.policy };
         kv.store.register(guard, &presented.lock, presented.stamp.token)
     })
     .await;
@@ -512,8 +513,8 @@ async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> R
     };
     let token = presented.stamp.token;
     let result = blocking(move || {
-        let guards: Vec<Guard<'_>> =
-            resources.iter().map(|(resource, policy)| Guard { resource, policy }).collect();
+        let guards: Vec<ResourceGuard<'_>> =
+            resources.iter().map(|(resource, policy)| ResourceGuard { resource, policy }).collect();
         kv.store.write(&guards, &presented, |writer| {
             for op in &unit.ops {
                 match op {
@@ -549,7 +550,7 @@ fn stamp_headers(
 }
 
 /// Prints the store's answer; refusals go to stderr with the structured fields.
-fn report(reply: &http_client::Reply) -> ExitCode {
+fn report(reply: &http_client::HttpReply) -> ExitCode {
     let body: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
     if (200..300).contains(&reply.status) {
         println!("{}", reply.text());

@@ -25,9 +25,9 @@ use crate::error::ServiceError;
 use crate::hub::Hub;
 use crate::limits::{Budget, ServerLimit, ServerLimits};
 use crate::log_store::WriterStats;
-use crate::raft_types::{NodeId, Raft, Reply};
+use crate::raft_types::{EntryReply, NodeId, Raft};
 use crate::renewals::Renewals;
-use crate::state_machine::{Applied, StateStore};
+use crate::state_machine::{AppliedState, StateStore};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
 use openraft::{ReadPolicy, ServerState};
@@ -293,7 +293,7 @@ impl Node {
     }
 
     /// Reads the applied state of this node, without any consistency check.
-    pub fn read_local<T>(&self, read: impl FnOnce(&Applied) -> T) -> T {
+    pub fn read_local<T>(&self, read: impl FnOnce(&AppliedState) -> T) -> T {
         read(&self.store.read())
     }
 
@@ -339,8 +339,8 @@ impl Node {
         }
         match self.raft.client_write(input).await {
             Ok(response) => match response.data {
-                Reply::Applied(applied) => Ok(applied),
-                Reply::None => {
+                EntryReply::Applied(applied) => Ok(applied),
+                EntryReply::None => {
                     Err(ServiceError::Stopped("a command was applied as a blank entry".into()))
                 }
             },
@@ -427,7 +427,7 @@ impl Node {
     /// [`ServiceError::NotLeader`] on a follower, [`ServiceError::Unavailable`] without quorum.
     pub async fn read_linearizable<T>(
         &self,
-        read: impl FnOnce(&Applied) -> T,
+        read: impl FnOnce(&AppliedState) -> T,
     ) -> Result<T, ServiceError> {
         self.ensure_leader(ReadPolicy::ReadIndex).await?;
         Ok(self.read_local(read))

@@ -82,7 +82,7 @@ fn emit(event: &Event) {
 }
 
 /// An error body's `code`, or the status when it has none.
-fn refusal_code(reply: &http_client::Reply) -> String {
+fn refusal_code(reply: &http_client::HttpReply) -> String {
     serde_json::from_slice::<serde_json::Value>(&reply.body)
         .ok()
         .and_then(|body| body["code"].as_str().map(str::to_owned))
@@ -91,7 +91,7 @@ fn refusal_code(reply: &http_client::Reply) -> String {
 
 /// What a call to the store said, as a history phase: 2xx ok, 4xx a refusal (nothing was
 /// done), anything else or no answer unknown.
-fn phase_of(reply: anyhow::Result<http_client::Reply>, value: bool) -> (Phase, bool) {
+fn phase_of(reply: anyhow::Result<http_client::HttpReply>, value: bool) -> (Phase, bool) {
     match reply {
         Ok(reply) if (200..300).contains(&reply.status) => {
             let value = value.then(|| reply.text());
