@@ -38,4 +38,4 @@ pub use picket_core::Sequencer;
 pub use picket_proto::tls::{ClientTls, TlsError};
 pub use picket_proto::v1::watch_request::Target as WatchTarget;
 pub use picket_proto::v1::{ClusterInfo, LockInfo, SessionInfo, WatchEvent};
-pub use session::{FenceRegistration, Guard, LostReason, Session};
+pub use session::{FenceRegistration, Guard, LostReason, RegistrationError, Session};

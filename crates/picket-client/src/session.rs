@@ -37,7 +37,17 @@ pub trait FenceRegistration: Send + Sync {
     fn register(
         &self,
         sequencer: &Sequencer,
-    ) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+    ) -> futures_util::future::BoxFuture<'_, Result<(), RegistrationError>>;
+}
+
+/// Why a fenced resource did not take a new grant's registration.
+#[derive(Debug, thiserror::Error)]
+#[error("{resource} did not take the registration: {cause}")]
+pub struct RegistrationError {
+    /// The resource, as its user names it (a URL, a table).
+    pub resource: String,
+    /// What went wrong: the resource refused, or could not be reached.
+    pub cause: Box<dyn std::error::Error + Send + Sync>,
 }
 
 type LostSender = watch::Sender<Option<LostReason>>;
@@ -269,30 +279,16 @@ impl Session {
     }
 
     /// Acquires `name`, then registers the new token with every fenced resource in `fences`
-    /// before returning (fence on acquire). If a registration fails, the lock is released and
-    /// the error returned: the resource would otherwise still accept the previous holder.
+    /// before returning (fence on acquire; see [`Guard::fenced`]).
     ///
     /// # Errors
-    /// As [`Session::lock`], plus a failed registration as `fence_registration_failed`.
+    /// As [`Session::lock`] and [`Guard::fenced`].
     pub async fn lock_fenced(
         &self,
         name: &str,
         fences: &[&dyn FenceRegistration],
     ) -> Result<Guard, ClientError> {
-        let guard = self.lock(name).await?;
-        for fence in fences {
-            if let Err(detail) = fence.register(guard.sequencer()).await {
-                let _ = guard.release().await;
-                return Err(ClientError::Service {
-                    code: "fence_registration_failed".into(),
-                    message: format!(
-                        "registering the new token with a fenced resource failed ({detail}); the lock was released"
-                    ),
-                    holder_token: None,
-                });
-            }
-        }
-        Ok(guard)
+        self.lock(name).await?.fenced(fences).await
     }
 
     /// Closes the session: its locks are released. The keepalive stops.
@@ -514,6 +510,28 @@ impl Guard {
         let mut receiver = self.lost.subscribe();
         let reason = receiver.wait_for(Option::is_some).await.map(|reason| *reason);
         reason.ok().flatten().unwrap_or(LostReason::Closed)
+    }
+
+    /// Registers this grant with every fenced resource in `fences`, in order, and returns it
+    /// (fence on acquire, SPEC §2): each resource refuses the previous holder's writes from then
+    /// on, not only after this holder's first write. Call it right after acquiring, before
+    /// reading the resource.
+    ///
+    /// # Errors
+    /// `fence_registration_failed` when a resource did not take it. The lock is then released,
+    /// because that resource would still accept the previous holder.
+    pub async fn fenced(self, fences: &[&dyn FenceRegistration]) -> Result<Self, ClientError> {
+        for fence in fences {
+            if let Err(error) = fence.register(self.sequencer()).await {
+                let _ = self.release().await;
+                return Err(ClientError::Service {
+                    code: "fence_registration_failed".into(),
+                    message: format!("{error}; the lock was released"),
+                    holder_token: None,
+                });
+            }
+        }
+        Ok(self)
     }
 
     /// Releases the lock now.

@@ -35,6 +35,35 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Any error a [`Records`] or [`GrantChecker`] implementation meets, kept with its source chain.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a fence record could not be read; the write is refused as a storage error.
+#[derive(Debug, thiserror::Error)]
+#[error("the fence record of {resource:?} cannot be read: {cause}")]
+pub struct RecordsError {
+    /// The resource whose record was asked for.
+    pub resource: String,
+    /// What the storage said.
+    pub cause: BoxError,
+}
+
+/// Why the lock service could not say whether a sequencer is current; the write is refused as
+/// unverified (fail closed).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// No answer came within the verification bound.
+    #[error("the lock service gave no answer within {timeout_ms} ms")]
+    Timeout {
+        /// The bound ([`FenceConfig::with_verify_timeout`]).
+        timeout_ms: u128,
+    },
+    /// The lock service could not be reached, or refused the question.
+    #[error("the lock service could not be asked: {0}")]
+    Unreachable(BoxError),
+}
+
 /// Header carrying the sequencer.
 pub const SEQUENCER_HEADER: &str = "picket-sequencer";
 /// Header carrying the optional per-grant sequence number.
@@ -63,21 +92,24 @@ pub trait Records: Send + Sync + 'static {
     /// The record, or `None` when nothing was admitted yet.
     ///
     /// # Errors
-    /// A sentence when the record cannot be read.
-    fn record(&self, resource: &str) -> Result<Option<FenceRecord>, String>;
+    /// [`RecordsError`] when the record cannot be read.
+    fn record(&self, resource: &str) -> Result<Option<FenceRecord>, RecordsError>;
 }
 
 impl Records for crate::FencedStore {
-    fn record(&self, resource: &str) -> Result<Option<FenceRecord>, String> {
-        crate::FencedStore::record(self, resource).map_err(|error| error.to_string())
+    fn record(&self, resource: &str) -> Result<Option<FenceRecord>, RecordsError> {
+        crate::FencedStore::record(self, resource)
+            .map_err(|error| RecordsError { resource: resource.to_owned(), cause: error.into() })
     }
 }
 
 /// Asks the lock service whether a sequencer is its lock's current grant (verify on advance).
 pub trait GrantChecker: Send + Sync + 'static {
-    /// The service's answer, or a sentence when it cannot be asked.
-    fn check<'a>(&'a self, sequencer: &'a Sequencer)
-    -> BoxFuture<'a, Result<CheckOutcome, String>>;
+    /// The service's answer, or [`CheckError::Unreachable`] when it cannot be asked.
+    fn check<'a>(
+        &'a self,
+        sequencer: &'a Sequencer,
+    ) -> BoxFuture<'a, Result<CheckOutcome, CheckError>>;
 }
 
 /// How long verify on advance waits for the lock service by default before it refuses the
@@ -298,7 +330,7 @@ pub async fn verify_advance(
 ) -> Result<Option<Instant>, Response> {
     let Some(checker) = &config.checker else { return Ok(None) };
     let record = config.records.record(resource).map_err(|error| {
-        error_response(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", error)
+        error_response(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", error.to_string())
     })?;
     let highest = record.as_ref().map_or(0, |record| record.highest_token);
     if presented.stamp.token <= highest {
@@ -317,7 +349,7 @@ pub async fn verify_advance(
     let answer = tokio::time::timeout(config.verify_timeout, checker.check(&sequencer))
         .await
         .unwrap_or_else(|_| {
-            Err(format!("no answer within {} ms", config.verify_timeout.as_millis()))
+            Err(CheckError::Timeout { timeout_ms: config.verify_timeout.as_millis() })
         });
     match answer {
         Ok(CheckOutcome::Current { .. }) => Ok(Some(Instant::now())),
@@ -462,7 +494,7 @@ mod tests {
         fn check<'a>(
             &'a self,
             _sequencer: &'a Sequencer,
-        ) -> BoxFuture<'a, Result<CheckOutcome, String>> {
+        ) -> BoxFuture<'a, Result<CheckOutcome, CheckError>> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { Ok(CheckOutcome::Current { session: picket_core::SessionId(1) }) })
         }
@@ -472,7 +504,7 @@ mod tests {
     struct Empty;
 
     impl Records for Empty {
-        fn record(&self, _resource: &str) -> Result<Option<FenceRecord>, String> {
+        fn record(&self, _resource: &str) -> Result<Option<FenceRecord>, RecordsError> {
             Ok(None)
         }
     }

@@ -6,6 +6,7 @@
 //! grow; both counts must be 0.
 
 use crate::connect::Connect;
+use crate::http_fence::HttpFence;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
@@ -503,13 +504,9 @@ const SLICE_WARMUP_SECS: f64 = 0.1;
 async fn run_fenced(args: &BenchArgs, connect: &Connect) -> anyhow::Result<String> {
     let client = connect.connect().await?;
     let session = client.session(Duration::from_millis(args.ttl_ms)).await?;
-    let guard = session.lock(&args.lock).await?;
+    let store = HttpFence::new(format!("{}/fence/{}", args.kv.trim_end_matches('/'), args.prefix));
+    let guard = session.lock_fenced(&args.lock, &[&store]).await?;
     let sequencer = guard.sequencer().to_string();
-    crate::kv::register_with(
-        &format!("{}/fence/{}", args.kv.trim_end_matches('/'), args.prefix),
-        guard.sequencer(),
-    )
-    .await?;
     let (mut fenced, mut unfenced) = (WriteTotals::new(), WriteTotals::new());
     match &args.kv_unfenced {
         None => {

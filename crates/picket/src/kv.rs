@@ -29,8 +29,8 @@ use futures_util::future::BoxFuture;
 use picket_client::Client;
 use picket_core::{CheckOutcome, Sequencer, SequencerKeys, SessionId};
 use picket_fence::http::{
-    FenceConfig, FenceContext, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
-    fence, refusal_response,
+    CheckError, FenceConfig, FenceContext, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER,
+    SEQUENCER_HEADER, fence, refusal_response,
 };
 use picket_fence::{Admission, FencedStore, Policy, ResourceGuard, StoreError, WriteError};
 use serde::Deserialize;
@@ -213,15 +213,17 @@ impl GrantChecker for PicketChecker {
     fn check<'a>(
         &'a self,
         sequencer: &'a Sequencer,
-    ) -> BoxFuture<'a, Result<CheckOutcome, String>> {
+    ) -> BoxFuture<'a, Result<CheckOutcome, CheckError>> {
         Box::pin(async move {
             let client = self
                 .client
                 .get_or_try_init(|| self.connect.connect())
                 .await
-                .map_err(|error| error.to_string())?;
-            let answer =
-                client.check(&sequencer.to_string()).await.map_err(|error| error.to_string())?;
+                .map_err(|error| CheckError::Unreachable(error.into()))?;
+            let answer = client
+                .check(&sequencer.to_string())
+                .await
+                .map_err(|error| CheckError::Unreachable(error.into()))?;
             let current_token = (answer.current_token > 0).then_some(answer.current_token);
             match answer.status.as_str() {
                 "current" => Ok(CheckOutcome::Current { session: SessionId(0) }),
@@ -587,15 +589,4 @@ async fn read_command(args: ReadArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     Ok(report(&reply))
-}
-
-/// Registers a grant with a fenced resource over HTTP (`POST <url>` with the sequencer header):
-/// fence on acquire for `picket lock --fence URL`.
-pub async fn register_with(url: &str, sequencer: &Sequencer) -> anyhow::Result<()> {
-    let headers = [(SEQUENCER_HEADER, sequencer.to_string())];
-    let reply = http_client::send(hyper::Method::POST, url, &headers, Vec::new()).await?;
-    if !(200..300).contains(&reply.status) {
-        bail!("{url} refused the registration ({}): {}", reply.status, reply.text());
-    }
-    Ok(())
 }

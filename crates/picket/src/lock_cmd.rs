@@ -16,11 +16,12 @@
 //! option.
 
 use crate::duration::parse_duration;
+use crate::http_fence::HttpFence;
 use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use picket_client::{ClientError, Guard, LostReason, Session};
+use picket_client::{ClientError, FenceRegistration, Guard, LostReason, Session};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -195,16 +196,19 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
             return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
         }
     };
-    for url in &args.fences {
-        if let Err(error) = crate::kv::register_with(url, guard.sequencer()).await {
+    let fences: Vec<HttpFence> = args.fences.iter().map(HttpFence::new).collect();
+    let fences: Vec<&dyn FenceRegistration> =
+        fences.iter().map(|fence| fence as &dyn FenceRegistration).collect();
+    let guard = match guard.fenced(&fences).await {
+        Ok(guard) => guard,
+        Err(error) => {
             eprintln!(
-                "picket: could not fence {url} with the new grant ({error:#}); released lock {:?}, not running the command",
+                "picket: could not fence the new grant of lock {:?} ({error}); not running the command",
                 args.name
             );
-            guard.release().await.ok();
             return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
         }
-    }
+    };
     let (program, arguments) = args.command.split_first().expect("clap requires a command");
     let mut child = tokio::process::Command::new(program)
         .args(arguments)

@@ -9,6 +9,7 @@ mod connect;
 mod demo;
 mod duration;
 mod http_client;
+mod http_fence;
 mod kv;
 mod kv_metrics;
 mod lock_cmd;

@@ -116,6 +116,26 @@ fn lock_that_misses_or_ends_closes_its_session() {
     }
 }
 
+/// Fence on acquire that fails (nothing listens at the fence's address) never runs the
+/// command, says which resource failed, and releases the lock and closes the session: the
+/// resource would still take the previous holder's writes.
+#[test]
+fn lock_whose_fence_registration_fails_releases_and_does_not_run() {
+    let (dir, server) = start();
+    let marker = dir.path().join("ran");
+    let fence_url = format!("http://127.0.0.1:{}/fence/orders/", picket_testkit::free_port());
+    let output = picket(
+        &server.addr,
+        &["lock", "orders", "--fence", &fence_url, "--", "touch", marker.to_str().unwrap()],
+    );
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(stderr(&output).contains(&fence_url), "{}", stderr(&output));
+    assert!(!marker.exists(), "the command ran without its fence");
+    let lock = http::get(&server.addr, "/v1/locks/orders");
+    assert_eq!(lock.body["holder"], Value::Null, "{}", lock.text);
+    assert_eq!(session_ids(&server.addr), Vec::<u64>::new());
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie has exited; only the reaping is left, which is its parent's business.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

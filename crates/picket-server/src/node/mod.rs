@@ -206,7 +206,7 @@ impl Node {
 
     /// The Raft handle.
     #[must_use]
-    pub fn raft(&self) -> &Raft {
+    pub(crate) fn raft(&self) -> &Raft {
         &self.raft
     }
 
