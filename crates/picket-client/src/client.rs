@@ -2,6 +2,7 @@
 
 use crate::error::{ClientError, Failure, classify};
 use crate::session::Session;
+use picket_proto::MAX_KEEPALIVE_BATCH;
 use picket_proto::connection::Connection;
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::{self, picket_client::PicketClient};
@@ -131,8 +132,6 @@ type KeepAliveJob = (u64, oneshot::Sender<Result<u64, ClientError>>);
 /// Largest request the client sends; the server's own limit is far smaller, so a larger one is a
 /// bug in the caller, not a request worth buffering.
 const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
-/// Most sessions in one batched keepalive (the server's limit).
-const MAX_KEEPALIVE_BATCH: usize = 10_000;
 /// How long the batcher waits for more keepalives to join a batch.
 const KEEPALIVE_LINGER: Duration = Duration::from_millis(2);
 

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 /// Most sessions one stream follows.
 pub(crate) const CHUNK: usize = 5_000;
+const _: () = assert!(CHUNK <= picket_proto::MAX_WATCHED_SESSIONS);
 /// Pause after a new session before the open chunk's stream is replaced.
 const DEBOUNCE: Duration = Duration::from_millis(2);
 /// How long opening a session waits for a stream to cover it.

@@ -12,6 +12,7 @@
 //! spaces: it fits in an HTTP header or an environment variable unchanged. Callers should treat
 //! the string as opaque and use [`Sequencer::parse`].
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use thiserror::Error;
@@ -195,14 +196,7 @@ impl fmt::Display for Sequencer {
                 write!(f, ".")?;
             }
         }
-        for byte in self.name.bytes() {
-            if is_unreserved(byte) {
-                write!(f, "{}", char::from(byte))?;
-            } else {
-                write!(f, "%{byte:02X}")?;
-            }
-        }
-        Ok(())
+        write!(f, "{}", utf8_percent_encode(&self.name, ESCAPED))
     }
 }
 
@@ -223,36 +217,26 @@ fn parse_token(text: &str) -> Result<u64, SequencerError> {
     text.parse().map_err(|_| SequencerError::BadToken)
 }
 
-fn is_unreserved(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~' | b'/')
-}
+/// Every byte but ASCII letters, digits and `-_.~/` is escaped in a sequencer's name, so a
+/// sequencer is printable and has one spelling.
+const ESCAPED: &AsciiSet =
+    &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
 
 fn percent_decode(encoded: &str) -> Option<String> {
+    // Checked before decoding because `percent_decode_str` keeps a malformed escape as it is:
+    // a `%` must start two hex digits (exactly: a sign is not a digit), and no control byte may
+    // appear. Other printable characters are taken as they are: Picket escapes them, but a
+    // sequencer that went through URL query decoding arrives with its escapes decoded.
     let bytes = encoded.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let byte = bytes[index];
-        if byte == b'%' {
-            let hex = bytes.get(index + 1..index + 3)?;
-            // Two hex digits exactly: `from_str_radix` alone would also take a sign.
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            let hex = std::str::from_utf8(hex).ok()?;
-            decoded.push(u8::from_str_radix(hex, 16).ok()?);
-            index += 3;
-        } else if !byte.is_ascii_control() {
-            // Picket writes every other byte percent-encoded, but a sequencer that went through
-            // URL query decoding arrives with its escapes already decoded. Taking printable
-            // characters as they are keeps such a sequencer valid.
-            decoded.push(byte);
-            index += 1;
-        } else {
+    for (index, byte) in bytes.iter().enumerate() {
+        if byte.is_ascii_control() {
+            return None;
+        }
+        if *byte == b'%' && !bytes.get(index + 1..index + 3)?.iter().all(u8::is_ascii_hexdigit) {
             return None;
         }
     }
-    String::from_utf8(decoded).ok()
+    percent_decode_str(encoded).decode_utf8().ok().map(std::borrow::Cow::into_owned)
 }
 
 #[cfg(test)]

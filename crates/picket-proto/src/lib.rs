@@ -18,6 +18,14 @@ pub mod v1 {
     tonic::include_proto!("picket.v1");
 }
 
+/// Most sessions one batched keepalive (`KeepAliveMany`, `POST /v1/sessions/keepalive`) may
+/// name. Part of the wire contract: the server refuses more, the client never sends more.
+pub const MAX_KEEPALIVE_BATCH: usize = 10_000;
+
+/// Most sessions one watch stream may follow. The server refuses more; the client splits its
+/// sessions over several streams below it.
+pub const MAX_WATCHED_SESSIONS: usize = 10_000;
+
 /// Metadata key of an error's stable code, e.g. `lock_busy`.
 pub const ERROR_CODE_KEY: &str = "picket-error-code";
 /// Metadata key of the leader's address when a follower refuses a request.

@@ -26,6 +26,7 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use clap::{Args, Subcommand};
 use futures_util::future::BoxFuture;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use picket_client::Client;
 use picket_core::{CheckOutcome, Sequencer, SequencerKeys, SessionId};
 use picket_fence::http::{
@@ -178,25 +179,8 @@ impl Guards {
     }
 }
 
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        if bytes[index] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(index + 1..index + 3)?).ok()?;
-            decoded.push(u8::from_str_radix(hex, 16).ok()?);
-            index += 3;
-        } else {
-            decoded.push(bytes[index]);
-            index += 1;
-        }
-    }
-    String::from_utf8(decoded).ok()
-}
-
 fn resolve(guards: &Guards, parts: &Parts) -> Option<(String, Policy)> {
-    let path = percent_decode(parts.uri.path())?;
+    let path = percent_decode_str(parts.uri.path()).decode_utf8().ok()?;
     if let Some(key) = path.strip_prefix("/kv/") {
         return guards.for_key(key);
     }
@@ -564,8 +548,17 @@ fn report(reply: &http_client::HttpReply) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Every byte of a key but ASCII letters, digits and `-_.~/` is escaped in its URL, so a key
+/// may hold any UTF-8 (`?`, `#`, `%` and spaces included) and still name itself.
+const KEY_ESCAPED: &AsciiSet =
+    &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+
+fn key_url(kv: &str, key: &str) -> String {
+    format!("{}/kv/{}", kv.trim_end_matches('/'), utf8_percent_encode(key, KEY_ESCAPED))
+}
+
 async fn write_command(args: WriteArgs, is_put: bool) -> anyhow::Result<ExitCode> {
-    let url = format!("{}/kv/{}", args.kv.trim_end_matches('/'), args.key);
+    let url = key_url(&args.kv, &args.key);
     let headers = stamp_headers(&args.sequencer, args.seq, args.idempotency_key.as_ref());
     let headers: Vec<(&str, String)> = headers.into_iter().collect();
     let reply = if is_put {
@@ -578,7 +571,7 @@ async fn write_command(args: WriteArgs, is_put: bool) -> anyhow::Result<ExitCode
 }
 
 async fn read_command(args: ReadArgs) -> anyhow::Result<ExitCode> {
-    let url = format!("{}/kv/{}", args.kv.trim_end_matches('/'), args.key);
+    let url = key_url(&args.kv, &args.key);
     let headers =
         args.sequencer.map(|sequencer| stamp_headers(&sequencer, None, None)).unwrap_or_default();
     let reply = http_client::send(hyper::Method::GET, &url, &headers, Vec::new()).await?;

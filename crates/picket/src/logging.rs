@@ -1,5 +1,6 @@
-//! Logging for the long-running commands (`picket serve`, `picket kv serve`): text or JSON
-//! lines on standard error, filtered like `RUST_LOG`.
+//! Logging, set up here for every command: the long-running ones (`picket serve`, `picket kv
+//! serve`) take `--log-format` and `--log`; the others log text lines on standard error,
+//! filtered by `RUST_LOG`.
 
 use clap::{Args, ValueEnum};
 
@@ -46,4 +47,13 @@ impl LogArgs {
         }
         Ok(())
     }
+}
+
+/// Installs a text logger on standard error, filtered by `RUST_LOG`, else by `default_filter`:
+/// for the commands that take no log options.
+pub fn init_plain(default_filter: &str) {
+    let plain = LogArgs { log_format: LogFormat::Text, log_filter: None };
+    // Without `--log` nothing is parsed that could fail: `RUST_LOG` that does not parse falls
+    // back to the default.
+    plain.init(default_filter).expect("a logger without --log always installs");
 }

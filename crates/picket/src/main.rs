@@ -87,13 +87,7 @@ enum Command {
 }
 
 fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init_plain("error");
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         if let Command::Lock(args) = command {

@@ -10,17 +10,7 @@ use std::time::{Duration, Instant};
 const PICKET: &str = env!("CARGO_BIN_EXE_picket");
 
 fn start() -> (tempfile::TempDir, ServerProcess) {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(PICKET),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-        &[],
-    );
-    wait_until("a leader", Duration::from_secs(10), || {
-        (http::get(&server.addr, "/v1/cluster").body["role"] == "leader").then_some(())
-    });
-    (dir, server)
+    ServerProcess::start_ready(Path::new(PICKET), &[])
 }
 
 fn picket(addr: &str, args: &[&str]) -> Output {

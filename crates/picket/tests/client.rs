@@ -3,18 +3,12 @@
 //! and FIFO across three clients.
 
 use picket_client::{Client, LostReason};
-use picket_testkit::{ServerProcess, temp_dir};
+use picket_testkit::ServerProcess;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 async fn start() -> (tempfile::TempDir, ServerProcess, Client) {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-        &[],
-    );
+    let (dir, server) = ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &[]);
     let client = Client::connect([server.addr.clone()]).await.unwrap();
     (dir, server, client)
 }

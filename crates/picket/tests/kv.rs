@@ -363,6 +363,30 @@ struct RaceOutcome {
     new_token: u64,
 }
 
+/// `picket kv put` and `get` take any key: characters that mean something in a URL (`?`, `#`,
+/// `%`, spaces) are escaped, so the key written is the key named (`picket kv` sent them raw).
+#[test]
+fn kv_commands_escape_keys() {
+    let world = World::start(&[]);
+    let (_session, sequencer) = world.acquire("res");
+    let key = "res/a b?c#d%e/été";
+    let kv = |args: &[&str]| {
+        Command::new(PICKET)
+            .args(["kv"])
+            .args(args)
+            .args(["--kv", &world.kv_url()])
+            .output()
+            .unwrap()
+    };
+    let put = kv(&["put", "--sequencer", &sequencer, key, "value"]);
+    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    let got = kv(&["get", key]);
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "value");
+    let near = kv(&["get", "res/a b"]);
+    assert!(!near.status.success(), "a key cut at its '?' must not be found");
+}
+
 fn spawn_client(world: &World, lock_args: &[&str], script: &str) -> Child {
     let mut command = Command::new(PICKET);
     command

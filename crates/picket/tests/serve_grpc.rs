@@ -4,26 +4,15 @@
 use picket_proto::v1::picket_client::PicketClient;
 use picket_proto::v1::{self, watch_request::Target};
 use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY};
-use picket_testkit::{ServerProcess, temp_dir};
+use picket_testkit::ServerProcess;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 async fn start() -> (tempfile::TempDir, ServerProcess, PicketClient<Channel>) {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-        &[],
-    );
-    let mut client = PicketClient::connect(format!("http://{}", server.addr)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client.cluster(v1::Empty {}).await.unwrap().into_inner().role != "leader" {
-        assert!(Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (dir, server) = ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &[]);
+    let client = PicketClient::connect(format!("http://{}", server.addr)).await.unwrap();
     (dir, server, client)
 }
 

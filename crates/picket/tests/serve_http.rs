@@ -2,23 +2,13 @@
 //! relies on, and bad input that must be refused without changing anything.
 
 use picket_testkit::http::{self, Reply};
-use picket_testkit::{ServerProcess, temp_dir, wait_until};
+use picket_testkit::{ServerProcess, wait_until};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 fn start() -> (tempfile::TempDir, ServerProcess) {
-    let dir = temp_dir();
-    let server = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_picket")),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-        &[],
-    );
-    wait_until("a leader", Duration::from_secs(10), || {
-        (http::get(&server.addr, "/v1/cluster").body["role"] == "leader").then_some(())
-    });
-    (dir, server)
+    ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &[])
 }
 
 fn open_session(addr: &str, ttl_ms: u64, lock_delay_ms: u64) -> u64 {

@@ -15,9 +15,10 @@ mod watch;
 pub use crate::hub::WatchTarget;
 pub use acquire::{AcquireRequest, Grant};
 pub use cluster::{ClusterView, MAX_MEMBER_ADDR_BYTES, MAX_MEMBERS};
-pub use sessions::{MAX_KEEPALIVE_BATCH, Ownership};
+pub use picket_proto::{MAX_KEEPALIVE_BATCH, MAX_WATCHED_SESSIONS};
+pub use sessions::Ownership;
 pub(crate) use watch::Recheck;
-pub use watch::{MAX_WATCHED_SESSIONS, WatchItem, WatchStream};
+pub use watch::{WatchItem, WatchStream};
 
 use crate::auth::AuthFile;
 use crate::clock::{Clock, GapWatch};

@@ -6,10 +6,8 @@ use crate::error::ServiceError;
 use crate::renewals::Noted;
 use openraft::ReadPolicy;
 use picket_core::{Command, CommandError, Response, SessionId};
+use picket_proto::MAX_KEEPALIVE_BATCH;
 use std::time::Duration;
-
-/// Most sessions one batched keepalive may name.
-pub const MAX_KEEPALIVE_BATCH: usize = 10_000;
 
 /// Whose a session is, for one principal ([`Node::ownership`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,9 +8,6 @@ use crate::hub::{Delivery, Subscription, WatchTarget};
 use picket_core::Event;
 use std::sync::Arc;
 
-/// Most sessions one watch may follow.
-pub const MAX_WATCHED_SESSIONS: usize = 10_000;
-
 /// A watch: events for its target from when it started.
 #[derive(Debug)]
 pub struct WatchStream {

@@ -115,12 +115,7 @@ struct ClientArgs {
 /// # Errors
 /// When the run cannot be set up.
 pub fn run(args: ChaosArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crate::logging::init_plain("warn");
     match args.command {
         ChaosCommand::Enter(enter) => match network::enter(&enter.procs, &enter.args)? {},
         ChaosCommand::Client(args) => {
