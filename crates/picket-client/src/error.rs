@@ -34,7 +34,7 @@ pub enum ClientError {
     OutcomeUnknown(String),
     /// The session is gone (expired, revoked, closed, or not confirmed within its TTL).
     #[error("the session is lost ({0:?}): open a new session")]
-    SessionLost(crate::LostReason),
+    SessionLost(LostReason),
     /// A caller-supplied argument is invalid before anything was sent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -113,6 +113,23 @@ fn transport_failure(status: &Status) -> Failure {
         return Failure::Final(ClientError::InvalidArgument(status.message().to_owned()));
     }
     Failure::Broken(message)
+}
+
+/// Why a session (and with it every grant it held) is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The service expired it: it was not kept alive in time.
+    Expired,
+    /// An operator revoked it.
+    Revoked,
+    /// It was closed.
+    Closed,
+    /// The client could not confirm it within its TTL (the service may still count it alive,
+    /// but nothing guarantees that any more).
+    Unconfirmed,
+    /// This one grant ended while the session lives on (released elsewhere).
+    GrantEnded,
 }
 
 #[cfg(test)]

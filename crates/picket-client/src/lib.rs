@@ -28,14 +28,20 @@
 
 mod client;
 mod error;
+mod guard;
+mod keepalive;
 mod lease_clock;
 mod session;
+mod state;
+mod transport;
 mod watcher;
 
-pub use client::{Client, ClientConfig};
-pub use error::ClientError;
+pub use client::Client;
+pub use error::{ClientError, LostReason};
+pub use guard::{FenceRegistration, Guard, RegistrationError};
 pub use picket_core::Sequencer;
 pub use picket_proto::tls::{ClientTls, TlsError};
 pub use picket_proto::v1::watch_request::Target as WatchTarget;
 pub use picket_proto::v1::{ClusterInfo, LockInfo, SessionInfo, WatchEvent};
-pub use session::{FenceRegistration, Guard, LostReason, RegistrationError, Session};
+pub use session::Session;
+pub use transport::ClientConfig;

@@ -7,12 +7,12 @@
 //! one `sessions` stream. New sessions join the open chunk, whose stream is replaced (new one
 //! first, then the old one dropped, so nothing is missed) after a short pause that lets a burst
 //! of opens share one replacement. A stream that breaks reconnects by itself, and then asks the
-//! service about each of its sessions and their grants (`session::recheck`), since their events
+//! service about each of its sessions and their grants (`state::recheck`), since their events
 //! may have gone by meanwhile; so does a `resync` message, which the service sends when it
 //! cannot say which events it skipped (after installing a snapshot).
 
-use crate::client::Client;
-use crate::session::{self, Shared};
+use crate::state::{self, SessionState};
+use crate::transport::WeakTransport;
 use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -39,7 +39,9 @@ pub(crate) struct SessionWatcher {
 
 #[derive(Debug, Default)]
 struct State {
-    sessions: BTreeMap<u64, Weak<Shared>>,
+    sessions: BTreeMap<u64, Weak<SessionState>>,
+    /// The size at which `register` next drops sessions that ended or were dropped.
+    prune_at: usize,
     /// Sessions of the open chunk, in registration order.
     open: Vec<u64>,
     generation: u64,
@@ -51,9 +53,17 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 
 impl SessionWatcher {
     /// Adds a session; returns the generation to wait for with [`SessionWatcher::covered`].
-    pub(crate) fn register(&self, id: u64, shared: &Arc<Shared>) -> u64 {
+    pub(crate) fn register(&self, id: u64, shared: &Arc<SessionState>) -> u64 {
         let generation = {
             let mut state = lock(&self.state);
+            if state.sessions.len() >= state.prune_at {
+                // Lost sessions hear nothing more; dropped ones cannot. Pruning when the map
+                // doubled keeps the cost of a registration constant on average.
+                state.sessions.retain(|_, session| {
+                    session.upgrade().is_some_and(|session| !session.is_lost())
+                });
+                state.prune_at = (state.sessions.len() * 2).max(64);
+            }
             state.sessions.insert(id, Arc::downgrade(shared));
             state.open.push(id);
             state.generation += 1;
@@ -61,11 +71,6 @@ impl SessionWatcher {
         };
         self.changed.notify_one();
         generation
-    }
-
-    /// Forgets a session (closed or dropped).
-    pub(crate) fn unregister(&self, id: u64) {
-        lock(&self.state).sessions.remove(&id);
     }
 
     /// Waits until a stream covers registration `generation`, at most `timeout`. Returns false
@@ -77,35 +82,36 @@ impl SessionWatcher {
             .is_ok_and(|result| result.is_ok())
     }
 
-    fn lookup(&self, id: u64) -> Option<Arc<Shared>> {
-        lock(&self.state).sessions.get(&id).and_then(Weak::upgrade)
+    /// A registered session that is neither dropped nor lost.
+    fn lookup(&self, id: u64) -> Option<Arc<SessionState>> {
+        let session = lock(&self.state).sessions.get(&id).and_then(Weak::upgrade)?;
+        (!session.is_lost()).then_some(session)
     }
 
     /// Rechecks each of `ids` that is still registered, in the background.
     fn recheck_all(&self, ids: &[u64]) {
-        let sessions: Vec<Arc<Shared>> = ids.iter().filter_map(|id| self.lookup(*id)).collect();
+        let sessions: Vec<Arc<SessionState>> =
+            ids.iter().filter_map(|id| self.lookup(*id)).collect();
         if sessions.is_empty() {
             return;
         }
         tokio::spawn(async move {
             for shared in sessions {
-                session::recheck(&shared).await;
+                state::recheck(&shared).await;
             }
         });
     }
 }
 
-/// Runs the streams of one client's sessions. Holds the client only weakly: it stops once every
-/// handle to the client is gone.
-pub(crate) async fn run(client: Client, watcher: Arc<SessionWatcher>) {
-    let weak_client = client.downgrade();
-    drop(client);
+/// Runs the streams of one client's sessions. Holds the connections only weakly: it stops once
+/// the client and all its sessions are gone.
+pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatcher>) {
     let mut sealed: Vec<JoinHandle<()>> = Vec::new();
     let mut open_stream: Option<JoinHandle<()>> = None;
     loop {
         watcher.changed.notified().await;
         tokio::time::sleep(DEBOUNCE).await;
-        let Some(client) = Client::upgrade(&weak_client) else { break };
+        let Some(transport) = weak_transport.upgrade() else { break };
         let (ids, generation, seal) = {
             let mut state = lock(&watcher.state);
             let seal = state.open.len() >= CHUNK;
@@ -115,7 +121,8 @@ pub(crate) async fn run(client: Client, watcher: Arc<SessionWatcher>) {
         if ids.is_empty() {
             continue;
         }
-        let stream = tokio::spawn(follow(client, watcher.clone(), ids, generation));
+        let stream = tokio::spawn(follow(transport.downgrade(), watcher.clone(), ids, generation));
+        drop(transport);
         if let Some(old) = open_stream.take() {
             // The new stream is being opened; the old one may go once the new one covers.
             let watcher = watcher.clone();
@@ -137,18 +144,21 @@ pub(crate) async fn run(client: Client, watcher: Arc<SessionWatcher>) {
 
 /// Follows one chunk of sessions, reconnecting when the stream breaks. Marks `generation`
 /// covered once its first stream is open.
-async fn follow(client: Client, watcher: Arc<SessionWatcher>, ids: Vec<u64>, generation: u64) {
-    let weak_client = client.downgrade();
-    drop(client);
+async fn follow(
+    weak_transport: WeakTransport,
+    watcher: Arc<SessionWatcher>,
+    ids: Vec<u64>,
+    generation: u64,
+) {
     let mut announced = false;
     loop {
-        let Some(client) = Client::upgrade(&weak_client) else { return };
+        let Some(transport) = weak_transport.upgrade() else { return };
         let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
         // Only losses: the session learns of its own grants and releases from their replies,
         // and one stream message per acquire and release would cost both sides CPU for nothing.
         let request = WatchRequest { target: Some(target), losses_only: true };
-        let stream = client.watch_with(request).await;
-        drop(client);
+        let stream = transport.watch_with(request).await;
+        drop(transport);
         let Ok(mut stream) = stream else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
@@ -169,7 +179,7 @@ async fn follow(client: Client, watcher: Arc<SessionWatcher>, ids: Vec<u64>, gen
             if event.kind == "resync" {
                 watcher.recheck_all(&ids);
             } else if let Some(shared) = watcher.lookup(event.session_id) {
-                session::dispatch(&shared, &event);
+                state::dispatch(&shared, &event);
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,0 +1,152 @@
+//! A held lock, and fence on acquire.
+
+use crate::error::{ClientError, LostReason};
+use crate::state::{LostSender, SessionState};
+use picket_core::Sequencer;
+use std::sync::Arc;
+
+/// Something a new holder should register its token with right after acquiring, before it
+/// reads: a fenced resource (SPEC §2, fence on acquire). Registration makes the resource refuse
+/// the previous holder's writes at once, instead of only after the new holder's first write.
+pub trait FenceRegistration: Send + Sync {
+    /// Registers `sequencer` as the newest grant. An error aborts the acquire (the lock is
+    /// released) because the resource would not be protected.
+    fn register(
+        &self,
+        sequencer: &Sequencer,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), RegistrationError>>;
+}
+
+/// Why a fenced resource did not take a new grant's registration.
+#[derive(Debug, thiserror::Error)]
+#[error("{resource} did not take the registration: {cause}")]
+pub struct RegistrationError {
+    /// The resource, as its user names it (a URL, a table).
+    pub resource: String,
+    /// What went wrong: the resource refused, or could not be reached.
+    pub cause: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// A held lock. Exposes the grant's token and sequencer, and [`Guard::lost`], which fires when
+/// the grant is known to be gone. Dropping the guard releases the lock in the background;
+/// [`Guard::release`] does it now and reports errors.
+#[derive(Debug)]
+pub struct Guard {
+    pub(crate) shared: Arc<SessionState>,
+    pub(crate) name: String,
+    pub(crate) token: u64,
+    pub(crate) sequencer: Sequencer,
+    pub(crate) lost: Arc<LostSender>,
+    pub(crate) released: bool,
+}
+
+impl Guard {
+    /// The lock's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The grant's fencing token.
+    #[must_use]
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The grant's sequencer: token and lock in one string for headers and environments.
+    #[must_use]
+    pub fn sequencer(&self) -> &Sequencer {
+        &self.sequencer
+    }
+
+    /// Why the grant is lost, if it is. Checks the session's lease on the lease clock, so right
+    /// after the machine wakes from a suspension longer than the lease, the grant is lost.
+    #[must_use]
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        // Marks the session (and so this grant) lost if its lease ran out.
+        let _ = self.shared.lost_reason();
+        *self.lost.borrow()
+    }
+
+    /// Resolves when the grant is lost: its session is lost, or the grant ended without this
+    /// guard releasing it.
+    pub async fn lost(&self) -> LostReason {
+        let mut receiver = self.lost.subscribe();
+        let reason = receiver.wait_for(Option::is_some).await.map(|reason| *reason);
+        reason.ok().flatten().unwrap_or(LostReason::Closed)
+    }
+
+    /// Registers this grant with every fenced resource in `fences`, in order, and returns it
+    /// (fence on acquire, SPEC §2): each resource refuses the previous holder's writes from then
+    /// on, not only after this holder's first write. Call it right after acquiring, before
+    /// reading the resource.
+    ///
+    /// # Errors
+    /// `fence_registration_failed` when a resource did not take it. The lock is then released,
+    /// because that resource would still accept the previous holder.
+    pub async fn fenced(self, fences: &[&dyn FenceRegistration]) -> Result<Self, ClientError> {
+        for fence in fences {
+            if let Err(error) = fence.register(self.sequencer()).await {
+                let _ = self.release().await;
+                return Err(ClientError::Service {
+                    code: "fence_registration_failed".into(),
+                    message: format!("{error}; the lock was released"),
+                    holder_token: None,
+                });
+            }
+        }
+        Ok(self)
+    }
+
+    /// Releases the lock now.
+    ///
+    /// # Errors
+    /// `not_held` when the grant already ended; the cluster being unreachable.
+    pub async fn release(mut self) -> Result<(), ClientError> {
+        self.released = true;
+        release(&self.shared, &self.name, self.token).await
+    }
+}
+
+async fn release(shared: &SessionState, name: &str, token: u64) -> Result<(), ClientError> {
+    shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+    shared.transport.release(shared.id, name, token).await
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.released || self.shared.lost.borrow().is_some() {
+            return;
+        }
+        let (shared, name, token) =
+            (self.shared.clone(), std::mem::take(&mut self.name), self.token);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = release(&shared, &name, token).await {
+                    tracing::warn!(%error, name, token, "releasing a dropped guard failed");
+                }
+            });
+        }
+    }
+}
+
+/// The sequencer the server issued for a grant (signed, when the cluster signs), or the
+/// unsigned one from a server too old to send any. One that does not parse or does not match
+/// the grant is a server fault: it is said, and the unsigned one is used.
+pub(crate) fn grant_sequencer(name: &str, token: u64, issued: &str) -> Sequencer {
+    if issued.is_empty() {
+        return Sequencer::new(name, token);
+    }
+    match Sequencer::parse(issued) {
+        Ok(sequencer) if sequencer.name == name && sequencer.token == token => sequencer,
+        _ => {
+            tracing::warn!(
+                issued,
+                name,
+                token,
+                "the server's sequencer does not match its grant; using an unsigned one"
+            );
+            Sequencer::new(name, token)
+        }
+    }
+}

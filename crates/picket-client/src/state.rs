@@ -1,0 +1,154 @@
+//! The state a session shares with its guards, its keepalive task and the client's session
+//! watcher, and what the watcher's events (or a recheck after a gap) do to it.
+
+use crate::error::{ClientError, LostReason};
+use crate::keepalive::KeepAlives;
+use crate::lease_clock::{self, LeaseEnd};
+use crate::transport::{Retry, Transport};
+use picket_proto::v1;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub(crate) type LostSender = watch::Sender<Option<LostReason>>;
+
+/// What a session's handle, its guards, its keepalive task and the client's watcher share: its
+/// identity, whether (and why) it is lost, and the lost signal of each grant it holds.
+#[derive(Debug)]
+pub(crate) struct SessionState {
+    pub(crate) transport: Transport,
+    pub(crate) keepalives: Arc<KeepAlives>,
+    pub(crate) id: u64,
+    pub(crate) ttl: Duration,
+    pub(crate) lost: LostSender,
+    /// When the lease runs out on the lease clock (which counts a suspension of the machine).
+    pub(crate) lease_end: LeaseEnd,
+    /// Grants held through this session: lock name to (token, lost signal).
+    pub(crate) grants: Mutex<HashMap<String, (u64, Arc<LostSender>)>>,
+    /// Set to stop the keepalive task.
+    pub(crate) stop: watch::Sender<bool>,
+}
+
+impl SessionState {
+    /// Keeps the session alive through the client's keepalive batcher; returns its TTL.
+    pub(crate) async fn keep_alive(&self) -> Result<u64, ClientError> {
+        self.keepalives.keep_alive(&self.transport, self.id).await
+    }
+
+    /// Whether the session is known to be lost (without looking at the lease clock).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.borrow().is_some()
+    }
+
+    /// Why the session is lost, if it is; a lease that ran out on the lease clock is lost now,
+    /// even before the keepalive loop wakes up to notice (after a suspension, say).
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        let known = *self.lost.borrow();
+        if known.is_none() && self.lease_end.ran_out(lease_clock::now()) {
+            self.mark_lost(LostReason::Unconfirmed);
+            return Some(LostReason::Unconfirmed);
+        }
+        known
+    }
+
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        if self.lost.borrow().is_none() {
+            tracing::warn!(session = self.id, ?reason, "session lost");
+            self.lost.send_replace(Some(reason));
+        }
+        let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (_, signal) in grants.values() {
+            signal.send_if_modified(|current| {
+                current.is_none() && {
+                    *current = Some(reason);
+                    true
+                }
+            });
+        }
+        self.stop.send_replace(true);
+    }
+
+    pub(crate) fn grant_ended(&self, name: &str, token: u64, reason: LostReason) {
+        let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((held, signal)) = grants.get(name)
+            && *held == token
+        {
+            signal.send_if_modified(|current| {
+                current.is_none() && {
+                    *current = Some(reason);
+                    true
+                }
+            });
+        }
+    }
+}
+
+/// Asks the service what the session's events may have said while nobody listened (the watch
+/// stream broke, or the service answered `resync` after installing a snapshot): whether the
+/// session still lives, and whether each of its grants is still held with its token. Marks
+/// what is gone, as the missed events would have. An error asking leaves things as they are:
+/// the keepalive still notices a lost session.
+pub(crate) async fn recheck(shared: &SessionState) {
+    if shared.lost.borrow().is_some() {
+        return;
+    }
+    match shared.keep_alive().await {
+        Err(error) if error.code() == Some("unknown_session") => {
+            shared.mark_lost(LostReason::Expired);
+            return;
+        }
+        Err(error) => {
+            tracing::debug!(session = shared.id, %error, "cannot recheck the session");
+            return;
+        }
+        Ok(_) => {}
+    }
+    let held: Vec<(String, u64)> = {
+        let grants = shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        grants.iter().map(|(name, (token, _))| (name.clone(), *token)).collect()
+    };
+    for (name, token) in held {
+        match lock_info(&shared.transport, &name).await {
+            Ok(info) if info.holder_session_id == shared.id && info.token == token => {}
+            // A lock nobody holds reads as holder 0.
+            Ok(_) => shared.grant_ended(&name, token, LostReason::GrantEnded),
+            Err(error) => tracing::debug!(session = shared.id, %error, "cannot recheck a grant"),
+        }
+    }
+}
+
+/// Applies one of the session's events: a revocation, an expiry or a grant ended elsewhere is
+/// known as soon as the service applies it.
+pub(crate) fn dispatch(shared: &SessionState, event: &v1::WatchEvent) {
+    match event.kind.as_str() {
+        "session_ended" => {
+            let reason = match event.cause.as_str() {
+                "revoked" => LostReason::Revoked,
+                "closed" => LostReason::Closed,
+                _ => LostReason::Expired,
+            };
+            shared.mark_lost(reason);
+        }
+        "released" if event.cause != "released" => {
+            let reason = match event.cause.as_str() {
+                "session_revoked" => LostReason::Revoked,
+                "session_expired" => LostReason::Expired,
+                "session_closed" => LostReason::Closed,
+                _ => LostReason::GrantEnded,
+            };
+            shared.grant_ended(&event.name, event.token, reason);
+        }
+        _ => {}
+    }
+}
+
+async fn lock_info(transport: &Transport, name: &str) -> Result<v1::LockInfo, ClientError> {
+    let timeout = Some(transport.config().request_timeout);
+    transport
+        .call(Retry::Safe, timeout, |mut grpc| {
+            let request = v1::GetLockRequest { name: name.to_owned() };
+            async move { grpc.get_lock(request).await }
+        })
+        .await
+}

@@ -1,0 +1,410 @@
+//! The bottom layer of the client: connections to the cluster's nodes, finding and following
+//! the leader, and retrying what is safe to retry. Everything above (keepalives, sessions,
+//! the session watcher, [`crate::Client`]) calls the cluster through a [`Transport`].
+
+use crate::error::{ClientError, Failure, classify};
+use picket_proto::connection::Connection;
+use picket_proto::tls::ClientTls;
+use picket_proto::v1::{self, picket_client::PicketClient};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
+use tonic::{Response, Status};
+
+/// How long the client keeps trying before it gives up on a call, how long one attempt may
+/// take, and how long to wait between attempts.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// Total time to keep retrying one call across endpoints and elections.
+    pub retry_for: Duration,
+    /// Longest single attempt (a waiting acquire is exempt: it waits as long as it asked to).
+    pub request_timeout: Duration,
+    /// Longest time to open a connection.
+    pub connect_timeout: Duration,
+    /// First pause between attempts; it doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// Longest pause between attempts.
+    pub max_backoff: Duration,
+    /// TLS toward the nodes (whom to trust, which certificate to present); `None` for
+    /// plaintext. Build one with [`ClientTls::from_files`].
+    pub tls: Option<ClientTls>,
+    /// A bearer token sent with every request, for a cluster that authenticates its clients
+    /// (the secret itself; the cluster's auth file keeps only its SHA-256).
+    pub bearer_token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: say whether there is one, never what it is.
+        f.debug_struct("ClientConfig")
+            .field("retry_for", &self.retry_for)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("tls", &self.tls.is_some())
+            .field("bearer_token", &self.bearer_token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            retry_for: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(500),
+            tls: None,
+            bearer_token: None,
+        }
+    }
+}
+
+/// Whether a call may be sent again after a failure that may have happened after sending it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Reads, keepalives, and writes that are idempotent in Picket (acquire by the same
+    /// session returns the same grant; release and close are checked by the caller).
+    Safe,
+    /// Only when the request certainly was not applied (refused by a follower, or never sent).
+    UnlessSent,
+}
+
+/// The connections to one cluster. Cheap to clone; clones share connections.
+#[derive(Clone, Debug)]
+pub(crate) struct Transport {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    endpoints: Vec<String>,
+    config: ClientConfig,
+    leader: Mutex<Option<String>>,
+    connections: Mutex<HashMap<String, Connection>>,
+}
+
+/// A handle that does not keep the connections open, for background tasks: they stop once
+/// every [`Transport`] is gone.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakTransport(Weak<Inner>);
+
+impl WeakTransport {
+    pub(crate) fn upgrade(&self) -> Option<Transport> {
+        self.0.upgrade().map(|inner| Transport { inner })
+    }
+}
+
+/// Refuses what would send a secret in the clear: an `https://` endpoint without TLS
+/// configured, and a bearer token over plaintext to anything but loopback.
+fn check_transport(
+    given: &[String],
+    endpoints: &[String],
+    config: &ClientConfig,
+) -> Result<(), ClientError> {
+    if config.tls.is_some() {
+        return Ok(());
+    }
+    if let Some(endpoint) = given.iter().find(|endpoint| endpoint.trim().starts_with("https://")) {
+        return Err(ClientError::InvalidArgument(format!(
+            "{endpoint:?} asks for TLS, but no CA is configured: give the CA that signed the nodes' certificates (--ca)"
+        )));
+    }
+    let loopback = |endpoint: &String| {
+        let host = endpoint.rsplit_once(':').map_or(endpoint.as_str(), |(host, _)| host);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    };
+    if config.bearer_token.is_some()
+        && let Some(endpoint) = endpoints.iter().find(|endpoint| !loopback(endpoint))
+    {
+        return Err(ClientError::InvalidArgument(format!(
+            "refusing to send a bearer token in plaintext to {endpoint}: connect with TLS (--ca)"
+        )));
+    }
+    Ok(())
+}
+
+/// Largest request the client sends; the server's own limit is far smaller, so a larger one is a
+/// bug in the caller, not a request worth buffering.
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+impl Transport {
+    /// Checks and normalizes `endpoints` (`host:port`, optionally with a scheme); opens nothing.
+    pub(crate) fn new(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        config: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let given: Vec<String> = endpoints.into_iter().map(Into::into).collect();
+        let endpoints: Vec<String> = given
+            .iter()
+            .map(|endpoint| {
+                let endpoint = endpoint.trim();
+                let endpoint = endpoint.strip_prefix("https://").unwrap_or(endpoint);
+                endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned()
+            })
+            .filter(|endpoint| !endpoint.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "give at least one endpoint, e.g. 127.0.0.1:7687".into(),
+            ));
+        }
+        for endpoint in &endpoints {
+            Endpoint::from_shared(format!("http://{endpoint}")).map_err(|error| {
+                ClientError::InvalidArgument(format!("{endpoint:?} is not host:port ({error})"))
+            })?;
+        }
+        check_transport(&given, &endpoints, &config)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoints,
+                config,
+                leader: Mutex::new(None),
+                connections: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    pub(crate) fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakTransport {
+        WeakTransport(Arc::downgrade(&self.inner))
+    }
+
+    /// The open connection to `endpoint`, opened first if there is none or it has closed.
+    async fn connection(&self, endpoint: &str) -> Result<PicketClient<Connection>, Status> {
+        let cached = self.lock_connections().get(endpoint).filter(|c| !c.is_closed()).cloned();
+        let connection = match cached {
+            Some(connection) => connection,
+            None => {
+                let opened = Connection::open(
+                    endpoint,
+                    self.inner.config.connect_timeout,
+                    MAX_REQUEST_BYTES,
+                    self.inner.config.tls.as_ref(),
+                )
+                .await?;
+                let opened = match &self.inner.config.bearer_token {
+                    Some(token) => opened.with_bearer_token(token)?,
+                    None => opened,
+                };
+                // Another call may have opened one meanwhile; keep a single live connection.
+                let mut connections = self.lock_connections();
+                let entry =
+                    connections.entry(endpoint.to_owned()).or_insert_with(|| opened.clone());
+                if entry.is_closed() {
+                    *entry = opened;
+                }
+                entry.clone()
+            }
+        };
+        let origin = connection.origin();
+        Ok(PicketClient::with_origin(connection, origin))
+    }
+
+    fn lock_connections(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
+        self.inner.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn leader_hint(&self) -> Option<String> {
+        self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn set_leader_hint(&self, leader: Option<String>) {
+        *self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = leader;
+    }
+
+    /// Runs one call against the cluster: at the leader if known, following `not_leader`
+    /// refusals, moving to the next endpoint when one is down, and backing off during
+    /// elections, until `retry_for` runs out.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        retry: Retry,
+        timeout: Option<Duration>,
+        mut attempt: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut(PicketClient<Connection>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let config = &self.inner.config;
+        let deadline = Instant::now() + config.retry_for;
+        let mut backoff = config.initial_backoff;
+        let mut next_endpoint = 0;
+        let mut last_failure;
+        let mut reached_any = false;
+        let mut refused = 0;
+        loop {
+            let target = self.leader_hint().unwrap_or_else(|| {
+                self.inner.endpoints[next_endpoint % self.inner.endpoints.len()].clone()
+            });
+            let result = match self.connection(&target).await {
+                Err(unsent) => Err(unsent),
+                Ok(connection) => {
+                    let call = attempt(connection);
+                    match timeout {
+                        Some(timeout) => {
+                            tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+                                Err(Status::deadline_exceeded("the request timed out"))
+                            })
+                        }
+                        None => call.await,
+                    }
+                }
+            };
+            let failure = match result {
+                Ok(response) => {
+                    self.set_leader_hint(Some(target));
+                    return Ok(response.into_inner());
+                }
+                Err(status) => classify(&status),
+            };
+            match failure {
+                Failure::Final(error) => return Err(error),
+                Failure::NotLeader(Some(leader)) if leader != target => {
+                    reached_any = true;
+                    self.set_leader_hint(Some(leader));
+                    continue;
+                }
+                Failure::NotLeader(_) => {
+                    reached_any = true;
+                    last_failure = format!("{target}: no leader yet");
+                    self.set_leader_hint(None);
+                }
+                Failure::Unavailable(detail) => {
+                    reached_any = true;
+                    last_failure = format!("{target}: {detail}");
+                    self.set_leader_hint(None);
+                }
+                Failure::Unsent(detail) => {
+                    last_failure = format!("{target}: {detail}");
+                    self.set_leader_hint(None);
+                    next_endpoint += 1;
+                    refused += 1;
+                    // Every endpoint refused the connection three times over and none ever
+                    // answered: nothing is listening. Say so now instead of after `retry_for`.
+                    if !reached_any && refused >= 3 * self.inner.endpoints.len() {
+                        return Err(ClientError::Unreachable {
+                            endpoints: self.inner.endpoints.join(","),
+                            detail: last_failure,
+                        });
+                    }
+                }
+                Failure::Broken(detail) => {
+                    if retry == Retry::UnlessSent {
+                        return Err(ClientError::OutcomeUnknown(format!("{target}: {detail}")));
+                    }
+                    last_failure = format!("{target}: {detail}");
+                    self.set_leader_hint(None);
+                    next_endpoint += 1;
+                }
+            }
+            if Instant::now() + backoff > deadline {
+                return Err(if reached_any {
+                    ClientError::Service {
+                        code: "unavailable".into(),
+                        message: format!(
+                            "the cluster has no leader that can serve ({last_failure}); retry later"
+                        ),
+                        holder_token: None,
+                    }
+                } else {
+                    ClientError::Unreachable {
+                        endpoints: self.inner.endpoints.join(","),
+                        detail: last_failure,
+                    }
+                });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(config.max_backoff);
+        }
+    }
+
+    /// Opens a watch stream as `request` asks.
+    pub(crate) async fn watch_with(
+        &self,
+        request: v1::WatchRequest,
+    ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
+        self.call(Retry::Safe, Some(self.inner.config.request_timeout), |mut client| {
+            let request = request.clone();
+            async move { client.watch(request).await }
+        })
+        .await
+    }
+
+    /// Acquires `name` in session `session_id`: `wait_ms` `None` waits until granted, `Some(0)`
+    /// tries once, `Some(n)` waits at most n ms. A waiting acquire is not cut off by the request
+    /// timeout (the server ends the wait). Every attempt carries the same request id, so a
+    /// retry after a broken connection joins the first attempt's wait or gets its grant: it is
+    /// safe to retry.
+    pub(crate) async fn acquire(
+        &self,
+        session_id: u64,
+        name: &str,
+        wait_ms: Option<u64>,
+    ) -> Result<v1::AcquireResponse, ClientError> {
+        let request_timeout = self.inner.config.request_timeout;
+        let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
+        let request_id = Some(fresh_request_id());
+        let mut attempt = 0;
+        self.call(Retry::Safe, timeout, |mut grpc| {
+            let request = v1::AcquireRequest {
+                name: name.to_owned(),
+                session_id,
+                wait_ms,
+                request_id,
+                attempt,
+            };
+            attempt += 1;
+            async move { grpc.acquire(request).await }
+        })
+        .await
+    }
+
+    /// Releases grant `token` of `name` held by `session_id`. Retried like a read: a retry that
+    /// meets its own earlier success finds the lock no longer held under this token, which is
+    /// what was asked, and counts as done.
+    pub(crate) async fn release(
+        &self,
+        session_id: u64,
+        name: &str,
+        token: u64,
+    ) -> Result<(), ClientError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        let result = self
+            .call(Retry::Safe, timeout, |mut grpc| {
+                let request = v1::ReleaseRequest { name: name.to_owned(), session_id, token };
+                async move { grpc.release(request).await }
+            })
+            .await;
+        match result {
+            Err(error)
+                if error.code() == Some("not_held") && error.holder_token() != Some(token) =>
+            {
+                Ok(())
+            }
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+/// A random request id: unique among a session's requests in practice.
+fn fresh_request_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    hasher.finish()
+}
