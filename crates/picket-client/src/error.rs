@@ -102,9 +102,7 @@ fn transport_failure(status: &Status) -> Failure {
     // The connection marks what certainly never left this process (no connection, or one that
     // closed before the request was written); any call may be sent again after that. Nothing
     // else is known not to have reached the server.
-    if status.code() == Code::Unavailable
-        && status.message().starts_with(picket_proto::connection::NOT_SENT)
-    {
+    if status.code() == Code::Unavailable && picket_proto::connection::was_not_sent(status) {
         return Failure::Unsent(message);
     }
     // Refused by the client itself before sending (a request over its size limit): sending it
@@ -135,14 +133,17 @@ pub enum LostReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use picket_proto::connection::NOT_SENT;
+    use picket_proto::connection::not_sent_status;
 
     #[test]
     fn only_what_the_connection_marks_as_not_sent_is_unsent() {
-        let refused = Status::unavailable(format!("{NOT_SENT}cannot connect to 127.0.0.1:1"));
+        let refused = not_sent_status("cannot connect to 127.0.0.1:1");
         assert!(matches!(classify(&refused), Failure::Unsent(_)));
-        let closed = Status::unavailable(format!("{NOT_SENT}the connection closed (eof)"));
+        let closed = not_sent_status("the connection closed (eof)");
         assert!(matches!(classify(&closed), Failure::Unsent(_)));
+        // The words alone, as a server could send them, are not the mark.
+        let spoken = Status::unavailable("not sent: the connection closed (eof)");
+        assert!(matches!(classify(&spoken), Failure::Broken(_)));
     }
 
     /// Regression: any UNAVAILABLE transport error that mentioned "connect" (as in "connection

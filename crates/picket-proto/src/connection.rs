@@ -19,9 +19,27 @@ use tonic::body::Body;
 
 use crate::tls::ClientTls;
 
-/// The start of every error message for a request that certainly never left this process;
-/// such a request may be sent again even when it is not idempotent.
-pub const NOT_SENT: &str = "not sent: ";
+/// Marks a request that certainly never left this process (no connection, or one that closed
+/// before the request was written): it may be sent again even when it is not idempotent. It is
+/// the source of that request's `UNAVAILABLE` status, a mark only this process can set: a
+/// status that came from a server never carries it, whatever its message says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request was not sent")]
+pub struct NotSent;
+
+/// The `UNAVAILABLE` status of a request that was not sent, marked with [`NotSent`].
+#[must_use]
+pub fn not_sent_status(message: &str) -> Status {
+    let mut status = Status::unavailable(format!("not sent: {message}"));
+    status.set_source(std::sync::Arc::new(NotSent));
+    status
+}
+
+/// Whether `status` is marked [`NotSent`].
+#[must_use]
+pub fn was_not_sent(status: &Status) -> bool {
+    std::error::Error::source(status).is_some_and(|source| source.is::<NotSent>())
+}
 
 /// Per-stream and per-connection receive windows: large enough that a watch stream's burst of
 /// events is not throttled by window updates (the same figures as hyper's client defaults).
@@ -45,7 +63,7 @@ impl Connection {
     /// `max_request_bytes` is refused before it is sent.
     ///
     /// # Errors
-    /// `UNAVAILABLE`, with a message that starts with [`NOT_SENT`], when the endpoint cannot be
+    /// `UNAVAILABLE`, marked [`NotSent`], when the endpoint cannot be
     /// reached in time or its certificate is not trusted; `INVALID_ARGUMENT` when it is not
     /// `host:port`.
     pub async fn open(
@@ -84,10 +102,10 @@ impl Connection {
         match tokio::time::timeout(connect_timeout, connecting).await {
             Ok(Ok(send)) => Ok(Self { send, max_request_bytes, origin, authorization: None }),
             Ok(Err(error)) => {
-                Err(Status::unavailable(format!("{NOT_SENT}cannot connect to {endpoint}: {error}")))
+                Err(not_sent_status(&format!("cannot connect to {endpoint}: {error}")))
             }
-            Err(_) => Err(Status::unavailable(format!(
-                "{NOT_SENT}cannot connect to {endpoint} within {connect_timeout:?}"
+            Err(_) => Err(not_sent_status(&format!(
+                "cannot connect to {endpoint} within {connect_timeout:?}"
             ))),
         }
     }
@@ -144,7 +162,7 @@ where
 }
 
 fn not_sent(what: &str, error: &h2::Error) -> Status {
-    Status::unavailable(format!("{NOT_SENT}{what} ({error}); connect again"))
+    not_sent_status(&format!("{what} ({error}); connect again"))
 }
 
 /// Reads a request body whole. tonic's unary and server-streaming requests carry one message,
@@ -306,7 +324,7 @@ mod tests {
         drop(listener);
         let error = Connection::open(&addr, TIMEOUT, 1024, None).await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::Unavailable);
-        assert!(error.message().starts_with(NOT_SENT), "{}", error.message());
+        assert!(was_not_sent(&error), "{}", error.message());
         assert!(error.message().contains(&addr), "{}", error.message());
     }
 
@@ -383,6 +401,6 @@ mod tests {
         }
         let error = connection.call(request(b"late")).await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::Unavailable);
-        assert!(error.message().starts_with(NOT_SENT), "{}", error.message());
+        assert!(was_not_sent(&error), "{}", error.message());
     }
 }

@@ -17,6 +17,7 @@ pub mod backup;
 pub mod clock;
 mod driver;
 pub mod error;
+mod framing;
 pub mod grpc;
 mod guarded;
 pub mod http;

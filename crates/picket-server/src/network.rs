@@ -6,6 +6,7 @@
 //! it, so a peer that moved to another address is never mistaken for the one that left.
 
 use crate::clock::Clock;
+use crate::framing;
 use crate::node::Node;
 use crate::raft_types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::tls::Caller;
@@ -297,22 +298,15 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     }
 }
 
-/// `[8-byte little-endian header length][JSON (vote, meta)][snapshot bytes]`: the state machine's
-/// bytes travel as they are, not as a JSON array of numbers.
+/// A snapshot message: the JSON of (vote, meta) as the header of a [`crate::framing`] frame whose
+/// body is the state machine's bytes.
 fn encode_snapshot(vote: &Vote, meta: &SnapshotMeta, data: &[u8]) -> Vec<u8> {
-    let header = encode(&(vote, meta));
-    let mut bytes = Vec::with_capacity(8 + header.len() + data.len());
-    bytes.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&header);
-    bytes.extend_from_slice(data);
-    bytes
+    framing::frame(&encode(&(vote, meta)), data)
 }
 
 fn decode_snapshot(bytes: &[u8]) -> Result<(Vote, Snapshot), String> {
-    let (length, rest) = bytes.split_at_checked(8).ok_or("snapshot message too short")?;
-    let length = usize::try_from(u64::from_le_bytes(length.try_into().expect("8 bytes")))
-        .map_err(|_| "bad snapshot header length")?;
-    let (header, data) = rest.split_at_checked(length).ok_or("truncated snapshot message")?;
+    let (header, data) =
+        framing::unframe(bytes).map_err(|error| format!("snapshot message: {error}"))?;
     let (vote, meta): (Vote, SnapshotMeta) = decode(header)?;
     Ok((vote, Snapshot { meta, snapshot: data.to_vec() }))
 }

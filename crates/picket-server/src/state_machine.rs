@@ -7,6 +7,7 @@
 //! temporary file, synced, and renamed over the old one, so a crash leaves either the old
 //! snapshot or the new one, never half of one.
 
+use crate::framing;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::raft_types::{
@@ -199,14 +200,14 @@ pub(crate) fn restore_machine(data: &[u8]) -> io::Result<StateMachine> {
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))
 }
 
-/// File layout: the metadata's JSON length as 8 bytes little-endian, the metadata JSON, then
-/// the state machine's snapshot bytes.
+/// File layout: a [`crate::framing`] frame with the metadata's JSON as its header and the state
+/// machine's snapshot bytes as its body.
 fn write_snapshot_file(dir: &Path, snapshot: &StoredSnapshot) -> io::Result<()> {
     let meta = serde_json::to_vec(&snapshot.meta).map_err(io::Error::other)?;
     let tmp = dir.join(SNAPSHOT_TMP);
     {
         let mut file = fs::File::create(&tmp)?;
-        file.write_all(&(meta.len() as u64).to_le_bytes())?;
+        file.write_all(&framing::length_prefix(&meta))?;
         file.write_all(&meta)?;
         file.write_all(&snapshot.data)?;
         file.sync_all()?;
@@ -228,10 +229,7 @@ fn read_snapshot_file(path: &Path) -> io::Result<Option<StoredSnapshot>> {
             format!("the snapshot file {} is damaged: {what}", path.display()),
         )
     };
-    let (length, rest) = bytes.split_at_checked(8).ok_or_else(|| damaged("too short"))?;
-    let length = usize::try_from(u64::from_le_bytes(length.try_into().expect("8 bytes")))
-        .map_err(|_| damaged("bad length"))?;
-    let (meta, data) = rest.split_at_checked(length).ok_or_else(|| damaged("truncated"))?;
+    let (meta, data) = framing::unframe(&bytes).map_err(|error| damaged(&error.to_string()))?;
     let meta: SnapshotMeta =
         serde_json::from_slice(meta).map_err(|error| damaged(&error.to_string()))?;
     Ok(Some(StoredSnapshot { meta, data: data.to_vec() }))

@@ -419,11 +419,11 @@ async fn run_sessions(
         (server_pid.and_then(cpu_seconds), cpu_seconds("self"), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(args.secs)).await;
     let wall = started.elapsed().as_secs_f64();
-    let percent = |end: Option<f64>, start: Option<f64>| {
+    let share = |end: Option<f64>, start: Option<f64>| {
         end.zip(start).map(|(end, start)| (end - start) / wall * 100.0)
     };
-    let server_cpu = percent(server_pid.and_then(cpu_seconds), server_start);
-    let client_cpu = percent(cpu_seconds("self"), client_start);
+    let server_cpu = share(server_pid.and_then(cpu_seconds), server_start);
+    let client_cpu = share(cpu_seconds("self"), client_start);
     let lost = sessions.iter().filter(|session| session.lost_reason().is_some()).count() as u64;
     Ok((sessions.len() as u64, lost, server_cpu, client_cpu))
 }
@@ -558,99 +558,27 @@ async fn run_fenced(args: &BenchArgs, connect: &Connect) -> anyhow::Result<Strin
     Ok(format!("{line} tag={}", args.tag))
 }
 
-/// Runs the benchmark and prints the RESULT line.
+/// What one run found: its RESULT line, and whether the safety checks held (no two holders at
+/// once, no token going back); modes that check nothing are safe.
+struct Outcome {
+    line: String,
+    safe: bool,
+}
+
+/// Runs the benchmark and prints the RESULT line; exits 3 when a safety check failed.
 pub fn run(mut args: BenchArgs, connect: &Connect) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.secs <= 0.0 {
         bail!("--clients and --secs must be positive");
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let (cluster, connect) = if args.cluster {
-        let mut cluster = LocalCluster::start()?;
-        let endpoints = cluster.endpoints.clone();
-        let leader = runtime.block_on(async {
-            // The nodes need a moment to start listening.
-            let mut attempts = 0;
-            let client = loop {
-                match Client::connect(endpoints.clone()).await {
-                    Ok(client) => break client,
-                    Err(error) if attempts >= 50 => {
-                        return Err(
-                            anyhow::Error::new(error).context("the local cluster did not start")
-                        );
-                    }
-                    Err(_) => {
-                        attempts += 1;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            };
-            cluster.leader_pid(&client).await
-        })?;
-        args.server_pid = Some(leader);
-        // The stores connect to the cluster when they start, so they start once it has a leader.
-        if args.mode == Mode::Fenced {
-            let (fenced, unfenced) = cluster.start_kv_stores(&args.prefix, &args.lock)?;
-            args.kv = fenced;
-            args.kv_unfenced = Some(unfenced);
-        }
-        (Some(cluster), Connect::plaintext(endpoints))
+        let cluster = start_local_cluster(&runtime, &mut args)?;
+        let connect = Connect::plaintext(cluster.endpoints.clone());
+        (Some(cluster), connect)
     } else {
         (None, connect.clone())
     };
-    let server_pid = args.server_pid.map(|pid| pid.to_string());
-    let line = runtime.block_on(async {
-        match args.mode {
-            Mode::Fenced => run_fenced(&args, &connect).await,
-            Mode::Sessions => {
-                let (opened, lost, server_cpu, client_cpu) = run_sessions(&args, &connect, server_pid.as_deref()).await?;
-                let rss = server_pid.as_deref().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).and_then(|status| {
-                    status.lines().find(|line| line.starts_with("VmRSS:")).map(|line| line.split_whitespace().nth(1).unwrap_or("0").to_owned())
-                });
-                let percent = |value: Option<f64>| value.map_or_else(|| "NA".to_owned(), |value| format!("{value:.1}"));
-                anyhow::Ok(format!(
-                    "RESULT system=picket mode=sessions sessions={opened} connections={} ttl_ms={} secs={:.1} expired={lost} server_cpu_pct={} client_cpu_pct={} server_rss_kb={} tag={}",
-                    args.clients,
-                    args.ttl_ms,
-                    args.secs,
-                    percent(server_cpu),
-                    percent(client_cpu),
-                    rss.unwrap_or_else(|| "NA".to_owned()),
-                    args.tag
-                ))
-            }
-            Mode::Uncontended | Mode::Contended => {
-                let server_cpu_start = server_pid.as_deref().and_then(cpu_seconds);
-                let client_cpu_start = cpu_seconds("self");
-                let wall = Instant::now();
-                let (recorder, checks, measured) = run_locks(&args, &connect).await?;
-                let wall = wall.elapsed().as_secs_f64();
-                let server_cpu = server_pid.as_deref().and_then(cpu_seconds).zip(server_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
-                let client_cpu = cpu_seconds("self").zip(client_cpu_start).map(|(end, start)| (end - start) / wall * 100.0);
-                let percent = |value: Option<f64>| value.map_or_else(|| "NA".to_owned(), |value| format!("{value:.1}"));
-                #[allow(clippy::cast_precision_loss)]
-                let ops_per_s = recorder.ops as f64 / measured;
-                let mode = if args.mode == Mode::Contended { "contended" } else { "uncontended" };
-                anyhow::Ok(format!(
-                    "RESULT system=picket mode={mode} clients={} secs={measured:.1} ops={} ops_per_s={ops_per_s:.0} acq_p50_us={} acq_p99_us={} acq_max_us={} rel_p50_us={} rel_p99_us={} cycle_p50_us={} cycle_p99_us={} errors={} violations={} token_regressions={} server_cpu_pct={} client_cpu_pct={} tag={}",
-                    args.clients,
-                    recorder.ops,
-                    recorder.acquire.value_at_quantile(0.5),
-                    recorder.acquire.value_at_quantile(0.99),
-                    recorder.acquire.max(),
-                    recorder.release.value_at_quantile(0.5),
-                    recorder.release.value_at_quantile(0.99),
-                    recorder.cycle.value_at_quantile(0.5),
-                    recorder.cycle.value_at_quantile(0.99),
-                    recorder.errors,
-                    checks.violations.load(Ordering::Relaxed),
-                    checks.token_regressions.load(Ordering::Relaxed),
-                    percent(server_cpu),
-                    percent(client_cpu),
-                    args.tag
-                ))
-            }
-        }
-    })?;
+    let outcome = runtime.block_on(measure(&args, &connect))?;
     if let Some(cluster) = &cluster {
         // The server's CPU is that of the node that led at the start; say so if it changed.
         let leader_now = runtime.block_on(async {
@@ -664,8 +592,125 @@ pub fn run(mut args: BenchArgs, connect: &Connect) -> anyhow::Result<ExitCode> {
         }
     }
     drop(cluster);
-    println!("{line}");
-    let safe = args.mode == Mode::Sessions
-        || (line.contains(" violations=0 ") && line.contains(" token_regressions=0 "));
-    Ok(if safe { ExitCode::SUCCESS } else { ExitCode::from(3) })
+    println!("{}", outcome.line);
+    Ok(if outcome.safe { ExitCode::SUCCESS } else { ExitCode::from(3) })
+}
+
+/// Starts a local 3-node cluster (and, for the fenced mode, its stores) and points `args` at
+/// it: the leader's pid for the CPU figures, the stores' URLs.
+fn start_local_cluster(
+    runtime: &tokio::runtime::Runtime,
+    args: &mut BenchArgs,
+) -> anyhow::Result<LocalCluster> {
+    let mut cluster = LocalCluster::start()?;
+    let endpoints = cluster.endpoints.clone();
+    let leader = runtime.block_on(async {
+        // The nodes need a moment to start listening.
+        let mut attempts = 0;
+        let client = loop {
+            match Client::connect(endpoints.clone()).await {
+                Ok(client) => break client,
+                Err(error) if attempts >= 50 => {
+                    return Err(
+                        anyhow::Error::new(error).context("the local cluster did not start")
+                    );
+                }
+                Err(_) => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        cluster.leader_pid(&client).await
+    })?;
+    args.server_pid = Some(leader);
+    // The stores connect to the cluster when they start, so they start once it has a leader.
+    if args.mode == Mode::Fenced {
+        let (fenced, unfenced) = cluster.start_kv_stores(&args.prefix, &args.lock)?;
+        args.kv = fenced;
+        args.kv_unfenced = Some(unfenced);
+    }
+    Ok(cluster)
+}
+
+/// Runs the chosen mode against the target.
+async fn measure(args: &BenchArgs, connect: &Connect) -> anyhow::Result<Outcome> {
+    let server_pid = args.server_pid.map(|pid| pid.to_string());
+    match args.mode {
+        Mode::Fenced => Ok(Outcome { line: run_fenced(args, connect).await?, safe: true }),
+        Mode::Sessions => measure_sessions(args, connect, server_pid.as_deref()).await,
+        Mode::Uncontended | Mode::Contended => {
+            measure_locks(args, connect, server_pid.as_deref()).await
+        }
+    }
+}
+
+fn percent(value: Option<f64>) -> String {
+    value.map_or_else(|| "NA".to_owned(), |value| format!("{value:.1}"))
+}
+
+async fn measure_sessions(
+    args: &BenchArgs,
+    connect: &Connect,
+    server_pid: Option<&str>,
+) -> anyhow::Result<Outcome> {
+    let (opened, lost, server_cpu, client_cpu) = run_sessions(args, connect, server_pid).await?;
+    let rss = server_pid
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with("VmRSS:"))
+                .map(|line| line.split_whitespace().nth(1).unwrap_or("0").to_owned())
+        });
+    let line = format!(
+        "RESULT system=picket mode=sessions sessions={opened} connections={} ttl_ms={} secs={:.1} expired={lost} server_cpu_pct={} client_cpu_pct={} server_rss_kb={} tag={}",
+        args.clients,
+        args.ttl_ms,
+        args.secs,
+        percent(server_cpu),
+        percent(client_cpu),
+        rss.unwrap_or_else(|| "NA".to_owned()),
+        args.tag
+    );
+    Ok(Outcome { line, safe: true })
+}
+
+async fn measure_locks(
+    args: &BenchArgs,
+    connect: &Connect,
+    server_pid: Option<&str>,
+) -> anyhow::Result<Outcome> {
+    let server_cpu_start = server_pid.and_then(cpu_seconds);
+    let client_cpu_start = cpu_seconds("self");
+    let wall = Instant::now();
+    let (recorder, checks, measured) = run_locks(args, connect).await?;
+    let wall = wall.elapsed().as_secs_f64();
+    let share = |end: Option<f64>, start: Option<f64>| {
+        end.zip(start).map(|(end, start)| (end - start) / wall * 100.0)
+    };
+    let server_cpu = share(server_pid.and_then(cpu_seconds), server_cpu_start);
+    let client_cpu = share(cpu_seconds("self"), client_cpu_start);
+    #[allow(clippy::cast_precision_loss)]
+    let ops_per_s = recorder.ops as f64 / measured;
+    let mode = if args.mode == Mode::Contended { "contended" } else { "uncontended" };
+    let violations = checks.violations.load(Ordering::Relaxed);
+    let token_regressions = checks.token_regressions.load(Ordering::Relaxed);
+    let line = format!(
+        "RESULT system=picket mode={mode} clients={} secs={measured:.1} ops={} ops_per_s={ops_per_s:.0} acq_p50_us={} acq_p99_us={} acq_max_us={} rel_p50_us={} rel_p99_us={} cycle_p50_us={} cycle_p99_us={} errors={} violations={violations} token_regressions={token_regressions} server_cpu_pct={} client_cpu_pct={} tag={}",
+        args.clients,
+        recorder.ops,
+        recorder.acquire.value_at_quantile(0.5),
+        recorder.acquire.value_at_quantile(0.99),
+        recorder.acquire.max(),
+        recorder.release.value_at_quantile(0.5),
+        recorder.release.value_at_quantile(0.99),
+        recorder.cycle.value_at_quantile(0.5),
+        recorder.cycle.value_at_quantile(0.99),
+        recorder.errors,
+        percent(server_cpu),
+        percent(client_cpu),
+        args.tag
+    );
+    Ok(Outcome { line, safe: violations == 0 && token_regressions == 0 })
 }

@@ -1,10 +1,7 @@
-//! `picket kv`: the reference fenced resource, and commands to write to it.
-//!
-//! `picket kv serve` is a small HTTP key-value store built only from `picket-fence`: the durable
-//! `FencedStore` (redb: fence records and data in one transaction, fsynced before the answer) and
-//! the HTTP middleware (stamp headers, verify on advance, structured refusals). Each key prefix
-//! given with `--guard PREFIX=LOCK` is one guarded resource bound to one lock; writes to keys
-//! outside every guard are refused.
+//! `picket kv`: runs the reference fenced resource (the `picket-kv` crate: its routes are in
+//! that crate's documentation), and writes to and reads from it. Each key prefix given with
+//! `--guard PREFIX=LOCK` is one guarded resource bound to one lock; writes to keys outside every
+//! guard are refused. Verify on advance asks Picket through the Rust client.
 //!
 //! | Method and path | Meaning |
 //! |---|---|
@@ -16,26 +13,18 @@
 //! | `GET /fence/{prefix}` | the resource's fence record |
 
 use crate::http_client;
-use anyhow::{Context, bail};
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use axum::{Extension, Json, Router};
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use futures_util::future::BoxFuture;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use picket_client::Client;
 use picket_core::{CheckOutcome, Sequencer, SequencerKeys, SessionId};
+use picket_fence::Policy;
 use picket_fence::http::{
-    CheckError, FenceConfig, FenceContext, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER,
-    SEQUENCER_HEADER, fence, refusal_response,
+    CheckError, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
 };
-use picket_fence::{Admission, FencedStore, Policy, ResourceGuard, StoreError, WriteError};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use picket_kv::KvConfig;
+use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -165,28 +154,6 @@ pub fn run(args: KvArgs, connect: crate::connect::Connect) -> anyhow::Result<Exi
     })
 }
 
-/// The guards, longest prefix first, so a key belongs to the most specific guard.
-#[derive(Debug)]
-struct Guards(Vec<(String, Policy)>);
-
-impl Guards {
-    fn for_key(&self, key: &str) -> Option<(String, Policy)> {
-        self.0.iter().find(|(prefix, _)| key.starts_with(prefix.as_str())).cloned()
-    }
-
-    fn exact(&self, prefix: &str) -> Option<(String, Policy)> {
-        self.0.iter().find(|(guarded, _)| guarded == prefix).cloned()
-    }
-}
-
-fn resolve(guards: &Guards, parts: &Parts) -> Option<(String, Policy)> {
-    let path = percent_decode_str(parts.uri.path()).decode_utf8().ok()?;
-    if let Some(key) = path.strip_prefix("/kv/") {
-        return guards.for_key(key);
-    }
-    path.strip_prefix("/fence/").and_then(|prefix| guards.exact(prefix))
-}
-
 /// Asks Picket over gRPC; connects on first use so the store starts without the service.
 struct PicketChecker {
     connect: crate::connect::Connect,
@@ -218,45 +185,9 @@ impl GrantChecker for PicketChecker {
     }
 }
 
-#[derive(Clone)]
-struct Kv {
-    store: Arc<FencedStore>,
-    guards: Arc<Guards>,
-    config: Arc<FenceConfig>,
-    fenced: bool,
-}
-
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({ "code": code, "message": message.into() }))).into_response()
-}
-
-fn write_error(failure: WriteError) -> Response {
-    match failure {
-        WriteError::Refused(refusal) => refusal_response(&refusal),
-        WriteError::Store(too_large @ StoreError::TooLarge { .. }) => {
-            error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", too_large.to_string())
-        }
-        other => error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", other.to_string()),
-    }
-}
-
-fn admission_name(admission: Admission) -> &'static str {
-    match admission {
-        Admission::Advanced { .. } => "advanced",
-        Admission::Same => "same",
-        Admission::Duplicate => "duplicate",
-    }
-}
-
 async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Result<ExitCode> {
     args.logging.init("info")?;
-    if args.guards.is_empty() && args.strict_guards.is_empty() {
-        bail!("give at least one --guard PREFIX=LOCK: the store only takes fenced writes");
-    }
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
-    let store = Arc::new(FencedStore::open(args.data_dir.join("kv.redb"))?);
-    let mut guards: Vec<(String, Policy)> = args
+    let guards: Vec<(String, Policy)> = args
         .guards
         .iter()
         .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone())))
@@ -267,44 +198,32 @@ async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Res
         )
         .map(|(prefix, policy)| (prefix, policy.remembering_keys(args.remembered_keys)))
         .collect();
-    guards.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
-    let guards = Arc::new(Guards(guards));
-    // Without a fence there is no highest token to advance, so nothing to verify either.
-    let checker: Option<Arc<dyn GrantChecker>> = if args.no_verify || args.no_fence {
+    let checker: Option<Arc<dyn GrantChecker>> = if args.no_verify {
         None
     } else {
         Some(Arc::new(PicketChecker { connect, client: tokio::sync::OnceCell::new() }))
     };
-    let resolver_guards = guards.clone();
-    let mut config = FenceConfig::new(
-        move |parts: &Parts| resolve(&resolver_guards, parts),
-        store.clone(),
-        checker,
-    )
-    .with_verify_timeout(std::time::Duration::from_millis(args.verify_timeout_ms));
-    if let Some(path) = &args.sequencer_keys {
-        let keys = read_sequencer_keys(path, &args.cluster_id)?;
-        tracing::info!(keys = ?keys.key_ids().collect::<Vec<_>>(), "taking only signed sequencers");
-        config = config.with_sequencer_keys(keys);
-    }
-    let config = Arc::new(config);
+    let sequencer_keys = match &args.sequencer_keys {
+        Some(path) => {
+            let keys = read_sequencer_keys(path, &args.cluster_id)?;
+            tracing::info!(keys = ?keys.key_ids().collect::<Vec<_>>(), "taking only signed sequencers");
+            Some(keys)
+        }
+        None => None,
+    };
     if args.no_fence {
         tracing::warn!(
             "--no-fence: writes are applied without any fence check; for benchmarks only"
         );
     }
-    let kv = Kv { store, guards, config: config.clone(), fenced: !args.no_fence };
-    let metrics = Arc::new(crate::kv_metrics::KvMetrics::default());
-    let app = Router::new()
-        .route("/kv/{*key}", put(put_key).get(get_key).delete(delete_key))
-        .route("/fence/{*prefix}", post(register).get(fence_record))
-        .route_layer(axum::middleware::from_fn_with_state(config, fence))
-        .route("/txn", post(transaction))
-        .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
-        .layer(DefaultBodyLimit::max(picket_fence::MAX_VALUE_BYTES + 64 * 1024))
-        .with_state(kv)
-        .layer(axum::middleware::from_fn_with_state(metrics.clone(), crate::kv_metrics::count))
-        .route("/metrics", get(crate::kv_metrics::render).with_state(metrics));
+    let app = picket_kv::router(KvConfig {
+        data_dir: args.data_dir.clone(),
+        guards,
+        checker,
+        verify_timeout: std::time::Duration::from_millis(args.verify_timeout_ms),
+        sequencer_keys,
+        fenced: !args.no_fence,
+    })?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -328,196 +247,6 @@ fn read_sequencer_keys(path: &std::path::Path, cluster_id: &str) -> anyhow::Resu
     let spkis = picket_proto::tls::read_public_keys(path)?;
     SequencerKeys::from_spki(cluster_id, spkis.iter().map(Vec::as_slice))
         .with_context(|| format!("cannot use the public keys in {}", path.display()))
-}
-
-fn unguarded(key: &str) -> Response {
-    error(
-        StatusCode::FORBIDDEN,
-        "unguarded_key",
-        format!("no --guard covers key {key:?}: this store only takes fenced writes"),
-    )
-}
-
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(work).await.expect("a storage task does not panic")
-}
-
-async fn put_key(
-    State(kv): State<Kv>,
-    context: Option<Extension<FenceContext>>,
-    Path(key): Path<String>,
-    body: Bytes,
-) -> Response {
-    write_key(kv, context, key, Some(body)).await
-}
-
-async fn delete_key(
-    State(kv): State<Kv>,
-    context: Option<Extension<FenceContext>>,
-    Path(key): Path<String>,
-) -> Response {
-    write_key(kv, context, key, None).await
-}
-
-async fn write_key(
-    kv: Kv,
-    context: Option<Extension<FenceContext>>,
-    key: String,
-    value: Option<Bytes>,
-) -> Response {
-    let Some(Extension(context)) = context else { return unguarded(&key) };
-    let presented = context.presented.expect("the middleware requires a stamp for writes");
-    // A retry with the same idempotency key must be the same write: a PUT of the same value to
-    // the same key, or a DELETE of the same key.
-    let presented = match &value {
-        Some(value) => presented.with_request(&[b"PUT", key.as_bytes(), value]),
-        None => presented.with_request(&[b"DELETE", key.as_bytes()]),
-    };
-    let token = presented.stamp.token;
-    let result = blocking(move || {
-        let guard = ResourceGuard { resource: &context.resource, policy: &context.policy };
-        let guards: &[ResourceGuard<'_>] =
-            if kv.fenced { std::slice::from_ref(&guard) } else { &[] };
-        kv.store.write(guards, &presented, |unit| match &value {
-            Some(value) => unit.put(&key, value).map(|()| true),
-            None => unit.delete(&key),
-        })
-    })
-    .await;
-    match result {
-        Ok(applied) => Json(json!({ "token": token, "admission": admission_name(applied.admission), "existed": applied.output })).into_response(),
-        Err(write) => write_error(write),
-    }
-}
-
-async fn get_key(
-    State(kv): State<Kv>,
-    context: Option<Extension<FenceContext>>,
-    Path(key): Path<String>,
-) -> Response {
-    let stamped = context.and_then(|Extension(mut context)| {
-        context.presented.take().map(|presented| (context, presented))
-    });
-    let result = blocking(move || match stamped {
-        Some((context, presented)) => {
-            let guard = ResourceGuard { resource: &context.resource, policy: &context.policy };
-            kv.store.get_checked(guard, &presented.lock, presented.stamp.token, &key)
-        }
-        None => kv.store.get(&key).map_err(WriteError::Store),
-    })
-    .await;
-    match result {
-        Ok(Some(value)) => value.into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such key"),
-        Err(write) => write_error(write),
-    }
-}
-
-async fn register(
-    State(kv): State<Kv>,
-    context: Option<Extension<FenceContext>>,
-    Path(prefix): Path<String>,
-) -> Response {
-    let Some(Extension(context)) = context else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "unknown_resource",
-            format!("no --guard has the prefix {prefix:?}"),
-        );
-    };
-    let presented = context.presented.expect("the middleware requires a stamp for writes");
-    let result = blocking(move || {
-        let guard = ResourceGuard { resource: &context.resource, policy: &context.policy };
-        kv.store.register(guard, &presented.lock, presented.stamp.token)
-    })
-    .await;
-    match result {
-        Ok(()) => Json(json!({ "registered": true })).into_response(),
-        Err(write) => write_error(write),
-    }
-}
-
-async fn fence_record(State(kv): State<Kv>, Path(prefix): Path<String>) -> Response {
-    match blocking(move || kv.store.record(&prefix)).await {
-        Ok(record) => Json(json!({ "record": record })).into_response(),
-        Err(store) => error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", store.to_string()),
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-enum Op {
-    Put { key: String, value: String },
-    Delete { key: String },
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Transaction {
-    ops: Vec<Op>,
-}
-
-/// Most operations in one unit.
-const MAX_UNIT_OPS: usize = 1_000;
-
-async fn transaction(State(kv): State<Kv>, headers: HeaderMap, body: Bytes) -> Response {
-    let unit: Transaction = match serde_json::from_slice(&body) {
-        Ok(unit) => unit,
-        Err(parse) => return error(StatusCode::BAD_REQUEST, "bad_request", parse.to_string()),
-    };
-    if unit.ops.is_empty() || unit.ops.len() > MAX_UNIT_OPS {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("a unit has 1 to {MAX_UNIT_OPS} operations"),
-        );
-    }
-    let presented = match kv.config.presented(&headers) {
-        Ok(Some(presented)) => presented.with_request(&[b"UNIT", &body]),
-        Ok(None) => {
-            return error(
-                StatusCode::PRECONDITION_REQUIRED,
-                "sequencer_required",
-                format!("a unit needs a {SEQUENCER_HEADER} header"),
-            );
-        }
-        Err(response) => return response,
-    };
-    let mut resources: Vec<(String, Policy)> = Vec::new();
-    for op in &unit.ops {
-        let (Op::Put { key, .. } | Op::Delete { key }) = op;
-        let Some(guard) = kv.guards.for_key(key) else { return unguarded(key) };
-        if !resources.iter().any(|(resource, _)| *resource == guard.0) {
-            resources.push(guard);
-        }
-    }
-    // Verified before the resources are held, so a slow lock service stalls only this unit.
-    let _held = match picket_fence::http::verify_then_hold(&kv.config, &resources, &presented).await
-    {
-        Ok(held) => held,
-        Err(response) => return response,
-    };
-    let token = presented.stamp.token;
-    let result = blocking(move || {
-        let guards: Vec<ResourceGuard<'_>> =
-            resources.iter().map(|(resource, policy)| ResourceGuard { resource, policy }).collect();
-        kv.store.write(&guards, &presented, |writer| {
-            for op in &unit.ops {
-                match op {
-                    Op::Put { key, value } => writer.put(key, value.as_bytes())?,
-                    Op::Delete { key } => {
-                        writer.delete(key)?;
-                    }
-                }
-            }
-            Ok::<_, StoreError>(unit.ops.len())
-        })
-    })
-    .await;
-    match result {
-        Ok(applied) => Json(json!({ "token": token, "admission": admission_name(applied.admission), "applied": applied.output })).into_response(),
-        Err(write) => write_error(write),
-    }
 }
 
 fn stamp_headers(

@@ -11,7 +11,6 @@ mod duration;
 mod http_client;
 mod http_fence;
 mod kv;
-mod kv_metrics;
 mod lock_cmd;
 mod logging;
 mod serve;

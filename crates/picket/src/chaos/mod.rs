@@ -7,12 +7,15 @@ mod client;
 mod disk;
 mod harness;
 mod history;
+mod nemesis;
 mod network;
+mod plan;
+mod processes;
 
 use crate::duration::parse_duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use harness::{FaultKind, Mutation, RunPlan};
+use plan::{FaultKind, Mutation, RunPlan};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! `picket kv serve`'s Prometheus metrics at `GET /metrics`: writes admitted, by admission
+//! The store's Prometheus metrics at `GET /metrics`: writes admitted, by admission
 //! (`advanced`, `same`, `duplicate`), and requests refused, by the refusal's code (`stale_token`,
 //! `unverified_token`, `bad_signature`, ...). Counted by a layer that reads each answer's
 //! JSON body, so every route and the fence's middleware are counted alike.

@@ -1,0 +1,105 @@
+//! Watches over HTTP: server-sent events, one JSON object per event.
+
+use super::{ApiError, QueryParams, Who};
+use crate::grpc::to_snake_case;
+use crate::node::{Node, WatchItem, WatchTarget};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use picket_core::{Event, SessionId};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WatchQuery {
+    name: Option<String>,
+    prefix: Option<String>,
+    session_id: Option<u64>,
+    /// With `session_id`: only the session's losses (see the gRPC `WatchRequest`).
+    #[serde(default)]
+    losses_only: bool,
+}
+
+/// A watch item as JSON, the same fields as the gRPC `WatchEvent`.
+#[must_use]
+pub fn watch_json(item: &WatchItem) -> Value {
+    let (revision, event) = match item {
+        WatchItem::Resync { revision } => return json!({ "kind": "resync", "revision": revision }),
+        WatchItem::Event { revision, event } => (revision, event),
+    };
+    let cause = |value: &dyn std::fmt::Debug| to_snake_case(&format!("{value:?}"));
+    let mut body = json!({ "revision": revision, "session_id": event.session().0 });
+    if let Some(name) = event.lock_name() {
+        body["name"] = json!(name);
+    }
+    match event {
+        Event::Granted { token, .. } => {
+            body["kind"] = json!("granted");
+            body["token"] = json!(token);
+        }
+        Event::Released { token, cause: why, .. } => {
+            body["kind"] = json!("released");
+            body["token"] = json!(token);
+            body["cause"] = json!(cause(why));
+        }
+        Event::Queued { position, .. } => {
+            body["kind"] = json!("queued");
+            body["position"] = json!(position);
+        }
+        Event::Cancelled { cause: why, .. } => {
+            body["kind"] = json!("cancelled");
+            body["cause"] = json!(cause(why));
+        }
+        Event::SessionEnded { cause: why, .. } => {
+            body["kind"] = json!("session_ended");
+            body["cause"] = json!(cause(why));
+        }
+        _ => body["kind"] = json!("unknown"),
+    }
+    body
+}
+
+pub(super) async fn watch(
+    State(node): State<Arc<Node>>,
+    Who(who): Who,
+    QueryParams(query): QueryParams<WatchQuery>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let target = match (query.name, query.prefix, query.session_id) {
+        (Some(_), None, None) | (None, Some(_), None) if query.losses_only => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "losses_only= applies to a session watch; give session_id= with it",
+            ));
+        }
+        (Some(name), None, None) => WatchTarget::Lock(name),
+        (None, Some(prefix), None) => WatchTarget::Prefix(prefix),
+        (None, None, Some(session)) if query.losses_only => {
+            WatchTarget::SessionLosses(vec![SessionId(session)])
+        }
+        (None, None, Some(session)) => WatchTarget::Session(SessionId(session)),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "give exactly one of name=, prefix= or session_id=",
+            ));
+        }
+    };
+    let watch = node.as_caller(who).watch(target)?;
+    let stream = futures_util::stream::unfold(watch, |mut watch| async move {
+        let item = watch.next().await?;
+        let event = match item {
+            Ok(item) => SseEvent::default().event("event").data(watch_json(&item).to_string()),
+            Err(error) => SseEvent::default()
+                .event("error")
+                .data(json!({ "code": error.code(), "message": error.to_string() }).to_string()),
+        };
+        Some((Ok(event), watch))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,438 @@
+//! The nemesis: faults dealt from a shuffled deck of the chosen kinds (seeded), each bounded
+//! in time and logged, on the processes of a run.
+
+use super::disk::Disks;
+use super::history::{Event, Op, Phase};
+use super::network::Cut;
+use super::plan::{FaultKind, RunPlan};
+use super::processes::{Cluster, Store, client_member, node_member, signal};
+use anyhow::Context;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Draws faults until the run's time is up. Each fault is over (nodes back, clients woken)
+/// before the next begins, except client pauses, which run beside the others.
+pub(super) async fn run_nemesis(
+    plan: &RunPlan,
+    (cluster, store): (&mut Cluster, &mut Store),
+    clients: &[u32],
+    history: &Arc<Mutex<Vec<Event>>>,
+) -> anyhow::Result<()> {
+    let record = |description: String| {
+        tracing::info!(fault = %description, "nemesis");
+        history
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Event::fault(description));
+    };
+    let mut rng = picket_sim::Rng::new(plan.seed);
+    let started = Instant::now();
+    let election_ms = u64::try_from(plan.election_timeout.as_millis()).unwrap_or(1_000).max(1);
+    let ttl_ms = u64::try_from(plan.ttl.as_millis()).unwrap_or(1_000).max(2);
+    let gap_ms = u64::try_from(plan.max_fault_gap.as_millis()).unwrap_or(1_000).max(2);
+    let mut pauses: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let mut deck: Vec<FaultKind> = Vec::new();
+    // Clients frozen by a client pause, until when: no second fault picks them meanwhile.
+    let mut paused: BTreeMap<usize, Instant> = BTreeMap::new();
+    while started.elapsed() < plan.duration {
+        tokio::time::sleep(Duration::from_millis(rng.range(gap_ms / 2, gap_ms))).await;
+        cluster.reap_unexpected_exits(&record)?;
+        paused.retain(|_, until| *until > Instant::now());
+        if plan.faults.is_empty() {
+            continue;
+        }
+        // Faults are dealt from a shuffled deck of the kinds, so every kind fires once in each
+        // round of as many faults as there are kinds, whatever the seed.
+        if deck.is_empty() {
+            deck = plan.faults.clone();
+            for index in (1..deck.len()).rev() {
+                let other = usize::try_from(rng.range(0, index as u64 + 1)).unwrap_or(0);
+                deck.swap(index, other);
+            }
+        }
+        let Some(kind) = deck.pop() else { continue };
+        match kind {
+            FaultKind::ClientPause => {
+                // The classic race wants the holder frozen after its read and before its write;
+                // freeze that client when there is one, any client otherwise.
+                let Some(pick) = pick_client(history, &paused, clients.len(), &mut rng) else {
+                    record("no_unpaused_client".into());
+                    continue;
+                };
+                let pid = clients[pick];
+                let pause_ms = rng.range(ttl_ms / 2, 2 * ttl_ms);
+                paused.insert(pick, Instant::now() + Duration::from_millis(pause_ms));
+                record(format!("client_pause process={} pause_ms={pause_ms}", pick + 1));
+                signal(pid, nix::sys::signal::Signal::SIGSTOP);
+                pauses.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    signal(pid, nix::sys::signal::Signal::SIGCONT);
+                }));
+            }
+            FaultKind::StoreRestart => {
+                record("store_restart".to_owned());
+                store.child = None;
+                store.start()?;
+            }
+            FaultKind::ClusterRestart => {
+                let down_ms = rng.range(0, 2 * election_ms);
+                record(format!("cluster_restart down_ms={down_ms}"));
+                for node in &mut cluster.nodes {
+                    node.kill();
+                }
+                tokio::time::sleep(Duration::from_millis(down_ms)).await;
+                for index in 0..cluster.nodes.len() {
+                    cluster.restart(index)?;
+                }
+            }
+            FaultKind::ClientIsolate => {
+                let Some(pick) = pick_client(history, &paused, clients.len(), &mut rng) else {
+                    record("no_unpaused_client".into());
+                    continue;
+                };
+                isolate_client((pick + 1, clients[pick]), cluster, &mut rng, &record, ttl_ms)
+                    .await?;
+            }
+            kind => {
+                // Every other fault is aimed at the leader, or placed relative to it.
+                let Some(leader) = cluster.wait_for_leader(Duration::from_secs(20)).await else {
+                    record("no_leader_for_20s".into());
+                    continue;
+                };
+                let timing = (election_ms, ttl_ms);
+                if kind.is_partition() {
+                    let partition =
+                        partition_fault(kind, leader, cluster, clients.len(), &mut rng, timing);
+                    hold_cuts(cluster, partition, &record).await?;
+                } else {
+                    node_fault(kind, leader, cluster, &mut rng, &record, timing).await?;
+                }
+            }
+        }
+    }
+    for pause in pauses {
+        let _ = pause.await;
+    }
+    Ok(())
+}
+
+/// Injects one fault on a node, `leader` being the index of the current leader.
+pub(super) async fn node_fault(
+    kind: FaultKind,
+    leader: usize,
+    cluster: &mut Cluster,
+    rng: &mut picket_sim::Rng,
+    record: &impl Fn(String),
+    (election_ms, ttl_ms): (u64, u64),
+) -> anyhow::Result<()> {
+    match kind {
+        FaultKind::DiskFull => {
+            let step = usize::try_from(rng.range(0, 4)).unwrap_or(0);
+            // The leader half the time, else one of the followers.
+            let index = if step < 2 { leader } else { (leader + step - 1) % cluster.nodes.len() };
+            fill_disk(cluster, index, record).await?;
+        }
+        FaultKind::LeaderKillQuick | FaultKind::LeaderKillLong | FaultKind::FollowerKill => {
+            let (index, down_ms) = match kind {
+                FaultKind::LeaderKillQuick => (leader, 0),
+                FaultKind::LeaderKillLong => (leader, rng.range(2 * election_ms, 6 * election_ms)),
+                _ => {
+                    let step = usize::try_from(rng.range(1, 3)).unwrap_or(1);
+                    ((leader + step) % cluster.nodes.len(), rng.range(0, 3 * election_ms))
+                }
+            };
+            record(format!("{} node={} down_ms={down_ms}", kind.name(), cluster.nodes[index].id));
+            cluster.nodes[index].kill();
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            cluster.restart(index)?;
+        }
+        kind if matches!(
+            kind,
+            FaultKind::ClientPause | FaultKind::StoreRestart | FaultKind::ClusterRestart
+        ) || kind.is_partition() =>
+        {
+            unreachable!("{} is not a fault of one node", kind.name())
+        }
+        _ => {
+            let node = &mut cluster.nodes[leader];
+            match kind {
+                FaultKind::LeaderPause => {
+                    let Some(pid) = node.pid() else { return Ok(()) };
+                    let pause_ms = rng.range(election_ms, 4 * election_ms);
+                    record(format!("leader_pause node={} pause_ms={pause_ms}", node.id));
+                    signal(pid, nix::sys::signal::Signal::SIGSTOP);
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    signal(pid, nix::sys::signal::Signal::SIGCONT);
+                }
+                FaultKind::LeaderClockJump => {
+                    let size_ms = i64::try_from(rng.range(ttl_ms, 3 * ttl_ms)).unwrap_or(0);
+                    let jump_ms = if rng.range(0, 2) == 0 { size_ms } else { -size_ms };
+                    record(format!("leader_clock_jump node={} jump_ms={jump_ms}", node.id));
+                    node.set_clock(1.0, node.jump_ms + jump_ms)?;
+                }
+                _ => {
+                    let rate = [0.5, 1.5, 2.0][usize::try_from(rng.range(0, 3)).unwrap_or(0)];
+                    let for_ms = rng.range(ttl_ms, 3 * ttl_ms);
+                    record(format!(
+                        "leader_clock_rate node={} rate={rate} for_ms={for_ms}",
+                        node.id
+                    ));
+                    node.set_clock(rate, node.jump_ms)?;
+                    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                    let node = &mut cluster.nodes[leader];
+                    node.set_clock(1.0, node.jump_ms)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A partition drawn by the nemesis, not yet in place.
+pub(super) struct Partition {
+    pub(super) kind: FaultKind,
+    /// Who is cut from what, for the record.
+    pub(super) description: String,
+    pub(super) cuts: Vec<Cut>,
+    pub(super) hold: Duration,
+    /// The nodes expected to elect a leader among themselves while the cut holds.
+    pub(super) majority: Option<Vec<usize>>,
+}
+
+/// Both directions between nodes `a` and `b`.
+pub(super) fn cut_both_ways(cluster_ports: &[u16], a: usize, b: usize) -> [Cut; 2] {
+    [
+        Cut { from: node_member(a), to_port: cluster_ports[b] },
+        Cut { from: node_member(b), to_port: cluster_ports[a] },
+    ]
+}
+
+/// Draws the partition of `kind` (a node-level partition) around `leader`.
+pub(super) fn partition_fault(
+    kind: FaultKind,
+    leader: usize,
+    cluster: &Cluster,
+    clients: usize,
+    rng: &mut picket_sim::Rng,
+    (election_ms, ttl_ms): (u64, u64),
+) -> Partition {
+    let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port).collect();
+    let count = ports.len();
+    let pick = |rng: &mut picket_sim::Rng, below: usize| {
+        usize::try_from(rng.range(0, below as u64)).unwrap_or(0)
+    };
+    let alone = pick(rng, count);
+    // A follower: the one a one-way cut aims at, or that bridges the leader and the other
+    // follower. Only the leader sends between nodes in a quiet cluster, so a cut that does not
+    // start at the leader drops nothing (and is recorded as ineffective).
+    let follower = (leader + 1 + pick(rng, count - 1)) % count;
+    let sides: Vec<bool> = (0..clients).map(|_| rng.range(0, 2) == 0).collect();
+    let hold_ms = match kind {
+        FaultKind::PartitionLeader => rng.range(3 * election_ms, 8 * election_ms),
+        FaultKind::PartitionSplit => rng.range(ttl_ms, 3 * ttl_ms),
+        _ => rng.range(2 * election_ms, 6 * election_ms),
+    };
+    let id = |index: usize| cluster.nodes[index].id;
+    let others = |index: usize| (0..count).filter(move |other| *other != index);
+    let mut cuts = Vec::new();
+    let mut majority = None;
+    let description = match kind {
+        FaultKind::PartitionLeader => {
+            for other in others(leader) {
+                cuts.extend(cut_both_ways(&ports, leader, other));
+            }
+            majority = Some(others(leader).collect());
+            format!("partition_leader node={}", id(leader))
+        }
+        FaultKind::PartitionSplit => {
+            for other in others(alone) {
+                cuts.extend(cut_both_ways(&ports, alone, other));
+            }
+            let mut with_alone = Vec::new();
+            for (client, beside_alone) in sides.iter().enumerate() {
+                let process = client + 1;
+                let unreachable: Vec<usize> =
+                    if *beside_alone { others(alone).collect() } else { vec![alone] };
+                if *beside_alone {
+                    with_alone.push(process);
+                }
+                for node in unreachable {
+                    cuts.push(Cut { from: client_member(process), to_port: ports[node] });
+                }
+            }
+            if alone == leader {
+                majority = Some(others(alone).collect());
+            }
+            format!(
+                "partition_split alone={} leader={} clients_beside_it={with_alone:?}",
+                id(alone),
+                id(leader)
+            )
+        }
+        FaultKind::PartitionOneWay => {
+            cuts.push(Cut { from: node_member(leader), to_port: ports[follower] });
+            format!("partition_one_way from={} to={}", id(leader), id(follower))
+        }
+        _ => {
+            let end = others(leader).find(|other| *other != follower).unwrap_or(follower);
+            cuts.extend(cut_both_ways(&ports, leader, end));
+            format!(
+                "partition_bridge middle={} leader={} other_end={}",
+                id(follower),
+                id(leader),
+                id(end)
+            )
+        }
+    };
+    Partition { kind, description, cuts, hold: Duration::from_millis(hold_ms), majority }
+}
+
+/// Puts a drawn partition in place, holds it, heals it, and records it as fired only if its
+/// rules dropped packets (otherwise as `ineffective_<kind>`, which does not count).
+pub(super) async fn hold_cuts(
+    cluster: &Cluster,
+    partition: Partition,
+    record: &impl Fn(String),
+) -> anyhow::Result<()> {
+    let hold_ms = partition.hold.as_millis();
+    record(format!("cut {} hold_ms={hold_ms}", partition.description));
+    cluster.set_cuts(&partition.cuts)?;
+    let started = Instant::now();
+    let mut new_leader = None;
+    if let Some(majority) = &partition.majority {
+        while new_leader.is_none() && started.elapsed() < partition.hold {
+            new_leader = cluster
+                .leader_among(majority)
+                .await
+                .filter(|leader| majority.iter().any(|index| cluster.nodes[*index].id == *leader));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(partition.hold.saturating_sub(started.elapsed())).await;
+    let dropped = cluster.set_cuts(&[])?;
+    let failover = match (&partition.majority, new_leader) {
+        (None, _) => String::new(),
+        (Some(_), Some(leader)) => format!(" majority_elected={leader}"),
+        (Some(_), None) => " majority_elected=none".to_owned(),
+    };
+    let fired = if dropped > 0 { "" } else { "ineffective_" };
+    record(format!(
+        "{fired}{} hold_ms={hold_ms} dropped_packets={dropped}{failover}",
+        partition.description
+    ));
+    debug_assert!(partition.kind.is_partition());
+    Ok(())
+}
+
+/// Cuts client `process` (from 1, process id `pid`) off from every node, not from the store,
+/// and stalls it (SIGUSR1: its think lasts two TTLs), so that it is still working when its
+/// session expires.
+pub(super) async fn isolate_client(
+    (process, pid): (usize, u32),
+    cluster: &Cluster,
+    rng: &mut picket_sim::Rng,
+    record: &impl Fn(String),
+    ttl_ms: u64,
+) -> anyhow::Result<()> {
+    let hold_ms = rng.range(ttl_ms + ttl_ms / 2, 2 * ttl_ms);
+    signal(pid, nix::sys::signal::Signal::SIGUSR1);
+    let partition = Partition {
+        kind: FaultKind::ClientIsolate,
+        description: format!("client_isolate process={process}"),
+        cuts: cluster
+            .nodes
+            .iter()
+            .map(|node| Cut { from: client_member(process), to_port: node.port })
+            .collect(),
+        hold: Duration::from_millis(hold_ms),
+        majority: None,
+    };
+    hold_cuts(cluster, partition, record).await
+}
+
+/// Fills the data disk of the node at `index`, waits (at most 15 s) for the node to stop, frees
+/// the space and starts the node again. Recorded as fired only if the node stopped.
+pub(super) async fn fill_disk(
+    cluster: &mut Cluster,
+    index: usize,
+    record: &impl Fn(String),
+) -> anyhow::Result<()> {
+    const LONGEST_WAIT: Duration = Duration::from_secs(15);
+    cluster.disks.as_ref().context("this run did not give the nodes disks of their own")?;
+    let node = &mut cluster.nodes[index];
+    let id = node.id;
+    record(format!("fill node={id}"));
+    let filled = Disks::fill(&node.dir)?;
+    let started = Instant::now();
+    let mut stopped_after = None;
+    while started.elapsed() < LONGEST_WAIT {
+        if let Some(status) = node.exit_status() {
+            stopped_after = Some((started.elapsed(), status));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Disks::free(&node.dir)?;
+    match stopped_after {
+        // `picket serve` exits with 1 when its Raft core stops; anything else (a panic's 101,
+        // a signal) is a crash.
+        Some((_, status)) if status.code() != Some(1) => {
+            record(format!("node_exited node={id} status={status} (its disk was full)"));
+            cluster.unexpected_exits.push(format!(
+                "node {id} crashed when its disk filled ({status}) instead of stopping cleanly"
+            ));
+            cluster.nodes[index].kill();
+            cluster.restart(index)?;
+        }
+        Some((after, _)) => {
+            record(format!(
+                "disk_full node={id} filled_bytes={filled} stopped_after_ms={}",
+                after.as_millis()
+            ));
+            node.kill();
+            cluster.restart(index)?;
+        }
+        None => record(format!(
+            "ineffective_disk_full node={id} filled_bytes={filled} (no write needed space within {} s)",
+            LONGEST_WAIT.as_secs()
+        )),
+    }
+    Ok(())
+}
+
+/// The index (process - 1) of a client whose last event is a successful read: it holds the lock
+/// and is thinking before its write.
+pub(super) fn thinking_client(
+    history: &Arc<Mutex<Vec<Event>>>,
+    paused: &BTreeMap<usize, Instant>,
+) -> Option<usize> {
+    let history = history.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut last: BTreeMap<u32, &Event> = BTreeMap::new();
+    for event in history.iter().rev().take(256) {
+        last.entry(event.process).or_insert(event);
+    }
+    last.values()
+        .filter(|event| {
+            matches!(event.op, Some(Op::Read { .. }))
+                && matches!(event.phase, Some(Phase::Ok { .. }))
+        })
+        .filter_map(|event| usize::try_from(event.process).ok()?.checked_sub(1))
+        .find(|index| !paused.contains_key(index))
+}
+
+/// A client for a client fault: a thinking holder if there is one, else any client; never one
+/// that is frozen by a client pause. None when every client is frozen.
+pub(super) fn pick_client(
+    history: &Arc<Mutex<Vec<Event>>>,
+    paused: &BTreeMap<usize, Instant>,
+    clients: usize,
+    rng: &mut picket_sim::Rng,
+) -> Option<usize> {
+    if let Some(thinking) = thinking_client(history, paused) {
+        return Some(thinking);
+    }
+    let free: Vec<usize> = (0..clients).filter(|index| !paused.contains_key(index)).collect();
+    let at = usize::try_from(rng.range(0, free.len() as u64)).ok()?;
+    free.get(at).copied()
+}

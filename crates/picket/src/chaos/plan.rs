@@ -1,0 +1,183 @@
+//! What a run does: the faults its nemesis may deal, the deliberate bug it may switch on, and
+//! its size and length.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A kind of fault the nemesis injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// `kill -9` the leader and restart it at once, inside the election timeout.
+    LeaderKillQuick,
+    /// `kill -9` the leader and keep it down for several election timeouts: a real failover.
+    LeaderKillLong,
+    /// `kill -9` a follower and restart it after up to three election timeouts.
+    FollowerKill,
+    /// SIGSTOP a client for half to twice its session TTL, then SIGCONT: its session expires
+    /// and it wakes up writing with a superseded token.
+    ClientPause,
+    /// SIGSTOP the leader for one to four election timeouts, then SIGCONT: it wakes up deposed
+    /// or, if it was quick, still leading after a gap in its clock.
+    LeaderPause,
+    /// The leader's clock (the lock state's time, through `--test-clock-file`) jumps forward or
+    /// back by one to three session TTLs.
+    LeaderClockJump,
+    /// The leader's clock runs at 0.5, 1.5 or 2 times real time for one to three session TTLs.
+    LeaderClockRate,
+    /// The leader is cut off from both followers, both ways, for three to eight election
+    /// timeouts; clients can still reach it. The majority elects a new leader while the old one
+    /// still believes it leads.
+    PartitionLeader,
+    /// One node (any) against the other two, both ways, for one to three session TTLs; each
+    /// client lands on one side at random and cannot reach the nodes of the other.
+    PartitionSplit,
+    /// The leader cannot send to one follower (its connections there go dead); the follower
+    /// can still send to the leader. Two to six election timeouts.
+    PartitionOneWay,
+    /// The leader and one follower cannot reach each other; the other follower reaches both.
+    /// Two to six election timeouts.
+    PartitionBridge,
+    /// A client (a holder between its read and its write, when there is one) is cut off from
+    /// every node, not from the store, for one to three session TTLs: its session expires, the
+    /// lock moves on, and it wakes up writing with a superseded token.
+    ClientIsolate,
+    /// `kill -9` every node at once and restart them all after up to two election timeouts.
+    ClusterRestart,
+    /// `kill -9` the fenced store and restart it at once on the same data and port: what it
+    /// acknowledged must survive, and its fence must remember every token it admitted.
+    StoreRestart,
+    /// A node's data disk (a tmpfs of its own) fills up, the leader's half the time: the node
+    /// must stop at its next write that needs space (a snapshot, a new log segment) without
+    /// acknowledging it; the nemesis then frees the space and starts it again.
+    DiskFull,
+}
+
+/// A deliberate bug, to show that the checker catches it (`--mutation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// The store runs with `--no-fence` (its benchmark switch): it admits every write.
+    FenceAdmitsEverything,
+    /// Each node restores its lock state empty on restart, keeping its log position: the
+    /// revision, and with it the token counter, starts again near zero. Only a binary built
+    /// with `picket-server`'s `mutations` feature (tests only) has this bug to switch on.
+    TokenCounterResetsOnRestart,
+}
+
+impl Mutation {
+    /// The name on the command line and in `PICKET_MUTATION`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FenceAdmitsEverything => "fence_admits_everything",
+            Self::TokenCounterResetsOnRestart => "token_counter_resets_on_restart",
+        }
+    }
+
+    /// The mutation named `name`.
+    ///
+    /// # Errors
+    /// When no mutation has that name.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        [Self::FenceAdmitsEverything, Self::TokenCounterResetsOnRestart]
+            .into_iter()
+            .find(|mutation| mutation.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown mutation {name:?}; choose fence_admits_everything or \
+                     token_counter_resets_on_restart"
+                )
+            })
+    }
+}
+
+impl FaultKind {
+    /// Every kind, in the order the command line lists them.
+    pub const ALL: [Self; 15] = [
+        Self::LeaderKillQuick,
+        Self::LeaderKillLong,
+        Self::FollowerKill,
+        Self::ClientPause,
+        Self::LeaderPause,
+        Self::LeaderClockJump,
+        Self::LeaderClockRate,
+        Self::PartitionLeader,
+        Self::PartitionSplit,
+        Self::PartitionOneWay,
+        Self::PartitionBridge,
+        Self::ClientIsolate,
+        Self::ClusterRestart,
+        Self::StoreRestart,
+        Self::DiskFull,
+    ];
+
+    /// The name in the history and on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LeaderKillQuick => "leader_kill_quick",
+            Self::LeaderKillLong => "leader_kill_long",
+            Self::FollowerKill => "follower_kill",
+            Self::ClientPause => "client_pause",
+            Self::LeaderPause => "leader_pause",
+            Self::LeaderClockJump => "leader_clock_jump",
+            Self::LeaderClockRate => "leader_clock_rate",
+            Self::PartitionLeader => "partition_leader",
+            Self::PartitionSplit => "partition_split",
+            Self::PartitionOneWay => "partition_one_way",
+            Self::PartitionBridge => "partition_bridge",
+            Self::ClientIsolate => "client_isolate",
+            Self::ClusterRestart => "cluster_restart",
+            Self::StoreRestart => "store_restart",
+            Self::DiskFull => "disk_full",
+        }
+    }
+
+    /// Whether this fault cuts network links (and so needs [`Network`]).
+    #[must_use]
+    pub fn is_partition(self) -> bool {
+        matches!(
+            self,
+            Self::PartitionLeader
+                | Self::PartitionSplit
+                | Self::PartitionOneWay
+                | Self::PartitionBridge
+                | Self::ClientIsolate
+        )
+    }
+
+    /// The kind named `name`.
+    ///
+    /// # Errors
+    /// When no kind has that name.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|kind| kind.name()).collect();
+            format!("unknown fault {name:?}; choose from {}", names.join(", "))
+        })
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunPlan {
+    /// How long the clients work under faults.
+    pub duration: Duration,
+    /// Seed of the fault schedule and of the clients' think times.
+    pub seed: u64,
+    /// Client processes.
+    pub clients: u32,
+    /// Where the nodes, the store, the logs, the history and the summary go.
+    pub out: PathBuf,
+    /// The nodes' shortest election timeout.
+    pub election_timeout: Duration,
+    /// The clients' session TTL.
+    pub ttl: Duration,
+    /// The clients' longest think time between read and write.
+    pub think: Duration,
+    /// Faults the nemesis draws from; each must fire for the run to be `valid`.
+    pub faults: Vec<FaultKind>,
+    /// Longest gap between two faults.
+    pub max_fault_gap: Duration,
+    /// A deliberate bug to switch on, for the mutation tests.
+    pub mutation: Option<Mutation>,
+}

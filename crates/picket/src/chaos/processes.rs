@@ -1,0 +1,397 @@
+//! The processes of a run, all of this binary: the nodes of the cluster (each with its clock
+//! file and data disk), the store, and the client processes; started, killed and restarted.
+
+use super::disk::Disks;
+use super::history::Event;
+use super::network::{Cut, Network};
+use super::plan::{FaultKind, Mutation, RunPlan};
+use anyhow::{Context, bail};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub(super) const LOCK: &str = "chaos";
+
+pub(super) const PREFIX: &str = "chaos/";
+
+pub(super) const KEY: &str = "chaos/list";
+
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Spawns `command` and waits for its first standard output line, `... listening on ADDR`;
+/// returns the child and ADDR. The rest of its standard output is drained.
+pub(super) fn spawn_listening(mut command: Command) -> anyhow::Result<(Child, String)> {
+    // A node recovering a long log takes a while; one that takes longer has hung.
+    const START_DEADLINE: Duration = Duration::from_secs(60);
+    let mut child = command.stdout(Stdio::piped()).spawn().context("cannot start a process")?;
+    let stdout = child.stdout.take().context("stdout is piped")?;
+    let (first, first_line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = first.send(lines.next().and_then(Result::ok).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = first_line.recv_timeout(START_DEADLINE).unwrap_or_default();
+    let Some(addr) = line
+        .split(" listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!(
+            "a process did not start within {} s: its first line was {line:?}",
+            START_DEADLINE.as_secs()
+        );
+    };
+    Ok((child, addr))
+}
+
+/// A command that runs this binary with `args`, inside the cgroup whose `cgroup.procs` is
+/// `procs` when the run cuts links.
+pub(super) fn launch(exe: &Path, procs: Option<&Path>, args: &[String]) -> Command {
+    let mut command = Command::new(exe);
+    if let Some(procs) = procs {
+        command.args(["chaos", "enter", "--procs"]).arg(procs).arg("--");
+    }
+    command.args(args);
+    command
+}
+
+/// A child process that is killed when dropped, so that a run that fails half-way leaves
+/// nothing running.
+pub(super) struct Process(pub(super) Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(super) fn log_file(path: &Path) -> anyhow::Result<Stdio> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    Ok(Stdio::from(file))
+}
+
+pub(super) fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
+/// One `picket serve` node.
+pub(super) struct Node {
+    pub(super) id: u64,
+    pub(super) addr: String,
+    pub(super) port: u16,
+    /// The node's cgroup, when the run cuts links.
+    pub(super) procs: Option<PathBuf>,
+    /// The deliberate bug the node runs with (through `PICKET_MUTATION`), if any.
+    pub(super) mutation: Option<Mutation>,
+    pub(super) args: Vec<String>,
+    pub(super) dir: PathBuf,
+    pub(super) child: Option<Child>,
+    /// The script of the node's test clock, and the total jump written to it so far.
+    pub(super) clock: PathBuf,
+    pub(super) jump_ms: i64,
+}
+
+impl Node {
+    /// Sets the node's clock to run at `rate` with a total jump of `jump_ms`.
+    pub(super) fn set_clock(&mut self, rate: f64, jump_ms: i64) -> anyhow::Result<()> {
+        let temporary = self.clock.with_extension("tmp");
+        std::fs::write(&temporary, format!("rate={rate} jump_ms={jump_ms}\n"))?;
+        std::fs::rename(&temporary, &self.clock)?;
+        self.jump_ms = jump_ms;
+        Ok(())
+    }
+
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub(super) fn start(&mut self, exe: &Path) -> anyhow::Result<()> {
+        let mut command = launch(exe, self.procs.as_deref(), &self.args);
+        command.stderr(log_file(&self.dir.with_extension("log"))?);
+        if let Some(mutation) = self.mutation {
+            command.env("PICKET_MUTATION", mutation.name());
+        }
+        let (child, _) = spawn_listening(command)?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// How the node's process exited, if it has.
+    pub(super) fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    pub(super) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A run that fails half-way leaves no node running.
+        self.kill();
+    }
+}
+
+/// The cluster, as the nemesis sees it.
+pub(super) struct Cluster {
+    pub(super) exe: PathBuf,
+    pub(super) nodes: Vec<Node>,
+    /// The run's link cuts, when it has partition faults. Declared after the nodes: dropped
+    /// (its rules and cgroups deleted) once they are stopped.
+    pub(super) network: Option<Network>,
+    /// The nodes' data disks, when the run fills them; unmounted when dropped.
+    pub(super) disks: Option<Disks>,
+    /// Nodes that exited when no fault asked them to: each one a violation.
+    pub(super) unexpected_exits: Vec<String>,
+}
+
+impl Cluster {
+    pub(super) fn start(
+        exe: &Path,
+        plan: &RunPlan,
+        mut network: Option<Network>,
+    ) -> anyhow::Result<Self> {
+        let (out, election_timeout) = (&plan.out, plan.election_timeout);
+        let mutation =
+            plan.mutation.filter(|mutation| *mutation != Mutation::FenceAdmitsEverything);
+        let mut disks = plan.faults.contains(&FaultKind::DiskFull).then(Disks::new);
+        let ports = (0..3).map(|_| free_port()).collect::<anyhow::Result<Vec<u16>>>()?;
+        let peers = ports
+            .iter()
+            .enumerate()
+            .map(|(index, port)| format!("{}=127.0.0.1:{port}", index + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        // The restart mutation empties only a state restored from a snapshot: snapshot often
+        // enough that one exists before the first restart, however slowly a loaded machine
+        // runs the clients (a CI run once reached 74 grants and no snapshot, and missed it).
+        let snapshot_every =
+            if mutation == Some(Mutation::TokenCounterResetsOnRestart) { "20" } else { "200" };
+        let mut nodes = Vec::new();
+        for (index, port) in ports.iter().enumerate() {
+            let id = index as u64 + 1;
+            let dir = out.join(format!("node{id}"));
+            if let Some(disks) = &mut disks {
+                disks.mount(&dir)?;
+            }
+            let addr = format!("127.0.0.1:{port}");
+            let clock = out.join(format!("node{id}.clock"));
+            let args: Vec<String> = [
+                "serve",
+                "--node-id",
+                &id.to_string(),
+                "--peers",
+                &peers,
+                "--listen",
+                &addr,
+                "--data-dir",
+                &dir.display().to_string(),
+                "--heartbeat-ms",
+                "50",
+                "--election-timeout-ms",
+                &election_timeout.as_millis().to_string(),
+                "--test-clock-file",
+                &clock.display().to_string(),
+                // Snapshots, compaction and snapshot installs happen within a short run.
+                "--snapshot-every",
+                snapshot_every,
+                "--keep-entries",
+                "50",
+                // Small segments: the log rotates (and needs new space) within a run.
+                "--wal-segment-bytes",
+                "1048576",
+            ]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .collect();
+            let procs = match &mut network {
+                Some(network) => Some(network.member(&node_member(index))?),
+                None => None,
+            };
+            let mut node = Node {
+                id,
+                addr,
+                port: *port,
+                procs,
+                mutation,
+                args,
+                dir,
+                child: None,
+                clock,
+                jump_ms: 0,
+            };
+            node.set_clock(1.0, 0)?;
+            node.start(exe)?;
+            nodes.push(node);
+        }
+        Ok(Self { exe: exe.to_owned(), nodes, network, disks, unexpected_exits: Vec::new() })
+    }
+
+    /// Cuts `cuts` (replacing any others); returns the packets the previous cuts dropped.
+    pub(super) fn set_cuts(&self, cuts: &[Cut]) -> anyhow::Result<u64> {
+        self.network.as_ref().context("this run has no partition faults")?.set_cuts(cuts)
+    }
+
+    /// The leader that the nodes at `indices` agree on, if they do.
+    pub(super) async fn leader_among(&self, indices: &[usize]) -> Option<u64> {
+        let mut named = Vec::new();
+        for node in indices.iter().filter_map(|index| self.nodes.get(*index)) {
+            let url = format!("http://{}/v1/cluster", node.addr);
+            let reply = crate::http_client::send(hyper::Method::GET, &url, &[], Vec::new()).await;
+            let view: serde_json::Value =
+                reply.ok().and_then(|reply| serde_json::from_slice(&reply.body).ok())?;
+            named.push(view["leader_id"].as_u64()?);
+        }
+        let leader = *named.first()?;
+        named.iter().all(|id| *id == leader).then_some(leader)
+    }
+
+    pub(super) fn endpoints(&self) -> String {
+        self.nodes.iter().map(|node| node.addr.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// The index of the node the running nodes agree leads, if any.
+    pub(super) async fn leader(&self) -> Option<usize> {
+        let running: Vec<usize> =
+            (0..self.nodes.len()).filter(|index| self.nodes[*index].child.is_some()).collect();
+        let leader = self.leader_among(&running).await?;
+        let index = usize::try_from(leader).ok()?.checked_sub(1)?;
+        running.contains(&index).then_some(index)
+    }
+
+    pub(super) async fn wait_for_leader(&self, timeout: Duration) -> Option<usize> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(leader) = self.leader().await {
+                return Some(leader);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    /// Notes every node that exited by itself (a crash: no fault in progress stops a node),
+    /// and starts it again so the run goes on.
+    pub(super) fn reap_unexpected_exits(&mut self, record: &impl Fn(String)) -> anyhow::Result<()> {
+        for index in 0..self.nodes.len() {
+            let node = &mut self.nodes[index];
+            let Some(Ok(Some(status))) = node.child.as_mut().map(Child::try_wait) else {
+                continue;
+            };
+            node.child = None;
+            let exit = format!("node {} exited by itself ({status}); see its log", node.id);
+            record(format!("node_exited node={} status={status}", node.id));
+            self.unexpected_exits.push(exit);
+            self.restart(index)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn restart(&mut self, index: usize) -> anyhow::Result<()> {
+        let exe = self.exe.clone();
+        self.nodes[index].start(&exe)
+    }
+}
+
+/// The fenced store (`picket kv serve`), restartable on its port and data.
+pub(super) struct Store {
+    pub(super) exe: PathBuf,
+    pub(super) args: Vec<String>,
+    pub(super) procs: Option<PathBuf>,
+    pub(super) log: PathBuf,
+    pub(super) url: String,
+    pub(super) child: Option<Process>,
+}
+
+impl Store {
+    pub(super) fn start(&mut self) -> anyhow::Result<()> {
+        let mut command = launch(&self.exe, self.procs.as_deref(), &self.args);
+        command.stderr(log_file(&self.log)?);
+        let (child, _) = spawn_listening(command)?;
+        self.child = Some(Process(child));
+        Ok(())
+    }
+}
+
+/// The cgroup name of the node at `index`.
+pub(super) fn node_member(index: usize) -> String {
+    format!("node{}", index + 1)
+}
+
+/// The cgroup name of client `process` (from 1).
+pub(super) fn client_member(process: usize) -> String {
+    format!("client{process}")
+}
+
+/// A client process and the history it reported.
+pub(super) struct ClientProcess {
+    pub(super) child: Process,
+    pub(super) stdin: Option<ChildStdin>,
+    /// Reads its standard output into the history; ends when the process has exited.
+    pub(super) reader: std::thread::JoinHandle<()>,
+}
+
+pub(super) fn start_client(
+    exe: &Path,
+    (endpoints, kv_url): (&str, &str),
+    process: u32,
+    procs: Option<&Path>,
+    plan: &RunPlan,
+    history: &Arc<Mutex<Vec<Event>>>,
+) -> anyhow::Result<ClientProcess> {
+    let args: Vec<String> = [
+        "--endpoints",
+        endpoints,
+        "chaos",
+        "client",
+        "--process",
+        &process.to_string(),
+        "--kv",
+        kv_url,
+        "--ttl-ms",
+        &plan.ttl.as_millis().to_string(),
+        "--think-ms",
+        &plan.think.as_millis().to_string(),
+        "--seed",
+        &plan.seed.to_string(),
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    let mut child = launch(exe, procs, &args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log_file(&plan.out.join(format!("client{process}.log")))?)
+        .spawn()
+        .context("cannot start a chaos client")?;
+    let stdout = child.stdout.take().context("stdout is piped")?;
+    let history = history.clone();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                history.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+            }
+        }
+    });
+    let stdin = child.stdin.take();
+    Ok(ClientProcess { child: Process(child), stdin, reader })
+}
