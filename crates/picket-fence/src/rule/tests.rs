@@ -1,0 +1,214 @@
+use super::*;
+
+fn write(lock: &str, token: u64, seq: Option<u64>) -> Presented {
+    Presented {
+        lock: lock.into(),
+        stamp: Stamp { token, seq },
+        idempotency_key: None,
+        request_digest: None,
+    }
+}
+
+/// Applies a write to `record` and returns the reason if refused.
+fn step(
+    record: &mut Option<FenceRecord>,
+    policy: &Policy,
+    presented: &Presented,
+) -> Result<Admission, RefusalReason> {
+    match admit("res", record.as_ref(), policy, presented) {
+        Ok((admission, next)) => {
+            *record = Some(next);
+            Ok(admission)
+        }
+        Err(refusal) => Err(refusal.reason),
+    }
+}
+
+/// The seeds' canonical trace at the resource: 34 lands, then the paused holder's 33 is
+/// refused, whatever order the writes were sent in.
+#[test]
+fn stale_token_is_refused_after_a_newer_one_landed() {
+    let policy = Policy::new("res-lock");
+    let mut record = None;
+    assert_eq!(
+        step(&mut record, &policy, &write("res-lock", 34, None)),
+        Ok(Admission::Advanced { previous_token: 0 })
+    );
+    assert_eq!(step(&mut record, &policy, &write("res-lock", 33, None)), Err(RefusalReason::Stale));
+    assert_eq!(step(&mut record, &policy, &write("res-lock", 34, None)), Ok(Admission::Same));
+    assert_eq!(record.unwrap().highest_token, 34);
+}
+
+#[test]
+fn tokens_of_another_lock_and_token_zero_are_refused() {
+    let policy = Policy::new("a");
+    let mut record = None;
+    assert_eq!(step(&mut record, &policy, &write("b", 5, None)), Err(RefusalReason::WrongLock));
+    assert_eq!(step(&mut record, &policy, &write("a", 0, None)), Err(RefusalReason::InvalidToken));
+    assert_eq!(record, None);
+}
+
+#[test]
+fn same_grant_must_raise_seq() {
+    let policy = Policy::new("a");
+    let mut record = None;
+    step(&mut record, &policy, &write("a", 7, Some(1))).unwrap();
+    assert_eq!(step(&mut record, &policy, &write("a", 7, Some(2))), Ok(Admission::Same));
+    assert_eq!(
+        step(&mut record, &policy, &write("a", 7, Some(2))),
+        Err(RefusalReason::Replay { last_seq: 2 })
+    );
+    assert_eq!(
+        step(&mut record, &policy, &write("a", 7, Some(1))),
+        Err(RefusalReason::Replay { last_seq: 2 })
+    );
+    assert_eq!(step(&mut record, &policy, &write("a", 7, None)), Ok(Admission::Same));
+    assert_eq!(step(&mut record, &policy, &write("a", 8, Some(1))).map(|_| ()), Ok(()));
+}
+
+#[test]
+fn strict_mode_admits_one_write_per_grant_and_registration_does_not_spend_it() {
+    let policy = Policy::new("a").strict();
+    let mut record = None;
+    step(&mut record, &policy, &write("a", 3, None)).unwrap();
+    assert_eq!(step(&mut record, &policy, &write("a", 3, None)), Err(RefusalReason::StrictRepeat));
+    record = Some(register("res", record.as_ref(), &policy, "a", 4).unwrap());
+    assert_eq!(step(&mut record, &policy, &write("a", 4, None)), Ok(Admission::Same));
+    assert_eq!(step(&mut record, &policy, &write("a", 4, None)), Err(RefusalReason::StrictRepeat));
+}
+
+#[test]
+fn registration_fences_out_the_previous_holder_before_the_new_one_writes() {
+    let policy = Policy::new("a");
+    let mut record = None;
+    step(&mut record, &policy, &write("a", 10, None)).unwrap();
+    record = Some(register("res", record.as_ref(), &policy, "a", 12).unwrap());
+    assert_eq!(step(&mut record, &policy, &write("a", 10, None)), Err(RefusalReason::Stale));
+    assert!(check_read("res", record.as_ref(), &policy, "a", 10).is_err());
+    assert!(check_read("res", record.as_ref(), &policy, "a", 12).is_ok());
+    assert!(register("res", record.as_ref(), &policy, "a", 11).is_err());
+}
+
+#[test]
+fn a_retry_with_the_same_key_and_stamp_gets_the_original_success() {
+    let policy = Policy::new("a").strict();
+    let mut record = None;
+    let first = write("a", 5, None).with_idempotency_key("op-1");
+    assert_eq!(step(&mut record, &policy, &first), Ok(Admission::Advanced { previous_token: 0 }));
+    assert_eq!(step(&mut record, &policy, &first), Ok(Admission::Duplicate));
+    let other_stamp = write("a", 6, None).with_idempotency_key("op-1");
+    assert!(matches!(
+        step(&mut record, &policy, &other_stamp),
+        Err(RefusalReason::IdempotencyKeyReused { .. })
+    ));
+    // Keys are bounded: after DEFAULT_REMEMBERED_KEYS newer keys, the first is forgotten,
+    // and its retry is judged by its seq: a replay.
+    let policy = Policy::new("a");
+    let mut record = None;
+    step(&mut record, &policy, &write("a", 5, Some(0)).with_idempotency_key("k0")).unwrap();
+    for seq in 1..=DEFAULT_REMEMBERED_KEYS as u64 {
+        let key = format!("k{seq}");
+        step(&mut record, &policy, &write("a", 5, Some(seq)).with_idempotency_key(key)).unwrap();
+    }
+    assert_eq!(record.as_ref().unwrap().remembered.len(), DEFAULT_REMEMBERED_KEYS);
+    assert!(matches!(
+        step(&mut record, &policy, &write("a", 5, Some(0)).with_idempotency_key("k0")),
+        Err(RefusalReason::Replay { .. })
+    ));
+}
+
+/// Issue 13, point 3: a key reused with the same stamp for another write was answered
+/// `duplicate`, and the new write never happened.
+#[test]
+fn idempotency_key_reused_for_another_request_is_refused_not_answered_as_a_duplicate() {
+    let policy = Policy::new("a");
+    let mut record = None;
+    let put = |value: &[u8]| {
+        write("a", 5, None).with_idempotency_key("op-1").with_request(&[b"PUT", b"x", value])
+    };
+    assert!(step(&mut record, &policy, &put(b"1")).is_ok());
+    assert_eq!(step(&mut record, &policy, &put(b"1")), Ok(Admission::Duplicate));
+    assert_eq!(
+        step(&mut record, &policy, &put(b"2")),
+        Err(RefusalReason::IdempotencyKeyReused { original: Stamp { token: 5, seq: None } })
+    );
+    // Length prefixes keep parts apart: ("ab", "c") is not ("a", "bc").
+    let split = |first: &[u8], second: &[u8]| write("a", 5, None).with_request(&[first, second]);
+    assert_ne!(split(b"ab", b"c").request_digest, split(b"a", b"bc").request_digest);
+}
+
+/// Issue 13, point 3: only 32 keys were remembered, and a retry arriving after 32 newer keyed
+/// writes of the same grant (no seq) was applied a second time.
+#[test]
+fn idempotency_retry_after_its_key_was_forgotten_is_refused_never_applied_twice() {
+    let policy = Policy::new("a").remembering_keys(4);
+    let mut record = None;
+    let keyed = |key: &str| write("a", 5, None).with_idempotency_key(key);
+    for key in ["k0", "k1", "k2", "k3"] {
+        assert!(step(&mut record, &policy, &keyed(key)).is_ok());
+    }
+    assert_eq!(step(&mut record, &policy, &keyed("k0")), Ok(Admission::Duplicate));
+    assert!(step(&mut record, &policy, &keyed("k4")).is_ok(), "k0 is forgotten now");
+    assert_eq!(record.as_ref().unwrap().remembered.len(), 4);
+    assert_eq!(
+        step(&mut record, &policy, &keyed("k0")),
+        Err(RefusalReason::IdempotencyWindowPassed),
+        "the retry of k0 cannot be told from a new write: refused"
+    );
+    assert_eq!(
+        step(&mut record, &policy, &keyed("k5")),
+        Err(RefusalReason::IdempotencyWindowPassed),
+        "nor can a new keyed write of that grant without a seq"
+    );
+    assert!(step(&mut record, &policy, &keyed("k6").with_seq(1)).is_ok(), "a seq orders it");
+    assert!(step(&mut record, &policy, &write("a", 6, None).with_idempotency_key("k7")).is_ok());
+    assert_eq!(step(&mut record, &policy, &keyed("k0")), Err(RefusalReason::Stale));
+    assert!(step(&mut record, &policy, &write("a", 6, None)).is_ok(), "unkeyed writes as ever");
+}
+
+/// Found in review: a record written before `remembered` existed kept its keys under
+/// `recent_keys`, which the new record ignored, so a retry of a keyed write admitted before an
+/// upgrade was applied a second time after it.
+#[test]
+fn idempotency_keys_of_a_record_from_before_the_upgrade_still_count() {
+    let policy = Policy::new("a");
+    let old = r#"{"lock":"a","strict":false,"highest_token":7,"last_seq":null,"spent":true,
+            "recent_keys":[["k",{"token":7,"seq":null}]]}"#;
+    let record: FenceRecord = serde_json::from_str(old).expect("an old record decodes");
+    let retry = write("a", 7, None).with_idempotency_key("k");
+    let (admission, upgraded) = admit("res", Some(&record), &policy, &retry).unwrap();
+    assert_eq!(admission, Admission::Duplicate, "the retry is not applied again");
+    let new = write("a", 7, None).with_idempotency_key("other");
+    let (_, next) = admit("res", Some(&upgraded), &policy, &new).unwrap();
+    assert_eq!(next.remembered.len(), 2);
+    let json = serde_json::to_string(&next).expect("serializes");
+    assert!(!json.contains("recent_keys"), "{json}");
+}
+
+/// Found by `tests/fuzz.rs`: a stored record holding more keys than any policy allows (a
+/// damaged or hand-edited store) hit the assertion on the next unkeyed write.
+#[test]
+fn fuzz_a_record_holding_more_keys_than_any_policy_allows_is_trimmed_not_a_panic() {
+    let policy = Policy::new("a");
+    let mut record = FenceRecord::empty(&policy);
+    let stamp = Stamp { token: 1, seq: Some(0) };
+    record.remembered = (0..=MAX_REMEMBERED_KEYS)
+        .map(|n| RememberedWrite { key: format!("k{n}"), stamp, request_digest: None })
+        .collect();
+    let (_, next) = admit("res", Some(&record), &policy, &write("a", 2, None)).unwrap();
+    assert_eq!(next.remembered.len(), DEFAULT_REMEMBERED_KEYS);
+}
+
+#[test]
+fn refusal_carries_what_the_client_needs() {
+    let policy = Policy::new("orders");
+    let record = admit("orders/db", None, &policy, &write("orders", 9, None)).unwrap().1;
+    let refusal =
+        admit("orders/db", Some(&record), &policy, &write("orders", 8, Some(3))).unwrap_err();
+    assert_eq!(refusal.resource, "orders/db");
+    assert_eq!(refusal.lock, "orders");
+    assert_eq!(refusal.presented, Stamp { token: 8, seq: Some(3) });
+    assert_eq!(refusal.highest_token, 9);
+    let message = refusal.to_string();
+    assert!(message.contains("token 8") && message.contains("9"), "{message}");
+}

@@ -1,0 +1,150 @@
+use super::*;
+
+fn granted(name: &str, session: u64, token: u64) -> Event {
+    Event::Granted { name: name.into(), session: SessionId(session), token }
+}
+
+/// Issue 13, point 2: every applied event scanned every prefix watcher. With more watched
+/// prefixes than the name has bytes, the event looks up its name's prefixes instead; both
+/// ways reach exactly the watchers of the name's prefixes.
+#[test]
+fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
+    let hub = Hub::default();
+    let mut nested: Vec<Subscription> = ["", "j", "jobs/", "jobs/é", "jobs/éx"]
+        .iter()
+        .map(|p| hub.watch(WatchTarget::Prefix((*p).into())))
+        .collect();
+    let mut others: Vec<Subscription> =
+        (0..50).map(|n| hub.watch(WatchTarget::Prefix(format!("other/{n}")))).collect();
+    for name in ["jobs/éx", "jobs/é"] {
+        hub.publish(7, &[granted(name, 1, 7)]);
+    }
+    let count = |subscription: &mut Subscription| {
+        std::iter::from_fn(|| subscription.receiver.try_recv().ok()).count()
+    };
+    let received: Vec<usize> = nested.iter_mut().map(count).collect();
+    assert_eq!(received, [2, 2, 2, 2, 1]);
+    assert!(others.iter_mut().all(|other| count(other) == 0));
+    // Fewer prefixes (55) than the name has bytes: the other way, the same answer.
+    hub.publish(8, &[granted(&format!("jobs/éx{}", "y".repeat(60)), 1, 8)]);
+    let received: Vec<usize> = nested.iter_mut().map(count).collect();
+    assert_eq!(received, [1, 1, 1, 1, 1]);
+    assert!(others.iter_mut().all(|other| count(other) == 0));
+}
+
+#[test]
+fn events_reach_only_the_watchers_they_concern() {
+    let hub = Hub::default();
+    let mut by_session = hub.watch(WatchTarget::Session(SessionId(1)));
+    let mut by_lock = hub.watch(WatchTarget::Lock("a/x".into()));
+    let mut by_prefix = hub.watch(WatchTarget::Prefix("a/".into()));
+    let mut elsewhere = hub.watch(WatchTarget::Prefix("b/".into()));
+    hub.publish(5, &[granted("a/x", 1, 5)]);
+    hub.publish(6, &[granted("a/y", 2, 6)]);
+    let received = |subscription: &mut Subscription| -> Vec<u64> {
+        std::iter::from_fn(|| subscription.receiver.try_recv().ok())
+            .map(|delivery| match delivery {
+                Delivery::Event { revision, .. } | Delivery::Resync { revision } => revision,
+            })
+            .collect()
+    };
+    assert_eq!(received(&mut by_session), [5]);
+    assert_eq!(received(&mut by_lock), [5]);
+    assert_eq!(received(&mut by_prefix), [5, 6]);
+    assert_eq!(received(&mut elsewhere), Vec::<u64>::new());
+}
+
+#[test]
+fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
+    let hub = Hub::default();
+    let mut losses = hub.watch(WatchTarget::SessionLosses(vec![SessionId(1)]));
+    let released =
+        |cause| Event::Released { name: "x".into(), session: SessionId(1), token: 5, cause };
+    hub.publish(5, &[granted("x", 1, 5)]);
+    hub.publish(6, &[released(picket_core::ReleaseCause::Released)]);
+    hub.publish(7, &[granted("x", 1, 7)]);
+    hub.publish(8, &[released(picket_core::ReleaseCause::SessionRevoked)]);
+    hub.publish(
+        8,
+        &[Event::SessionEnded { session: SessionId(1), cause: picket_core::SessionEnd::Revoked }],
+    );
+    let kinds: Vec<String> = std::iter::from_fn(|| losses.receiver.try_recv().ok())
+        .map(|delivery| match delivery {
+            Delivery::Event { revision, event } => format!("{revision}:{event:?}"),
+            Delivery::Resync { revision } => format!("{revision}:resync"),
+        })
+        .collect();
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    assert!(kinds[0].starts_with("8:Released") && kinds[0].contains("SessionRevoked"));
+    assert!(kinds[1].starts_with("8:SessionEnded"));
+}
+
+#[test]
+fn a_watcher_that_does_not_keep_up_is_cut_off_and_told() {
+    let hub = Hub::default();
+    let mut slow = hub.watch(WatchTarget::Lock("x".into()));
+    for revision in 0..=WATCH_BUFFER as u64 {
+        hub.publish(revision, &[granted("x", 1, revision)]);
+    }
+    let mut count = 0;
+    while slow.receiver.try_recv().is_ok() {
+        count += 1;
+    }
+    assert_eq!(count, WATCH_BUFFER);
+    assert!(slow.fell_behind());
+    // It was dropped: later events do not revive it.
+    hub.publish(9_999, &[granted("x", 1, 9_999)]);
+    assert!(slow.receiver.try_recv().is_err());
+}
+
+fn cancelled(name: &str, session: u64, cause: CancelCause) -> Event {
+    Event::Cancelled { name: name.into(), session: SessionId(session), cause }
+}
+
+/// A request registers before its acquire is applied. An earlier wait of the same session
+/// for the same lock that ends in that gap is not this request's outcome (it used to be:
+/// the request answered `wait_timed_out` while its own acquire stayed queued, a ghost).
+#[test]
+fn an_outcome_applied_before_the_acquire_was_queued_is_not_the_requests() {
+    let hub = Hub::default();
+    let mut registration = hub.register_waiter(SessionId(1), "x", RequestId(7));
+    hub.publish(10, &[cancelled("x", 1, CancelCause::TimedOut)]);
+    hub.queued(SessionId(1), "x", registration.id, 11);
+    assert!(registration.outcome.try_recv().is_err(), "the earlier wait's end is not ours");
+    hub.publish(12, &[granted("x", 1, 12)]);
+    assert_eq!(registration.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 12 }));
+    assert_eq!(hub.waiting_acquires(), 0);
+}
+
+/// An outcome applied after the acquire but delivered before the request learned where it
+/// was queued is kept and handed over when it does.
+#[test]
+fn an_outcome_that_arrives_before_the_queue_position_is_kept_for_the_request() {
+    let hub = Hub::default();
+    let mut registration = hub.register_waiter(SessionId(1), "x", RequestId(7));
+    hub.publish(12, &[granted("x", 1, 12)]);
+    hub.queued(SessionId(1), "x", registration.id, 11);
+    assert_eq!(registration.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 12 }));
+    assert_eq!(hub.waiting_acquires(), 0);
+}
+
+/// A retry of a request and the request itself both hear how the wait ended; forgetting
+/// one says whether a retry of the same request is still there.
+#[test]
+fn every_registration_of_a_wait_hears_its_end() {
+    let hub = Hub::default();
+    let mut first = hub.register_waiter(SessionId(1), "x", RequestId(7));
+    let mut retry = hub.register_waiter(SessionId(1), "x", RequestId(7));
+    let other = hub.register_waiter(SessionId(1), "x", RequestId(8));
+    hub.queued(SessionId(1), "x", first.id, 5);
+    hub.queued(SessionId(1), "x", retry.id, 6);
+    assert!(!hub.forget_waiter(SessionId(1), "x", RequestId(8), other.id));
+    hub.publish(9, &[granted("x", 1, 9)]);
+    assert_eq!(first.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 9 }));
+    assert_eq!(retry.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 9 }));
+    let mut left = hub.register_waiter(SessionId(1), "y", RequestId(3));
+    let again = hub.register_waiter(SessionId(1), "y", RequestId(3));
+    assert!(hub.forget_waiter(SessionId(1), "y", RequestId(3), again.id), "the first remains");
+    assert!(!hub.forget_waiter(SessionId(1), "y", RequestId(3), left.id));
+    assert!(left.outcome.try_recv().is_err());
+}
