@@ -4,7 +4,7 @@ use crate::auth::{Access, authenticate};
 use crate::error::ServiceError;
 use crate::guarded::Guarded;
 use crate::node::AcquireRequest;
-use crate::node::{ClusterView, Node, WatchItem, WatchTarget};
+use crate::node::{ClusterView, Node, WatchItem, Watched};
 use crate::tls::Caller;
 use futures_util::Stream;
 use picket_core::{CheckOutcome, Event, LockInfo, RequestId, SessionId, SessionInfo, Wait};
@@ -351,13 +351,13 @@ impl picket_server::Picket for ClientService {
                     "losses_only applies to session watches; watch a session or a set of sessions",
                 ));
             }
-            Some(v1::watch_request::Target::Name(name)) => WatchTarget::Lock(name),
-            Some(v1::watch_request::Target::Prefix(prefix)) => WatchTarget::Prefix(prefix),
+            Some(v1::watch_request::Target::Name(name)) => Watched::Lock(name),
+            Some(v1::watch_request::Target::Prefix(prefix)) => Watched::Prefix(prefix),
             Some(v1::watch_request::Target::SessionId(session)) if losses_only => {
-                WatchTarget::SessionLosses(vec![SessionId(session)])
+                Watched::SessionLosses(vec![SessionId(session)])
             }
             Some(v1::watch_request::Target::SessionId(session)) => {
-                WatchTarget::Session(SessionId(session))
+                Watched::Session(SessionId(session))
             }
             Some(v1::watch_request::Target::Sessions(set)) => {
                 if set.session_ids.is_empty()
@@ -370,9 +370,9 @@ impl picket_server::Picket for ClientService {
                 }
                 let sessions = set.session_ids.into_iter().map(SessionId).collect();
                 if losses_only {
-                    WatchTarget::SessionLosses(sessions)
+                    Watched::SessionLosses(sessions)
                 } else {
-                    WatchTarget::Sessions(sessions)
+                    Watched::Sessions(sessions)
                 }
             }
             None => {

@@ -5,7 +5,7 @@
 use crate::auth::{Access, AuthFile, Role};
 use crate::error::ServiceError;
 use crate::node::{
-    AcquireRequest, ClusterView, Grant, Node, Ownership, Recheck, WatchStream, WatchTarget,
+    AcquireRequest, ClusterView, Grant, Node, Ownership, Recheck, WatchStream, Watched,
 };
 use crate::raft_types::NodeId;
 use picket_core::{CheckOutcome, LockInfo, RequestId, Sequencer, SessionId, SessionInfo};
@@ -215,12 +215,12 @@ impl Guarded<'_> {
     ///
     /// # Errors
     /// As the node's, and [`ServiceError::PermissionDenied`].
-    pub fn watch(&self, target: WatchTarget) -> Result<WatchStream, ServiceError> {
+    pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
         may_read_target(&self.access, &target)?;
         match &target {
-            WatchTarget::Lock(_) | WatchTarget::Prefix(_) => {}
-            WatchTarget::Session(session) => self.require_watchable(*session)?,
-            WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => {
+            Watched::Lock(_) | Watched::Prefix(_) => {}
+            Watched::Session(session) => self.require_watchable(*session)?,
+            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
                 for session in sessions {
                     self.require_watchable(*session)?;
                 }
@@ -302,21 +302,19 @@ impl Guarded<'_> {
 
 /// Whether `access` may read what a watch of `target` shows: the lock, or every lock under the
 /// prefix. Session watches show only the caller's own sessions, checked apart.
-fn may_read_target(access: &Access, target: &WatchTarget) -> Result<(), ServiceError> {
+fn may_read_target(access: &Access, target: &Watched) -> Result<(), ServiceError> {
     match target {
-        WatchTarget::Lock(name) => access.require(Role::Read, name),
-        WatchTarget::Prefix(prefix) => access.require_prefix(Role::Read, prefix),
-        WatchTarget::Session(_) | WatchTarget::Sessions(_) | WatchTarget::SessionLosses(_) => {
-            Ok(())
-        }
+        Watched::Lock(name) => access.require(Role::Read, name),
+        Watched::Prefix(prefix) => access.require_prefix(Role::Read, prefix),
+        Watched::Session(_) | Watched::Sessions(_) | Watched::SessionLosses(_) => Ok(()),
     }
 }
 
 /// The sessions a watch of `target` follows.
-fn watched_sessions(target: &WatchTarget) -> &[SessionId] {
+fn watched_sessions(target: &Watched) -> &[SessionId] {
     match target {
-        WatchTarget::Session(session) => std::slice::from_ref(session),
-        WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => sessions,
-        WatchTarget::Lock(_) | WatchTarget::Prefix(_) => &[],
+        Watched::Session(session) => std::slice::from_ref(session),
+        Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => sessions,
+        Watched::Lock(_) | Watched::Prefix(_) => &[],
     }
 }

@@ -31,7 +31,7 @@ pub enum WaitOutcome {
 
 /// What a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WatchTarget {
+pub enum Watched {
     /// One lock.
     Lock(String),
     /// Every lock whose name starts with this.
@@ -383,7 +383,7 @@ impl Hub {
     }
 
     /// Starts a watch of `target` from the next applied command on.
-    pub fn watch(&self, target: WatchTarget) -> Subscription {
+    pub fn watch(&self, target: Watched) -> Subscription {
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         let lagged = Arc::new(AtomicBool::new(false));
         let mut watchers = lock(&self.watchers);
@@ -393,17 +393,15 @@ impl Hub {
             watchers.since_sweep = 0;
             watchers.sweep_closed();
         }
-        let losses_only = matches!(target, WatchTarget::SessionLosses(_));
+        let losses_only = matches!(target, Watched::SessionLosses(_));
         let watcher = Watcher { sender, lagged: lagged.clone(), losses_only };
         match target {
-            WatchTarget::Session(session) => {
+            Watched::Session(session) => {
                 watchers.by_session.entry(session).or_default().push(watcher)
             }
-            WatchTarget::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
-            WatchTarget::Prefix(prefix) => {
-                watchers.by_prefix.entry(prefix).or_default().push(watcher)
-            }
-            WatchTarget::Sessions(sessions) | WatchTarget::SessionLosses(sessions) => {
+            Watched::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
+            Watched::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
+            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
                 // One channel, registered under each session: the stream gets each event once,
                 // since an event names one session.
                 for session in sessions {

@@ -45,7 +45,7 @@ pub use hub::WaitOutcome;
 pub use limits::{ServerLimit, ServerLimits};
 pub use log_store::{StoredEntry, WriterStats, read_entries};
 pub use node::{
-    AcquireRequest, ClusterView, Grant, Node, NotReady, WatchItem, WatchStream, WatchTarget,
+    AcquireRequest, ClusterView, Grant, Node, NotReady, WatchItem, WatchStream, Watched,
 };
 pub use raft_types::NodeId;
 pub use server::{

@@ -2,7 +2,7 @@
 
 use super::{ApiError, QueryParams, Who};
 use crate::grpc::to_snake_case;
-use crate::node::{Node, WatchItem, WatchTarget};
+use crate::node::{Node, WatchItem, Watched};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -76,12 +76,12 @@ pub(super) async fn watch(
                 "losses_only= applies to a session watch; give session_id= with it",
             ));
         }
-        (Some(name), None, None) => WatchTarget::Lock(name),
-        (None, Some(prefix), None) => WatchTarget::Prefix(prefix),
+        (Some(name), None, None) => Watched::Lock(name),
+        (None, Some(prefix), None) => Watched::Prefix(prefix),
         (None, None, Some(session)) if query.losses_only => {
-            WatchTarget::SessionLosses(vec![SessionId(session)])
+            Watched::SessionLosses(vec![SessionId(session)])
         }
-        (None, None, Some(session)) => WatchTarget::Session(SessionId(session)),
+        (None, None, Some(session)) => Watched::Session(SessionId(session)),
         _ => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,

@@ -12,10 +12,10 @@ fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
     let hub = Hub::default();
     let mut nested: Vec<Subscription> = ["", "j", "jobs/", "jobs/é", "jobs/éx"]
         .iter()
-        .map(|p| hub.watch(WatchTarget::Prefix((*p).into())))
+        .map(|p| hub.watch(Watched::Prefix((*p).into())))
         .collect();
     let mut others: Vec<Subscription> =
-        (0..50).map(|n| hub.watch(WatchTarget::Prefix(format!("other/{n}")))).collect();
+        (0..50).map(|n| hub.watch(Watched::Prefix(format!("other/{n}")))).collect();
     for name in ["jobs/éx", "jobs/é"] {
         hub.publish(7, &[granted(name, 1, 7)]);
     }
@@ -35,10 +35,10 @@ fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
 #[test]
 fn events_reach_only_the_watchers_they_concern() {
     let hub = Hub::default();
-    let mut by_session = hub.watch(WatchTarget::Session(SessionId(1)));
-    let mut by_lock = hub.watch(WatchTarget::Lock("a/x".into()));
-    let mut by_prefix = hub.watch(WatchTarget::Prefix("a/".into()));
-    let mut elsewhere = hub.watch(WatchTarget::Prefix("b/".into()));
+    let mut by_session = hub.watch(Watched::Session(SessionId(1)));
+    let mut by_lock = hub.watch(Watched::Lock("a/x".into()));
+    let mut by_prefix = hub.watch(Watched::Prefix("a/".into()));
+    let mut elsewhere = hub.watch(Watched::Prefix("b/".into()));
     hub.publish(5, &[granted("a/x", 1, 5)]);
     hub.publish(6, &[granted("a/y", 2, 6)]);
     let received = |subscription: &mut Subscription| -> Vec<u64> {
@@ -57,7 +57,7 @@ fn events_reach_only_the_watchers_they_concern() {
 #[test]
 fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
     let hub = Hub::default();
-    let mut losses = hub.watch(WatchTarget::SessionLosses(vec![SessionId(1)]));
+    let mut losses = hub.watch(Watched::SessionLosses(vec![SessionId(1)]));
     let released =
         |cause| Event::Released { name: "x".into(), session: SessionId(1), token: 5, cause };
     hub.publish(5, &[granted("x", 1, 5)]);
@@ -82,7 +82,7 @@ fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
 #[test]
 fn a_watcher_that_does_not_keep_up_is_cut_off_and_told() {
     let hub = Hub::default();
-    let mut slow = hub.watch(WatchTarget::Lock("x".into()));
+    let mut slow = hub.watch(Watched::Lock("x".into()));
     for revision in 0..=WATCH_BUFFER as u64 {
         hub.publish(revision, &[granted("x", 1, revision)]);
     }

@@ -12,7 +12,7 @@ mod reads;
 mod sessions;
 mod watch;
 
-pub use crate::hub::WatchTarget;
+pub use crate::hub::Watched;
 pub use acquire::{AcquireRequest, Grant};
 pub use cluster::{ClusterView, MAX_MEMBER_ADDR_BYTES, MAX_MEMBERS};
 pub use picket_proto::{MAX_KEEPALIVE_BATCH, MAX_WATCHED_SESSIONS};

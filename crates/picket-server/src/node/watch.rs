@@ -4,7 +4,7 @@
 use super::Node;
 use crate::auth::AuthFile;
 use crate::error::ServiceError;
-use crate::hub::{Delivery, Subscription, WatchTarget};
+use crate::hub::{Delivery, Subscription, Watched};
 use picket_core::Event;
 use std::sync::Arc;
 
@@ -123,7 +123,7 @@ impl Node {
     ///
     /// # Errors
     /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows.
-    pub fn watch(&self, target: WatchTarget) -> Result<WatchStream, ServiceError> {
+    pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
         let place = self.watch_streams.take()?;
         let subscription = self.hub().watch(target);
         Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
