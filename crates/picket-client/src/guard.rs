@@ -2,6 +2,7 @@
 
 use crate::error::{ClientError, LostReason};
 use crate::state::{LostSender, SessionState};
+use crate::transport::released_elsewhere;
 use picket_core::Sequencer;
 use std::sync::Arc;
 
@@ -101,16 +102,22 @@ impl Guard {
     /// Releases the lock now.
     ///
     /// # Errors
-    /// `not_held` when the grant already ended; the cluster being unreachable.
+    /// `token_mismatch`; the cluster being unreachable. A grant that already ended is not an
+    /// error: there is nothing left to release.
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.released = true;
         release(&self.shared, &self.name, self.token).await
     }
 }
 
+/// Releases a guard's grant. A grant that already ended (the lock is free or held under another
+/// token) needs no release: the guard's holding is over either way, so that is not an error.
 async fn release(shared: &SessionState, name: &str, token: u64) -> Result<(), ClientError> {
     shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
-    shared.transport.release(shared.id, name, token).await
+    match shared.transport.release(shared.id, name, token).await {
+        Err(error) if released_elsewhere(&error, token) => Ok(()),
+        other => other,
+    }
 }
 
 impl Drop for Guard {

@@ -373,9 +373,10 @@ impl Transport {
         .await
     }
 
-    /// Releases grant `token` of `name` held by `session_id`. Retried like a read: a retry that
-    /// meets its own earlier success finds the lock no longer held under this token, which is
-    /// what was asked, and counts as done.
+    /// Releases grant `token` of `name` held by `session_id`, retried like a read. The first
+    /// attempt's refusals are the caller's (`not_held`, `token_mismatch`). After a retry, a
+    /// `not_held` naming another token (or none) may be this call's own earlier success, which
+    /// left the lock no longer held under `token`: that is what was asked, so it counts as done.
     pub(crate) async fn release(
         &self,
         session_id: u64,
@@ -383,21 +384,25 @@ impl Transport {
         token: u64,
     ) -> Result<(), ClientError> {
         let timeout = Some(self.inner.config.request_timeout);
+        let mut attempts = 0_u32;
         let result = self
             .call(Retry::Safe, timeout, |mut grpc| {
+                attempts += 1;
                 let request = v1::ReleaseRequest { name: name.to_owned(), session_id, token };
                 async move { grpc.release(request).await }
             })
             .await;
         match result {
-            Err(error)
-                if error.code() == Some("not_held") && error.holder_token() != Some(token) =>
-            {
-                Ok(())
-            }
+            Err(error) if attempts > 1 && released_elsewhere(&error, token) => Ok(()),
             other => other.map(|_| ()),
         }
     }
+}
+
+/// Whether `error` says the lock is no longer held under `token` (free, or held under another
+/// token): what a release of `token` leaves behind.
+pub(crate) fn released_elsewhere(error: &ClientError, token: u64) -> bool {
+    error.code() == Some("not_held") && error.holder_token() != Some(token)
 }
 
 /// A random request id: unique among a session's requests in practice.

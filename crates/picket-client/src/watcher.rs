@@ -103,8 +103,9 @@ impl SessionWatcher {
     }
 }
 
-/// Runs the streams of one client's sessions. Holds the connections only weakly: it stops once
-/// the client and all its sessions are gone.
+/// Runs the streams of one client's sessions. Holds the connections only weakly: it stops at
+/// its first wake-up after the client and all its sessions are gone (until then it waits,
+/// parked, for a registration that will not come: an idle task per dropped client).
 pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatcher>) {
     let mut sealed: Vec<JoinHandle<()>> = Vec::new();
     let mut open_stream: Option<JoinHandle<()>> = None;

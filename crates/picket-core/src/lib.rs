@@ -61,6 +61,7 @@ pub use query::{
 };
 pub use seal::{SealError, SequencerKeys, SequencerSigner, VerifyError};
 pub use sequencer::{
-    MAX_CLUSTER_ID_BYTES, MAX_SEQUENCER_BYTES, Seal, Sequencer, SequencerError, is_valid_cluster_id,
+    MAX_CLUSTER_ID_BYTES, MAX_SEQUENCER_BYTES, NAME_ESCAPES, Seal, Sequencer, SequencerError,
+    decode_escaped, is_valid_cluster_id,
 };
 pub use types::{CancelCause, ReleaseCause, RequestId, SessionEnd, SessionId, Wait};

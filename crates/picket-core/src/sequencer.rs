@@ -139,7 +139,7 @@ impl Sequencer {
 }
 
 fn parse_name(encoded: &str) -> Result<String, SequencerError> {
-    let name = percent_decode(encoded).ok_or(SequencerError::BadName)?;
+    let name = decode_escaped(encoded).ok_or(SequencerError::BadName)?;
     if name.is_empty() {
         return Err(SequencerError::BadName);
     }
@@ -196,7 +196,7 @@ impl fmt::Display for Sequencer {
                 write!(f, ".")?;
             }
         }
-        write!(f, "{}", utf8_percent_encode(&self.name, ESCAPED))
+        write!(f, "{}", utf8_percent_encode(&self.name, NAME_ESCAPES))
     }
 }
 
@@ -218,11 +218,15 @@ fn parse_token(text: &str) -> Result<u64, SequencerError> {
 }
 
 /// Every byte but ASCII letters, digits and `-_.~/` is escaped in a sequencer's name, so a
-/// sequencer is printable and has one spelling.
-const ESCAPED: &AsciiSet =
+/// sequencer is printable and has one spelling. The same set escapes keys in `picket kv`'s URLs.
+pub const NAME_ESCAPES: &AsciiSet =
     &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
 
-fn percent_decode(encoded: &str) -> Option<String> {
+/// Decodes a percent-encoded name strictly: `None` when a `%` does not start two hex digits,
+/// when a control byte appears, or when the bytes are not UTF-8. Printable characters that are
+/// not escaped are taken as they are.
+#[must_use]
+pub fn decode_escaped(encoded: &str) -> Option<String> {
     // Checked before decoding because `percent_decode_str` keeps a malformed escape as it is:
     // a `%` must start two hex digits (exactly: a sign is not a digit), and no control byte may
     // appear. Other printable characters are taken as they are: Picket escapes them, but a

@@ -1,7 +1,6 @@
 //! Which guarded resource a request touches: the longest guarded prefix of its key.
 
 use axum::http::request::Parts;
-use percent_encoding::percent_decode_str;
 use picket_fence::Policy;
 
 /// The guards, longest prefix first, so a key belongs to the most specific guard.
@@ -19,7 +18,8 @@ impl Guards {
 }
 
 pub(crate) fn resolve(guards: &Guards, parts: &Parts) -> Option<(String, Policy)> {
-    let path = percent_decode_str(parts.uri.path()).decode_utf8().ok()?;
+    // Strictly: a path with a malformed escape names no key, so it is refused as unguarded.
+    let path = picket_core::decode_escaped(parts.uri.path())?;
     if let Some(key) = path.strip_prefix("/kv/") {
         return guards.for_key(key);
     }

@@ -2,23 +2,14 @@
 //! that crate's documentation), and writes to and reads from it. Each key prefix given with
 //! `--guard PREFIX=LOCK` is one guarded resource bound to one lock; writes to keys outside every
 //! guard are refused. Verify on advance asks Picket through the Rust client.
-//!
-//! | Method and path | Meaning |
-//! |---|---|
-//! | `PUT /kv/{key}` | set the key to the body (`Picket-Sequencer` required) |
-//! | `GET /kv/{key}` | read; with `Picket-Sequencer`, refused if the grant is stale |
-//! | `DELETE /kv/{key}` | delete (`Picket-Sequencer` required) |
-//! | `POST /txn` | a unit: `{"ops": [{"put": {"key", "value"}}, {"delete": {"key"}}]}`, one check, one transaction, all resources or none |
-//! | `POST /fence/{prefix}` | register the sequencer's token with the resource (fence on acquire) |
-//! | `GET /fence/{prefix}` | the resource's fence record |
 
 use crate::http_client;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use futures_util::future::BoxFuture;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::utf8_percent_encode;
 use picket_client::Client;
-use picket_core::{CheckOutcome, Sequencer, SequencerKeys, SessionId};
+use picket_core::{CheckOutcome, NAME_ESCAPES, Sequencer, SequencerKeys, SessionId};
 use picket_fence::Policy;
 use picket_fence::http::{
     CheckError, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
@@ -187,6 +178,9 @@ impl GrantChecker for PicketChecker {
 
 async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Result<ExitCode> {
     args.logging.init("info")?;
+    if args.guards.is_empty() && args.strict_guards.is_empty() {
+        anyhow::bail!("give at least one --guard PREFIX=LOCK: the store only takes fenced writes");
+    }
     let guards: Vec<(String, Policy)> = args
         .guards
         .iter()
@@ -277,13 +271,10 @@ fn report(reply: &http_client::HttpReply) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Every byte of a key but ASCII letters, digits and `-_.~/` is escaped in its URL, so a key
-/// may hold any UTF-8 (`?`, `#`, `%` and spaces included) and still name itself.
-const KEY_ESCAPED: &AsciiSet =
-    &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
-
+/// A key's URL: escaped like a sequencer's name, so a key may hold any UTF-8 (`?`, `#`, `%`
+/// and spaces included) and still name itself.
 fn key_url(kv: &str, key: &str) -> String {
-    format!("{}/kv/{}", kv.trim_end_matches('/'), utf8_percent_encode(key, KEY_ESCAPED))
+    format!("{}/kv/{}", kv.trim_end_matches('/'), utf8_percent_encode(key, NAME_ESCAPES))
 }
 
 async fn write_command(args: WriteArgs, is_put: bool) -> anyhow::Result<ExitCode> {

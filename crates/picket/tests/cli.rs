@@ -126,6 +126,33 @@ fn lock_whose_fence_registration_fails_releases_and_does_not_run() {
     assert_eq!(session_ids(&server.addr), Vec::<u64>::new());
 }
 
+/// `picket release` of a grant the session does not hold (a wrong name, a wrong token, a lock
+/// another session holds) fails and says so; only the holder's own token releases.
+#[test]
+fn release_of_a_grant_not_held_fails() {
+    let (_dir, server) = start();
+    let (session, token) = hold(&server.addr, "mine");
+    let (other, _) = hold(&server.addr, "theirs");
+    let session_text = session.to_string();
+    let runs: [(&str, String); 3] = [
+        ("nothing", token.to_string()),
+        ("mine", (token + 1).to_string()),
+        ("theirs", token.to_string()),
+    ];
+    for (name, wrong) in &runs {
+        let output =
+            picket(&server.addr, &["release", name, "--session", &session_text, "--token", wrong]);
+        assert_ne!(output.status.code(), Some(0), "{name} {wrong}: {}", stdout(&output));
+    }
+    let theirs = http::get(&server.addr, "/v1/locks/theirs");
+    assert_eq!(theirs.body["holder"]["session_id"], other, "{}", theirs.text);
+    let released = picket(
+        &server.addr,
+        &["release", "mine", "--session", &session_text, "--token", &token.to_string()],
+    );
+    assert_eq!(released.status.code(), Some(0), "{}", stderr(&released));
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie has exited; only the reaping is left, which is its parent's business.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
