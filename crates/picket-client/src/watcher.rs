@@ -103,14 +103,25 @@ impl SessionWatcher {
     }
 }
 
-/// Runs the streams of one client's sessions. Holds the connections only weakly: it stops at
-/// its first wake-up after the client and all its sessions are gone (until then it waits,
-/// parked, for a registration that will not come: an idle task per dropped client).
+/// How often an idle watcher looks whether its client and sessions are all gone.
+const GONE_CHECK: Duration = Duration::from_secs(10);
+
+/// Runs the streams of one client's sessions. Holds the connections only weakly: it stops
+/// within [`GONE_CHECK`] once the client and all its sessions are gone.
 pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatcher>) {
     let mut sealed: Vec<JoinHandle<()>> = Vec::new();
     let mut open_stream: Option<JoinHandle<()>> = None;
     loop {
-        watcher.changed.notified().await;
+        tokio::select! {
+            () = watcher.changed.notified() => {}
+            // No registration may ever come again: look now and then whether anyone is left.
+            () = tokio::time::sleep(GONE_CHECK) => {
+                if weak_transport.upgrade().is_none() {
+                    break;
+                }
+                continue;
+            }
+        }
         tokio::time::sleep(DEBOUNCE).await;
         let Some(transport) = weak_transport.upgrade() else { break };
         let (ids, generation, seal) = {
@@ -184,5 +195,24 @@ async fn follow(
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{ClientConfig, Transport};
+
+    /// Regression: the watcher's task waited for a registration that never came once its client
+    /// and sessions were gone: an idle task per dropped client, for ever.
+    #[tokio::test(start_paused = true)]
+    async fn the_watcher_task_ends_once_its_client_is_gone() {
+        let transport = Transport::new(["127.0.0.1:1"], ClientConfig::default()).unwrap();
+        let task = tokio::spawn(run(transport.downgrade(), Arc::new(SessionWatcher::default())));
+        tokio::time::sleep(GONE_CHECK * 3).await;
+        assert!(!task.is_finished(), "the client is still there");
+        drop(transport);
+        let ended = tokio::time::timeout(GONE_CHECK * 2, task).await;
+        assert!(matches!(ended, Ok(Ok(()))), "the task is still running");
     }
 }
