@@ -5,6 +5,7 @@
 //! state. A request over a bound gets 429 (gRPC `RESOURCE_EXHAUSTED`) with a code naming it.
 
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A node's own bounds. See the fields for the defaults.
@@ -19,11 +20,27 @@ pub struct ServerLimits {
     /// Most connections open on this node at once, clients' and peers' (default 10,000). Past
     /// it the node stops accepting until one closes; see `listener.rs`.
     pub max_connections: usize,
+    /// How long a connection may stay open with no request or stream open (default 5 min);
+    /// then it is closed gracefully. Bounds in time the place an idle connection holds.
+    pub idle_connection_timeout: Duration,
+}
+
+impl ServerLimits {
+    /// The largest `max_connections` a node takes, far above what one process's open files
+    /// allow (the accept loop counts places in a `u32`).
+    pub const MOST_CONNECTIONS: usize = 1 << 20;
+    /// [`Self::MOST_CONNECTIONS`] for a flag's parser.
+    pub const MOST_CONNECTIONS_BOUND: u64 = 1 << 20;
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
-        Self { max_watch_streams: 10_000, max_pending_acquires: 100_000, max_connections: 10_000 }
+        Self {
+            max_watch_streams: 10_000,
+            max_pending_acquires: 100_000,
+            max_connections: 10_000,
+            idle_connection_timeout: Duration::from_secs(300),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Accepting connections: how many at once, how long a client may take to send a request's
-//! headers, keepalive pings on HTTP/2, and a graceful stop.
+//! headers, how long a connection may stay open with no request, keepalive pings on HTTP/2, and
+//! a graceful stop.
 //!
 //! One port serves the gRPC and HTTP/JSON APIs and the peers' Raft traffic. Every connection
 //! costs a file descriptor and a task, so a node holds at most `max_connections` at once: past
@@ -7,15 +8,14 @@
 //! closes (nothing already connected is slowed). A client that opens a connection and sends
 //! nothing, or sends its headers a byte at a time, could otherwise hold its place for ever: a
 //! connection must send its opening (the HTTP/2 preface or an HTTP/1 request line) within
-//! [`HEADER_READ_TIMEOUT`], HTTP/1 headers must arrive within it too, and an HTTP/2 connection
+//! [`HEADER_READ_TIMEOUT`], HTTP/1 headers must arrive within it too, an HTTP/2 connection
 //! whose peer stops answering pings is closed after [`KEEPALIVE_INTERVAL`] and
-//! [`KEEPALIVE_TIMEOUT`]. Not bounded in time: an HTTP/2 connection that answers pings but opens
-//! no stream (it holds one place of `max_connections` until it closes); and peers share the
-//! bound with clients.
+//! [`KEEPALIVE_TIMEOUT`], and a connection with no request or stream open for
+//! `idle_timeout` is closed gracefully (HTTP/2 `GOAWAY`: the Rust client connects again on
+//! its next call). Not bounded yet: peers share `max_connections` with clients.
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
+use crate::ServerLimits;
 use crate::tls::{Caller, ServerTls};
 
 /// How long an HTTP/1 client has to send a request's headers (and how long an HTTP/1
@@ -130,42 +131,170 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for OpensInTime<S> 
     }
 }
 
-/// Serves one connection until it ends; every request on it carries `caller` as an extension.
-async fn serve_one<Io>(
-    io: Io,
-    app: axum::Router,
-    caller: Caller,
-    builder: &Builder<TokioExecutor>,
-    watcher: hyper_util::server::graceful::Watcher,
-) where
-    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let app = app.map_request(move |mut request: http::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(caller.clone());
-        request
-    });
-    let service = TowerToHyperService::new(app);
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    if let Err(error) = watcher.watch(connection.into_owned()).await {
-        tracing::debug!(%error, "a connection ended with an error");
+/// Where a node's listener is: serving, draining (no new requests; open ones may finish) or
+/// closed (connections still open are dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serving,
+    Draining,
+    Closed,
+}
+
+/// How many requests (streams, watch streams among them) are open on one connection. A request
+/// counts from its arrival until its response body has been sent or dropped, so a long watch
+/// stream keeps its connection busy.
+#[derive(Clone, Debug)]
+struct Activity(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Activity {
+    fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+
+    fn start(&self) -> Active {
+        self.0.send_modify(|open| *open += 1);
+        Active(self.clone())
+    }
+
+    /// Resolves once no request has been open for `idle_timeout` straight.
+    async fn idle_for(&self, idle_timeout: Duration) {
+        let mut open = self.0.subscribe();
+        loop {
+            // The sender lives as long as `self`, so neither wait can fail.
+            let _ = open.wait_for(|open| *open == 0).await;
+            let busy_again = tokio::time::timeout(idle_timeout, open.wait_for(|open| *open > 0));
+            if busy_again.await.is_err() {
+                return;
+            }
+        }
     }
 }
 
-/// Serves `app` on `listener` (over TLS when `tls` is given), at most `max_connections` at once, until `stop` resolves; then
-/// stops accepting and gives open connections a few seconds to finish.
+/// One open request; its place in [`Activity`] is given back when it drops.
+#[derive(Debug)]
+struct Active(Activity);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.0.send_modify(|open| *open -= 1);
+    }
+}
+
+/// A response body that holds its request's [`Active`] until the body is done with.
+struct Tracked {
+    body: axum::body::Body,
+    _active: Active,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// What one connection is served with.
+#[derive(Clone)]
+struct Serving {
+    app: axum::Router,
+    builder: Builder<TokioExecutor>,
+    idle_timeout: Duration,
+    phase: tokio::sync::watch::Receiver<Phase>,
+}
+
+/// Serves one connection until it ends, it has been idle for the idle timeout, or the node
+/// closes; every request on it carries `caller` as an extension.
+async fn serve_one<Io>(io: Io, serving: Serving, caller: Caller)
+where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Serving { app, builder, idle_timeout, mut phase } = serving;
+    let activity = Activity::new();
+    let tracking = activity.clone();
+    let service = tower::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(caller.clone());
+        let active = tracking.start();
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await?;
+            Ok::<_, std::convert::Infallible>(
+                response.map(|body| axum::body::Body::new(Tracked { body, _active: active })),
+            )
+        }
+    });
+    let connection =
+        builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service));
+    let mut connection = std::pin::pin!(connection);
+    let mut closing = false;
+    loop {
+        // Before closing, a drain starts the graceful close; once closing, only the end of the
+        // drain (or of the connection) matters.
+        let next_phase = if closing { Phase::Closed } else { Phase::Draining };
+        tokio::select! {
+            ended = connection.as_mut() => {
+                if let Err(error) = ended {
+                    tracing::debug!(%error, "a connection ended with an error");
+                }
+                return;
+            }
+            () = activity.idle_for(idle_timeout), if !closing => {
+                tracing::debug!(?idle_timeout, "closing a connection idle for the idle timeout");
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            changed = phase.wait_for(|phase| *phase >= next_phase) => {
+                if closing || changed.is_err() {
+                    return;
+                }
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// How a node's listener bounds its connections.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Most connections open at once; at most [`ServerLimits::MOST_CONNECTIONS`].
+    pub max_connections: usize,
+    /// How long a connection may stay open with no request or stream open.
+    pub idle_timeout: Duration,
+}
+
+/// Serves `app` on `listener` (over TLS when `tls` is given) within `limits` until `stop`
+/// resolves; then stops accepting and gives open connections a few seconds to finish.
 ///
 /// # Panics
-/// If `max_connections` is 0.
+/// If `limits.max_connections` is 0 or above [`ServerLimits::MOST_CONNECTIONS`].
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
-    max_connections: usize,
+    limits: ConnectionLimits,
     tls: Option<Arc<ServerTls>>,
     stop: impl Future<Output = ()>,
 ) {
-    assert!(max_connections > 0, "a node accepts at least one connection");
+    let max_connections = limits.max_connections;
+    assert!(
+        (1..=ServerLimits::MOST_CONNECTIONS).contains(&max_connections),
+        "a node accepts from 1 to {} connections",
+        ServerLimits::MOST_CONNECTIONS
+    );
     let places = Arc::new(Semaphore::new(max_connections));
-    let graceful = GracefulShutdown::new();
+    let (phase, watching) = tokio::sync::watch::channel(Phase::Serving);
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     builder
@@ -174,6 +303,7 @@ pub async fn serve(
         .keep_alive_interval(Some(KEEPALIVE_INTERVAL))
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    let serving = Serving { app, builder, idle_timeout: limits.idle_timeout, phase: watching };
     let mut stop = std::pin::pin!(stop);
     loop {
         let place = tokio::select! {
@@ -196,50 +326,60 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
-        let app = app.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let serving = serving.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            match tls {
-                None => {
-                    // hyper reads the first bytes (to tell HTTP/1 from HTTP/2) without a timer;
-                    // a connection that sends nothing, or a few bytes and then nothing, is
-                    // closed here.
-                    if opens_in_time(&stream).await {
-                        let caller = Caller { remote: Some(remote), ..Caller::default() };
-                        serve_one(stream, app, caller, &builder, watcher).await;
-                    }
-                }
-                Some(tls) => {
-                    let loaded = tls.current();
-                    let handshake = loaded.acceptor().accept(stream);
-                    match tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await {
-                        Ok(Ok(stream)) => {
-                            let certificates = stream.get_ref().1.peer_certificates();
-                            let caller = loaded.caller(remote, certificates);
-                            // Past the handshake the opening is encrypted, so it cannot be
-                            // peeked at: the first read carries the deadline instead.
-                            let stream = OpensInTime::new(stream);
-                            serve_one(stream, app, caller, &builder, watcher).await;
-                        }
-                        Ok(Err(error)) => {
-                            tracing::info!(
-                                target: "picket::audit",
-                                %remote,
-                                %error,
-                                "refused a connection: its TLS handshake failed"
-                            );
-                        }
-                        Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
-                    }
-                }
-            }
+            accept_one(stream, remote, serving, tls).await;
             drop(place);
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+    phase.send_replace(Phase::Draining);
+    // Every connection gives its place back when it ends, so all places back means all closed.
+    let all = u32::try_from(max_connections).expect("bounded by ServerLimits::MOST_CONNECTIONS");
+    if tokio::time::timeout(DRAIN_TIMEOUT, places.acquire_many(all)).await.is_err() {
         tracing::debug!("connections still open after the drain timeout are dropped");
     }
+    phase.send_replace(Phase::Closed);
 }
+
+/// Checks a new connection's opening (and its TLS handshake) in time, then serves it.
+async fn accept_one(
+    stream: tokio::net::TcpStream,
+    remote: std::net::SocketAddr,
+    serving: Serving,
+    tls: Option<Arc<ServerTls>>,
+) {
+    let Some(tls) = tls else {
+        // hyper reads the first bytes (to tell HTTP/1 from HTTP/2) without a timer; a
+        // connection that sends nothing, or a few bytes and then nothing, is closed here.
+        if opens_in_time(&stream).await {
+            let caller = Caller { remote: Some(remote), ..Caller::default() };
+            serve_one(stream, serving, caller).await;
+        }
+        return;
+    };
+    let loaded = tls.current();
+    let handshake = loaded.acceptor().accept(stream);
+    match tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await {
+        Ok(Ok(stream)) => {
+            let certificates = stream.get_ref().1.peer_certificates();
+            let caller = loaded.caller(remote, certificates);
+            // Past the handshake the opening is encrypted, so it cannot be peeked at: the
+            // first read carries the deadline instead.
+            serve_one(OpensInTime::new(stream), serving, caller).await;
+        }
+        Ok(Err(error)) => {
+            tracing::info!(
+                target: "picket::audit",
+                %remote,
+                %error,
+                "refused a connection: its TLS handshake failed"
+            );
+        }
+        Err(_) => tracing::debug!("a TLS handshake did not finish in time"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Options of `picket serve`. Each may also be set by its `PICKET_*` environment variable or
 /// in the `--config` file (see `config.rs`): a flag beats the environment, which beats the file,
@@ -76,8 +77,12 @@ pub struct ServeArgs {
     max_pending_acquires: usize,
     /// Most connections open on this node at once (clients' and peers'); past it the node stops
     /// accepting until one closes. The open-files limit is raised to fit it where it can be.
-    #[arg(long, env = "PICKET_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, env = "PICKET_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_CONNECTIONS_BOUND))]
     max_connections: usize,
+    /// How long a connection may stay open with no request or stream open before the node
+    /// closes it (gracefully: an HTTP/2 client connects again on its next call), in ms.
+    #[arg(long, env = "PICKET_IDLE_CONNECTION_TIMEOUT_MS", default_value_t = idle_connection_timeout_ms_default(), value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(100..=86_400_000))]
+    idle_connection_timeout_ms: u64,
     /// Serve TLS with this certificate chain (PEM), signed by --peer-ca. It must name the host
     /// clients and peers use to reach this node and allow both server and client use: the node
     /// presents it to its peers too. Reloaded without a restart when the file changes.
@@ -144,6 +149,11 @@ enum RestoreSessions {
     Keep,
 }
 
+fn idle_connection_timeout_ms_default() -> u64 {
+    let timeout = ServerLimits::default().idle_connection_timeout;
+    u64::try_from(timeout.as_millis()).expect("the default is minutes")
+}
+
 fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
     let mut peers = BTreeMap::new();
     for pair in text.split(',').filter(|pair| !pair.trim().is_empty()) {
@@ -189,6 +199,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_watch_streams: args.max_watch_streams,
             max_pending_acquires: args.max_pending_acquires,
             max_connections: args.max_connections,
+            idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
         },
         tuning,
         tls: args.tls_cert.zip(args.tls_key).zip(args.peer_ca).map(|((cert, key), peer_ca)| {

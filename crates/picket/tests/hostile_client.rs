@@ -8,6 +8,7 @@
 //! The node runs with small WAL segments and frequent snapshots, so log rotation and
 //! compaction happen many times during the test.
 
+use picket_proto::connection::Connection;
 use picket_proto::v1::{self, picket_client::PicketClient};
 use picket_testkit::http::{Reply, get, request_raw};
 use picket_testkit::{ServerProcess, wait_until};
@@ -22,6 +23,8 @@ use std::time::{Duration, Instant};
 
 const MAX_CONNECTIONS: usize = 300;
 const MAX_WATCH_STREAMS: usize = 60;
+const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+const IDLE_HTTP2_CONNECTIONS: usize = 20;
 /// Generous: an honest cycle answered later than this means the node was wedged, not slow.
 const HONEST_BOUND: Duration = Duration::from_secs(5);
 
@@ -128,6 +131,29 @@ impl Honest {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.join().expect("the honest client does not panic")
     }
+}
+
+/// Opens `count` HTTP/2 connections that answer the node's pings but open no stream; the
+/// thread ends once the node has closed every one (or after `limit`) and says how many it
+/// closed.
+fn idle_http2_connections(addr: &str, count: usize, limit: Duration) -> JoinHandle<usize> {
+    let addr = addr.to_owned();
+    std::thread::spawn(move || {
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(async move {
+            let mut open = Vec::new();
+            for _ in 0..count {
+                let connecting = Connection::open(&addr, Duration::from_secs(5), 1 << 16, None);
+                open.push(connecting.await.expect("connects"));
+            }
+            let start = Instant::now();
+            while open.iter().any(|connection| !connection.is_closed()) && start.elapsed() < limit {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            open.iter().filter(|connection| connection.is_closed()).count()
+        })
+    })
 }
 
 /// Sends `count` requests from `threads` threads, each built by `request(i)`; every answer must
@@ -246,6 +272,8 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
         "300",
         "--max-watch-streams",
         "60",
+        "--idle-connection-timeout-ms",
+        "5000",
     ];
     let (dir, mut server) =
         ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &flags);
@@ -255,6 +283,11 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
     let honest = Honest::start(&addr);
 
     // Idle and slow connections, and more connections than the node accepts.
+    let idle_http2 = idle_http2_connections(
+        &addr,
+        IDLE_HTTP2_CONNECTIONS,
+        IDLE_CONNECTION_TIMEOUT * 4 + Duration::from_secs(20),
+    );
     let idle: Vec<TcpStream> =
         (0..100).map(|_| TcpStream::connect(&addr).expect("connect")).collect();
     let slow: Vec<TcpStream> = (0..50).map(|_| slow_connection(&addr)).collect();
@@ -299,6 +332,10 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
     for stream in slow {
         assert_closed_within(stream, Duration::from_secs(20), "a slow connection");
     }
+    // HTTP/2 connections that answer pings but open no stream are closed once idle for
+    // --idle-connection-timeout-ms; the honest client's busy connection is not.
+    let closed_http2 = idle_http2.join().expect("the idle HTTP/2 client does not panic");
+    assert_eq!(closed_http2, IDLE_HTTP2_CONNECTIONS, "idle HTTP/2 connections were left open");
     drop(watches);
     let rss_after_kib = proc_status_kib(pid, "VmRSS:");
     assert!(

@@ -294,12 +294,15 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         );
     }
     let mut stop = shutdown_signal;
-    let max_connections = config.limits.max_connections;
+    let connection_limits = crate::listener::ConnectionLimits {
+        max_connections: config.limits.max_connections,
+        idle_timeout: config.limits.idle_connection_timeout,
+    };
     let serving = tokio::spawn(async move {
         let stopped = async move {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        crate::listener::serve(listener, app, max_connections, tls, stopped).await;
+        crate::listener::serve(listener, app, connection_limits, tls, stopped).await;
     });
     tracing::info!(node = config.node_id, %addr, "serving");
     Ok(ServerHandle { addr, node, shutdown, serving, duties })

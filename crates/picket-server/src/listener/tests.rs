@@ -1,0 +1,118 @@
+use super::*;
+use axum::routing::get;
+use picket_proto::connection::Connection;
+use std::time::Instant;
+
+const IDLE: Duration = Duration::from_millis(300);
+
+/// Streams `chunks` chunks, one every 100 ms: a response that stays open longer than [`IDLE`].
+/// Reads the request's body first, as a gRPC handler does: the test's client (the one the Rust
+/// client uses) sends the body's end after the headers, and a stream answered before that is
+/// closed under it.
+async fn slow_stream(_request: String) -> axum::body::Body {
+    let chunks = futures_util::stream::unfold(0_u32, |sent| async move {
+        if sent == 8 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Some((Ok::<_, std::convert::Infallible>(format!("chunk {sent}\n")), sent + 1))
+    });
+    axum::body::Body::from_stream(chunks)
+}
+
+struct Listening {
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+async fn listen() -> Listening {
+    let app = axum::Router::new()
+        .route("/hello", get(|_request: String| async { "hello" }))
+        .route("/stream", get(slow_stream));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+    let addr = listener.local_addr().expect("bound").to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = ConnectionLimits { max_connections: 8, idle_timeout: IDLE };
+    let serving = tokio::spawn(serve(listener, app, limits, None, async move {
+        let _ = stopped.await;
+    }));
+    Listening { addr, stop: Some(stop), serving }
+}
+
+async fn connect(addr: &str) -> Connection {
+    Connection::open(addr, Duration::from_secs(5), 1 << 16, None).await.expect("connected")
+}
+
+/// Sends GET `path` on `connection` and reads the whole body.
+async fn fetch(connection: &Connection, path: &str) -> String {
+    let origin = connection.origin();
+    let uri = format!("http://{}{path}", origin.authority().expect("host:port"));
+    let request = http::Request::get(uri).body(tonic::body::Body::empty()).expect("a request");
+    let response = connection.clone().oneshot(request).await.expect("an answer");
+    assert_eq!(response.status(), 200);
+    let body = http_body_util_collect(response.into_body()).await;
+    String::from_utf8(body).expect("text")
+}
+
+async fn http_body_util_collect<B>(mut body: B) -> Vec<u8>
+where
+    B: hyper::body::Body + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    let mut all = Vec::new();
+    while let Some(frame) =
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+    {
+        if let Ok(data) = frame.expect("a frame").into_data() {
+            all.extend_from_slice(hyper::body::Buf::chunk(&data));
+        }
+    }
+    all
+}
+
+async fn wait_closed(connection: &Connection, within: Duration) -> Duration {
+    let start = Instant::now();
+    while !connection.is_closed() {
+        assert!(start.elapsed() < within, "the connection is still open after {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_with_no_request_for_the_idle_timeout_is_closed() {
+    let listening = listen().await;
+    let connection = connect(&listening.addr).await;
+    assert_eq!(fetch(&connection, "/hello").await, "hello");
+    assert!(!connection.is_closed(), "open right after a request");
+    let waited = wait_closed(&connection, Duration::from_secs(10)).await;
+    assert!(waited >= IDLE / 2, "closed after {waited:?}, before it was idle long enough");
+    // The client connects again and is served.
+    assert_eq!(fetch(&connect(&listening.addr).await, "/hello").await, "hello");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_open_longer_than_the_idle_timeout_keeps_its_connection() {
+    let listening = listen().await;
+    let connection = connect(&listening.addr).await;
+    let body = fetch(&connection, "/stream").await;
+    assert_eq!(body.lines().count(), 8, "the whole stream arrived: {body:?}");
+    assert!(!connection.is_closed(), "the connection was busy until the stream ended");
+    wait_closed(&connection, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_closes_open_connections_and_ends_the_listener_before_the_drain_timeout() {
+    let mut listening = listen().await;
+    let connection = connect(&listening.addr).await;
+    assert_eq!(fetch(&connection, "/hello").await, "hello");
+    let start = Instant::now();
+    listening.stop.take().expect("not stopped yet").send(()).expect("listening");
+    tokio::time::timeout(DRAIN_TIMEOUT, &mut listening.serving)
+        .await
+        .expect("the listener ended before the drain timeout")
+        .expect("no panic");
+    assert!(start.elapsed() < DRAIN_TIMEOUT);
+    wait_closed(&connection, Duration::from_secs(1)).await;
+}
