@@ -14,18 +14,21 @@ fn main() {
         idempotency_key: None,
         request_digest: None,
     };
+    let now_ms = 1_764_000_000_000;
     let (_, record) =
-        rule::admit("orders/", None, &policy, &presented(40, Some(0))).expect("admitted");
+        rule::admit("orders/", None, &policy, &presented(40, Some(0)), now_ms).expect("admitted");
 
     let mut seq = 0;
     measure("fence rule: same grant, rising seq", 200_000, || {
         seq += 1;
         black_box(
-            rule::admit("orders/", Some(&record), &policy, &presented(40, Some(seq))).is_ok(),
+            rule::admit("orders/", Some(&record), &policy, &presented(40, Some(seq)), now_ms)
+                .is_ok(),
         );
     });
     measure("fence rule: stale token refused", 200_000, || {
-        black_box(rule::admit("orders/", Some(&record), &policy, &presented(39, None)).is_err());
+        let refused = rule::admit("orders/", Some(&record), &policy, &presented(39, None), now_ms);
+        black_box(refused.is_err());
     });
 
     let guarded = Guarded::new("orders/", policy.clone(), 0_u64);

@@ -1,5 +1,6 @@
 //! The in-memory fence: one value guarded by one mutex, for a resource inside one process.
 
+use crate::clock::WallClock;
 use crate::refusal::Refusal;
 use crate::rule::{self, Admission, FenceRecord, Policy, Presented};
 use std::sync::{Mutex, MutexGuard};
@@ -24,6 +25,7 @@ use std::sync::{Mutex, MutexGuard};
 pub struct Guarded<T> {
     resource: String,
     policy: Policy,
+    clock: WallClock,
     state: Mutex<(Option<FenceRecord>, T)>,
 }
 
@@ -39,7 +41,20 @@ pub struct Written<R> {
 impl<T> Guarded<T> {
     /// Guards `value` as `resource` under `policy`.
     pub fn new(resource: impl Into<String>, policy: Policy, value: T) -> Self {
-        Self { resource: resource.into(), policy, state: Mutex::new((None, value)) }
+        Self {
+            resource: resource.into(),
+            policy,
+            clock: WallClock::system(),
+            state: Mutex::new((None, value)),
+        }
+    }
+
+    /// The same guard reading the time it gives the rule from `clock` (the system's wall clock
+    /// unless told otherwise).
+    #[must_use]
+    pub fn with_clock(mut self, clock: WallClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     fn lock_state(&self) -> MutexGuard<'_, (Option<FenceRecord>, T)> {
@@ -58,9 +73,10 @@ impl<T> Guarded<T> {
         presented: &Presented,
         mutate: impl FnOnce(&mut T) -> R,
     ) -> Result<Written<R>, Refusal> {
+        let now_ms = self.clock.now_ms();
         let mut state = self.lock_state();
         let (admission, record) =
-            rule::admit(&self.resource, state.0.as_ref(), &self.policy, presented)?;
+            rule::admit(&self.resource, state.0.as_ref(), &self.policy, presented, now_ms)?;
         state.0 = Some(record);
         let output = admission.should_apply().then(|| mutate(&mut state.1));
         Ok(Written { admission, output })

@@ -21,9 +21,13 @@
 //! from headers, verifies advancing tokens with the lock service, and answers refusals with a
 //! structured 409.
 //!
+//! [`rule`] reads no clock: the backends give it the time from their [`WallClock`] (it only
+//! decides when idempotency keys are forgotten), so every decision can be replayed.
+//!
 //! A refusal is a [`Refusal`] naming the resource, its lock, the presented stamp and the highest
 //! token, so the client can re-read the grant instead of guessing.
 
+mod clock;
 mod guarded;
 #[cfg(feature = "http")]
 pub mod http;
@@ -33,6 +37,7 @@ mod refusal;
 pub mod rule;
 mod store;
 
+pub use clock::WallClock;
 pub use guarded::{Guarded, Written};
 pub use refusal::{Refusal, RefusalReason};
 pub use rule::{Admission, FenceRecord, Policy, Presented, RememberedWrite, Stamp};

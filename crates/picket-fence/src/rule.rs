@@ -14,6 +14,11 @@ use std::collections::VecDeque;
 pub const DEFAULT_REMEMBERED_KEYS: usize = 32;
 /// The most keys a policy may ask a resource to remember: every write rewrites the record.
 pub const MAX_REMEMBERED_KEYS: usize = 1_024;
+/// How long a resource remembers an idempotency key unless its policy says otherwise: a day, as
+/// payment APIs keep theirs.
+pub const DEFAULT_REMEMBER_KEYS_FOR_MS: u64 = 24 * 60 * 60 * 1_000;
+/// The longest a policy may ask a resource to remember a key: 30 days.
+pub const MAX_REMEMBER_KEYS_FOR_MS: u64 = 30 * 24 * 60 * 60 * 1_000;
 
 /// Longest idempotency key, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
@@ -114,7 +119,7 @@ impl Presented {
 }
 
 /// How a resource is guarded: the lock it belongs to, whether it is strict, and how many
-/// idempotency keys it remembers.
+/// idempotency keys it remembers and for how long.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     /// The only lock whose tokens this resource accepts.
@@ -122,21 +127,35 @@ pub struct Policy {
     /// Strict mode: each grant gets exactly one admitted write (the seeds' `token <= max`
     /// refusal taken literally).
     pub strict: bool,
-    /// How many keyed writes the resource remembers (1 to [`MAX_REMEMBERED_KEYS`]). The window
-    /// is a count, not a time: the fence never reads a clock, and a count bounds the record.
+    /// How many keyed writes the resource remembers (1 to [`MAX_REMEMBERED_KEYS`]): the count
+    /// bounds the record.
     #[serde(default = "default_remembered_keys")]
     pub remembered_keys: usize,
+    /// How long, in milliseconds, the resource remembers a keyed write (1 to
+    /// [`MAX_REMEMBER_KEYS_FOR_MS`]), by the `now_ms` its backend gives [`admit`]. A key is
+    /// forgotten at whichever of the count and the time comes first.
+    #[serde(default = "default_remember_keys_for_ms")]
+    pub remember_keys_for_ms: u64,
 }
 
 fn default_remembered_keys() -> usize {
     DEFAULT_REMEMBERED_KEYS
 }
 
+fn default_remember_keys_for_ms() -> u64 {
+    DEFAULT_REMEMBER_KEYS_FOR_MS
+}
+
 impl Policy {
     /// A non-strict policy binding a resource to `lock`.
     #[must_use]
     pub fn new(lock: impl Into<String>) -> Self {
-        Self { lock: lock.into(), strict: false, remembered_keys: DEFAULT_REMEMBERED_KEYS }
+        Self {
+            lock: lock.into(),
+            strict: false,
+            remembered_keys: DEFAULT_REMEMBERED_KEYS,
+            remember_keys_for_ms: DEFAULT_REMEMBER_KEYS_FOR_MS,
+        }
     }
 
     /// The same policy remembering the last `count` keyed writes (clamped to 1 to
@@ -144,6 +163,14 @@ impl Policy {
     #[must_use]
     pub fn remembering_keys(mut self, count: usize) -> Self {
         self.remembered_keys = count.clamp(1, MAX_REMEMBERED_KEYS);
+        self
+    }
+
+    /// The same policy remembering each keyed write for `ms` milliseconds (clamped to 1 to
+    /// [`MAX_REMEMBER_KEYS_FOR_MS`]).
+    #[must_use]
+    pub fn remembering_keys_for_ms(mut self, ms: u64) -> Self {
+        self.remember_keys_for_ms = ms.clamp(1, MAX_REMEMBER_KEYS_FOR_MS);
         self
     }
 
@@ -192,22 +219,49 @@ pub struct RememberedWrite {
     pub stamp: Stamp,
     /// What it did, if the writer said ([`Presented::with_request`]).
     pub request_digest: Option<String>,
+    /// When it was admitted, by the backend's `now_ms` (milliseconds since the Unix epoch).
+    /// Absent in a record written before keys were remembered for a time: such a key's time
+    /// starts at the record's next admission.
+    #[serde(default)]
+    pub admitted_at_ms: Option<u64>,
 }
 
 impl FenceRecord {
     /// Moves the keys of a record written by an earlier version into `remembered`, without a
-    /// request digest (a retry of them is judged by key and stamp, as it was then).
-    fn upgrade(&mut self) {
+    /// request digest (a retry of them is judged by key and stamp, as it was then), and starts
+    /// the time of keys remembered before keys had one at `now_ms`.
+    fn upgrade(&mut self, now_ms: u64) {
         for (key, stamp) in std::mem::take(&mut self.legacy_keys) {
-            self.remembered.push_back(RememberedWrite { key, stamp, request_digest: None });
+            self.remembered.push_back(RememberedWrite {
+                key,
+                stamp,
+                request_digest: None,
+                admitted_at_ms: None,
+            });
+        }
+        for write in &mut self.remembered {
+            write.admitted_at_ms.get_or_insert(now_ms);
         }
     }
 
-    /// Forgets the oldest keyed writes beyond the policy's count.
-    fn forget_keys(&mut self, policy: &Policy) {
+    /// Forgets the oldest keyed writes beyond the policy's count, and those remembered for the
+    /// policy's time by `now_ms`.
+    ///
+    /// Keys are forgotten oldest first. After the backend's clock stepped back, a key admitted
+    /// before the step can sit behind a younger one and is kept until that one goes: remembering
+    /// a key longer only answers a late retry with its original outcome, and the count still
+    /// bounds the record.
+    fn forget_keys(&mut self, policy: &Policy, now_ms: u64) {
         let count = policy.remembered_keys.clamp(1, MAX_REMEMBERED_KEYS);
-        while self.remembered.len() > count {
-            let forgotten = self.remembered.pop_front().expect("more than one is remembered");
+        let window_ms = policy.remember_keys_for_ms.clamp(1, MAX_REMEMBER_KEYS_FOR_MS);
+        while let Some(oldest) = self.remembered.front() {
+            let expired = oldest
+                .admitted_at_ms
+                .is_some_and(|admitted_ms| now_ms.saturating_sub(admitted_ms) >= window_ms);
+            if self.remembered.len() <= count && !expired {
+                break;
+            }
+            let forgotten = self.remembered.pop_front().expect("the oldest is there");
             if forgotten.stamp.seq.is_none() {
                 self.forgotten_unsequenced_token =
                     self.forgotten_unsequenced_token.max(forgotten.stamp.token);
@@ -277,8 +331,13 @@ fn check_common(
     Ok(())
 }
 
-/// Decides a write. On admission returns how, and the record to store with the write; the caller
-/// must store both atomically or neither.
+/// Decides a write at `now_ms` (the backend's wall clock, milliseconds since the Unix epoch;
+/// it only decides when idempotency keys are forgotten). On admission returns how, and the
+/// record to store with the write; the caller must store both atomically or neither.
+///
+/// The rule reads no clock: time is an input, so the decision is the same whenever it is
+/// replayed. A clock that jumps forward forgets keys early (a retry is then refused, never
+/// applied twice); one that steps back keeps them longer.
 ///
 /// # Errors
 /// A [`Refusal`] when the write must not land; the record is then unchanged.
@@ -287,14 +346,16 @@ pub fn admit(
     current: Option<&FenceRecord>,
     policy: &Policy,
     presented: &Presented,
+    now_ms: u64,
 ) -> Result<(Admission, FenceRecord), Refusal> {
     let mut record = current.cloned().unwrap_or_else(|| FenceRecord::empty(policy));
     let stamp = presented.stamp;
     check_common(resource, &record, &presented.lock, stamp)?;
-    record.upgrade();
-    // A policy may remember fewer keys than the record holds: it was written under another
-    // policy, or the store was damaged or edited by hand.
-    record.forget_keys(policy);
+    record.upgrade(now_ms);
+    // Keys remembered for the policy's time are forgotten before the retry is judged. A policy
+    // may also remember fewer keys than the record holds: it was written under another policy,
+    // or the store was damaged or edited by hand.
+    record.forget_keys(policy, now_ms);
     if let Some(key) = &presented.idempotency_key
         && let Some(duplicate) = judge_key(resource, &record, presented, key)?
     {
@@ -306,8 +367,9 @@ pub fn admit(
             key: key.clone(),
             stamp,
             request_digest: presented.request_digest.clone(),
+            admitted_at_ms: Some(now_ms),
         });
-        record.forget_keys(policy);
+        record.forget_keys(policy, now_ms);
     }
     assert!(record.highest_token >= stamp.token, "an admitted token is never above the highest");
     assert!(record.remembered.len() <= MAX_REMEMBERED_KEYS);
@@ -384,8 +446,9 @@ fn judge_stamp(
     Ok(Admission::Same)
 }
 
-/// Decides one write that spans several resources: admitted at all of them or at none. Returns
-/// the overall admission and the new record of each resource, in the order given.
+/// Decides one write that spans several resources at `now_ms` (see [`admit`]): admitted at all
+/// of them or at none. Returns the overall admission and the new record of each resource, in
+/// the order given.
 ///
 /// A retry whose idempotency key any resource remembers with the same stamp is a duplicate as a
 /// whole: nothing is applied and no record changes.
@@ -395,11 +458,12 @@ fn judge_stamp(
 pub fn admit_all(
     resources: &[(&str, Option<&FenceRecord>, &Policy)],
     presented: &Presented,
+    now_ms: u64,
 ) -> Result<(Admission, Vec<FenceRecord>), Refusal> {
     let mut records = Vec::with_capacity(resources.len());
     let mut overall = Admission::Same;
     for (resource, current, policy) in resources {
-        let (admission, record) = admit(resource, *current, policy, presented)?;
+        let (admission, record) = admit(resource, *current, policy, presented, now_ms)?;
         overall = match (overall, admission) {
             (Admission::Duplicate, _) | (_, Admission::Duplicate) => Admission::Duplicate,
             (Admission::Advanced { previous_token }, _)

@@ -5,6 +5,7 @@
 //! default durability fsyncs before `commit` returns, so the highest token is on disk before the
 //! write is acknowledged and survives a crash or restart of the resource.
 
+use crate::clock::WallClock;
 use crate::guarded::Written;
 use crate::refusal::Refusal;
 use crate::rule::{self, FenceRecord, Policy, Presented};
@@ -140,6 +141,7 @@ fn check_key(key: &str) -> Result<(), StoreError> {
 #[derive(Debug)]
 pub struct FencedStore {
     db: Database,
+    clock: WallClock,
 }
 
 impl FencedStore {
@@ -153,7 +155,15 @@ impl FencedStore {
         txn.open_table(FENCES).map_err(storage)?;
         txn.open_table(DATA).map_err(storage)?;
         txn.commit().map_err(storage)?;
-        Ok(Self { db })
+        Ok(Self { db, clock: WallClock::system() })
+    }
+
+    /// The same store reading the time it gives the rule from `clock` (the system's wall clock
+    /// unless told otherwise).
+    #[must_use]
+    pub fn with_clock(mut self, clock: WallClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Admits `presented` at every guard or at none, and if admitted runs `unit` and stores its
@@ -184,7 +194,7 @@ impl FencedStore {
                 .zip(&current)
                 .map(|(guard, record)| (guard.resource, record.as_ref(), guard.policy))
                 .collect();
-            let (decided, records) = rule::admit_all(&inputs, presented)?;
+            let (decided, records) = rule::admit_all(&inputs, presented, self.clock.now_ms())?;
             admission = decided;
             if !admission.should_apply() {
                 return Ok(Written { admission, output: None });

@@ -2,13 +2,16 @@
 //! of admitted writes alone, run through both backends at once: the in-memory `Guarded` and the
 //! durable `FencedStore`, which is closed and reopened at random points (restarts of the
 //! resource). All three must agree on every decision, and the stored data must contain exactly
-//! the admitted writes.
+//! the admitted writes. Both backends read one test clock, which the test moves, so keys are
+//! forgotten by time as well as by count.
 
 use picket_fence::{
     Admission, FencedStore, Guarded, Policy, Presented, RefusalReason, ResourceGuard, Stamp,
-    WriteError,
+    WallClock, WriteError,
 };
 use proptest::prelude::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const LOCK: &str = "orders";
 const RESOURCE: &str = "orders/";
@@ -16,9 +19,21 @@ const TOKENS: [u64; 5] = [3, 7, 7, 12, 20];
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { token: usize, other_lock: bool, seq: Option<u64>, key: Option<u8>, body: u8 },
-    Register { token: usize },
+    Write {
+        token: usize,
+        other_lock: bool,
+        seq: Option<u64>,
+        key: Option<u8>,
+        body: u8,
+    },
+    Register {
+        token: usize,
+    },
     Restart,
+    /// The backends' clock moves forward this many milliseconds.
+    Wait {
+        ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -27,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(token, other_lock, seq, key, body)| Op::Write { token, other_lock, seq, key, body }),
         2 => (0..TOKENS.len()).prop_map(|token| Op::Register { token }),
         1 => Just(Op::Restart),
+        1 => (0_u64..=REMEMBER_KEYS_FOR_MS * 3 / 2).prop_map(|ms| Op::Wait { ms }),
     ]
 }
 
@@ -40,9 +56,13 @@ enum Decision {
 
 /// How many keyed writes the resource remembers in this test: few, so forgetting happens.
 const REMEMBERED_KEYS: usize = 4;
+/// How long the resource remembers a keyed write in this test, in milliseconds.
+const REMEMBER_KEYS_FOR_MS: u64 = 100;
+/// The test clock's first reading.
+const START_MS: u64 = 1_764_000_000_000;
 
-/// An admitted write: token, seq, idempotency key, body.
-type Write = (u64, Option<u64>, Option<String>, u8);
+/// An admitted write: token, seq, idempotency key, body, and when it was admitted.
+type Write = (u64, Option<u64>, Option<String>, u8, u64);
 
 /// Decides from the history: the admitted writes and the registered tokens.
 #[derive(Default)]
@@ -58,19 +78,38 @@ impl Model {
         writes.chain(self.registered.iter().copied()).max().unwrap_or(0)
     }
 
-    fn decide(&self, lock: &str, stamp: Stamp, key: Option<&str>, body: u8) -> Decision {
+    fn decide(
+        &self,
+        lock: &str,
+        stamp: Stamp,
+        key: Option<&str>,
+        body: u8,
+        now_ms: u64,
+    ) -> Decision {
         if lock != LOCK {
             return Decision::Refused("wrong_lock");
         }
         let highest = self.highest();
         if let Some(key) = key {
-            // The last few keyed writes are remembered; the rest are forgotten.
+            // The last few keyed writes are remembered, if not for too long; the rest are
+            // forgotten.
             let keyed: Vec<&Write> =
-                self.admitted.iter().filter(|(_, _, k, _)| k.is_some()).collect();
-            let (forgotten, remembered) =
-                keyed.split_at(keyed.len().saturating_sub(REMEMBERED_KEYS));
-            if let Some((token, seq, _, original_body)) =
-                remembered.iter().find(|(_, _, k, _)| k.as_deref() == Some(key))
+                self.admitted.iter().filter(|(_, _, k, ..)| k.is_some()).collect();
+            let last_few = keyed.len().saturating_sub(REMEMBERED_KEYS);
+            let is_remembered = |position: usize, at_ms: u64| {
+                position >= last_few && now_ms - at_ms < REMEMBER_KEYS_FOR_MS
+            };
+            let mut remembered: Vec<&Write> = Vec::new();
+            let mut forgotten: Vec<&Write> = Vec::new();
+            for (position, write) in keyed.into_iter().enumerate() {
+                if is_remembered(position, write.4) {
+                    remembered.push(write);
+                } else {
+                    forgotten.push(write);
+                }
+            }
+            if let Some((token, seq, _, original_body, _)) =
+                remembered.iter().find(|(_, _, k, ..)| k.as_deref() == Some(key))
             {
                 return if (*token, *seq, *original_body) == (stamp.token, stamp.seq, body) {
                     Decision::Duplicate
@@ -81,10 +120,10 @@ impl Model {
             // A forgotten keyed write without a seq of the current grant: a keyed write of that
             // grant without a seq may be its retry.
             let forgotten_unsequenced =
-                forgotten.iter().any(|(token, seq, _, _)| seq.is_none() && *token == stamp.token);
+                forgotten.iter().any(|(token, seq, ..)| seq.is_none() && *token == stamp.token);
             let newest_forgotten = forgotten
                 .iter()
-                .filter(|(_, seq, _, _)| seq.is_none())
+                .filter(|(_, seq, ..)| seq.is_none())
                 .map(|(token, ..)| *token)
                 .max();
             if stamp.seq.is_none()
@@ -138,16 +177,26 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fence.redb");
         let policy = if strict { Policy::new(LOCK).strict() } else { Policy::new(LOCK) };
-        let policy = policy.remembering_keys(REMEMBERED_KEYS);
+        let policy = policy
+            .remembering_keys(REMEMBERED_KEYS)
+            .remembering_keys_for_ms(REMEMBER_KEYS_FOR_MS);
         let guard = ResourceGuard { resource: RESOURCE, policy: &policy };
-        let mut store = Some(FencedStore::open(&path).unwrap());
-        let memory = Guarded::new(RESOURCE, policy.clone(), Vec::<u64>::new());
+        let now_ms = Arc::new(AtomicU64::new(START_MS));
+        let reading = now_ms.clone();
+        let clock = WallClock::from_fn(move || reading.load(Ordering::SeqCst));
+        let open = || FencedStore::open(&path).unwrap().with_clock(clock.clone());
+        let mut store = Some(open());
+        let memory =
+            Guarded::new(RESOURCE, policy.clone(), Vec::<u64>::new()).with_clock(clock.clone());
         let mut model = Model { strict, ..Model::default() };
         for (index, op) in ops.iter().enumerate() {
             match op {
                 Op::Restart => {
                     drop(store.take());
-                    store = Some(FencedStore::open(&path).unwrap());
+                    store = Some(open());
+                }
+                Op::Wait { ms } => {
+                    now_ms.fetch_add(*ms, Ordering::SeqCst);
                 }
                 Op::Register { token } => {
                     let token = TOKENS[*token];
@@ -167,7 +216,7 @@ proptest! {
                     let mut presented = Presented::new(lock, stamp.token).with_request(&[&[*body]]);
                     presented.stamp = stamp;
                     presented.idempotency_key.clone_from(&key);
-                    let expected = model.decide(lock, stamp, key.as_deref(), *body);
+                    let expected = model.decide(lock, stamp, key.as_deref(), *body, now_ms.load(Ordering::SeqCst));
                     let write_id = index as u64;
                     let in_memory = decision_of(
                         memory
@@ -189,7 +238,7 @@ proptest! {
                     prop_assert_eq!(in_memory, expected, "memory, op {} {:?}", index, op);
                     prop_assert_eq!(durable, expected, "store, op {} {:?}", index, op);
                     if expected == Decision::Admitted {
-                        model.admitted.push((stamp.token, stamp.seq, key, *body));
+                        model.admitted.push((stamp.token, stamp.seq, key, *body, now_ms.load(Ordering::SeqCst)));
                     }
                 }
             }

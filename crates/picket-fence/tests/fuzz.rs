@@ -37,8 +37,13 @@ fn key() -> impl Strategy<Value = String> {
 /// remembered keys (more than any policy allows), a `seq` without a token.
 fn record() -> impl Strategy<Value = FenceRecord> {
     let remembered = || {
-        (key(), stamp(), proptest::option::of("[0-9a-f]{0,64}"))
-            .prop_map(|(key, stamp, request_digest)| RememberedWrite { key, stamp, request_digest })
+        (key(), stamp(), proptest::option::of("[0-9a-f]{0,64}"), proptest::option::of(edge_u64()))
+            .prop_map(|(key, stamp, request_digest, admitted_at_ms)| RememberedWrite {
+                key,
+                stamp,
+                request_digest,
+                admitted_at_ms,
+            })
     };
     (
         proptest::sample::select(vec!["orders", "other", ""]),
@@ -124,16 +129,20 @@ proptest! {
         presented in presented(),
         strict in any::<bool>(),
         remembered_keys in 0_usize..8,
+        remember_keys_for_ms in edge_u64(),
+        now_ms in edge_u64(),
     ) {
-        let policy = Policy::new("orders").remembering_keys(remembered_keys);
+        let policy = Policy::new("orders")
+            .remembering_keys(remembered_keys)
+            .remembering_keys_for_ms(remember_keys_for_ms);
         let policy = if strict { policy.strict() } else { policy };
-        if let Ok((admission, next)) = rule::admit("orders/", current.as_ref(), &policy, &presented) {
+        if let Ok((admission, next)) = rule::admit("orders/", current.as_ref(), &policy, &presented, now_ms) {
             // A duplicate only reports what the record remembers, however inconsistent.
             prop_assert!(!admission.should_apply() || next.highest_token >= presented.stamp.token);
             prop_assert!(next.remembered.len() <= rule::MAX_REMEMBERED_KEYS);
         }
         let inputs = [("orders/", current.as_ref(), &policy), ("orders/b", None, &policy)];
-        let _ = rule::admit_all(&inputs, &presented);
+        let _ = rule::admit_all(&inputs, &presented, now_ms);
         let token = presented.stamp.token;
         if let Ok(next) = rule::register("orders/", current.as_ref(), &policy, &presented.lock, token) {
             prop_assert!(next.highest_token >= token);

@@ -382,7 +382,16 @@ impl World {
             true
         } else {
             let policy = Policy::new(LOCK);
-            match picket_fence::rule::admit(RESOURCE, self.fence.as_ref(), &policy, &presented) {
+            // The writes carry no idempotency key, so the time (which only forgets keys) is
+            // not part of this world's state.
+            let now_ms = 0;
+            match picket_fence::rule::admit(
+                RESOURCE,
+                self.fence.as_ref(),
+                &policy,
+                &presented,
+                now_ms,
+            ) {
                 Ok((_, record)) => {
                     self.fence = Some(record);
                     true

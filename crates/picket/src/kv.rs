@@ -41,8 +41,9 @@ enum KvCommand {
     Get(ReadArgs),
 }
 
-// `--remembered-keys` is bounded by the fence's own bound.
+// `--remembered-keys` and `--remember-keys-for-ms` are bounded by the fence's own bounds.
 const _: () = assert!(picket_fence::rule::MAX_REMEMBERED_KEYS == 1_024);
+const _: () = assert!(picket_fence::rule::MAX_REMEMBER_KEYS_FOR_MS == 2_592_000_000);
 
 #[derive(Debug, Args)]
 struct ServeArgs {
@@ -80,6 +81,12 @@ struct ServeArgs {
     #[arg(long, default_value_t = picket_fence::rule::DEFAULT_REMEMBERED_KEYS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_024))]
     remembered_keys: usize,
+    /// How long each guarded resource remembers an idempotency key, in milliseconds (a day
+    /// unless told; at most 30 days). A key is forgotten at whichever of this and
+    /// --remembered-keys comes first; a retry after it is refused, never applied twice.
+    #[arg(long, default_value_t = picket_fence::rule::DEFAULT_REMEMBER_KEYS_FOR_MS,
+          value_parser = clap::value_parser!(u64).range(1..=2_592_000_000))]
+    remember_keys_for_ms: u64,
     /// Take only sequencers signed by the lock service with one of the public keys in this PEM
     /// file (one or more `PUBLIC KEY` blocks, e.g. `openssl pkey -in signing-key.pem -pubout`):
     /// a forged, altered or unsigned sequencer is refused with 403 `bad_signature` before any
@@ -190,7 +197,12 @@ async fn serve(args: ServeArgs, connect: crate::connect::Connect) -> anyhow::Res
                 .iter()
                 .map(|(prefix, lock)| (prefix.clone(), Policy::new(lock.clone()).strict())),
         )
-        .map(|(prefix, policy)| (prefix, policy.remembering_keys(args.remembered_keys)))
+        .map(|(prefix, policy)| {
+            let policy = policy
+                .remembering_keys(args.remembered_keys)
+                .remembering_keys_for_ms(args.remember_keys_for_ms);
+            (prefix, policy)
+        })
         .collect();
     let checker: Option<Arc<dyn GrantChecker>> = if args.no_verify {
         None

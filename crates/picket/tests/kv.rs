@@ -7,7 +7,7 @@ use picket_testkit::{ServerProcess, temp_dir, wait_until};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PICKET: &str = env!("CARGO_BIN_EXE_picket");
 
@@ -304,6 +304,29 @@ fn units_idempotent_retries_and_strict_mode() {
     let (_, once) = world.acquire("once");
     assert_eq!(put(&world, "once/x", Some(&once), "1").status, 200);
     assert_eq!(put(&world, "once/x", Some(&once), "2").body["code"], "strict_repeat");
+}
+
+/// Issue 13, point 3: a key is kept for a stated time as well as a count. Within it a retry
+/// gets the original outcome; after it the retry is refused, never applied twice.
+#[test]
+fn idempotency_keys_are_forgotten_after_their_time_and_a_late_retry_is_refused() {
+    let world = World::start(&["--no-verify", "--remember-keys-for-ms", "1000"]);
+    let (_, sequencer) = world.acquire("res");
+    let keyed = [("Idempotency-Key", "op-1")];
+    let write = || kv_request(&world.kv.addr, "PUT", "/kv/res/1", Some(&sequencer), b"v", &keyed);
+    let written = Instant::now();
+    assert_eq!(write().body["admission"], "advanced");
+    assert_eq!(write().body["admission"], "duplicate", "a retry within the time");
+    let refused = wait_until("the key to be forgotten", Duration::from_secs(10), || {
+        let late = write();
+        (late.status == 409).then_some(late)
+    });
+    assert_eq!(refused.body["code"], "idempotency_window_passed", "{}", refused.text);
+    assert!(
+        written.elapsed() >= Duration::from_secs(1),
+        "forgotten early: {:?}",
+        written.elapsed()
+    );
 }
 
 /// Bad input gets a clear error and changes nothing.

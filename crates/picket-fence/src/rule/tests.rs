@@ -9,13 +9,26 @@ fn write(lock: &str, token: u64, seq: Option<u64>) -> Presented {
     }
 }
 
+/// The backend's wall clock in these tests, unless a test moves it.
+const NOW_MS: u64 = 1_764_000_000_000;
+
 /// Applies a write to `record` and returns the reason if refused.
 fn step(
     record: &mut Option<FenceRecord>,
     policy: &Policy,
     presented: &Presented,
 ) -> Result<Admission, RefusalReason> {
-    match admit("res", record.as_ref(), policy, presented) {
+    step_at(record, policy, presented, NOW_MS)
+}
+
+/// [`step`] at `now_ms`.
+fn step_at(
+    record: &mut Option<FenceRecord>,
+    policy: &Policy,
+    presented: &Presented,
+    now_ms: u64,
+) -> Result<Admission, RefusalReason> {
+    match admit("res", record.as_ref(), policy, presented, now_ms) {
         Ok((admission, next)) => {
             *record = Some(next);
             Ok(admission)
@@ -166,6 +179,72 @@ fn idempotency_retry_after_its_key_was_forgotten_is_refused_never_applied_twice(
     assert!(step(&mut record, &policy, &write("a", 6, None)).is_ok(), "unkeyed writes as ever");
 }
 
+/// Issue 13, point 3: keys are kept for a stated time as well as a count. Within the time a
+/// retry gets the original outcome; after it the retry is refused, never applied twice.
+#[test]
+fn idempotency_retry_after_its_key_was_remembered_for_its_time_is_refused_never_applied_twice() {
+    let policy = Policy::new("a").remembering_keys_for_ms(60_000);
+    let mut record = None;
+    let keyed = |key: &str| write("a", 5, None).with_idempotency_key(key);
+    assert!(step_at(&mut record, &policy, &keyed("k0"), NOW_MS).is_ok());
+    assert_eq!(
+        step_at(&mut record, &policy, &keyed("k0"), NOW_MS + 59_999),
+        Ok(Admission::Duplicate),
+        "within the time: the original outcome"
+    );
+    assert_eq!(
+        step_at(&mut record, &policy, &keyed("k0"), NOW_MS + 60_000),
+        Err(RefusalReason::IdempotencyWindowPassed),
+        "after it: refused, since it cannot be told from a new write of the grant"
+    );
+    // With a seq the retry is a replay, told apart from a new write by its order.
+    let sequenced = |key: &str, seq| write("a", 5, Some(seq)).with_idempotency_key(key);
+    assert!(step_at(&mut record, &policy, &sequenced("s1", 1), NOW_MS + 70_000).is_ok());
+    assert_eq!(
+        step_at(&mut record, &policy, &sequenced("s1", 1), NOW_MS + 200_000),
+        Err(RefusalReason::Replay { last_seq: 1 })
+    );
+}
+
+/// A backend clock that steps back never makes the fence forget a key early: it is kept until
+/// the time has passed by the clock that remembered it and by the count.
+#[test]
+fn idempotency_keys_outlive_a_clock_that_steps_back() {
+    let policy = Policy::new("a").remembering_keys_for_ms(60_000);
+    let mut record = None;
+    let keyed = |key: &str| write("a", 5, None).with_idempotency_key(key);
+    assert!(step_at(&mut record, &policy, &keyed("k0"), NOW_MS).is_ok());
+    assert!(step_at(&mut record, &policy, &keyed("k1"), NOW_MS - 3_600_000).is_ok());
+    assert_eq!(
+        step_at(&mut record, &policy, &keyed("k0"), NOW_MS - 3_600_000 + 1),
+        Ok(Admission::Duplicate)
+    );
+    assert_eq!(
+        step_at(&mut record, &policy, &keyed("k1"), NOW_MS + 1),
+        Ok(Admission::Duplicate),
+        "k1 sits behind k0, which is not due yet"
+    );
+}
+
+/// Keys remembered before they had a time start their time at the record's next admission.
+#[test]
+fn idempotency_keys_remembered_without_a_time_start_it_at_the_next_admission() {
+    let policy = Policy::new("a").remembering_keys_for_ms(60_000);
+    let old = r#"{"lock":"a","strict":false,"highest_token":7,"last_seq":null,"spent":true,
+            "remembered":[{"key":"k","stamp":{"token":7,"seq":null},"request_digest":null}]}"#;
+    let record: FenceRecord = serde_json::from_str(old).expect("a record without times decodes");
+    let mut record = Some(record);
+    let retry = write("a", 7, None).with_idempotency_key("k");
+    assert_eq!(step_at(&mut record, &policy, &retry, NOW_MS), Ok(Admission::Duplicate));
+    let unrelated = write("a", 7, Some(1));
+    assert!(step_at(&mut record, &policy, &unrelated, NOW_MS).is_ok());
+    assert_eq!(record.as_ref().unwrap().remembered[0].admitted_at_ms, Some(NOW_MS));
+    assert_eq!(
+        step_at(&mut record, &policy, &retry, NOW_MS + 60_000),
+        Err(RefusalReason::IdempotencyWindowPassed)
+    );
+}
+
 /// Found in review: a record written before `remembered` existed kept its keys under
 /// `recent_keys`, which the new record ignored, so a retry of a keyed write admitted before an
 /// upgrade was applied a second time after it.
@@ -176,10 +255,10 @@ fn idempotency_keys_of_a_record_from_before_the_upgrade_still_count() {
             "recent_keys":[["k",{"token":7,"seq":null}]]}"#;
     let record: FenceRecord = serde_json::from_str(old).expect("an old record decodes");
     let retry = write("a", 7, None).with_idempotency_key("k");
-    let (admission, upgraded) = admit("res", Some(&record), &policy, &retry).unwrap();
+    let (admission, upgraded) = admit("res", Some(&record), &policy, &retry, NOW_MS).unwrap();
     assert_eq!(admission, Admission::Duplicate, "the retry is not applied again");
     let new = write("a", 7, None).with_idempotency_key("other");
-    let (_, next) = admit("res", Some(&upgraded), &policy, &new).unwrap();
+    let (_, next) = admit("res", Some(&upgraded), &policy, &new, NOW_MS).unwrap();
     assert_eq!(next.remembered.len(), 2);
     let json = serde_json::to_string(&next).expect("serializes");
     assert!(!json.contains("recent_keys"), "{json}");
@@ -193,18 +272,23 @@ fn fuzz_a_record_holding_more_keys_than_any_policy_allows_is_trimmed_not_a_panic
     let mut record = FenceRecord::empty(&policy);
     let stamp = Stamp { token: 1, seq: Some(0) };
     record.remembered = (0..=MAX_REMEMBERED_KEYS)
-        .map(|n| RememberedWrite { key: format!("k{n}"), stamp, request_digest: None })
+        .map(|n| RememberedWrite {
+            key: format!("k{n}"),
+            stamp,
+            request_digest: None,
+            admitted_at_ms: Some(NOW_MS),
+        })
         .collect();
-    let (_, next) = admit("res", Some(&record), &policy, &write("a", 2, None)).unwrap();
+    let (_, next) = admit("res", Some(&record), &policy, &write("a", 2, None), NOW_MS).unwrap();
     assert_eq!(next.remembered.len(), DEFAULT_REMEMBERED_KEYS);
 }
 
 #[test]
 fn refusal_carries_what_the_client_needs() {
     let policy = Policy::new("orders");
-    let record = admit("orders/db", None, &policy, &write("orders", 9, None)).unwrap().1;
-    let refusal =
-        admit("orders/db", Some(&record), &policy, &write("orders", 8, Some(3))).unwrap_err();
+    let record = admit("orders/db", None, &policy, &write("orders", 9, None), NOW_MS).unwrap().1;
+    let refusal = admit("orders/db", Some(&record), &policy, &write("orders", 8, Some(3)), NOW_MS)
+        .unwrap_err();
     assert_eq!(refusal.resource, "orders/db");
     assert_eq!(refusal.lock, "orders");
     assert_eq!(refusal.presented, Stamp { token: 8, seq: Some(3) });

@@ -81,6 +81,7 @@ impl World {
                     self.resource.record.as_ref(),
                     &self.policy,
                     &Self::presented(grant),
+                    self.now_us / 1_000,
                 ) {
                     Ok((_, record)) => {
                         self.resource.record = Some(record);
