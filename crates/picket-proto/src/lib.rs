@@ -5,11 +5,15 @@
 //! - [`v1::raft_client`] / [`v1::raft_server`]: node-to-node Raft traffic. Its messages carry
 //!   openraft's own serialized requests, so the transport never has to mirror openraft's types.
 //!
+//! Beside them: [`connection`], the HTTP/2 connection the Rust client and the peers use;
+//! [`http1`], the HTTP/1.1 client for the JSON API and fenced resources; [`tls`].
+//!
 //! Errors travel as a gRPC status whose message is meant for people, plus metadata for programs:
 //! [`ERROR_CODE_KEY`] (the stable code), and where they apply [`LEADER_KEY`] and
 //! [`HOLDER_TOKEN_KEY`].
 
 pub mod connection;
+pub mod http1;
 pub mod tls;
 
 /// The generated types of package `picket.v1`.

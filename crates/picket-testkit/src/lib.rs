@@ -1,7 +1,7 @@
 //! Test support shared by Picket's integration tests.
 //!
-//! - [`http`]: a minimal blocking HTTP/1.1 JSON client, so tests exercise the API as `curl`
-//!   would, without pulling a full HTTP client into the build.
+//! - [`http`]: blocking calls to the HTTP/JSON API, as `curl` would make them, through the one
+//!   HTTP/1.1 client Picket has (`picket_proto::http1`).
 //! - [`ServerProcess`]: a `picket serve` process on a free loopback port, with its own data
 //!   directory, that can be killed with SIGKILL and restarted on the same data.
 //! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
@@ -11,8 +11,8 @@
 pub mod cluster;
 pub mod pki;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,11 +67,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A minimal HTTP/1.1 client speaking JSON.
 pub mod http {
-    use super::{BufRead, BufReader, Read, TcpStream, Write};
+    //! Blocking calls to the HTTP/JSON API through Picket's one HTTP/1.1 client
+    //! (`picket_proto::http1`), as `curl` would make them: a connection per request.
+
+    use picket_proto::http1::{Http1Connection, Http1Error, Http1Stream};
     use serde_json::Value;
+    use std::future::Future;
     use std::time::Duration;
+
+    /// Longest time one request, or one wait for a server-sent event, may take.
+    const TIMEOUT: Duration = Duration::from_secs(60);
 
     /// A response: status code and body parsed as JSON (`Null` when empty or not JSON).
     #[derive(Debug, Clone)]
@@ -95,6 +101,77 @@ pub mod http {
         }
     }
 
+    /// Runs `future` to its end on `runtime`, from a thread of its own when the caller is
+    /// already inside a runtime (an async test), where blocking on another is not allowed.
+    fn run<F>(runtime: &Runtime, future: F) -> F::Output
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        let runtime = runtime.0.as_ref().expect("a runtime until dropped");
+        if tokio::runtime::Handle::try_current().is_err() {
+            return runtime.block_on(future);
+        }
+        std::thread::scope(|scope| {
+            scope.spawn(|| runtime.block_on(future)).join().expect("the request does not panic")
+        })
+    }
+
+    /// A runtime of the caller's own that may be dropped anywhere, an async test included.
+    #[derive(Debug)]
+    struct Runtime(Option<tokio::runtime::Runtime>);
+
+    impl Runtime {
+        fn new() -> Self {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            Self(Some(runtime))
+        }
+    }
+
+    impl Drop for Runtime {
+        fn drop(&mut self) {
+            // Dropping a runtime blocks, which an async caller may not do; this does not.
+            if let Some(runtime) = self.0.take() {
+                runtime.shutdown_background();
+            }
+        }
+    }
+
+    /// Sends one request with `body` and `content_type`, as `caller` says, on a connection of
+    /// its own, and reads the whole reply.
+    ///
+    /// # Errors
+    /// When the connection or the TLS handshake fails, or no whole answer comes within 60 s.
+    pub fn request_bytes(
+        addr: &str,
+        caller: &As,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> Result<Reply, String> {
+        let method: http::Method =
+            method.parse().map_err(|error| format!("method {method:?}: {error}"))?;
+        let mut headers: Vec<(&str, String)> = vec![("content-type", content_type.to_owned())];
+        if let Some(token) = &caller.bearer_token {
+            headers.push(("authorization", format!("Bearer {token}")));
+        }
+        headers.extend(caller.headers.iter().map(|(name, value)| (name.as_str(), value.clone())));
+        let sending = async {
+            let mut connection = Http1Connection::open(addr, caller.tls.clone()).await?;
+            connection.send(method, path, &headers, body).await
+        };
+        let reply = run(&Runtime::new(), async { tokio::time::timeout(TIMEOUT, sending).await })
+            .map_err(|_| format!("no answer within {TIMEOUT:?}"))?
+            .map_err(|error: Http1Error| error.to_string())?;
+        let text = reply.text();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Reply { status: reply.status, body, text, headers: reply.headers })
+    }
+
     /// Sends one request and reads the whole response. `body` is sent as JSON when present.
     ///
     /// # Panics
@@ -105,7 +182,7 @@ pub mod http {
         request_raw(addr, method, path, raw.as_deref().map(str::as_bytes), "application/json")
     }
 
-    /// Sends raw bytes as the body.
+    /// Sends raw bytes as the body, with `content_type`.
     ///
     /// # Panics
     /// When the connection fails or the response is not HTTP.
@@ -117,7 +194,8 @@ pub mod http {
         body: Option<&[u8]>,
         content_type: &str,
     ) -> Reply {
-        try_request_raw(addr, method, path, body, content_type)
+        let body = body.unwrap_or_default().to_vec();
+        request_bytes(addr, &As::default(), method, path, body, content_type)
             .unwrap_or_else(|error| panic!("{method} {path} at {addr}: {error}"))
     }
 
@@ -132,31 +210,7 @@ pub mod http {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Reply, String> {
-        let raw = body.map(Value::to_string);
-        try_request_raw(addr, method, path, raw.as_deref().map(str::as_bytes), "application/json")
-    }
-
-    fn try_request_raw(
-        addr: &str,
-        method: &str,
-        path: &str,
-        body: Option<&[u8]>,
-        content_type: &str,
-    ) -> Result<Reply, String> {
-        let mut stream = TcpStream::connect(addr).map_err(|error| format!("connect: {error}"))?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .map_err(|error| error.to_string())?;
-        let body = body.unwrap_or_default();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).map_err(|error| format!("send: {error}"))?;
-        // The server may answer (e.g. 413) before reading the whole body and close; ignore
-        // write errors past the head.
-        let _ = stream.write_all(body);
-        read_reply(stream)
+        request_as(addr, &As::default(), method, path, body)
     }
 
     /// How a request is sent: over TLS with this configuration, with this bearer token.
@@ -181,99 +235,8 @@ pub mod http {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Reply, String> {
-        let stream = TcpStream::connect(addr).map_err(|error| format!("connect: {error}"))?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .map_err(|error| error.to_string())?;
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let authorization = caller
-            .bearer_token
-            .as_ref()
-            .map(|token| format!("Authorization: Bearer {token}\r\n"))
-            .unwrap_or_default();
-        let extra: String =
-            caller.headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{authorization}{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        let send = |mut io: Box<dyn ReadWrite>| -> Result<Reply, String> {
-            io.write_all(head.as_bytes()).map_err(|error| format!("send: {error}"))?;
-            io.write_all(body.as_bytes()).map_err(|error| format!("send: {error}"))?;
-            io.flush().map_err(|error| format!("send: {error}"))?;
-            read_reply(io)
-        };
-        match &caller.tls {
-            None => send(Box::new(stream)),
-            Some(config) => {
-                let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).to_owned();
-                let name = rustls::pki_types::ServerName::try_from(host)
-                    .map_err(|error| error.to_string())?;
-                let connection = rustls::ClientConnection::new(config.clone(), name)
-                    .map_err(|error| error.to_string())?;
-                send(Box::new(rustls::StreamOwned::new(connection, stream)))
-            }
-        }
-    }
-
-    /// A byte stream in both directions: TCP, or TLS over TCP.
-    trait ReadWrite: Read + Write {}
-    impl<T: Read + Write> ReadWrite for T {}
-
-    fn read_reply(stream: impl Read) -> Result<Reply, String> {
-        let io = |error: std::io::Error| format!("receive: {error}");
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line).map_err(io)?;
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| format!("not an HTTP status line: {status_line:?}"))?;
-        let mut content_length = None;
-        let mut chunked = false;
-        let mut headers = Vec::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).map_err(io)?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            let lower = line.to_ascii_lowercase();
-            if let Some((name, value)) = line.split_once(':') {
-                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
-            }
-            if let Some(value) = lower.strip_prefix("content-length:") {
-                content_length = value.trim().parse::<usize>().ok();
-            }
-            if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
-                chunked = true;
-            }
-        }
-        let mut bytes = Vec::new();
-        if chunked {
-            loop {
-                let mut size = String::new();
-                reader.read_line(&mut size).map_err(io)?;
-                let size =
-                    usize::from_str_radix(size.trim(), 16).map_err(|error| error.to_string())?;
-                if size == 0 {
-                    break;
-                }
-                let mut chunk = vec![0; size + 2];
-                reader.read_exact(&mut chunk).map_err(io)?;
-                bytes.extend_from_slice(&chunk[..size]);
-            }
-        } else if let Some(length) = content_length {
-            bytes.resize(length, 0);
-            reader.read_exact(&mut bytes).map_err(io)?;
-        } else {
-            reader.read_to_end(&mut bytes).map_err(io)?;
-        }
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(Reply { status, body, text, headers })
+        let body = body.map(Value::to_string).unwrap_or_default().into_bytes();
+        request_bytes(addr, caller, method, path, body, "application/json")
     }
 
     /// `GET path`.
@@ -294,44 +257,55 @@ pub mod http {
     /// When the connection fails or the server refuses the stream.
     #[must_use]
     pub fn events(addr: &str, path: &str) -> EventStream {
-        let mut stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("set a timeout");
-        let head =
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
-        stream.write_all(head.as_bytes()).expect("send the head");
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line).expect("read the status line");
-        assert!(status_line.contains(" 200 "), "the watch was refused: {status_line}");
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).expect("read a header");
-            if line.trim_end().is_empty() {
-                break;
-            }
-        }
-        EventStream { reader }
+        let runtime = Runtime::new();
+        let headers = [("accept", "text/event-stream".to_owned())];
+        let opening = async {
+            let mut connection = Http1Connection::open(addr, None).await?;
+            let stream =
+                connection.open_stream(http::Method::GET, path, &headers, Vec::new()).await?;
+            Ok::<_, Http1Error>((connection, stream))
+        };
+        let (connection, stream) = run(&runtime, async {
+            tokio::time::timeout(TIMEOUT, opening).await.expect("the watch answered in time")
+        })
+        .expect("the watch opens");
+        assert_eq!(stream.status, 200, "the watch was refused");
+        EventStream { runtime, _connection: connection, stream, pending: String::new() }
     }
 
     /// The `data:` payloads of a server-sent events stream.
     #[derive(Debug)]
     pub struct EventStream {
-        reader: BufReader<TcpStream>,
+        runtime: Runtime,
+        /// Kept open for as long as the stream is read.
+        _connection: Http1Connection,
+        stream: Http1Stream,
+        /// Text received and not yet read as lines.
+        pending: String,
     }
 
     impl EventStream {
-        /// The next event's data, parsed as JSON. Skips keep-alive comments and chunk framing.
+        /// The next event's data, parsed as JSON. Skips keep-alive comments.
         ///
         /// # Panics
-        /// When the stream ends or times out.
+        /// When the stream ends or no event comes within 60 s.
         pub fn next_json(&mut self) -> Value {
             loop {
-                let mut line = String::new();
-                let read = self.reader.read_line(&mut line).expect("read the event stream");
-                assert!(read > 0, "the event stream ended");
-                if let Some(data) = line.trim_end().strip_prefix("data:") {
-                    return serde_json::from_str(data.trim()).expect("event data is JSON");
+                while let Some((line, rest)) = self.pending.split_once('\n') {
+                    let data = line.trim_end().strip_prefix("data:").map(str::to_owned);
+                    self.pending = rest.to_owned();
+                    if let Some(data) = data {
+                        return serde_json::from_str(data.trim()).expect("event data is JSON");
+                    }
                 }
+                let stream = &mut self.stream;
+                let chunk = run(&self.runtime, async {
+                    tokio::time::timeout(TIMEOUT, stream.next_chunk()).await
+                })
+                .expect("an event within the timeout")
+                .expect("the event stream is readable")
+                .expect("the event stream ended");
+                self.pending.push_str(&String::from_utf8_lossy(&chunk));
             }
         }
     }

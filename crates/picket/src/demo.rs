@@ -14,9 +14,9 @@
 //! thread (what a stopped process sends: nothing); client 2 uses the Rust client library.
 //! Everything it started is stopped and its directory removed, on success, failure or Ctrl-C.
 
-use crate::http_client;
 use anyhow::{Context, bail};
 use hyper::Method;
+use picket_proto::http1;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -187,7 +187,7 @@ async fn race(picket: &str, store: &str) -> anyhow::Result<Race> {
     let stale = put(&key_url, &sequencer1, "written by client 1 after its pause").await?;
     let verdict = if stale.status == 200 { "ADMITTED" } else { "REFUSED" };
     say("store", format!("{verdict}: {} {}", stale.status, stale.text()));
-    let value = http_client::send(Method::GET, &key_url, &[], Vec::new()).await?;
+    let value = http1::send(Method::GET, &key_url, &[], Vec::new()).await?;
     say("store", format!("{} now holds {:?}", "demo/report", value.text()));
     grant.release().await?;
     session2.close().await?;
@@ -201,15 +201,14 @@ async fn race(picket: &str, store: &str) -> anyhow::Result<Race> {
 
 async fn post_json(url: &str, body: &Value) -> anyhow::Result<Value> {
     let headers = [("content-type", "application/json".to_owned())];
-    let reply =
-        http_client::send(Method::POST, url, &headers, body.to_string().into_bytes()).await?;
+    let reply = http1::send(Method::POST, url, &headers, body.to_string().into_bytes()).await?;
     if reply.status != 200 {
         bail!("{url} answered {}: {}", reply.status, reply.text());
     }
     Ok(serde_json::from_slice(&reply.body)?)
 }
 
-async fn put(url: &str, sequencer: &str, value: &str) -> anyhow::Result<http_client::HttpReply> {
+async fn put(url: &str, sequencer: &str, value: &str) -> anyhow::Result<http1::Http1Reply> {
     let headers = [("picket-sequencer", sequencer.to_owned())];
-    http_client::send(Method::PUT, url, &headers, value.as_bytes().to_vec()).await
+    Ok(http1::send(Method::PUT, url, &headers, value.as_bytes().to_vec()).await?)
 }

@@ -3,11 +3,11 @@
 //! client library's [`Guard::fenced`](picket_client::Guard::fenced) by `picket lock --fence`
 //! and by `picket bench --kv`.
 
-use crate::http_client;
 use futures_util::future::BoxFuture;
 use picket_client::{FenceRegistration, RegistrationError};
 use picket_core::Sequencer;
 use picket_fence::http::SEQUENCER_HEADER;
+use picket_proto::http1;
 
 /// A fenced resource reached over HTTP.
 #[derive(Clone, Debug)]
@@ -23,7 +23,7 @@ impl HttpFence {
 
     async fn post(&self, sequencer: &Sequencer) -> anyhow::Result<()> {
         let headers = [(SEQUENCER_HEADER, sequencer.to_string())];
-        let reply = http_client::send(hyper::Method::POST, &self.url, &headers, Vec::new()).await?;
+        let reply = http1::send(hyper::Method::POST, &self.url, &headers, Vec::new()).await?;
         if !(200..300).contains(&reply.status) {
             anyhow::bail!("refused ({}): {}", reply.status, reply.text());
         }

@@ -3,7 +3,6 @@
 //! `--guard PREFIX=LOCK` is one guarded resource bound to one lock; writes to keys outside every
 //! guard are refused. Verify on advance asks Picket through the Rust client.
 
-use crate::http_client;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use futures_util::future::BoxFuture;
@@ -15,6 +14,7 @@ use picket_fence::http::{
     CheckError, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
 };
 use picket_kv::KvConfig;
+use picket_proto::http1;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -271,7 +271,7 @@ fn stamp_headers(
 }
 
 /// Prints the store's answer; refusals go to stderr with the structured fields.
-fn report(reply: &http_client::HttpReply) -> ExitCode {
+fn report(reply: &http1::Http1Reply) -> ExitCode {
     let body: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
     if (200..300).contains(&reply.status) {
         println!("{}", reply.text());
@@ -295,9 +295,9 @@ async fn write_command(args: WriteArgs, is_put: bool) -> anyhow::Result<ExitCode
     let headers: Vec<(&str, String)> = headers.into_iter().collect();
     let reply = if is_put {
         let value = args.value.context("give the value to write")?;
-        http_client::send(hyper::Method::PUT, &url, &headers, value.into_bytes()).await?
+        http1::send(hyper::Method::PUT, &url, &headers, value.into_bytes()).await?
     } else {
-        http_client::send(hyper::Method::DELETE, &url, &headers, Vec::new()).await?
+        http1::send(hyper::Method::DELETE, &url, &headers, Vec::new()).await?
     };
     Ok(report(&reply))
 }
@@ -306,7 +306,7 @@ async fn read_command(args: ReadArgs) -> anyhow::Result<ExitCode> {
     let url = key_url(&args.kv, &args.key);
     let headers =
         args.sequencer.map(|sequencer| stamp_headers(&sequencer, None, None)).unwrap_or_default();
-    let reply = http_client::send(hyper::Method::GET, &url, &headers, Vec::new()).await?;
+    let reply = http1::send(hyper::Method::GET, &url, &headers, Vec::new()).await?;
     if reply.status == 200 {
         use std::io::Write;
         std::io::stdout().write_all(&reply.body)?;

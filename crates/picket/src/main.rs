@@ -8,7 +8,6 @@ mod config;
 mod connect;
 mod demo;
 mod duration;
-mod http_client;
 mod http_fence;
 mod kv;
 mod lock_cmd;

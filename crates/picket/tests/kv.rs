@@ -4,7 +4,7 @@
 
 use picket_testkit::http::{self, Reply};
 use picket_testkit::{ServerProcess, temp_dir, wait_until};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -96,33 +96,13 @@ fn kv_request(
     body: &[u8],
     extra: &[(&str, &str)],
 ) -> Reply {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: kv\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(sequencer) = sequencer {
-        head.push_str(&format!("Picket-Sequencer: {sequencer}\r\n"));
-    }
-    for (name, value) in extra {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    std::io::Read::read_to_end(&mut stream, &mut response).unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body_text =
-        text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
-    Reply {
-        status,
-        body: serde_json::from_str(&body_text).unwrap_or(Value::Null),
-        text: body_text,
-        headers: Vec::new(),
-    }
+    let sequencer =
+        sequencer.map(|sequencer| ("Picket-Sequencer".to_owned(), sequencer.to_owned()));
+    let headers = extra.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned()));
+    let caller =
+        http::As { headers: sequencer.into_iter().chain(headers).collect(), ..http::As::default() };
+    http::request_bytes(addr, &caller, method, path, body.to_vec(), "application/octet-stream")
+        .unwrap_or_else(|error| panic!("{method} {path} at {addr}: {error}"))
 }
 
 fn put(world: &World, key: &str, sequencer: Option<&str>, value: &str) -> Reply {

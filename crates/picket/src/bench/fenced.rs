@@ -43,7 +43,8 @@ pub(super) async fn run_writes(
     let end = measure_from + Duration::from_secs_f64(secs);
     let mut tasks = Vec::new();
     for index in 0..args.clients {
-        let mut connection = crate::http_client::Http1Connection::open(url).await?;
+        let (authority, _) = picket_proto::http1::split_url(url)?;
+        let mut connection = picket_proto::http1::Http1Connection::open(&authority, None).await?;
         let path = format!("/kv/{}{index}", args.prefix);
         let headers = vec![(picket_fence::http::SEQUENCER_HEADER, sequencer.to_owned())];
         tasks.push(tokio::spawn(async move {

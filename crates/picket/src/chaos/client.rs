@@ -10,10 +10,10 @@
 //! off from every node is still working when its session expires and the lock moves on.
 
 use super::history::{Event, Op, Phase};
-use crate::http_client;
 use anyhow::Context;
 use picket_client::{Client, ClientError, Guard, Session};
 use picket_fence::http::SEQUENCER_HEADER;
+use picket_proto::http1;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +82,7 @@ fn emit(event: &Event) {
 }
 
 /// An error body's `code`, or the status when it has none.
-fn refusal_code(reply: &http_client::HttpReply) -> String {
+fn refusal_code(reply: &http1::Http1Reply) -> String {
     serde_json::from_slice::<serde_json::Value>(&reply.body)
         .ok()
         .and_then(|body| body["code"].as_str().map(str::to_owned))
@@ -91,7 +91,7 @@ fn refusal_code(reply: &http_client::HttpReply) -> String {
 
 /// What a call to the store said, as a history phase: 2xx ok, 4xx a refusal (nothing was
 /// done), anything else or no answer unknown.
-fn phase_of(reply: anyhow::Result<http_client::HttpReply>, value: bool) -> (Phase, bool) {
+fn phase_of(reply: Result<http1::Http1Reply, http1::Http1Error>, value: bool) -> (Phase, bool) {
     match reply {
         Ok(reply) if (200..300).contains(&reply.status) => {
             let value = value.then(|| reply.text());
@@ -183,7 +183,7 @@ async fn run_cycle(
     emit(&Event::client(process, op.clone(), Phase::Invoke));
     let url = format!("{}/fence/{}", plan.kv, plan.prefix);
     let (phase, registered) =
-        phase_of(http_client::send(hyper::Method::POST, &url, &headers, Vec::new()).await, false);
+        phase_of(http1::send(hyper::Method::POST, &url, &headers, Vec::new()).await, false);
     emit(&Event::client(process, op, phase));
     if !registered {
         release(process, guard).await;
@@ -194,7 +194,7 @@ async fn run_cycle(
     emit(&Event::client(process, op.clone(), Phase::Invoke));
     let url = format!("{}/kv/{}", plan.kv, plan.key);
     let (phase, read) =
-        phase_of(http_client::send(hyper::Method::GET, &url, &headers, Vec::new()).await, true);
+        phase_of(http1::send(hyper::Method::GET, &url, &headers, Vec::new()).await, true);
     let list = match &phase {
         Phase::Ok { value: Some(value), .. } => value.clone(),
         _ => String::new(),
@@ -213,8 +213,7 @@ async fn run_cycle(
     let op = Op::Write { token, element: element.clone() };
     emit(&Event::client(process, op.clone(), Phase::Invoke));
     let value = format!("{list}{element}\n").into_bytes();
-    let (phase, _) =
-        phase_of(http_client::send(hyper::Method::PUT, &url, &headers, value).await, false);
+    let (phase, _) = phase_of(http1::send(hyper::Method::PUT, &url, &headers, value).await, false);
     emit(&Event::client(process, op, phase));
     release(process, guard).await;
 }

@@ -144,7 +144,7 @@ pub(super) async fn run_started(
 
 pub(super) async fn read_final_list(kv_url: &str) -> anyhow::Result<String> {
     let url = format!("{kv_url}/kv/{KEY}");
-    let reply = crate::http_client::send(hyper::Method::GET, &url, &[], Vec::new()).await?;
+    let reply = picket_proto::http1::send(hyper::Method::GET, &url, &[], Vec::new()).await?;
     match reply.status {
         200 => Ok(reply.text()),
         404 => Ok(String::new()),

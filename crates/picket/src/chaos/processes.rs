@@ -256,7 +256,7 @@ impl Cluster {
         let mut named = Vec::new();
         for node in indices.iter().filter_map(|index| self.nodes.get(*index)) {
             let url = format!("http://{}/v1/cluster", node.addr);
-            let reply = crate::http_client::send(hyper::Method::GET, &url, &[], Vec::new()).await;
+            let reply = picket_proto::http1::send(hyper::Method::GET, &url, &[], Vec::new()).await;
             let view: serde_json::Value =
                 reply.ok().and_then(|reply| serde_json::from_slice(&reply.body).ok())?;
             named.push(view["leader_id"].as_u64()?);
