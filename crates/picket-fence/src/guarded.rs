@@ -73,8 +73,9 @@ impl<T> Guarded<T> {
         presented: &Presented,
         mutate: impl FnOnce(&mut T) -> R,
     ) -> Result<Written<R>, Refusal> {
-        let now_ms = self.clock.now_ms();
         let mut state = self.lock_state();
+        // Read under the lock, so the keys' times follow their order of admission.
+        let now_ms = self.clock.now_ms();
         let (admission, record) =
             rule::admit(&self.resource, state.0.as_ref(), &self.policy, presented, now_ms)?;
         state.0 = Some(record);

@@ -140,30 +140,41 @@ enum Phase {
     Closed,
 }
 
-/// How many requests (streams, watch streams among them) are open on one connection. A request
-/// counts from its arrival until its response body has been sent or dropped, so a long watch
-/// stream keeps its connection busy.
+/// How many requests (streams, watch streams among them) are open on one connection, and how
+/// many have started in all. A request counts from its arrival until its response body has been
+/// sent or dropped, so a long watch stream keeps its connection busy.
 #[derive(Clone, Debug)]
-struct Activity(Arc<tokio::sync::watch::Sender<usize>>);
+struct Activity(Arc<tokio::sync::watch::Sender<Requests>>);
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Requests {
+    open: usize,
+    started: u64,
+}
 
 impl Activity {
     fn new() -> Self {
-        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+        Self(Arc::new(tokio::sync::watch::Sender::new(Requests::default())))
     }
 
     fn start(&self) -> Active {
-        self.0.send_modify(|open| *open += 1);
+        self.0.send_modify(|requests| {
+            requests.open += 1;
+            requests.started += 1;
+        });
         Active(self.clone())
     }
 
-    /// Resolves once no request has been open for `idle_timeout` straight.
+    /// Resolves once no request has been open for `idle_timeout` straight. A request that
+    /// starts and ends between two looks still restarts the wait: it counts as started.
     async fn idle_for(&self, idle_timeout: Duration) {
-        let mut open = self.0.subscribe();
+        let mut requests = self.0.subscribe();
         loop {
             // The sender lives as long as `self`, so neither wait can fail.
-            let _ = open.wait_for(|open| *open == 0).await;
-            let busy_again = tokio::time::timeout(idle_timeout, open.wait_for(|open| *open > 0));
-            if busy_again.await.is_err() {
+            let _ = requests.wait_for(|requests| requests.open == 0).await;
+            let started = requests.borrow().started;
+            let busy_again = requests.wait_for(|requests| requests.started != started);
+            if tokio::time::timeout(idle_timeout, busy_again).await.is_err() {
                 return;
             }
         }
@@ -176,7 +187,7 @@ struct Active(Activity);
 
 impl Drop for Active {
     fn drop(&mut self) {
-        self.0.0.send_modify(|open| *open -= 1);
+        self.0.0.send_modify(|requests| requests.open -= 1);
     }
 }
 
@@ -343,7 +354,14 @@ pub async fn serve(
     phase.send_replace(Phase::Closed);
 }
 
-/// Checks a new connection's opening (and its TLS handshake) in time, then serves it.
+/// Resolves once the listener drains (or is gone).
+async fn draining(mut phase: tokio::sync::watch::Receiver<Phase>) {
+    let _ = phase.wait_for(|phase| *phase >= Phase::Draining).await;
+}
+
+/// Checks a new connection's opening (and its TLS handshake) in time, then serves it. A drain
+/// ends a connection still opening at once: it has asked for nothing yet, and a silent one
+/// would otherwise hold the stop for the whole drain timeout.
 async fn accept_one(
     stream: tokio::net::TcpStream,
     remote: std::net::SocketAddr,
@@ -353,15 +371,23 @@ async fn accept_one(
     let Some(tls) = tls else {
         // hyper reads the first bytes (to tell HTTP/1 from HTTP/2) without a timer; a
         // connection that sends nothing, or a few bytes and then nothing, is closed here.
-        if opens_in_time(&stream).await {
+        let opened = tokio::select! {
+            opened = opens_in_time(&stream) => opened,
+            () = draining(serving.phase.clone()) => false,
+        };
+        if opened {
             let caller = Caller { remote: Some(remote), ..Caller::default() };
             serve_one(stream, serving, caller).await;
         }
         return;
     };
     let loaded = tls.current();
-    let handshake = loaded.acceptor().accept(stream);
-    match tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await {
+    let handshake = tokio::time::timeout(HEADER_READ_TIMEOUT, loaded.acceptor().accept(stream));
+    let handshake = tokio::select! {
+        handshake = handshake => handshake,
+        () = draining(serving.phase.clone()) => return,
+    };
+    match handshake {
         Ok(Ok(stream)) => {
             let certificates = stream.get_ref().1.peer_certificates();
             let caller = loaded.caller(remote, certificates);

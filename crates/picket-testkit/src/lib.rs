@@ -70,6 +70,10 @@ pub fn free_port() -> u16 {
 pub mod http {
     //! Blocking calls to the HTTP/JSON API through Picket's one HTTP/1.1 client
     //! (`picket_proto::http1`), as `curl` would make them: a connection per request.
+    //!
+    //! They may be called from an async test (the call then runs on a thread of its own), but
+    //! they block the caller's thread meanwhile: in a current-thread test, the test's own
+    //! spawned tasks do not run until the call returns.
 
     use picket_proto::http1::{Http1Connection, Http1Error, Http1Stream};
     use serde_json::Value;
@@ -155,7 +159,10 @@ pub mod http {
     ) -> Result<Reply, String> {
         let method: http::Method =
             method.parse().map_err(|error| format!("method {method:?}: {error}"))?;
-        let mut headers: Vec<(&str, String)> = vec![("content-type", content_type.to_owned())];
+        let mut headers: Vec<(&str, String)> = Vec::new();
+        if !caller.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
+            headers.push(("content-type", content_type.to_owned()));
+        }
         if let Some(token) = &caller.bearer_token {
             headers.push(("authorization", format!("Bearer {token}")));
         }

@@ -333,7 +333,7 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
         assert_closed_within(stream, Duration::from_secs(20), "a slow connection");
     }
     // HTTP/2 connections that answer pings but open no stream are closed once idle for
-    // --idle-connection-timeout-ms; the honest client's busy connection is not.
+    // --idle-connection-timeout-ms.
     let closed_http2 = idle_http2.join().expect("the idle HTTP/2 client does not panic");
     assert_eq!(closed_http2, IDLE_HTTP2_CONNECTIONS, "idle HTTP/2 connections were left open");
     drop(watches);

@@ -290,14 +290,15 @@ fn units_idempotent_retries_and_strict_mode() {
 /// gets the original outcome; after it the retry is refused, never applied twice.
 #[test]
 fn idempotency_keys_are_forgotten_after_their_time_and_a_late_retry_is_refused() {
-    let world = World::start(&["--no-verify", "--remember-keys-for-ms", "1000"]);
+    // Long enough that the retry within it is not raced by a loaded machine.
+    let world = World::start(&["--no-verify", "--remember-keys-for-ms", "4000"]);
     let (_, sequencer) = world.acquire("res");
     let keyed = [("Idempotency-Key", "op-1")];
     let write = || kv_request(&world.kv.addr, "PUT", "/kv/res/1", Some(&sequencer), b"v", &keyed);
     let written = Instant::now();
     assert_eq!(write().body["admission"], "advanced");
     assert_eq!(write().body["admission"], "duplicate", "a retry within the time");
-    let refused = wait_until("the key to be forgotten", Duration::from_secs(10), || {
+    let refused = wait_until("the key to be forgotten", Duration::from_secs(20), || {
         let late = write();
         (late.status == 409).then_some(late)
     });

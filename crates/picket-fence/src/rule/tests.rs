@@ -197,6 +197,11 @@ fn idempotency_retry_after_its_key_was_remembered_for_its_time_is_refused_never_
         Err(RefusalReason::IdempotencyWindowPassed),
         "after it: refused, since it cannot be told from a new write of the grant"
     );
+    // A keyed write of that grant without a seq cannot be told from that retry, fresh key or not.
+    assert_eq!(
+        step_at(&mut record, &policy, &keyed("fresh"), NOW_MS + 60_001),
+        Err(RefusalReason::IdempotencyWindowPassed)
+    );
     // With a seq the retry is a replay, told apart from a new write by its order.
     let sequenced = |key: &str, seq| write("a", 5, Some(seq)).with_idempotency_key(key);
     assert!(step_at(&mut record, &policy, &sequenced("s1", 1), NOW_MS + 70_000).is_ok());

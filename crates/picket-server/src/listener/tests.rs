@@ -116,3 +116,34 @@ async fn a_stop_closes_open_connections_and_ends_the_listener_before_the_drain_t
     assert!(start.elapsed() < DRAIN_TIMEOUT);
     wait_closed(&connection, Duration::from_secs(1)).await;
 }
+
+/// Found in review: a request that started and ended between two looks of the idle timer did
+/// not restart it, so a connection busy with quick requests was closed as idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_requests_more_often_than_the_idle_timeout_keep_their_connection() {
+    let listening = listen().await;
+    let connection = connect(&listening.addr).await;
+    let start = Instant::now();
+    while start.elapsed() < IDLE * 3 {
+        assert_eq!(fetch(&connection, "/hello").await, "hello");
+        assert!(!connection.is_closed(), "closed after {:?} of requests", start.elapsed());
+        tokio::time::sleep(IDLE / 4).await;
+    }
+}
+
+/// Found in review: a connection that had sent nothing yet held its place through a stop, so
+/// every stop waited out the drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_does_not_wait_for_a_connection_that_sent_nothing() {
+    let mut listening = listen().await;
+    let _silent = tokio::net::TcpStream::connect(&listening.addr).await.expect("connected");
+    // The listener has accepted it once a request on another connection is answered.
+    assert_eq!(fetch(&connect(&listening.addr).await, "/hello").await, "hello");
+    let start = Instant::now();
+    listening.stop.take().expect("not stopped yet").send(()).expect("listening");
+    tokio::time::timeout(DRAIN_TIMEOUT, &mut listening.serving)
+        .await
+        .expect("the listener ended before the drain timeout")
+        .expect("no panic");
+    assert!(start.elapsed() < DRAIN_TIMEOUT / 2, "the stop took {:?}", start.elapsed());
+}
