@@ -112,12 +112,20 @@ impl Guard {
 
 /// Releases a guard's grant. A grant that already ended (the lock is free or held under another
 /// token) needs no release: the guard's holding is over either way, so that is not an error.
+///
+/// Another guard of the same grant (an acquire of the same lock in the same session, answered
+/// `already_held` while this release was on its way) loses its grant with this one: it is told
+/// so, since the watch does not report a holder's own release as a loss.
 async fn release(shared: &SessionState, name: &str, token: u64) -> Result<(), ClientError> {
     shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
-    match shared.transport.release(shared.id, name, token).await {
+    let released = match shared.transport.release(shared.id, name, token).await {
         Err(error) if released_elsewhere(&error, token) => Ok(()),
         other => other,
+    };
+    if released.is_ok() {
+        shared.grant_ended(name, token, LostReason::GrantEnded);
     }
+    released
 }
 
 impl Drop for Guard {

@@ -55,6 +55,7 @@ impl Session {
                 opened_at_lease_clock + lease_after_send(Duration::from_millis(opened.ttl_ms)),
             ),
             grants: Mutex::new(HashMap::new()),
+            ended_grants: Mutex::new(std::collections::VecDeque::new()),
             stop,
         });
         tokio::spawn(keep_alive(shared.clone(), opened_at));
@@ -111,17 +112,10 @@ impl Session {
         self.check_alive()?;
         let session_id = self.shared.id;
         let granted = self.shared.transport.acquire(session_id, name, wait_ms).await?;
-        // The signal starts from the session's state read under the grants lock, the lock
-        // `mark_lost` takes after marking the session: a loss either shows in the state read
-        // here or finds this grant in the map. (Created outside the lock, a loss between the
-        // read and the insert reached neither, and the guard never heard of it.)
-        let signal = {
-            let mut grants =
-                self.shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let signal = Arc::new(watch::channel(*self.shared.lost.borrow()).0);
-            grants.insert(name.to_owned(), (granted.token, signal.clone()));
-            signal
-        };
+        // A loss either shows in the state the signal starts from or finds the guard: see
+        // `register_grant`. (Created outside the grants lock, a loss between the read and the
+        // insert reached neither, and the guard never heard of it.)
+        let signal = self.shared.register_grant(name, granted.token);
         Ok(Guard {
             shared: self.shared.clone(),
             name: name.to_owned(),

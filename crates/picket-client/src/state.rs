@@ -6,12 +6,16 @@ use crate::keepalive::KeepAlives;
 use crate::lease_clock::{self, LeaseEnd};
 use crate::transport::{Retry, Transport};
 use picket_proto::v1;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
 pub(crate) type LostSender = watch::Sender<Option<LostReason>>;
+
+/// How many ended grants without a guard a session remembers (see
+/// [`SessionState::ended_grants`]).
+pub(crate) const ENDED_GRANTS_KEPT: usize = 64;
 
 /// What a session's handle, its guards, its keepalive task and the client's watcher share: its
 /// identity, whether (and why) it is lost, and the lost signal of each grant it holds.
@@ -26,6 +30,11 @@ pub(crate) struct SessionState {
     pub(crate) lease_end: LeaseEnd,
     /// Grants held through this session: lock name to (token, lost signal).
     pub(crate) grants: Mutex<HashMap<String, (u64, Arc<LostSender>)>>,
+    /// Grants of this session that ended before any guard held them, newest last, at most
+    /// [`ENDED_GRANTS_KEPT`]: the answer to an acquire can arrive after the watch reported the
+    /// grant's end (abandoned by an earlier request's caller, say), and the guard made from it
+    /// must start lost. Taken after `grants`, never alone.
+    pub(crate) ended_grants: Mutex<VecDeque<(String, u64, LostReason)>>,
     /// Set to stop the keepalive task.
     pub(crate) stop: watch::Sender<bool>,
 }
@@ -80,7 +89,30 @@ impl SessionState {
                     true
                 }
             });
+            return;
         }
+        // No guard holds it (yet): remember it for a guard made from an answer still on its way.
+        let mut ended = self.ended_grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ended.len() == ENDED_GRANTS_KEPT {
+            ended.pop_front();
+        }
+        ended.push_back((name.to_owned(), token, reason));
+    }
+
+    /// Registers a guard's lost signal for grant `token` of `name`. It starts lost when the
+    /// session is, or when the grant already ended; registered under the grants lock, the lock
+    /// `mark_lost` and `grant_ended` take, so a loss either shows here or finds the guard.
+    pub(crate) fn register_grant(&self, name: &str, token: u64) -> Arc<LostSender> {
+        let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ended = self.ended_grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ended_reason = ended
+            .iter()
+            .rev()
+            .find(|(ended_name, ended_token, _)| ended_name == name && *ended_token == token)
+            .map(|(_, _, reason)| *reason);
+        let signal = Arc::new(watch::channel(self.lost.borrow().or(ended_reason)).0);
+        grants.insert(name.to_owned(), (token, signal.clone()));
+        signal
     }
 }
 
@@ -151,4 +183,54 @@ async fn lock_info(transport: &Transport, name: &str) -> Result<v1::LockInfo, Cl
             async move { grpc.get_lock(request).await }
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::ClientConfig;
+
+    fn session_state() -> SessionState {
+        SessionState {
+            transport: Transport::new(["127.0.0.1:1"], ClientConfig::default()).expect("valid"),
+            keepalives: Arc::new(KeepAlives::default()),
+            id: 7,
+            ttl: Duration::from_secs(10),
+            lost: watch::channel(None).0,
+            lease_end: LeaseEnd::new(Duration::from_secs(3_600)),
+            grants: Mutex::new(HashMap::new()),
+            ended_grants: Mutex::new(VecDeque::new()),
+            stop: watch::channel(false).0,
+        }
+    }
+
+    /// Found by `picket-core/tests/no_ghost_holders.rs`: the answer to an acquire (an
+    /// `already_held` of a grant an earlier, given-up request produced) can arrive after the
+    /// watch reported the grant abandoned; the guard made from it never heard of its loss.
+    #[test]
+    fn a_guard_made_after_its_grant_ended_starts_lost() {
+        let state = session_state();
+        state.grant_ended("jobs", 5, LostReason::GrantEnded);
+        assert_eq!(*state.register_grant("jobs", 5).borrow(), Some(LostReason::GrantEnded));
+        assert_eq!(*state.register_grant("jobs", 6).borrow(), None, "another grant is not lost");
+        assert_eq!(*state.register_grant("other", 5).borrow(), None, "nor another lock's");
+    }
+
+    #[test]
+    fn a_loss_after_the_guard_reaches_the_guard() {
+        let state = session_state();
+        let signal = state.register_grant("jobs", 5);
+        state.grant_ended("jobs", 5, LostReason::Expired);
+        assert_eq!(*signal.borrow(), Some(LostReason::Expired));
+    }
+
+    #[test]
+    fn ended_grants_without_a_guard_are_bounded() {
+        let state = session_state();
+        for token in 0..(ENDED_GRANTS_KEPT as u64 * 2) {
+            state.grant_ended("jobs", token, LostReason::GrantEnded);
+        }
+        let kept = state.ended_grants.lock().unwrap().len();
+        assert_eq!(kept, ENDED_GRANTS_KEPT);
+    }
 }

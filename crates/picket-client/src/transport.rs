@@ -357,20 +357,60 @@ impl Transport {
     ) -> Result<v1::AcquireResponse, ClientError> {
         let request_timeout = self.inner.config.request_timeout;
         let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
-        let request_id = Some(fresh_request_id());
+        let request_id = fresh_request_id();
         let mut attempt = 0;
-        self.call(Retry::Safe, timeout, |mut grpc| {
-            let request = v1::AcquireRequest {
-                name: name.to_owned(),
-                session_id,
-                wait_ms,
-                request_id,
-                attempt,
-            };
-            attempt += 1;
-            async move { grpc.acquire(request).await }
-        })
-        .await
+        let result = self
+            .call(Retry::Safe, timeout, |mut grpc| {
+                let request = v1::AcquireRequest {
+                    name: name.to_owned(),
+                    session_id,
+                    wait_ms,
+                    request_id: Some(request_id),
+                    attempt,
+                };
+                attempt += 1;
+                async move { grpc.acquire(request).await }
+            })
+            .await;
+        if let Err(error) = &result
+            && attempt > 0
+            && outcome_may_linger(error)
+        {
+            self.abandon_in_background(session_id, name, request_id, attempt - 1);
+        }
+        result
+    }
+
+    /// Undoes, on its own task, whatever the given-up acquire's last attempt left in the lock
+    /// state: its wait, or a grant whose answer never arrived, which no guard would know of
+    /// and the session would hold for as long as it lives. Abandoning an attempt that did
+    /// nothing, or that a retry overtook, changes nothing, so it is always safe to send.
+    fn abandon_in_background(&self, session_id: u64, name: &str, request_id: u64, attempt: u32) {
+        let transport = self.clone();
+        let request = v1::AbandonRequest { name: name.to_owned(), session_id, request_id, attempt };
+        tokio::spawn(async move {
+            let timeout = Some(transport.inner.config.request_timeout);
+            let abandoned = transport
+                .call(Retry::Safe, timeout, |mut grpc| {
+                    let request = request.clone();
+                    async move { grpc.abandon(request).await }
+                })
+                .await;
+            match abandoned {
+                Ok(answer) => tracing::debug!(
+                    session = session_id,
+                    released_token = answer.released_token,
+                    "abandoned a given-up acquire"
+                ),
+                Err(error) if error.code() == Some("nothing_to_abandon") => {}
+                Err(error) => tracing::warn!(
+                    session = session_id,
+                    %error,
+                    "could not abandon a given-up acquire; a grant it may have produced stays \
+                     until the session ends"
+                ),
+            }
+        });
     }
 
     /// Releases grant `token` of `name` held by `session_id`, retried like a read. The first
@@ -399,6 +439,18 @@ impl Transport {
     }
 }
 
+/// Whether an acquire that failed with `error` may have left a wait or a grant behind: its
+/// last attempt may have reached the service and the answer was lost (a broken connection, no
+/// leader until the retries ran out). A refusal answered the last attempt, and a lost session
+/// or an argument refused before sending left nothing.
+pub(crate) fn outcome_may_linger(error: &ClientError) -> bool {
+    match error {
+        ClientError::OutcomeUnknown(_) | ClientError::Unreachable { .. } => true,
+        ClientError::Service { code, .. } => code == "unavailable",
+        ClientError::SessionLost(_) | ClientError::InvalidArgument(_) => false,
+    }
+}
+
 /// Whether `error` says the lock is no longer held under `token` (free, or held under another
 /// token): what a release of `token` leaves behind.
 pub(crate) fn released_elsewhere(error: &ClientError, token: u64) -> bool {
@@ -412,4 +464,30 @@ fn fresh_request_id() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::LostReason;
+
+    #[test]
+    fn a_given_up_acquire_is_abandoned_unless_its_last_attempt_was_answered() {
+        let refusal = |code: &str| ClientError::Service {
+            code: code.into(),
+            message: String::new(),
+            holder_token: None,
+        };
+        assert!(outcome_may_linger(&ClientError::OutcomeUnknown("leadership moved".into())));
+        assert!(outcome_may_linger(&ClientError::Unreachable {
+            endpoints: "127.0.0.1:1".into(),
+            detail: "a broken connection".into(),
+        }));
+        assert!(outcome_may_linger(&refusal("unavailable")), "no leader until the retries ran out");
+        for answered in ["lock_busy", "wait_timed_out", "unknown_session", "already_waiting"] {
+            assert!(!outcome_may_linger(&refusal(answered)), "{answered}");
+        }
+        assert!(!outcome_may_linger(&ClientError::SessionLost(LostReason::Expired)));
+        assert!(!outcome_may_linger(&ClientError::InvalidArgument("too long".into())));
+    }
 }

@@ -177,3 +177,79 @@ async fn the_client_reconnects_after_the_server_restarts() {
     assert!(after.token() > token_before, "{} after {token_before}", after.token());
     after.release().await.unwrap();
 }
+
+/// A TCP proxy in front of a node that can stop passing the node's replies on: the requests
+/// still reach the node, the answers never reach the client (a network that loses one
+/// direction, or replies lost as a connection breaks).
+struct ReplyDroppingProxy {
+    addr: String,
+    dropping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReplyDroppingProxy {
+    async fn start(target: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let dropping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (target, flag) = (target.to_owned(), dropping.clone());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { continue };
+                let (mut from_client, mut to_client) = inbound.into_split();
+                let (mut from_node, mut to_node) = outbound.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_client, &mut to_node).await;
+                });
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0_u8; 16 * 1024];
+                    while let Ok(read) = from_node.read(&mut buffer).await {
+                        if read == 0 {
+                            break;
+                        }
+                        if !flag.load(Ordering::SeqCst)
+                            && to_client.write_all(&buffer[..read]).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, dropping }
+    }
+
+    fn drop_replies(&self) {
+        self.dropping.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 14: an acquire the node granted but whose answers were all lost, so that the client
+/// gave up on it, is abandoned by the client: the session, which its keepalives keep alive at
+/// the node, does not hold a lock that nobody knows it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
+    let (_dir, server, direct) = start().await;
+    let proxy = ReplyDroppingProxy::start(&server.addr).await;
+    let config = picket_client::ClientConfig {
+        retry_for: Duration::from_secs(2),
+        request_timeout: Duration::from_millis(500),
+        ..picket_client::ClientConfig::default()
+    };
+    let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
+    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    proxy.drop_replies();
+    let given_up = session.try_lock("unanswered").await.expect_err("no answer arrives");
+    // The node granted it: the request arrived, only the answers were lost.
+    let held_by = direct.lock_info("unanswered").await.unwrap().holder_session_id;
+    assert!(held_by == session.id() || held_by == 0, "held by {held_by}: {given_up}");
+    // The client's abandon reaches the node (requests still do) and frees the lock, long
+    // before the session's 60 s TTL could.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while direct.lock_info("unanswered").await.unwrap().holder_session_id != 0 {
+        assert!(Instant::now() < deadline, "the given-up acquire's grant is still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
