@@ -17,6 +17,7 @@
 
 use crate::duration::parse_duration;
 use crate::http_fence::HttpFence;
+use crate::terminal::Foreground;
 use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{Signal, killpg};
@@ -223,8 +224,17 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     let group = Pid::from_raw(
         i32::try_from(child.id().context("the command has no pid")?).context("pid out of range")?,
     );
+    // In a terminal's foreground, the command gets the foreground (see `terminal.rs`), as soon
+    // as it runs.
+    let foreground = Foreground::give(group);
     let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
     let _watchdog = Watchdog::start(group, kill_grace)?;
+    let follow_stops = async {
+        match &foreground {
+            Some(foreground) => foreground.follow_stops(group).await,
+            None => std::future::pending::<std::convert::Infallible>().await,
+        }
+    };
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -236,6 +246,7 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
         _ = interrupt.recv() => Outcome::Interrupted,
         _ = terminate.recv() => Outcome::Interrupted,
         _ = hangup.recv() => Outcome::Interrupted,
+        never = follow_stops => match never {},
     };
     match outcome {
         Outcome::Exited(status) => {

@@ -14,6 +14,7 @@ mod lock_cmd;
 mod logging;
 mod serve;
 mod sim;
+mod terminal;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
