@@ -106,7 +106,7 @@ impl Guard {
     /// error: there is nothing left to release.
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.released = true;
-        release(&self.shared, &self.name, self.token).await
+        release(&self.shared, &self.name, self.token, &self.lost).await
     }
 }
 
@@ -116,8 +116,13 @@ impl Guard {
 /// Another guard of the same grant (an acquire of the same lock in the same session, answered
 /// `already_held` while this release was on its way) loses its grant with this one: it is told
 /// so, since the watch does not report a holder's own release as a loss.
-async fn release(shared: &SessionState, name: &str, token: u64) -> Result<(), ClientError> {
-    shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+async fn release(
+    shared: &SessionState,
+    name: &str,
+    token: u64,
+    signal: &Arc<LostSender>,
+) -> Result<(), ClientError> {
+    shared.unregister_grant(name, signal);
     let released = match shared.transport.release(shared.id, name, token).await {
         Err(error) if released_elsewhere(&error, token) => Ok(()),
         other => other,
@@ -130,14 +135,23 @@ async fn release(shared: &SessionState, name: &str, token: u64) -> Result<(), Cl
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if self.released || self.shared.lost.borrow().is_some() {
+        if self.released {
             return;
         }
-        let (shared, name, token) =
-            (self.shared.clone(), std::mem::take(&mut self.name), self.token);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        // A grant known to have ended (or a lost session) needs no release; its signal goes.
+        if self.shared.lost.borrow().is_some() || self.lost.borrow().is_some() {
+            self.shared.unregister_grant(&self.name, &self.lost);
+            return;
+        }
+        let (shared, name, token, signal) =
+            (self.shared.clone(), std::mem::take(&mut self.name), self.token, self.lost.clone());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            shared.unregister_grant(&name, &signal);
+            return;
+        };
+        {
             runtime.spawn(async move {
-                if let Err(error) = release(&shared, &name, token).await {
+                if let Err(error) = release(&shared, &name, token, &signal).await {
                     tracing::warn!(%error, name, token, "releasing a dropped guard failed");
                 }
             });

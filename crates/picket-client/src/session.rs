@@ -55,7 +55,7 @@ impl Session {
                 opened_at_lease_clock + lease_after_send(Duration::from_millis(opened.ttl_ms)),
             ),
             grants: Mutex::new(HashMap::new()),
-            ended_grants: Mutex::new(std::collections::VecDeque::new()),
+            ended_grants: Mutex::new(HashMap::new()),
             stop,
         });
         tokio::spawn(keep_alive(shared.clone(), opened_at));

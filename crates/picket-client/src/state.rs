@@ -6,16 +6,20 @@ use crate::keepalive::KeepAlives;
 use crate::lease_clock::{self, LeaseEnd};
 use crate::transport::{Retry, Transport};
 use picket_proto::v1;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
 pub(crate) type LostSender = watch::Sender<Option<LostReason>>;
 
-/// How many ended grants without a guard a session remembers (see
+/// For how many locks a session remembers the newest grant that ended without a guard (see
 /// [`SessionState::ended_grants`]).
-pub(crate) const ENDED_GRANTS_KEPT: usize = 64;
+pub(crate) const ENDED_GRANTS_KEPT: usize = 1_024;
+
+/// The guards' lost signals of one lock in one session: usually one, two while an
+/// `already_held` answer made a second guard of a grant (or a stale guard awaits its drop).
+pub(crate) type GrantSignals = Vec<(u64, Arc<LostSender>)>;
 
 /// What a session's handle, its guards, its keepalive task and the client's watcher share: its
 /// identity, whether (and why) it is lost, and the lost signal of each grant it holds.
@@ -28,13 +32,14 @@ pub(crate) struct SessionState {
     pub(crate) lost: LostSender,
     /// When the lease runs out on the lease clock (which counts a suspension of the machine).
     pub(crate) lease_end: LeaseEnd,
-    /// Grants held through this session: lock name to (token, lost signal).
-    pub(crate) grants: Mutex<HashMap<String, (u64, Arc<LostSender>)>>,
-    /// Grants of this session that ended before any guard held them, newest last, at most
-    /// [`ENDED_GRANTS_KEPT`]: the answer to an acquire can arrive after the watch reported the
-    /// grant's end (abandoned by an earlier request's caller, say), and the guard made from it
-    /// must start lost. Taken after `grants`, never alone.
-    pub(crate) ended_grants: Mutex<VecDeque<(String, u64, LostReason)>>,
+    /// Grants held through this session: lock name to each guard's token and lost signal.
+    pub(crate) grants: Mutex<HashMap<String, GrantSignals>>,
+    /// Per lock, the newest grant of this session that ended while no guard held it, for at
+    /// most [`ENDED_GRANTS_KEPT`] locks: the answer to an acquire can arrive after the watch
+    /// reported the grant's end (abandoned by an earlier request's caller, say), and the guard
+    /// made from it must start lost. A lock's tokens only grow, so every grant of the lock up
+    /// to that token has ended. Taken after `grants`, never alone.
+    pub(crate) ended_grants: Mutex<HashMap<String, (u64, LostReason)>>,
     /// Set to stop the keepalive task.
     pub(crate) stop: watch::Sender<bool>,
 }
@@ -67,7 +72,7 @@ impl SessionState {
             self.lost.send_replace(Some(reason));
         }
         let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (_, signal) in grants.values() {
+        for (_, signal) in grants.values().flatten() {
             signal.send_if_modified(|current| {
                 current.is_none() && {
                     *current = Some(reason);
@@ -80,23 +85,34 @@ impl SessionState {
 
     pub(crate) fn grant_ended(&self, name: &str, token: u64, reason: LostReason) {
         let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((held, signal)) = grants.get(name)
-            && *held == token
-        {
-            signal.send_if_modified(|current| {
-                current.is_none() && {
-                    *current = Some(reason);
-                    true
-                }
-            });
+        let mut told = false;
+        for (held, signal) in grants.get(name).into_iter().flatten() {
+            if *held == token {
+                told = true;
+                signal.send_if_modified(|current| {
+                    current.is_none() && {
+                        *current = Some(reason);
+                        true
+                    }
+                });
+            }
+        }
+        if told {
             return;
         }
-        // No guard holds it (yet): remember it for a guard made from an answer still on its way.
+        // No guard holds it (yet): remember it for a guard made from an answer on its way.
         let mut ended = self.ended_grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if ended.len() == ENDED_GRANTS_KEPT {
-            ended.pop_front();
+        if ended.len() >= ENDED_GRANTS_KEPT && !ended.contains_key(name) {
+            // Forget some lock's record: only an answer still on its way needed it.
+            let forgotten = ended.keys().next().cloned();
+            if let Some(forgotten) = forgotten {
+                ended.remove(&forgotten);
+            }
         }
-        ended.push_back((name.to_owned(), token, reason));
+        let newest = ended.entry(name.to_owned()).or_insert((token, reason));
+        if token >= newest.0 {
+            *newest = (token, reason);
+        }
     }
 
     /// Registers a guard's lost signal for grant `token` of `name`. It starts lost when the
@@ -106,13 +122,23 @@ impl SessionState {
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let ended = self.ended_grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let ended_reason = ended
-            .iter()
-            .rev()
-            .find(|(ended_name, ended_token, _)| ended_name == name && *ended_token == token)
-            .map(|(_, _, reason)| *reason);
+            .get(name)
+            .filter(|(newest_ended, _)| token <= *newest_ended)
+            .map(|(_, reason)| *reason);
         let signal = Arc::new(watch::channel(self.lost.borrow().or(ended_reason)).0);
-        grants.insert(name.to_owned(), (token, signal.clone()));
+        grants.entry(name.to_owned()).or_default().push((token, signal.clone()));
         signal
+    }
+
+    /// Forgets a guard's signal (it released its grant, or was dropped), and no other's.
+    pub(crate) fn unregister_grant(&self, name: &str, signal: &Arc<LostSender>) {
+        let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(signals) = grants.get_mut(name) {
+            signals.retain(|(_, held)| !Arc::ptr_eq(held, signal));
+            if signals.is_empty() {
+                grants.remove(name);
+            }
+        }
     }
 }
 
@@ -138,7 +164,12 @@ pub(crate) async fn recheck(shared: &SessionState) {
     }
     let held: Vec<(String, u64)> = {
         let grants = shared.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        grants.iter().map(|(name, (token, _))| (name.clone(), *token)).collect()
+        let mut held: Vec<(String, u64)> = grants
+            .iter()
+            .flat_map(|(name, signals)| signals.iter().map(|(token, _)| (name.clone(), *token)))
+            .collect();
+        held.dedup();
+        held
     };
     for (name, token) in held {
         match lock_info(&shared.transport, &name).await {
@@ -199,7 +230,7 @@ mod tests {
             lost: watch::channel(None).0,
             lease_end: LeaseEnd::new(Duration::from_secs(3_600)),
             grants: Mutex::new(HashMap::new()),
-            ended_grants: Mutex::new(VecDeque::new()),
+            ended_grants: Mutex::new(HashMap::new()),
             stop: watch::channel(false).0,
         }
     }
@@ -225,12 +256,31 @@ mod tests {
     }
 
     #[test]
-    fn ended_grants_without_a_guard_are_bounded() {
+    fn ended_grants_without_a_guard_are_bounded_and_keep_each_locks_newest() {
         let state = session_state();
-        for token in 0..(ENDED_GRANTS_KEPT as u64 * 2) {
+        for token in 0..100 {
             state.grant_ended("jobs", token, LostReason::GrantEnded);
         }
-        let kept = state.ended_grants.lock().unwrap().len();
-        assert_eq!(kept, ENDED_GRANTS_KEPT);
+        assert_eq!(*state.register_grant("jobs", 42).borrow(), Some(LostReason::GrantEnded));
+        assert_eq!(*state.register_grant("jobs", 100).borrow(), None, "a newer grant");
+        for lock in 0..(ENDED_GRANTS_KEPT * 2) {
+            state.grant_ended(&format!("lock-{lock}"), 1, LostReason::GrantEnded);
+        }
+        assert_eq!(state.ended_grants.lock().unwrap().len(), ENDED_GRANTS_KEPT);
+    }
+
+    /// Found in review: one signal per lock name, so a second guard of a grant replaced the
+    /// first's signal, and the first's release removed the second's.
+    #[test]
+    fn two_guards_of_one_grant_both_hear_of_its_end_and_one_leaving_keeps_the_other() {
+        let state = session_state();
+        let first = state.register_grant("jobs", 5);
+        let second = state.register_grant("jobs", 5);
+        state.unregister_grant("jobs", &first);
+        state.grant_ended("jobs", 5, LostReason::Expired);
+        assert_eq!(*second.borrow(), Some(LostReason::Expired));
+        let third = state.register_grant("jobs", 6);
+        state.mark_lost(LostReason::Revoked);
+        assert_eq!(*third.borrow(), Some(LostReason::Revoked));
     }
 }

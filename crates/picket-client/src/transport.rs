@@ -358,9 +358,20 @@ impl Transport {
         let request_timeout = self.inner.config.request_timeout;
         let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
         let request_id = fresh_request_id();
-        let mut attempt = 0;
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        // Dropped before the call ends (the caller gave up on it: a timeout, a `select!`), the
+        // acquire is abandoned too: its answer may have been on its way.
+        let mut unanswered = UnansweredAcquire {
+            transport: self,
+            session_id,
+            name,
+            request_id,
+            attempts: &attempts,
+            armed: true,
+        };
         let result = self
             .call(Retry::Safe, timeout, |mut grpc| {
+                let attempt = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let request = v1::AcquireRequest {
                     name: name.to_owned(),
                     session_id,
@@ -368,15 +379,18 @@ impl Transport {
                     request_id: Some(request_id),
                     attempt,
                 };
-                attempt += 1;
                 async move { grpc.acquire(request).await }
             })
             .await;
+        unanswered.armed = false;
+        let sent = attempts.load(std::sync::atomic::Ordering::Relaxed);
+        // After a retry, an earlier attempt's answer was lost: it may have made a grant that
+        // the last attempt's refusal does not show. Abandoning what did nothing changes nothing.
         if let Err(error) = &result
-            && attempt > 0
-            && outcome_may_linger(error)
+            && sent > 0
+            && (sent > 1 || outcome_may_linger(error))
         {
-            self.abandon_in_background(session_id, name, request_id, attempt - 1);
+            self.abandon_in_background(session_id, name, request_id, sent - 1);
         }
         result
     }
@@ -435,6 +449,31 @@ impl Transport {
         match result {
             Err(error) if attempts > 1 && released_elsewhere(&error, token) => Ok(()),
             other => other.map(|_| ()),
+        }
+    }
+}
+
+/// An acquire call in progress; dropped while still armed (its caller gave up on it before
+/// it ended), it abandons the request's last attempt.
+struct UnansweredAcquire<'a> {
+    transport: &'a Transport,
+    session_id: u64,
+    name: &'a str,
+    request_id: u64,
+    attempts: &'a std::sync::atomic::AtomicU32,
+    armed: bool,
+}
+
+impl Drop for UnansweredAcquire<'_> {
+    fn drop(&mut self) {
+        let sent = self.attempts.load(std::sync::atomic::Ordering::Relaxed);
+        if self.armed && sent > 0 && tokio::runtime::Handle::try_current().is_ok() {
+            self.transport.abandon_in_background(
+                self.session_id,
+                self.name,
+                self.request_id,
+                sent - 1,
+            );
         }
     }
 }

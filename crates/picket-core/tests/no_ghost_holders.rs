@@ -112,6 +112,8 @@ struct OnItsWay {
 struct Guard {
     token: u64,
     lost: bool,
+    /// The request whose answer made it.
+    request: RequestId,
 }
 
 struct World {
@@ -127,6 +129,8 @@ struct World {
     ended_unguarded: Vec<(usize, usize, u64)>,
     on_its_way: Vec<OnItsWay>,
     next_request: u64,
+    /// A guard that lost its grant to the abandoning of another request, if one did.
+    taken_by_abandon: Option<String>,
     log: Vec<String>,
 }
 
@@ -152,6 +156,7 @@ impl World {
             ended_unguarded: Vec::new(),
             on_its_way: Vec::new(),
             next_request: 1,
+            taken_by_abandon: None,
             log: Vec::new(),
         }
     }
@@ -279,6 +284,19 @@ impl World {
                 };
             }
         }
+        // Abandoning one request never takes away a grant another request was told it holds.
+        if let (Command::Abandon { request, .. }, Ok(Response::Abandoned { released_token, .. })) =
+            (&next.command, &applied.result)
+            && let Some(guard) = self.guards.get(&(next.who, next.lock))
+            && Some(guard.token) == *released_token
+            && guard.request != *request
+        {
+            self.taken_by_abandon = Some(format!(
+                "abandoning request {request} released token {} of session {}'s guard, which \
+                 request {} made",
+                guard.token, next.who, guard.request
+            ));
+        }
         // A guard's release, once done, ends every guard of that grant: another acquire of the
         // lock in the session may have been answered `already_held` meanwhile (`guard::release`).
         if let (Command::Release { token, .. }, Ok(_)) = (&next.command, &applied.result) {
@@ -353,7 +371,7 @@ impl World {
             // A guard of a session or a grant already known to have ended starts lost.
             let lost =
                 self.session_ended[who] || self.ended_unguarded.contains(&(who, lock, token));
-            self.guards.insert((who, lock), Guard { token, lost });
+            self.guards.insert((who, lock), Guard { token, lost, request });
         }
     }
 
@@ -375,6 +393,9 @@ impl World {
     /// Once `settled`, only a guard (or its release) knows a holder, and only a request still
     /// queued knows a waiter.
     fn check(&self, settled: bool) -> Result<(), String> {
+        if let Some(taken) = &self.taken_by_abandon {
+            return Err(taken.clone());
+        }
         for (lock, name) in LOCKS.iter().enumerate() {
             let Some(info) = self.machine.lock(name) else { continue };
             if let Some(holder) = info.holder {

@@ -229,9 +229,11 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     let foreground = Foreground::give(group);
     let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
     let _watchdog = Watchdog::start(group, kill_grace)?;
+    let still_held =
+        || session.lost_reason().is_none() && session.lease_remaining() > kill_grace + STOP_MARGIN;
     let follow_stops = async {
         match &foreground {
-            Some(foreground) => foreground.follow_stops(group).await,
+            Some(foreground) => foreground.follow_stops(group, still_held).await,
             None => std::future::pending::<std::convert::Infallible>().await,
         }
     };
@@ -248,6 +250,9 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
         _ = hangup.recv() => Outcome::Interrupted,
         never = follow_stops => match never {},
     };
+    // The terminal goes back to picket's group now, not after the release: the command's
+    // group may be gone, and Ctrl-C must reach someone.
+    drop(foreground);
     match outcome {
         Outcome::Exited(status) => {
             if let Err(error) = guard.release().await {

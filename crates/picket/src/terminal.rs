@@ -54,7 +54,14 @@ impl Foreground {
 
     /// Follows the command through Ctrl-Z and `fg` (see the module documentation); never
     /// resolves. `command` is the pid of the group's leader, which `picket lock` started.
-    pub(crate) async fn follow_stops(&self, command: Pid) -> std::convert::Infallible {
+    /// Continued after a stop, the command is continued only if `still_held()` says the lock
+    /// still is (a job stopped past its lease lost it); otherwise it stays stopped for
+    /// `picket lock` to stop for good.
+    pub(crate) async fn follow_stops(
+        &self,
+        command: Pid,
+        still_held: impl Fn() -> bool,
+    ) -> std::convert::Infallible {
         loop {
             tokio::time::sleep(STOP_CHECK).await;
             // WSTOPPED alone never reports (or reaps) an exit: tokio's own wait still gets it.
@@ -69,6 +76,9 @@ impl Foreground {
             }
             // Stops here until the shell continues the job (`fg`, `bg`).
             let _ = raise(Signal::SIGTSTP);
+            if !still_held() {
+                continue;
+            }
             let in_foreground = tcgetpgrp(std::io::stdin().as_fd()).ok() == Some(self.own_group);
             if in_foreground {
                 let _ = set_foreground(self.command_group);
