@@ -31,25 +31,31 @@ pub(crate) struct Foreground {
 }
 
 impl Foreground {
-    /// Gives the terminal on standard input to `command_group`, if `picket lock`'s own group
-    /// has it now. `None` without a terminal, or when `picket lock` runs in the background.
+    /// Takes charge of the command's place on the terminal on standard input, if it is
+    /// `picket lock`'s controlling terminal, and gives `command_group` the foreground if
+    /// `picket lock`'s own group has it now. Started in the background, `picket lock` gives it
+    /// when a `fg` brings its job to the foreground. `None` without a controlling terminal.
     pub(crate) fn give(command_group: Pid) -> Option<Self> {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
             return None;
         }
         let own_group = getpgrp();
-        if tcgetpgrp(stdin.as_fd()).ok()? != own_group {
-            return None;
+        let foreground = tcgetpgrp(stdin.as_fd()).ok()?;
+        let taken = Self { own_group, command_group };
+        if foreground == own_group {
+            taken.hand_over();
         }
-        if let Err(error) = set_foreground(command_group) {
-            eprintln!("picket: cannot give the terminal to the command ({error}); it runs without");
-            return None;
+        Some(taken)
+    }
+
+    /// Gives the command's group the foreground and continues it: the command may have been
+    /// stopped for reading the terminal (or writing to it with `tostop` set) before it had it.
+    fn hand_over(&self) {
+        if let Err(error) = set_foreground(self.command_group) {
+            eprintln!("picket: cannot give the terminal to the command ({error})");
         }
-        // The command started before it had the terminal: if it already read the terminal (or
-        // wrote to it with `tostop` set), it was stopped for that, and continues now.
-        let _ = killpg(command_group, Signal::SIGCONT);
-        Some(Self { own_group, command_group })
+        let _ = killpg(self.command_group, Signal::SIGCONT);
     }
 
     /// Follows the command through Ctrl-Z and `fg` (see the module documentation); never
@@ -69,9 +75,18 @@ impl Foreground {
             if !matches!(stopped, Ok(WaitStatus::Stopped(..))) {
                 continue;
             }
-            // Only a command in the foreground is given back: one stopped in the background
-            // (after `bg`, for reading the terminal) leaves the terminal with the shell.
-            if tcgetpgrp(std::io::stdin().as_fd()).ok() == Some(self.command_group) {
+            let foreground = tcgetpgrp(std::io::stdin().as_fd()).ok();
+            // `picket lock` has the foreground (a `fg` after the command was stopped in the
+            // background for reading the terminal): the command gets it and goes on.
+            if foreground == Some(self.own_group) {
+                if still_held() {
+                    self.hand_over();
+                }
+                continue;
+            }
+            // Ctrl-Z: the terminal goes back to picket's group, which stops as the job. A
+            // command stopped in the background leaves the terminal with the shell.
+            if foreground == Some(self.command_group) {
                 let _ = set_foreground(self.own_group);
             }
             // Stops here until the shell continues the job (`fg`, `bg`).
@@ -79,11 +94,11 @@ impl Foreground {
             if !still_held() {
                 continue;
             }
-            let in_foreground = tcgetpgrp(std::io::stdin().as_fd()).ok() == Some(self.own_group);
-            if in_foreground {
-                let _ = set_foreground(self.command_group);
+            if tcgetpgrp(std::io::stdin().as_fd()).ok() == Some(self.own_group) {
+                self.hand_over();
+            } else {
+                let _ = killpg(self.command_group, Signal::SIGCONT);
             }
-            let _ = killpg(self.command_group, Signal::SIGCONT);
         }
     }
 }

@@ -15,13 +15,43 @@ fn start() -> (tempfile::TempDir, ServerProcess) {
     ServerProcess::start_ready(Path::new(PICKET), &[])
 }
 
+/// A program running as the only process of a new terminal's session; dropped, every process
+/// left in that session is killed, so a failed test leaves nothing stopped behind.
+struct InATerminal {
+    setsid: std::process::Child,
+}
+
+impl InATerminal {
+    fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.setsid.try_wait().expect("waitable")
+    }
+}
+
+impl Drop for InATerminal {
+    fn drop(&mut self) {
+        // `setsid --wait` runs the program in a child, whose pid is the session's id.
+        let session = std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            self.setsid.id(),
+            self.setsid.id()
+        ))
+        .ok()
+        .and_then(|children| children.split_whitespace().next().map(str::to_owned));
+        if let Some(session) = session {
+            let _ = Command::new("pkill").args(["-KILL", "-s", &session]).status();
+        }
+        let _ = self.setsid.kill();
+        let _ = self.setsid.wait();
+    }
+}
+
 /// Runs `program` as the only process of a new terminal's session (a pseudo-terminal that
 /// `setsid --ctty` makes the controlling terminal of a new session); returns the terminal's
-/// master side and the running `setsid`.
-fn in_a_terminal(program: &[&str]) -> (std::fs::File, std::process::Child) {
+/// master side and the running program.
+fn in_a_terminal(program: &[&str]) -> (std::fs::File, InATerminal) {
     let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
     let terminal = std::fs::File::from(pty.slave);
-    let child = Command::new("setsid")
+    let setsid = Command::new("setsid")
         .args(["--ctty", "--wait"])
         .args(program)
         .stdin(terminal.try_clone().expect("a descriptor"))
@@ -29,7 +59,7 @@ fn in_a_terminal(program: &[&str]) -> (std::fs::File, std::process::Child) {
         .stderr(terminal)
         .spawn()
         .expect("setsid runs");
-    (std::fs::File::from(pty.master), child)
+    (std::fs::File::from(pty.master), InATerminal { setsid })
 }
 
 /// What the terminal shows, read by one thread for the terminal's whole life.
@@ -89,9 +119,7 @@ fn lock_gives_a_command_in_a_terminal_the_terminal() {
     screen.wait_for("ready", Duration::from_secs(20));
     master.write_all(b"hello\n").expect("typed");
     screen.wait_for("got:hello", Duration::from_secs(10));
-    let status = wait_until("picket lock to end", Duration::from_secs(10), || {
-        child.try_wait().expect("waitable")
-    });
+    let status = wait_until("picket lock to end", Duration::from_secs(10), || child.try_wait());
     assert!(status.success(), "{status:?}");
     assert_eq!(http::get(&server.addr, "/v1/locks/tty").body["holder"], Value::Null);
 }
@@ -120,8 +148,32 @@ fn ctrl_z_stops_picket_lock_as_a_job_and_fg_resumes_its_command() {
     master.write_all(&[0x1a]).expect("typed");
     master.write_all(b"again\n").expect("typed");
     screen.wait_for("got:again", Duration::from_secs(20));
-    let status = wait_until("the shell to end", Duration::from_secs(10), || {
-        child.try_wait().expect("waitable")
-    });
+    let status = wait_until("the shell to end", Duration::from_secs(10), || child.try_wait());
+    assert!(status.success(), "{status:?}");
+}
+
+/// Started in the background (`&`), `picket lock` leaves the terminal to the shell; its
+/// command, reading the terminal, is stopped and so is the job; `fg` brings the job to the
+/// foreground and the command gets the terminal then. (The shell waits until it sees the job
+/// stopped: `jobs` polled, a condition rather than a guessed delay.)
+#[test]
+fn lock_started_in_the_background_gives_the_terminal_once_brought_to_the_foreground() {
+    use std::io::Write;
+    let (dir, server) = start();
+    // `jobs` in a pipeline would run in a subshell, which has no jobs: it writes to a file.
+    let jobs = dir.path().join("jobs");
+    let lock = format!(
+        "set -m; {PICKET} --endpoints {} lock bg -- sh -c '{}' & \
+         until jobs > {jobs} && grep -q Stopped {jobs}; do sleep 0.05; done; fg",
+        server.addr,
+        READS_A_LINE.replace('\'', "'\\''"),
+        jobs = jobs.display()
+    );
+    let (mut master, mut child) = in_a_terminal(&["sh", "-c", &lock]);
+    let mut screen = Screen::of(&master);
+    screen.wait_for("ready", Duration::from_secs(20));
+    master.write_all(b"later\n").expect("typed");
+    screen.wait_for("got:later", Duration::from_secs(20));
+    let status = wait_until("the shell to end", Duration::from_secs(10), || child.try_wait());
     assert!(status.success(), "{status:?}");
 }
