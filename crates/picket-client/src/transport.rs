@@ -87,6 +87,8 @@ struct Inner {
     config: ClientConfig,
     leader: Mutex<Option<String>>,
     connections: Mutex<HashMap<String, Connection>>,
+    /// Abandons on their way, by (session, lock): each sets its flag when done.
+    abandons: Mutex<HashMap<(u64, String), tokio::sync::watch::Receiver<bool>>>,
 }
 
 /// A handle that does not keep the connections open, for background tasks: they stop once
@@ -167,6 +169,7 @@ impl Transport {
                 config,
                 leader: Mutex::new(None),
                 connections: Mutex::new(HashMap::new()),
+                abandons: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -357,6 +360,7 @@ impl Transport {
     ) -> Result<v1::AcquireResponse, ClientError> {
         let request_timeout = self.inner.config.request_timeout;
         let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
+        self.abandon_done(session_id, name).await;
         let request_id = fresh_request_id();
         let attempts = std::sync::atomic::AtomicU32::new(0);
         // Dropped before the call ends (the caller gave up on it: a timeout, a `select!`), the
@@ -395,6 +399,22 @@ impl Transport {
         result
     }
 
+    /// Waits until an abandon of `name` in `session_id` on its way has been answered (or has
+    /// given up): a new acquire of the lock answered `already_held` before it landed would be
+    /// told it holds a grant the abandon then takes away.
+    async fn abandon_done(&self, session_id: u64, name: &str) {
+        let waiting = self
+            .inner
+            .abandons
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(session_id, name.to_owned()))
+            .cloned();
+        if let Some(mut waiting) = waiting {
+            let _ = waiting.wait_for(|done| *done).await;
+        }
+    }
+
     /// Undoes, on its own task, whatever the given-up acquire's last attempt left in the lock
     /// state: its wait, or a grant whose answer never arrived, which no guard would know of
     /// and the session would hold for as long as it lives. Abandoning an attempt that did
@@ -402,7 +422,16 @@ impl Transport {
     fn abandon_in_background(&self, session_id: u64, name: &str, request_id: u64, attempt: u32) {
         let transport = self.clone();
         let request = v1::AbandonRequest { name: name.to_owned(), session_id, request_id, attempt };
+        let (done, waiting) = tokio::sync::watch::channel(false);
+        let key = (session_id, name.to_owned());
+        self.inner
+            .abandons
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.clone(), waiting);
         tokio::spawn(async move {
+            // Said done however it ends, and forgotten, so the next acquire of the lock goes on.
+            let _done = AbandonDone { transport: transport.clone(), key, done };
             let timeout = Some(transport.inner.config.request_timeout);
             let abandoned = transport
                 .call(Retry::Safe, timeout, |mut grpc| {
@@ -449,6 +478,25 @@ impl Transport {
         match result {
             Err(error) if attempts > 1 && released_elsewhere(&error, token) => Ok(()),
             other => other.map(|_| ()),
+        }
+    }
+}
+
+/// Marks an abandon done when its task ends, however it ends.
+struct AbandonDone {
+    transport: Transport,
+    key: (u64, String),
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for AbandonDone {
+    fn drop(&mut self) {
+        self.done.send_replace(true);
+        let mut abandons =
+            self.transport.inner.abandons.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A later abandon of the same lock may have taken the place since.
+        if abandons.get(&self.key).is_some_and(|waiting| *waiting.borrow()) {
+            abandons.remove(&self.key);
         }
     }
 }

@@ -348,13 +348,9 @@ impl Model {
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         if let Some(holder) = lock.holder.filter(|h| h.session == session) {
             self.accept(now_ms);
-            let entry = self.locks.get_mut(name).unwrap();
             if lock.holder_request == request {
+                let entry = self.locks.get_mut(name).unwrap();
                 entry.holder_attempt = entry.holder_attempt.max(attempt);
-            } else {
-                // The grant now belongs to the request that was last told it holds it.
-                entry.holder_request = request;
-                entry.holder_attempt = attempt;
             }
             return Ok(Response::Granted {
                 name: name.into(),

@@ -7,8 +7,8 @@
 //!   when its lock's grant or cancellation event comes; a handler whose caller went away before
 //!   it answered proposes `Abandon` for its attempt (`AcquireGuard` in `picket-server`);
 //! - the client retries an attempt whose outcome it does not know with the same request id and
-//!   the next attempt, and when it gives up on one, abandons its last attempt
-//!   (`Transport::acquire` in `picket-client`); a grant it hears of becomes a guard; its watch
+//!   the next attempt, and when it gives up on one, abandons its last attempt, and asks for the
+//!   lock again only once that abandon is answered (`Transport::acquire` in `picket-client`); a grant it hears of becomes a guard; its watch
 //!   marks a guard lost when the guard's grant ends other than by the guard's own release, and
 //!   every guard of a session that ended (`state::dispatch`); a grant that ended before any
 //!   guard held it is remembered, and a guard made from it starts lost
@@ -106,6 +106,8 @@ struct OnItsWay {
     who: usize,
     lock: usize,
     command: Command,
+    /// Sent by the client (not by the server's shell).
+    from_client: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -176,13 +178,28 @@ impl World {
         let session = self.sessions[who];
         let command =
             Command::Acquire { session, name: LOCKS[lock].to_owned(), wait, request, attempt };
-        self.on_its_way.push(OnItsWay { who, lock, command });
+        self.on_its_way.push(OnItsWay { who, lock, command, from_client: true });
     }
 
-    fn send_abandon(&mut self, who: usize, lock: usize, request: RequestId, attempt: u32) {
+    fn send_abandon(
+        &mut self,
+        (who, lock): (usize, usize),
+        (request, attempt): (RequestId, u32),
+        from_client: bool,
+    ) {
         let session = self.sessions[who];
         let command = Command::Abandon { session, name: LOCKS[lock].to_owned(), request, attempt };
-        self.on_its_way.push(OnItsWay { who, lock, command });
+        self.on_its_way.push(OnItsWay { who, lock, command, from_client });
+    }
+
+    /// Whether the client's own abandon of a request for this lock is on its way: the client
+    /// asks again only once it is answered (`Transport::abandon_done`).
+    fn client_abandoning(&self, who: usize, lock: usize) -> bool {
+        self.on_its_way.iter().any(|way| {
+            way.from_client
+                && (way.who, way.lock) == (who, lock)
+                && matches!(way.command, Command::Abandon { .. })
+        })
     }
 
     fn run(&mut self, step: Step) {
@@ -192,6 +209,7 @@ impl World {
                 if self.session_ended[who]
                     || self.asking(who, lock) != Asking::Idle
                     || self.guards.contains_key(&(who, lock))
+                    || self.client_abandoning(who, lock)
                 {
                     return;
                 }
@@ -217,7 +235,7 @@ impl World {
                 // attempt; a settled answer is simply lost on the way.
                 let handler = self.handlers.remove(&(who, lock, request.0, attempt));
                 if !matches!(handler, Some(Handler::Answered(_))) {
-                    self.send_abandon(who, lock, request, attempt);
+                    self.send_abandon((who, lock), (request, attempt), false);
                 }
             }
             Step::Retry { who, lock } => {
@@ -228,7 +246,7 @@ impl World {
             Step::GiveUp { who, lock } => {
                 if let Asking::Failed { request, attempt, .. } = self.asking(who, lock) {
                     self.asking.insert((who, lock), Asking::Idle);
-                    self.send_abandon(who, lock, request, attempt);
+                    self.send_abandon((who, lock), (request, attempt), true);
                 }
             }
             Step::Release { who, lock } => {
@@ -236,7 +254,7 @@ impl World {
                     let session = self.sessions[who];
                     let name = LOCKS[lock].to_owned();
                     let command = Command::Release { session, name, token: guard.token };
-                    self.on_its_way.push(OnItsWay { who, lock, command });
+                    self.on_its_way.push(OnItsWay { who, lock, command, from_client: true });
                 }
             }
             Step::Tick { advance_ms, renew } => {
@@ -257,7 +275,7 @@ impl World {
     /// attempt is in the log before the abandon or never reaches it (a deposed leader's
     /// proposal).
     fn log_order(&self, picked: usize) -> usize {
-        let OnItsWay { who, lock, command } = &self.on_its_way[picked];
+        let OnItsWay { who, lock, command, .. } = &self.on_its_way[picked];
         let Command::Abandon { request, attempt, .. } = command else {
             return picked;
         };

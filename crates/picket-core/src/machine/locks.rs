@@ -78,12 +78,6 @@ impl StateMachine {
                 let stored = lock.holder.as_mut().expect("the lock is held");
                 if stored.request == request {
                     stored.attempt = stored.attempt.max(attempt);
-                } else {
-                    // Another request of the session was just told it holds this grant, so it
-                    // now speaks for it: abandoning the earlier request (whose caller gave up
-                    // on it) must not take away what this one holds.
-                    stored.request = request;
-                    stored.attempt = attempt;
                 }
                 Response::Granted { name: name.to_owned(), token, already_held: true }
             }
