@@ -22,8 +22,11 @@ struct InATerminal {
 }
 
 impl InATerminal {
-    fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
-        self.setsid.try_wait().expect("waitable")
+    /// Waits for the program to end, and asserts it ended well.
+    fn ends_well(&mut self, what: &str) {
+        let status =
+            wait_until(what, Duration::from_secs(10), || self.setsid.try_wait().expect("waitable"));
+        assert!(status.success(), "{what}: {status:?}");
     }
 }
 
@@ -119,8 +122,7 @@ fn lock_gives_a_command_in_a_terminal_the_terminal() {
     screen.wait_for("ready", Duration::from_secs(20));
     master.write_all(b"hello\n").expect("typed");
     screen.wait_for("got:hello", Duration::from_secs(10));
-    let status = wait_until("picket lock to end", Duration::from_secs(10), || child.try_wait());
-    assert!(status.success(), "{status:?}");
+    child.ends_well("picket lock to end");
     assert_eq!(http::get(&server.addr, "/v1/locks/tty").body["holder"], Value::Null);
 }
 
@@ -148,8 +150,7 @@ fn ctrl_z_stops_picket_lock_as_a_job_and_fg_resumes_its_command() {
     master.write_all(&[0x1a]).expect("typed");
     master.write_all(b"again\n").expect("typed");
     screen.wait_for("got:again", Duration::from_secs(20));
-    let status = wait_until("the shell to end", Duration::from_secs(10), || child.try_wait());
-    assert!(status.success(), "{status:?}");
+    child.ends_well("the shell to end");
 }
 
 /// Started in the background (`&`), `picket lock` leaves the terminal to the shell; its
@@ -174,6 +175,5 @@ fn lock_started_in_the_background_gives_the_terminal_once_brought_to_the_foregro
     screen.wait_for("ready", Duration::from_secs(20));
     master.write_all(b"later\n").expect("typed");
     screen.wait_for("got:later", Duration::from_secs(20));
-    let status = wait_until("the shell to end", Duration::from_secs(10), || child.try_wait());
-    assert!(status.success(), "{status:?}");
+    child.ends_well("the shell to end");
 }

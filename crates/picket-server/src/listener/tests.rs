@@ -40,6 +40,17 @@ async fn listen() -> Listening {
     Listening { addr, stop: Some(stop), serving }
 }
 
+/// Stops the listener and waits for it to end; returns how long that took.
+async fn stop(listening: &mut Listening) -> Duration {
+    let start = Instant::now();
+    listening.stop.take().expect("not stopped yet").send(()).expect("listening");
+    tokio::time::timeout(DRAIN_TIMEOUT, &mut listening.serving)
+        .await
+        .expect("the listener ended before the drain timeout")
+        .expect("no panic");
+    start.elapsed()
+}
+
 async fn connect(addr: &str) -> Connection {
     Connection::open(addr, Duration::from_secs(5), 1 << 16, None).await.expect("connected")
 }
@@ -107,13 +118,8 @@ async fn a_stop_closes_open_connections_and_ends_the_listener_before_the_drain_t
     let mut listening = listen().await;
     let connection = connect(&listening.addr).await;
     assert_eq!(fetch(&connection, "/hello").await, "hello");
-    let start = Instant::now();
-    listening.stop.take().expect("not stopped yet").send(()).expect("listening");
-    tokio::time::timeout(DRAIN_TIMEOUT, &mut listening.serving)
-        .await
-        .expect("the listener ended before the drain timeout")
-        .expect("no panic");
-    assert!(start.elapsed() < DRAIN_TIMEOUT);
+    let took = stop(&mut listening).await;
+    assert!(took < DRAIN_TIMEOUT);
     wait_closed(&connection, Duration::from_secs(1)).await;
 }
 
@@ -139,11 +145,6 @@ async fn a_stop_does_not_wait_for_a_connection_that_sent_nothing() {
     let _silent = tokio::net::TcpStream::connect(&listening.addr).await.expect("connected");
     // The listener has accepted it once a request on another connection is answered.
     assert_eq!(fetch(&connect(&listening.addr).await, "/hello").await, "hello");
-    let start = Instant::now();
-    listening.stop.take().expect("not stopped yet").send(()).expect("listening");
-    tokio::time::timeout(DRAIN_TIMEOUT, &mut listening.serving)
-        .await
-        .expect("the listener ended before the drain timeout")
-        .expect("no panic");
-    assert!(start.elapsed() < DRAIN_TIMEOUT / 2, "the stop took {:?}", start.elapsed());
+    let took = stop(&mut listening).await;
+    assert!(took < DRAIN_TIMEOUT / 2, "the stop took {took:?}");
 }
