@@ -447,6 +447,7 @@ impl Transport {
                     released_token = answer.released_token,
                     "abandoned a given-up acquire"
                 ),
+                // Nodes of an earlier build refuse an abandon that finds nothing.
                 Err(error) if error.code() == Some("nothing_to_abandon") => {}
                 Err(error) => tracing::warn!(
                     session = session_id,

@@ -9,11 +9,10 @@ fn machine_with_sessions(count: u64) -> (StateMachine, Vec<SessionId>) {
     let mut machine = StateMachine::new(Limits::default());
     let sessions = (0..count)
         .map(|_| {
-            let applied = machine.apply(&Input {
-                now_ms: 0,
-                command: Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
-                principal: None,
-            });
+            let applied = machine.apply(&Input::new(
+                0,
+                Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
+            ));
             let Ok(Response::SessionOpened { session, .. }) = applied.result else {
                 unreachable!()
             };
@@ -28,82 +27,76 @@ fn main() {
     // a lock of its own: the uncontended benchmark's whole state machine cost per cycle.
     let (mut machine, sessions) = machine_with_sessions(10_000);
     for (index, session) in sessions.iter().enumerate() {
-        machine.apply(&Input {
-            now_ms: 1,
-            command: Command::Acquire {
+        machine.apply(&Input::new(
+            1,
+            Command::Acquire {
                 session: *session,
                 name: format!("held/{index}"),
                 wait: Wait::Try,
                 request: RequestId(0),
                 attempt: 0,
             },
-            principal: None,
-        });
+        ));
     }
     let mut now_ms = 2;
     let session = sessions[0];
     measure("core: acquire + release, uncontended, 10k sessions", 20_000, || {
         now_ms += 1;
-        let acquired = machine.apply(&Input {
+        let acquired = machine.apply(&Input::new(
             now_ms,
-            command: Command::Acquire {
+            Command::Acquire {
                 session,
                 name: "bench/lock".into(),
                 wait: Wait::Try,
                 request: RequestId(0),
                 attempt: 0,
             },
-            principal: None,
-        });
+        ));
         let Ok(Response::Granted { token, .. }) = acquired.result else { unreachable!() };
-        let released = machine.apply(&Input {
+        let released = machine.apply(&Input::new(
             now_ms,
-            command: Command::Release { session, name: "bench/lock".into(), token },
-            principal: None,
-        });
+            Command::Release { session, name: "bench/lock".into(), token },
+        ));
         black_box(released);
     });
 
     // A handoff: the holder releases and the head of an 8-deep queue is granted.
     let (mut machine, sessions) = machine_with_sessions(9);
     for session in &sessions {
-        machine.apply(&Input {
-            now_ms: 1,
-            command: Command::Acquire {
+        machine.apply(&Input::new(
+            1,
+            Command::Acquire {
                 session: *session,
                 name: "contended".into(),
                 wait: Wait::Forever,
                 request: RequestId(0),
                 attempt: 0,
             },
-            principal: None,
-        });
+        ));
     }
     measure(
         "core: handoff (release grants the next of 8 waiters, who queues again)",
         20_000,
         || {
             let holder = machine.lock("contended").and_then(|lock| lock.holder).expect("held");
-            machine.apply(&Input {
-                now_ms: 2,
-                command: Command::Release {
+            machine.apply(&Input::new(
+                2,
+                Command::Release {
                     session: holder.session,
                     name: "contended".into(),
                     token: holder.token,
                 },
-                principal: None,
-            });
-            let requeued = machine.apply(&Input {
-                now_ms: 2,
-                command: Command::Acquire {
+            ));
+            let requeued = machine.apply(&Input::new(
+                2,
+                Command::Acquire {
                     session: holder.session,
                     name: "contended".into(),
                     wait: Wait::Forever,
                     request: RequestId(0),
                     attempt: 0,
                 },
-                principal: None,
-            });
+            ));
             black_box(requeued);
         },
     );
@@ -113,11 +106,7 @@ fn main() {
     let mut now_ms = 1;
     measure("core: tick renewing 10k sessions", 50, || {
         now_ms += 1;
-        black_box(machine.apply(&Input {
-            now_ms,
-            command: Command::Tick { renew: sessions.clone() },
-            principal: None,
-        }));
+        black_box(machine.apply(&Input::new(now_ms, Command::Tick { renew: sessions.clone() })));
     });
 
     let (machine, _) = machine_with_sessions(10_000);

@@ -20,14 +20,38 @@ pub struct Input {
     /// not an admin: a command that uses a session is refused unless this principal opened it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
+    /// The version of the apply rules the proposer wrote this entry under; the state machine
+    /// applies it under the same rules, so a log replayed by a later build reaches the state
+    /// the build that wrote it reached. Entries from before versions existed read as 0.
+    #[serde(default)]
+    pub rules: u32,
 }
 
+/// The newest version of the apply rules this build knows, and the one it writes. What each
+/// version changed:
+///
+/// - 0: every entry written before versions existed.
+/// - 1: an abandon that finds nothing to undo is accepted rather than refused
+///   (`nothing_to_abandon`), and every accepted abandon is remembered by its session, so an
+///   attempt of an abandoned request that reaches the log later is refused
+///   (`request_abandoned`) instead of granted to a caller that is gone.
+///
+/// A node that finds an entry under a version it does not know must stop rather than apply it
+/// differently from the nodes that do.
+pub const APPLY_RULES: u32 = 1;
+
 impl Input {
-    /// `command` stamped `now_ms`, sent by nobody in particular (an admin, or a service that
-    /// authenticates no one).
+    /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular
+    /// (an admin, or a service that authenticates no one).
     #[must_use]
     pub fn new(now_ms: u64, command: Command) -> Self {
-        Self { now_ms, command, principal: None }
+        Self { now_ms, command, principal: None, rules: APPLY_RULES }
+    }
+
+    /// The same input, sent by `principal` (see [`Input::principal`]).
+    #[must_use]
+    pub fn sent_by(self, principal: Option<String>) -> Self {
+        Self { principal, ..self }
     }
 }
 

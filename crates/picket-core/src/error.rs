@@ -196,7 +196,21 @@ pub enum CommandError {
         /// The request the session waits under.
         waiting_request: RequestId,
     },
-    /// An abandon found nothing of its request: no wait and no grant.
+    /// An attempt of an acquire request reached the log after the request was abandoned (its
+    /// caller gave up on it or went away), so it does nothing.
+    #[error(
+        "request {request} of session {session} for lock {name:?} was abandoned before this attempt of it arrived: nothing was done; to ask for the lock again, send a new request"
+    )]
+    RequestAbandoned {
+        /// The lock.
+        name: String,
+        /// The session.
+        session: SessionId,
+        /// The abandoned request.
+        request: RequestId,
+    },
+    /// An abandon found nothing of its request: no wait and no grant. Only entries written
+    /// under apply rules 0 are refused so; later ones are accepted and remembered.
     #[error(
         "session {session} neither waits for nor holds lock {name:?} under request {request}: nothing to undo"
     )]
@@ -207,6 +221,16 @@ pub enum CommandError {
         session: SessionId,
         /// The request.
         request: RequestId,
+    },
+    /// The entry was written under apply rules newer than this build knows.
+    #[error(
+        "this entry was written under apply rules {rules}, and this build knows up to {known}: run the same Picket version on every node"
+    )]
+    UnknownApplyRules {
+        /// The entry's rules.
+        rules: u32,
+        /// The newest this build knows.
+        known: u32,
     },
     /// A tick tried to renew more sessions than allowed.
     #[error("a tick tried to renew {count} sessions, over the limit of {max}: split the renewals")]
@@ -247,7 +271,9 @@ impl CommandError {
             Self::TokenMismatch { .. } => "token_mismatch",
             Self::NotWaiting { .. } => "not_waiting",
             Self::AlreadyWaiting { .. } => "already_waiting",
+            Self::RequestAbandoned { .. } => "request_abandoned",
             Self::NothingToAbandon { .. } => "nothing_to_abandon",
+            Self::UnknownApplyRules { .. } => "unknown_apply_rules",
             Self::TooManyRenewals { .. } => "too_many_renewals",
         }
     }

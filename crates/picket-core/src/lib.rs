@@ -11,7 +11,7 @@
 //! use picket_core::{Command, Input, Limits, RequestId, Response, StateMachine, Wait};
 //!
 //! let mut machine = StateMachine::new(Limits::default());
-//! let open = |now_ms| Input { now_ms, command: Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None }, principal: None };
+//! let open = |now_ms| Input::new(now_ms, Command::OpenSession { ttl_ms: 2_000, lock_delay_ms: 0, owner: None });
 //! let Ok(Response::SessionOpened { session: a, .. }) = machine.apply(&open(0)).result else { panic!() };
 //! let Ok(Response::SessionOpened { session: b, .. }) = machine.apply(&open(0)).result else { panic!() };
 //!
@@ -23,13 +23,13 @@
 //!     request: RequestId(1),
 //!     attempt: 0,
 //! };
-//! let first = machine.apply(&Input { now_ms: 10, command: acquire(a), principal: None });
+//! let first = machine.apply(&Input::new(10, acquire(a)));
 //! let Ok(Response::Granted { token: token_a, .. }) = first.result else { panic!() };
-//! machine.apply(&Input { now_ms: 20, command: acquire(b), principal: None });
+//! machine.apply(&Input::new(20, acquire(b)));
 //!
 //! // A stops keeping its session alive; a tick past its deadline (2,000) and the expiry grace
 //! // (500 ms) expires it and grants B.
-//! machine.apply(&Input { now_ms: 2_600, command: Command::Tick { renew: vec![b] }, principal: None });
+//! machine.apply(&Input::new(2_600, Command::Tick { renew: vec![b] }));
 //! let holder = machine.lock("report").unwrap().holder.unwrap();
 //! assert_eq!(holder.session, b);
 //! assert!(holder.token > token_a);
@@ -47,7 +47,7 @@ pub mod seal;
 mod sequencer;
 mod types;
 
-pub use command::{Command, Input};
+pub use command::{APPLY_RULES, Command, Input};
 pub use error::{CommandError, NameError};
 pub use limits::{
     DEFAULT_SESSION_EXPIRY_GRACE_MS, InvalidLimits, Limits, MAX_NAME_BYTES_CAP, MAX_OWNER_BYTES,

@@ -17,11 +17,49 @@ pub(crate) struct SessionRecord {
     /// The principal that opened it, when the service authenticates clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) owner: Option<String>,
+    /// The session's latest abandoned acquire requests, oldest first, at most
+    /// [`ABANDONED_REQUESTS_KEPT`]. An attempt of one of them that reaches the log after its
+    /// abandon (a half-open connection delivers it late) is refused instead of granted to a
+    /// caller that is gone.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub(crate) abandoned: VecDeque<AbandonedRequest>,
+}
+
+/// How many abandoned requests a session remembers. A client abandons a request only when it
+/// gives up on it or its connection breaks, and each abandon is one log entry, so a late
+/// attempt of a request the session forgot needs that many abandons of the same session while
+/// it is on its way.
+pub(crate) const ABANDONED_REQUESTS_KEPT: usize = 16;
+
+/// An acquire request that was abandoned, up to and including `attempt`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AbandonedRequest {
+    pub(crate) request: RequestId,
+    pub(crate) attempt: u32,
 }
 
 impl SessionRecord {
     pub(crate) fn lock_count(&self) -> usize {
         self.held.len() + self.waiting.len()
+    }
+
+    /// Whether `attempt` of `request` was abandoned (it, or a later attempt of the request).
+    pub(crate) fn abandoned(&self, request: RequestId, attempt: u32) -> bool {
+        self.abandoned.iter().any(|entry| entry.request == request && attempt <= entry.attempt)
+    }
+
+    /// Remembers that `request` was abandoned up to `attempt`, forgetting the oldest abandoned
+    /// request when the memory is full.
+    pub(crate) fn remember_abandoned(&mut self, request: RequestId, attempt: u32) {
+        if let Some(entry) = self.abandoned.iter_mut().find(|entry| entry.request == request) {
+            entry.attempt = entry.attempt.max(attempt);
+            return;
+        }
+        if self.abandoned.len() == ABANDONED_REQUESTS_KEPT {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back(AbandonedRequest { request, attempt });
+        assert!(self.abandoned.len() <= ABANDONED_REQUESTS_KEPT);
     }
 }
 
@@ -83,5 +121,48 @@ impl LockRecord {
 
     pub(crate) fn position_of(&self, session: SessionId) -> Option<usize> {
         self.waiters.iter().position(|waiter| waiter.session == session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> SessionRecord {
+        SessionRecord {
+            ttl_ms: 1_000,
+            lock_delay_ms: 0,
+            deadline_ms: 1_000,
+            held: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            owner: None,
+            abandoned: VecDeque::new(),
+        }
+    }
+
+    #[test]
+    fn an_abandoned_request_covers_its_attempt_and_earlier_ones_only() {
+        let mut record = session();
+        record.remember_abandoned(RequestId(7), 2);
+        assert!(record.abandoned(RequestId(7), 0));
+        assert!(record.abandoned(RequestId(7), 2));
+        assert!(!record.abandoned(RequestId(7), 3), "the caller's retry goes on");
+        assert!(!record.abandoned(RequestId(8), 0));
+        // An earlier attempt's late abandon does not lower what is remembered.
+        record.remember_abandoned(RequestId(7), 1);
+        assert!(record.abandoned(RequestId(7), 2));
+        assert_eq!(record.abandoned.len(), 1);
+    }
+
+    #[test]
+    fn abandoned_requests_are_bounded_and_the_oldest_is_forgotten_first() {
+        let mut record = session();
+        let kept = u64::try_from(ABANDONED_REQUESTS_KEPT).unwrap();
+        for request in 0..=kept {
+            record.remember_abandoned(RequestId(request), 0);
+        }
+        assert_eq!(record.abandoned.len(), ABANDONED_REQUESTS_KEPT);
+        assert!(!record.abandoned(RequestId(0), 0));
+        assert!((1..=kept).all(|request| record.abandoned(RequestId(request), 0)));
     }
 }

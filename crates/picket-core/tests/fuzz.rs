@@ -25,7 +25,7 @@ fn busy_machine() -> StateMachine {
     let mut now_ms = 1_000;
     let mut apply = |machine: &mut StateMachine, command: Command| {
         now_ms += 10;
-        machine.apply(&Input { now_ms, command, principal: None });
+        machine.apply(&Input::new(now_ms, command));
     };
     for lock_delay_ms in [0, 0, 2_000] {
         apply(&mut machine, Command::OpenSession { ttl_ms: 5_000, lock_delay_ms, owner: None });
@@ -204,7 +204,7 @@ proptest! {
         if let Ok(mut machine) = StateMachine::restore(&bytes) {
             prop_assert!(machine.check_invariants().is_ok());
             // A restored state goes on working: time passes, every session expires.
-            machine.apply(&Input { now_ms: u64::MAX / 2, command: Command::Tick { renew: Vec::new() }, principal: None });
+            machine.apply(&Input::new(u64::MAX / 2, Command::Tick { renew: Vec::new() }));
             prop_assert!(machine.check_invariants().is_ok());
         }
     }
@@ -217,7 +217,7 @@ proptest! {
         for (command, now_ms) in commands {
             let Ok(command) = serde_json::from_value::<Command>(command) else { continue };
             let predicted = machine.validate(&command);
-            let applied = machine.apply(&Input { now_ms, command, principal: None });
+            let applied = machine.apply(&Input::new(now_ms, command));
             prop_assert_eq!(predicted.is_ok(), applied.result.is_ok());
             prop_assert!(machine.check_invariants().is_ok());
         }

@@ -94,6 +94,9 @@ struct ModelSession {
     ttl_ms: u64,
     lock_delay_ms: u64,
     deadline_ms: u64,
+    /// Abandoned requests with their latest abandoned attempt, in the order first abandoned;
+    /// the oldest is forgotten beyond 16.
+    abandoned: Vec<(RequestId, u32)>,
 }
 
 #[derive(Clone, Debug)]
@@ -174,6 +177,7 @@ impl Model {
                     ttl_ms: *ttl_ms,
                     lock_delay_ms: *lock_delay_ms,
                     deadline_ms,
+                    abandoned: Vec::new(),
                 });
                 Ok(Response::SessionOpened { session: id, ttl_ms: *ttl_ms, deadline_ms })
             }
@@ -297,6 +301,7 @@ impl Model {
         if self.session(session).is_none() {
             return Err("unknown_session");
         }
+        self.remember_abandoned(session, (request, attempt));
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         let waits = lock
             .queue
@@ -319,7 +324,25 @@ impl Model {
                 self.promote_everything();
                 Ok(Response::Abandoned { name: name.into(), released_token: Some(h.token) })
             }
-            _ => Err("nothing_to_abandon"),
+            _ => {
+                self.accept(now_ms);
+                Ok(Response::Abandoned { name: name.into(), released_token: None })
+            }
+        }
+    }
+
+    /// Every abandon of a live session with a valid name is accepted and remembers its request,
+    /// whatever it undoes.
+    fn remember_abandoned(&mut self, session: SessionId, (request, attempt): (RequestId, u32)) {
+        let record = self.sessions.iter_mut().find(|s| s.id == session).unwrap();
+        match record.abandoned.iter_mut().find(|(r, _)| *r == request) {
+            Some((_, latest)) => *latest = (*latest).max(attempt),
+            None => {
+                record.abandoned.push((request, attempt));
+                if record.abandoned.len() > 16 {
+                    record.abandoned.remove(0);
+                }
+            }
         }
     }
 
@@ -342,8 +365,9 @@ impl Model {
             Wait::For { wait_ms } => Some(wait_ms),
             _ => None,
         };
-        if self.session(session).is_none() {
-            return Err("unknown_session");
+        let Some(record) = self.session(session) else { return Err("unknown_session") };
+        if record.abandoned.iter().any(|(r, latest)| *r == request && attempt <= *latest) {
+            return Err("request_abandoned");
         }
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         if let Some(holder) = lock.holder.filter(|h| h.session == session) {
@@ -510,10 +534,10 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
         }
         Op::Tick { renew } => Command::Tick { renew: renew.iter().map(|w| who(*w)).collect() },
         Op::Refresh { clock_ms } => {
-            return Input { now_ms: *clock_ms, command: Command::Refresh, principal: None };
+            return Input::new(*clock_ms, Command::Refresh);
         }
     };
-    Input { now_ms, command, principal: None }
+    Input::new(now_ms, command)
 }
 
 fn check_step(
@@ -545,22 +569,14 @@ fn check_step(
             // The deadline may already be overdue when no tick ran since.
             let before = probe.snapshot();
             if due_ms > machine.now_ms() {
-                let early = probe.apply(&Input {
-                    now_ms: due_ms - 1,
-                    command: Command::Tick { renew: vec![] },
-                    principal: None,
-                });
+                let early = probe.apply(&Input::new(due_ms - 1, Command::Tick { renew: vec![] }));
                 prop_assert!(
                     early.events.is_empty(),
                     "a tick before the next deadline changed something"
                 );
             }
             let mut probe = StateMachine::restore(&before).unwrap();
-            let due = probe.apply(&Input {
-                now_ms: due_ms,
-                command: Command::Tick { renew: vec![] },
-                principal: None,
-            });
+            let due = probe.apply(&Input::new(due_ms, Command::Tick { renew: vec![] }));
             let delay_ended = machine.locks("", None, usize::MAX).iter().any(|l| {
                 l.delayed_until_ms.is_some_and(|until| until <= due_ms.max(machine.now_ms()))
             });
@@ -570,11 +586,10 @@ fn check_step(
             );
         }
         None => {
-            let far = probe.apply(&Input {
-                now_ms: machine.now_ms() + 100_000_000,
-                command: Command::Tick { renew: vec![] },
-                principal: None,
-            });
+            let far = probe.apply(&Input::new(
+                machine.now_ms() + 100_000_000,
+                Command::Tick { renew: vec![] },
+            ));
             prop_assert!(
                 far.events.is_empty(),
                 "nothing was pending, yet a tick changed something"

@@ -221,8 +221,10 @@ impl World {
                 if self.on_its_way.is_empty() {
                     return;
                 }
-                let next = self.log_order(pick % self.on_its_way.len());
-                let next = self.on_its_way.remove(next);
+                // Any order, an abandon before the attempt it abandons included: a half-open
+                // connection can deliver an attempt after its caller gave up on it, or after
+                // the node whose connection broke abandoned it.
+                let next = self.on_its_way.remove(pick % self.on_its_way.len());
                 self.apply(&next);
             }
             Step::Deliver { who, lock } => self.deliver(who, lock),
@@ -267,26 +269,6 @@ impl World {
                 self.hear(&applied.events);
             }
         }
-    }
-
-    /// Which command on its way the log takes when `picked` is ready. An abandon never
-    /// overtakes the acquire it undoes: the shell proposes it after the acquire, on the node the
-    /// acquire was proposed on, and a client gives up only after its last attempt failed, so the
-    /// attempt is in the log before the abandon or never reaches it (a deposed leader's
-    /// proposal).
-    fn log_order(&self, picked: usize) -> usize {
-        let OnItsWay { who, lock, command, .. } = &self.on_its_way[picked];
-        let Command::Abandon { request, attempt, .. } = command else {
-            return picked;
-        };
-        self.on_its_way
-            .iter()
-            .position(|way| {
-                (way.who, way.lock) == (*who, *lock)
-                    && matches!(way.command, Command::Acquire { request: r, attempt: a, .. }
-                        if r == *request && a <= *attempt)
-            })
-            .unwrap_or(picked)
     }
 
     fn apply(&mut self, next: &OnItsWay) {

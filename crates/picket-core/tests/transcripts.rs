@@ -2,8 +2,8 @@
 //! with the expected transcript, line by line, so a reader sees the whole behaviour at once.
 
 use picket_core::{
-    Applied, CheckOutcome, Command, CommandError, Event, Input, Limits, MAX_OWNER_BYTES, NameError,
-    RequestId, Response, Sequencer, SessionId, StateMachine, Wait,
+    APPLY_RULES, Applied, CheckOutcome, Command, CommandError, Event, Input, Limits,
+    MAX_OWNER_BYTES, NameError, RequestId, Response, Sequencer, SessionId, StateMachine, Wait,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,6 +13,8 @@ struct Story {
     machine: StateMachine,
     names: BTreeMap<String, SessionId>,
     transcript: String,
+    /// The apply rules the story's entries are written under.
+    rules: u32,
 }
 
 impl Story {
@@ -25,6 +27,7 @@ impl Story {
             machine: StateMachine::new(limits),
             names: BTreeMap::new(),
             transcript: String::new(),
+            rules: APPLY_RULES,
         }
     }
 
@@ -42,7 +45,8 @@ impl Story {
     fn run(&mut self, now_ms: u64, command: Command) -> Applied {
         let before = self.machine.snapshot();
         let line = self.describe(&command);
-        let applied = self.machine.apply(&Input { now_ms, command, principal: None });
+        let applied =
+            self.machine.apply(&Input { rules: self.rules, ..Input::new(now_ms, command) });
         self.machine.check_invariants().expect("invariants hold after every step");
         if applied.result.is_err() {
             assert_eq!(before, self.machine.snapshot(), "a refused command changes nothing");
@@ -185,9 +189,8 @@ impl Story {
             Response::Abandoned { released_token: Some(token), .. } => {
                 format!("abandoned, released token={token}")
             }
-            Response::Abandoned { released_token: None, .. } => {
-                "abandoned, wait cancelled".to_owned()
-            }
+            // Whether a wait was cancelled shows in the events.
+            Response::Abandoned { released_token: None, .. } => "abandoned".to_owned(),
             Response::Ticked => "ok".to_owned(),
             Response::Refreshed => "refreshed".to_owned(),
             other => format!("{other:?}"),
@@ -755,12 +758,12 @@ fn abandoning_a_request_cancels_its_wait_or_releases_its_grant() {
             queued B for \"x\" at 0
         t=3 acquire C \"x\" Forever request=3 -> queued position=1
             queued C for \"x\" at 1
-        t=4 abandon C \"x\" request=3 -> abandoned, wait cancelled
+        t=4 abandon C \"x\" request=3 -> abandoned
             cancelled C for \"x\" (Abandoned)
         t=5 abandon A \"x\" request=1 -> abandoned, released token=4
             released \"x\" by A token=4 (Abandoned)
             granted \"x\" to B token=8
-        t=6 abandon B \"x\" request=9 -> refused nothing_to_abandon
+        t=6 abandon B \"x\" request=9 -> abandoned
         ",
     );
 }
@@ -781,7 +784,7 @@ fn abandoning_a_request_never_releases_another_requests_grant() {
         t=1 acquire S \"x\" Try request=1 -> granted token=2
             granted \"x\" to S token=2
         t=2 acquire S \"x\" For { wait_ms: 5000 } request=2 -> granted token=2 (already held)
-        t=3 abandon S \"x\" request=2 -> refused nothing_to_abandon
+        t=3 abandon S \"x\" request=2 -> abandoned
         ",
     );
     assert_eq!(story.machine.lock("x").unwrap().holder.unwrap().token, 2);
@@ -812,16 +815,87 @@ fn abandoning_an_earlier_attempt_leaves_a_retrys_grant_alone() {
         t=2 acquire S \"x\" Forever request=5 -> queued position=0
             queued S for \"x\" at 0
         t=3 acquire S \"x\" Forever request=5 attempt=1 -> queued position=0
-        t=4 abandon S \"x\" request=5 -> refused nothing_to_abandon
+        t=4 abandon S \"x\" request=5 -> abandoned
         t=5 release A \"x\" token=3 -> released
             released \"x\" by A token=3 (Released)
-            granted \"x\" to S token=6
-        t=6 acquire S \"x\" Forever request=5 attempt=2 -> granted token=6 (already held)
-        t=7 abandon S \"x\" request=5 attempt=1 -> refused nothing_to_abandon
-        t=8 abandon S \"x\" request=5 attempt=2 -> abandoned, released token=6
-            released \"x\" by S token=6 (Abandoned)
+            granted \"x\" to S token=7
+        t=6 acquire S \"x\" Forever request=5 attempt=2 -> granted token=7 (already held)
+        t=7 abandon S \"x\" request=5 attempt=1 -> abandoned
+        t=8 abandon S \"x\" request=5 attempt=2 -> abandoned, released token=7
+            released \"x\" by S token=7 (Abandoned)
         ",
     );
+}
+
+/// Issue 14: an attempt that a half-open connection delivers after its own abandon (the
+/// caller gave up, or its connection broke and the node abandoned the attempt) found nothing to
+/// undo when the abandon applied. It must not be granted afterwards: its caller is gone, and a
+/// grant would be held by nobody for as long as the session lives. A later attempt of the same
+/// request (the caller's retry) is served as usual, and so is a new request.
+#[test]
+fn an_attempt_arriving_after_its_abandon_is_refused_not_granted() {
+    let mut story = Story::new();
+    story.open(0, "S", 10_000, 0);
+    story.abandon_attempt(1, "S", "x", (5, 0));
+    story.acquire_attempt(2, "S", "x", Wait::Forever, (5, 0));
+    story.acquire_attempt(3, "S", "y", Wait::Try, (6, 0));
+    story.abandon_attempt(4, "S", "y", (6, 0));
+    story.acquire_attempt(5, "S", "y", Wait::Try, (6, 0));
+    story.acquire_attempt(6, "S", "x", Wait::Forever, (5, 1));
+    story.acquire_attempt(7, "S", "x", Wait::Try, (7, 0));
+    story.assert_transcript(
+        "
+        t=0 open S ttl=10000 delay=0
+        t=1 abandon S \"x\" request=5 -> abandoned
+        t=2 acquire S \"x\" Forever request=5 -> refused request_abandoned
+        t=3 acquire S \"y\" Try request=6 -> granted token=3
+            granted \"y\" to S token=3
+        t=4 abandon S \"y\" request=6 -> abandoned, released token=3
+            released \"y\" by S token=3 (Abandoned)
+        t=5 acquire S \"y\" Try request=6 -> refused request_abandoned
+        t=6 acquire S \"x\" Forever request=5 attempt=1 -> granted token=5
+            granted \"x\" to S token=5
+        t=7 acquire S \"x\" Try request=7 -> granted token=5 (already held)
+        ",
+    );
+}
+
+/// Apply rules are versioned: a log written before the abandon memory existed (rules 0) must
+/// replay as it was applied then, or a node restarted on a newer build would count revisions,
+/// and so tokens, differently from what it granted. Under rules 0 an abandon that finds
+/// nothing is refused and nothing is remembered; the same story under rules 1 remembers it.
+#[test]
+fn entries_written_under_earlier_apply_rules_replay_as_they_were_applied() {
+    let mut story = Story::new();
+    story.rules = 0;
+    story.open(0, "S", 10_000, 0);
+    story.abandon_attempt(1, "S", "x", (5, 0));
+    story.acquire_attempt(2, "S", "x", Wait::Try, (5, 0));
+    story.rules = 1;
+    story.abandon_attempt(3, "S", "y", (6, 0));
+    story.acquire_attempt(4, "S", "y", Wait::Try, (6, 0));
+    story.assert_transcript(
+        "
+        t=0 open S ttl=10000 delay=0
+        t=1 abandon S \"x\" request=5 -> refused nothing_to_abandon
+        t=2 acquire S \"x\" Try request=5 -> granted token=2
+            granted \"x\" to S token=2
+        t=3 abandon S \"y\" request=6 -> abandoned
+        t=4 acquire S \"y\" Try request=6 -> refused request_abandoned
+        ",
+    );
+}
+
+/// An entry written under apply rules newer than this build knows is refused and changes
+/// nothing (the server stops before applying it: see `picket-server`'s state machine).
+#[test]
+fn an_entry_under_unknown_apply_rules_changes_nothing() {
+    let mut story = Story::new();
+    story.open(0, "S", 10_000, 0);
+    story.rules = APPLY_RULES + 1;
+    let applied = story.acquire_attempt(1, "S", "x", Wait::Try, (5, 0));
+    assert_eq!(applied.result.unwrap_err().code(), "unknown_apply_rules");
+    assert_eq!(story.machine.revision(), 1);
 }
 
 /// Issue 15: a session belongs to the principal that opened it. The owner is kept with the
@@ -865,11 +939,8 @@ fn a_principal_cannot_use_a_session_another_opened() {
         request: RequestId(1),
         attempt: 0,
     };
-    let as_principal = |principal: &str, command: Command| Input {
-        now_ms: 1,
-        command,
-        principal: Some(principal.into()),
-    };
+    let as_principal =
+        |principal: &str, command: Command| Input::new(1, command).sent_by(Some(principal.into()));
     let before = machine.snapshot();
     let refused = machine.apply(&as_principal("b", acquire("x")));
     assert_eq!(refused.result, Err(CommandError::NotOwner { session }));

@@ -144,7 +144,10 @@ impl ServiceError {
                 | CommandError::TokenMismatch { .. }
                 | CommandError::NotWaiting { .. }
                 | CommandError::AlreadyWaiting { .. }
-                | CommandError::NothingToAbandon { .. } => 409,
+                | CommandError::NothingToAbandon { .. }
+                | CommandError::RequestAbandoned { .. } => 409,
+                // Never answered in practice: the node stops before applying such an entry.
+                CommandError::UnknownApplyRules { .. } => 500,
                 CommandError::TooManySessions { .. }
                 | CommandError::TooManyLocks { .. }
                 | CommandError::TooManyLocksForSession { .. }

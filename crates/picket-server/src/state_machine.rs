@@ -16,7 +16,7 @@ use crate::raft_types::{
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use picket_core::{Command, Input, Limits, StateMachine, Wait};
+use picket_core::{APPLY_RULES, Command, Input, Limits, StateMachine, Wait};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -148,12 +148,28 @@ impl StateStore {
         &self.inner.metrics
     }
 
-    fn apply_entry(&self, entry: Entry) -> EntryReply {
+    /// Applies one committed entry.
+    ///
+    /// # Errors
+    /// An entry written under apply rules this build does not know: the node stops (openraft
+    /// treats a failed apply as fatal) rather than apply it differently from the nodes that
+    /// wrote it.
+    fn apply_entry(&self, entry: Entry) -> io::Result<EntryReply> {
         let log_id = entry.log_id;
+        if let EntryPayload::Normal(input) = &entry.payload
+            && input.rules > APPLY_RULES
+        {
+            let message = format!(
+                "log entry {log_id} was written under apply rules {}, and this build knows up to {APPLY_RULES}: run a Picket build as new as the leader's on this node",
+                input.rules
+            );
+            tracing::error!("{message}");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+        }
         let mut state = self.inner.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         assert!(state.last_applied < Some(log_id), "entries are applied once, in log order");
         state.last_applied = Some(log_id);
-        match entry.payload {
+        Ok(match entry.payload {
             EntryPayload::Blank => EntryReply::None,
             EntryPayload::Membership(membership) => {
                 state.membership = StoredMembership::new(Some(log_id), membership);
@@ -169,7 +185,7 @@ impl StateStore {
                 self.inner.hub.publish(applied.revision, &events);
                 EntryReply::Applied(applied)
             }
-        }
+        })
     }
 
     fn build(&self) -> StoredSnapshot {
@@ -262,7 +278,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
     {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
-            let reply = self.apply_entry(entry);
+            let reply = self.apply_entry(entry)?;
             if let Some(responder) = responder {
                 responder.send(reply);
             }
@@ -299,18 +315,43 @@ mod tests {
     use picket_core::{RequestId, SessionId};
 
     fn acquire(session: u64, name: &str, wait: Wait) -> Entry {
-        let input = Input {
-            now_ms: 1,
-            command: Command::Acquire {
+        let input = Input::new(
+            1,
+            Command::Acquire {
                 session: SessionId(session),
                 name: name.into(),
                 wait,
                 request: RequestId(0),
                 attempt: 0,
             },
-            principal: None,
-        };
+        );
         Entry { log_id: log_id::<TypeConfig>(1, 1, 9), payload: EntryPayload::Normal(input) }
+    }
+
+    /// A node of an older build must stop at an entry a newer leader wrote under rules it
+    /// does not know, not apply it under its own: it would part from the other replicas.
+    #[test]
+    fn an_entry_under_unknown_apply_rules_stops_the_apply_and_changes_nothing() {
+        let (_dir, store) = store();
+        let mut entry = acquire(2, "free", Wait::Try);
+        let EntryPayload::Normal(input) = &mut entry.payload else { unreachable!() };
+        input.rules = APPLY_RULES + 1;
+        let before = store.read().machine.snapshot();
+        let error = store.apply_entry(entry).expect_err("an unknown version stops the apply");
+        assert!(error.to_string().contains("apply rules"), "{error}");
+        assert_eq!(store.read().machine.snapshot(), before);
+        assert_eq!(store.read().last_applied, None);
+    }
+
+    /// Entries in the log from before apply rules were versioned carry no version, and are
+    /// applied under rules 0.
+    #[test]
+    fn an_entry_without_a_version_reads_as_apply_rules_zero() {
+        let json = r#"{"now_ms":5,"command":{"type":"refresh"}}"#;
+        let input: Input = serde_json::from_str(json).expect("an old entry decodes");
+        assert_eq!((input.now_ms, input.rules), (5, 0));
+        let written = serde_json::to_string(&Input::new(5, Command::Refresh)).expect("encodes");
+        assert!(written.contains(&format!("\"rules\":{APPLY_RULES}")), "{written}");
     }
 
     /// Sessions 1 and 2; session 1 holds "held", nobody holds "free".
@@ -331,7 +372,7 @@ mod tests {
                     attempt: 0,
                 },
             ] {
-                let applied = state.machine.apply(&Input { now_ms: 1, command, principal: None });
+                let applied = state.machine.apply(&Input::new(1, command));
                 assert!(applied.result.is_ok(), "{:?}", applied.result);
             }
         }

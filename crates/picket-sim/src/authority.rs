@@ -347,7 +347,7 @@ impl PicketAuthority {
     }
 
     fn apply(&mut self, now_us: u64, command: Command) -> picket_core::Applied {
-        let input = Input { now_ms: self.now_ms(now_us), command, principal: None };
+        let input = Input::new(self.now_ms(now_us), command);
         self.machine.apply(&input)
     }
 

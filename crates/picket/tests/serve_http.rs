@@ -253,6 +253,36 @@ fn two_overlapping_waits_of_one_session_leave_no_ghost_holder() {
     assert_eq!(release(&addr, "y", waiter, new_token).status, 200);
 }
 
+/// Issue 14: an attempt that a half-open connection delivers after its own abandon found nothing
+/// to undo used to be granted, to a caller that was gone. The abandon is now remembered: the
+/// late attempt is refused (`request_abandoned`), the lock stays free, and the caller's retry
+/// (the next attempt) is served.
+#[test]
+fn an_acquire_arriving_after_its_abandon_is_refused_and_leaves_the_lock_free() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let session = open_session(&addr, 10_000, 0);
+    let attempt = |attempt: u32| {
+        let body = json!({ "name": "h", "session_id": session, "request_id": 7, "attempt": attempt, "wait_ms": 0 });
+        http::post(&addr, "/v1/locks/acquire", &body)
+    };
+    let abandon = http::post(
+        &addr,
+        "/v1/locks/abandon",
+        &json!({ "name": "h", "session_id": session, "request_id": 7, "attempt": 0 }),
+    );
+    assert_eq!(abandon.status, 200, "an abandon that finds nothing succeeds: {}", abandon.text);
+    let late = attempt(0);
+    assert_eq!(late.status, 409, "{}", late.text);
+    assert_eq!(late.body["code"], "request_abandoned", "{}", late.text);
+    assert_eq!(late.body["outcome"], "not_applied", "{}", late.text);
+    let lock = http::get(&addr, "/v1/locks/h");
+    assert_eq!(lock.body["holder"], Value::Null, "nobody holds the lock: {}", lock.text);
+    let retry = attempt(1);
+    assert_eq!(retry.status, 200, "{}", retry.text);
+    assert_eq!(release(&addr, "h", session, token_of(&retry)).status, 200);
+}
+
 /// Watching a lock over server-sent events shows its grants and releases as they happen.
 #[test]
 fn watch_streams_grants_and_releases() {

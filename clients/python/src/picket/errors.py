@@ -84,7 +84,11 @@ class AlreadyWaiting(PicketError):
 
 
 class NothingToAbandon(PicketError):
-    """The request to abandon made no wait or grant that is still there."""
+    """The request to abandon made no wait or grant (servers before request_abandoned existed)."""
+
+
+class RequestAbandoned(PicketError):
+    """An attempt of an acquire request arrived after the request was abandoned: nothing done."""
 
 
 class NotFound(PicketError):
@@ -165,6 +169,7 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "not_waiting": NotWaiting,
     "already_waiting": AlreadyWaiting,
     "nothing_to_abandon": NothingToAbandon,
+    "request_abandoned": RequestAbandoned,
     "not_found": NotFound,
     "not_leader": NotLeader,
     "too_many_sessions": Exhausted,

@@ -1,8 +1,8 @@
 //! Snapshots of the state, and the check of its every invariant.
 
 use super::{Deadlines, RestoreError, StateMachine};
-use crate::record::{LockRecord, SessionRecord};
-use crate::types::SessionId;
+use crate::record::{ABANDONED_REQUESTS_KEPT, LockRecord, SessionRecord};
+use crate::types::{RequestId, SessionId};
 use std::collections::BTreeSet;
 use thiserror::Error;
 
@@ -16,6 +16,8 @@ pub enum BrokenInvariant {
     SessionFromTheFuture { session: SessionId },
     #[error("session {session} holds or waits for too many locks")]
     SessionOverItsLocks { session: SessionId },
+    #[error("session {session} remembers too many abandoned requests, or one twice")]
+    SessionOverItsAbandonedRequests { session: SessionId },
     #[error("session {session} lists {name:?} as held but is not its holder")]
     HeldButNotHolder { session: SessionId, name: String },
     #[error("session {session} lists {name:?} as awaited but is not queued")]
@@ -98,6 +100,13 @@ impl StateMachine {
         }
         if record.lock_count() > self.limits.max_locks_per_session {
             return Err(BrokenInvariant::SessionOverItsLocks { session });
+        }
+        let distinct: BTreeSet<RequestId> =
+            record.abandoned.iter().map(|entry| entry.request).collect();
+        if record.abandoned.len() > ABANDONED_REQUESTS_KEPT
+            || distinct.len() != record.abandoned.len()
+        {
+            return Err(BrokenInvariant::SessionOverItsAbandonedRequests { session });
         }
         for name in &record.held {
             let holder = self.locks.get(name).and_then(|lock| lock.holder);

@@ -15,13 +15,18 @@ impl StateMachine {
         session: SessionId,
         name: &str,
         wait: Wait,
-        request: RequestId,
+        (request, attempt): (RequestId, u32),
+        rules: u32,
     ) -> Result<AcquirePlan, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         // Waiting zero milliseconds is trying.
         let wait = if wait == (Wait::For { wait_ms: 0 }) { Wait::Try } else { wait };
         let wait_ms = self.validate_wait(wait)?;
         let session_record = self.session_record(session)?;
+        if rules >= 1 && session_record.abandoned(request, attempt) {
+            // Its caller is gone: a grant would have nobody to hold it.
+            return Err(CommandError::RequestAbandoned { name: name.to_owned(), session, request });
+        }
         let lock_record = self.locks.get(name);
         let holder = lock_record.and_then(|lock| lock.holder);
         if let Some(holder) = holder.filter(|holder| holder.session == session) {
@@ -109,6 +114,7 @@ impl StateMachine {
         session: SessionId,
         name: &str,
         (request, attempt): (RequestId, u32),
+        rules: u32,
     ) -> Result<AbandonPlan, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
         let record = self.session_record(session)?;
@@ -126,6 +132,7 @@ impl StateMachine {
             .filter(|holder| holder.session == session && abandons(holder.request, holder.attempt))
         {
             Some(holder) => Ok(AbandonPlan::Grant { token: holder.token }),
+            None if rules >= 1 => Ok(AbandonPlan::Nothing),
             None => Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request }),
         }
     }
@@ -134,10 +141,18 @@ impl StateMachine {
         &mut self,
         session: SessionId,
         name: &str,
-        plan: AbandonPlan,
+        (request, attempt): (RequestId, u32),
+        (plan, rules): (AbandonPlan, u32),
         step: &mut Step,
     ) -> Response {
+        if rules >= 1 {
+            let record = self.sessions.get_mut(&session).expect("planned on a live session");
+            record.remember_abandoned(request, attempt);
+        }
         match plan {
+            AbandonPlan::Nothing => {
+                Response::Abandoned { name: name.to_owned(), released_token: None }
+            }
             AbandonPlan::Wait => {
                 self.leave_queue(name, session, CancelCause::Abandoned, step);
                 Response::Abandoned { name: name.to_owned(), released_token: None }

@@ -1,7 +1,7 @@
 //! The lock state machine.
 //!
 //! ```text
-//!            Input { now_ms, command, principal }
+//!        Input { now_ms, command, principal, rules }
 //!                      │
 //!                      ▼
 //!   ┌──────────────────────────────────────────┐
@@ -25,7 +25,7 @@
 //! per command, a grant's token is greater than the token of every earlier grant of that lock,
 //! whether or not the lock's record was dropped in between.
 
-use crate::command::{Command, Input};
+use crate::command::{APPLY_RULES, Command, Input};
 use crate::error::CommandError;
 use crate::limits::{InvalidLimits, Limits};
 use crate::outcome::{Applied, Event, Response};
@@ -100,7 +100,12 @@ enum AcquirePlan {
 #[derive(Debug)]
 enum AbandonPlan {
     Wait,
-    Grant { token: u64 },
+    Grant {
+        token: u64,
+    },
+    /// The request has no wait or grant (it was refused, answered and released, or not applied
+    /// yet): only remembered as abandoned.
+    Nothing,
 }
 
 /// What one command did so far: its clock, its events, and the locks it granted.
@@ -277,7 +282,7 @@ impl StateMachine {
     /// # Errors
     /// The refusal.
     pub fn validate(&self, command: &Command) -> Result<(), CommandError> {
-        self.plan(command).map(|_| ())
+        self.plan(command, APPLY_RULES).map(|_| ())
     }
 
     /// The refusal of `command` that no command not yet applied could overturn, if any: the
@@ -327,7 +332,7 @@ impl StateMachine {
 
     /// Decides, from the state before any change, whether the command is accepted and what it
     /// will do.
-    fn plan(&self, command: &Command) -> Result<Plan, CommandError> {
+    fn plan(&self, command: &Command, rules: u32) -> Result<Plan, CommandError> {
         match command {
             Command::OpenSession { ttl_ms, lock_delay_ms, owner } => {
                 self.plan_open(*ttl_ms, *lock_delay_ms, owner.as_deref()).map(|()| Plan::Simple)
@@ -337,11 +342,11 @@ impl StateMachine {
             | Command::RevokeSession { session } => {
                 self.session_record(*session).map(|_| Plan::Simple)
             }
-            Command::Acquire { session, name, wait, request, .. } => {
-                self.plan_acquire(*session, name, *wait, *request).map(Plan::Acquire)
-            }
+            Command::Acquire { session, name, wait, request, attempt } => self
+                .plan_acquire(*session, name, *wait, (*request, *attempt), rules)
+                .map(Plan::Acquire),
             Command::Abandon { session, name, request, attempt } => {
-                self.plan_abandon(*session, name, (*request, *attempt)).map(Plan::Abandon)
+                self.plan_abandon(*session, name, (*request, *attempt), rules).map(Plan::Abandon)
             }
             Command::Cancel { session, name } => {
                 self.plan_cancel(*session, name).map(|()| Plan::Simple)
@@ -356,8 +361,12 @@ impl StateMachine {
 
     fn dispatch(&mut self, input: &Input, step: &mut Step) -> Result<Response, CommandError> {
         let command = &input.command;
+        if input.rules > APPLY_RULES {
+            // Applying it under other rules would part this replica from those that know them.
+            return Err(CommandError::UnknownApplyRules { rules: input.rules, known: APPLY_RULES });
+        }
         self.check_principal(input)?;
-        let plan = self.plan(command)?;
+        let plan = self.plan(command, input.rules)?;
         self.accept(step);
         Ok(match (command, plan) {
             (Command::OpenSession { ttl_ms, lock_delay_ms, owner }, _) => {
@@ -373,8 +382,8 @@ impl StateMachine {
             (Command::Acquire { session, name, request, attempt, .. }, Plan::Acquire(plan)) => {
                 self.acquire(*session, name, (*request, *attempt), plan, step)
             }
-            (Command::Abandon { session, name, .. }, Plan::Abandon(plan)) => {
-                self.abandon(*session, name, plan, step)
+            (Command::Abandon { session, name, request, attempt }, Plan::Abandon(plan)) => {
+                self.abandon(*session, name, (*request, *attempt), (plan, input.rules), step)
             }
             (Command::Cancel { session, name }, _) => self.cancel(*session, name, step),
             (Command::Release { session, name, .. }, _) => self.release(*session, name, step),

@@ -7,7 +7,7 @@ use crate::limits::MAX_OWNER_BYTES;
 use crate::outcome::{Event, Response};
 use crate::record::SessionRecord;
 use crate::types::{CancelCause, SessionEnd, SessionId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 impl StateMachine {
     pub(super) fn plan_open(
@@ -59,6 +59,7 @@ impl StateMachine {
             held: BTreeSet::new(),
             waiting: BTreeSet::new(),
             owner,
+            abandoned: VecDeque::new(),
         };
         assert!(self.sessions.insert(session, record).is_none(), "session ids are never reused");
         self.deadlines.add_session(deadline_ms, session);

@@ -132,8 +132,7 @@ fn large_entry(term: u64, index: u64, bytes: usize) -> Entry {
         request: picket_core::RequestId::default(),
         attempt: 0,
     };
-    entry.payload =
-        openraft::EntryPayload::Normal(picket_core::Input { now_ms: 0, command, principal: None });
+    entry.payload = openraft::EntryPayload::Normal(picket_core::Input::new(0, command));
     entry
 }
 
@@ -171,11 +170,7 @@ fn the_largest_commands_the_limits_allow_encode_below_the_entry_bound() {
     let renew = vec![picket_core::SessionId(u64::MAX); picket_core::MAX_RENEWALS_PER_TICK_CAP];
     let tick = picket_core::Command::Tick { renew };
     let mut entry = blank_ent::<TypeConfig>(u64::MAX, u64::MAX, u64::MAX);
-    entry.payload = openraft::EntryPayload::Normal(picket_core::Input {
-        now_ms: u64::MAX,
-        command: tick,
-        principal: None,
-    });
+    entry.payload = openraft::EntryPayload::Normal(picket_core::Input::new(u64::MAX, tick));
     let tick_bytes = encode_json(&entry).len();
     assert!(tick_bytes < MAX_ENTRY_BYTES, "{tick_bytes}");
     let mut entry = large_entry(u64::MAX, u64::MAX, 0);

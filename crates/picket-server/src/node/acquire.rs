@@ -152,9 +152,12 @@ impl Node {
     /// wait or releases the grant it produced; returns the released grant's token, `None` when
     /// a wait was cancelled.
     ///
+    /// An abandon that finds nothing (the request was refused, released, or a later attempt of
+    /// it reached its wait or grant) still succeeds: the request is remembered as abandoned, so
+    /// an attempt of it that arrives later is refused.
+    ///
     /// # Errors
-    /// [`CommandError::NothingToAbandon`] when the request has no wait or grant (or a later
-    /// attempt reached it since); cluster failures.
+    /// Cluster failures, and an unknown session.
     pub async fn abandon(
         &self,
         session: SessionId,
@@ -270,26 +273,23 @@ async fn forward_abandon(
     };
     match client.abandon(message).await {
         Ok(response) => Ok(response.into_inner().released_token),
-        Err(status) => {
-            let code = status
-                .metadata()
-                .get(picket_proto::ERROR_CODE_KEY)
-                .and_then(|value| value.to_str().ok())
-                .unwrap_or_default();
-            Err(match code {
-                "nothing_to_abandon" => ServiceError::Command(CommandError::NothingToAbandon {
-                    name: name.to_owned(),
-                    session,
-                    request,
-                }),
-                "unknown_session" => {
-                    ServiceError::Command(CommandError::UnknownSession { session })
-                }
-                "not_leader" => ServiceError::NotLeader { leader_id: None, leader_addr: None },
-                _ => ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
-            })
-        }
+        // A leader of an earlier build refuses an abandon that finds nothing.
+        Err(status) if error_code(&status) == "nothing_to_abandon" => Ok(None),
+        Err(status) => Err(match error_code(&status) {
+            "unknown_session" => ServiceError::Command(CommandError::UnknownSession { session }),
+            "not_leader" => ServiceError::NotLeader { leader_id: None, leader_addr: None },
+            _ => ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
+        }),
     }
+}
+
+/// The stable error code a peer put in a refusal's metadata, empty when there is none.
+fn error_code(status: &tonic::Status) -> &str {
+    status
+        .metadata()
+        .get(picket_proto::ERROR_CODE_KEY)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
 }
 
 /// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.
@@ -326,10 +326,7 @@ impl Drop for AcquireGuard {
                 Ok(Some(token)) => {
                     tracing::info!(%session, name, token, %request, attempt, "released a grant whose caller went away");
                 }
-                Ok(None)
-                | Err(ServiceError::Command(
-                    CommandError::NothingToAbandon { .. } | CommandError::UnknownSession { .. },
-                )) => {}
+                Ok(None) | Err(ServiceError::Command(CommandError::UnknownSession { .. })) => {}
                 Err(error) => {
                     tracing::warn!(%session, name, %request, attempt, %error, "could not abandon an acquire whose caller went away; its wait or grant stays until the session ends");
                 }

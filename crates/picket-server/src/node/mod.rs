@@ -320,7 +320,7 @@ impl Node {
         principal: Option<String>,
         command: Command,
     ) -> Result<picket_core::Applied, ServiceError> {
-        self.submit(Input { now_ms: self.clock.now_ms(), command, principal }).await
+        self.submit(Input::new(self.clock.now_ms(), command).sent_by(principal)).await
     }
 
     /// Proposes a command stamped with a clock reading taken earlier (a tick's, taken with the
