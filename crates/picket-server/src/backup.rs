@@ -269,7 +269,9 @@ pub fn plan(
     Ok(RestorePlan::Write(Box::new(machine)))
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Writes `bytes` to `path` so that a crash or power cut at any moment leaves either the old
+/// file or the whole new one: a temporary file, synced, renamed over, and the directory synced.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let temporary = path.with_extension("tmp");
     {
         let mut file = std::fs::File::create(&temporary)?;

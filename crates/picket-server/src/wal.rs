@@ -33,6 +33,11 @@
 //! deleted once the new checkpoint is durable. Segments stay bounded because the checkpoint holds
 //! only the live state (the Raft log is purged after every snapshot).
 
+mod test_faults;
+
+use test_faults::TestFaults;
+pub use test_faults::erase_unsynced;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use std::collections::VecDeque;
@@ -145,6 +150,7 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     stats: Arc<WriterStats>,
+    faults: TestFaults,
 }
 
 impl Shared {
@@ -459,6 +465,8 @@ impl Recovered {
         segment.file.write_all_at(&bytes, 0)?;
         segment.file.sync_data()?;
         sync_dir(&self.dir)?;
+        let faults = TestFaults::from_env(&self.dir)?;
+        faults.note_synced(&segment.path, bytes.len() as u64)?;
         for old in self.generations {
             match std::fs::remove_file(segment_path(&self.dir, old)) {
                 Ok(()) => {}
@@ -466,7 +474,8 @@ impl Recovered {
                 Err(error) => return Err(error),
             }
         }
-        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats });
+        let shared =
+            Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), stats, faults });
         let flusher_shared = shared.clone();
         let flusher = std::thread::Builder::new()
             .name("picket-log-flusher".into())
@@ -496,7 +505,7 @@ fn run_flusher(shared: &Shared) {
             std::mem::take(&mut queue.batches)
         };
         shared.stats.syncs.inc();
-        if let Err(error) = flush(batches, &shared.stats) {
+        if let Err(error) = flush(batches, shared) {
             // A failed write or fdatasync leaves the disk in an unknown state; carrying on could
             // acknowledge entries that are not durable. Refuse everything from now on.
             tracing::error!(%error, "the raft log could not be written; refusing further writes");
@@ -542,7 +551,8 @@ fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
 /// Writes `batches` in order, syncing each segment once after its last batch, and fires each
 /// batch's completions once its segment is synced. On an error, every completion not yet fired
 /// gets it.
-fn flush(batches: VecDeque<Batch>, stats: &WriterStats) -> io::Result<()> {
+fn flush(batches: VecDeque<Batch>, shared: &Shared) -> io::Result<()> {
+    let (stats, faults) = (&shared.stats, &shared.faults);
     let mut batches: Vec<Batch> = batches.into();
     let mut start = 0;
     while start < batches.len() {
@@ -552,7 +562,16 @@ fn flush(batches: VecDeque<Batch>, stats: &WriterStats) -> io::Result<()> {
             .position(|batch| !Arc::ptr_eq(&batch.segment, &segment))
             .map_or(batches.len(), |position| start + position);
         let started = Instant::now();
-        let result = write_and_sync(&segment, &batches[start..end]);
+        let result = if faults.acknowledge_before_sync {
+            acknowledge_then_sync(&segment, &mut batches[start..end], faults)
+        } else {
+            write_and_sync(&segment, &batches[start..end]).map(|()| true)
+        }
+        .and_then(|synced| {
+            let last = &batches[end - 1];
+            let end = last.offset + last.bytes.len() as u64;
+            if synced { faults.note_synced(&segment.path, end) } else { Ok(()) }
+        });
         stats.sync_seconds.observe(started.elapsed().as_secs_f64());
         stats.bytes.inc_by(batches[start..end].iter().map(|batch| batch.bytes.len() as u64).sum());
         if let Err(error) = result {
@@ -589,6 +608,28 @@ fn write_and_sync(segment: &Segment, batches: &[Batch]) -> io::Result<()> {
         sync_dir(segment.path.parent().expect("a segment lives in a directory"))?;
     }
     Ok(())
+}
+
+/// The `wal_acknowledges_before_sync` mutation (tests only, see `test_faults`): what a log
+/// that acknowledges on write and syncs once a second (Redis's `appendfsync everysec`) does.
+/// A new segment is still synced at once, before its predecessor goes. Returns whether it
+/// synced.
+fn acknowledge_then_sync(
+    segment: &Segment,
+    batches: &mut [Batch],
+    faults: &TestFaults,
+) -> io::Result<bool> {
+    for batch in batches.iter() {
+        segment.file.write_all_at(&batch.bytes, batch.offset)?;
+    }
+    for completion in batches.iter_mut().flat_map(|batch| batch.completions.drain(..)) {
+        completion(Ok(()));
+    }
+    let rotates = batches.iter().any(|batch| batch.replaces.is_some());
+    if !rotates && !faults.sync_is_due() {
+        return Ok(false);
+    }
+    write_and_sync(segment, batches).map(|()| true)
 }
 
 #[cfg(test)]

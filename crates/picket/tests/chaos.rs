@@ -10,8 +10,8 @@
 //! stopped with SIGSTOP, its clock jumping or running fast or slow, a one-way cut from the
 //! leader to a follower, and a bridge (the leader and a follower cut apart, the third node
 //! reaching both); with them, the whole cluster killed and restarted at once, the store killed
-//! and restarted, and a node's data disk filled until it stops (then freed and the node
-//! restarted).
+//! and restarted, a node's data disk filled until it stops (then freed and the node
+//! restarted), and a power loss of the whole cluster (the first run has one of a single node).
 //!
 //! Partitions need root, nftables and cgroup v2 (`scripts/test.sh` installs nftables); full
 //! disks need root (each node's data is a tmpfs of its own).
@@ -34,7 +34,7 @@ fn a_short_chaos_run_under_kills_pauses_and_partitions_is_valid() {
             "5",
             "--faults",
             "leader_kill_quick,leader_kill_long,follower_kill,client_pause,partition_leader,\
-         partition_split,client_isolate",
+         partition_split,client_isolate,power_loss",
         ],
     );
 }
@@ -48,7 +48,7 @@ fn a_short_chaos_run_under_the_leaders_pauses_clocks_cuts_and_full_disks_is_vali
             "7",
             "--faults",
             "leader_pause,leader_clock_jump,leader_clock_rate,partition_one_way,partition_bridge,\
-         cluster_restart,store_restart,disk_full",
+         cluster_restart,store_restart,disk_full,cluster_power_loss",
         ],
     );
 }
@@ -75,6 +75,23 @@ fn the_checker_catches_a_token_counter_that_resets_on_restart() {
     assert!(
         violations(&summary).iter().any(|v| v.contains("was granted")),
         "a token granted twice or out of order: {summary}"
+    );
+}
+
+/// A log that acknowledges before it syncs survives `kill -9` (the page cache keeps the write),
+/// so only a power loss shows it: the cluster loses writes it acknowledged, grants their
+/// tokens again, and the checker sees a token granted twice or an acknowledged append lost.
+#[test]
+fn the_checker_catches_a_log_that_acknowledges_before_syncing_under_power_loss() {
+    let summary = run(
+        "20s",
+        &["--seed", "3", "--faults", "cluster_power_loss"],
+        "wal_acknowledges_before_sync",
+    );
+    assert_eq!(summary["verdict"], "invalid", "{summary}");
+    assert!(
+        violations(&summary).iter().any(|v| v.contains("was granted") || v.contains("lost")),
+        "a token granted twice or an acknowledged append lost: {summary}"
     );
 }
 

@@ -114,7 +114,9 @@ fn check_data_dir(config: &ServerConfig) -> Result<(), StartError> {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             let bytes =
                 serde_json::to_vec(&NodeFile { node_id: config.node_id }).expect("serializes");
-            std::fs::write(&node_file, bytes).map_err(io)
+            // Synced: a power cut must not leave an empty `node.json` that stops the node
+            // from starting again.
+            crate::backup::write_synced(&node_file, &bytes).map_err(io)
         }
         Err(error) => Err(io(error)),
     }

@@ -46,6 +46,13 @@ pub enum FaultKind {
     /// `kill -9` the fenced store and restart it at once on the same data and port: what it
     /// acknowledged must survive, and its fence must remember every token it admitted.
     StoreRestart,
+    /// `kill -9` one node (the leader half the time) and erase what it wrote to its Raft log but
+    /// had not synced, as a power cut would lose it (`kill -9` alone keeps the page cache); the
+    /// node restarts after up to three election timeouts. Needs a build with the test storage
+    /// faults (`picket-server`'s `mutations` feature, which the tests compile).
+    PowerLoss,
+    /// The same on every node at once, restarted after up to two election timeouts.
+    ClusterPowerLoss,
     /// A node's data disk (a tmpfs of its own) fills up, the leader's half the time: the node
     /// must stop at its next write that needs space (a snapshot, a new log segment) without
     /// acknowledging it; the nemesis then frees the space and starts it again.
@@ -61,6 +68,10 @@ pub enum Mutation {
     /// revision, and with it the token counter, starts again near zero. Only a binary built
     /// with `picket-server`'s `mutations` feature (tests only) has this bug to switch on.
     TokenCounterResetsOnRestart,
+    /// Each node's log acknowledges a write before it syncs it, and syncs at most once a
+    /// second (as Redis's `appendfsync everysec` does): only a power loss shows it (tests only,
+    /// as above).
+    WalAcknowledgesBeforeSync,
 }
 
 impl Mutation {
@@ -70,6 +81,7 @@ impl Mutation {
         match self {
             Self::FenceAdmitsEverything => "fence_admits_everything",
             Self::TokenCounterResetsOnRestart => "token_counter_resets_on_restart",
+            Self::WalAcknowledgesBeforeSync => "wal_acknowledges_before_sync",
         }
     }
 
@@ -78,21 +90,21 @@ impl Mutation {
     /// # Errors
     /// When no mutation has that name.
     pub fn parse(name: &str) -> Result<Self, String> {
-        [Self::FenceAdmitsEverything, Self::TokenCounterResetsOnRestart]
-            .into_iter()
-            .find(|mutation| mutation.name() == name)
-            .ok_or_else(|| {
-                format!(
-                    "unknown mutation {name:?}; choose fence_admits_everything or \
-                     token_counter_resets_on_restart"
-                )
-            })
+        let all = [
+            Self::FenceAdmitsEverything,
+            Self::TokenCounterResetsOnRestart,
+            Self::WalAcknowledgesBeforeSync,
+        ];
+        all.into_iter().find(|mutation| mutation.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|mutation| mutation.name()).collect();
+            format!("unknown mutation {name:?}; choose from {}", names.join(", "))
+        })
     }
 }
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 17] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -107,6 +119,8 @@ impl FaultKind {
         Self::ClientIsolate,
         Self::ClusterRestart,
         Self::StoreRestart,
+        Self::PowerLoss,
+        Self::ClusterPowerLoss,
         Self::DiskFull,
     ];
 
@@ -128,6 +142,8 @@ impl FaultKind {
             Self::ClientIsolate => "client_isolate",
             Self::ClusterRestart => "cluster_restart",
             Self::StoreRestart => "store_restart",
+            Self::PowerLoss => "power_loss",
+            Self::ClusterPowerLoss => "cluster_power_loss",
             Self::DiskFull => "disk_full",
         }
     }

@@ -126,6 +126,9 @@ impl Node {
         if let Some(mutation) = self.mutation {
             command.env("PICKET_MUTATION", mutation.name());
         }
+        // Every node notes how far its log is synced, so that a power loss can erase the rest
+        // (a build without the test storage faults ignores it).
+        command.env("PICKET_TEST_SYNCED_MARK", "1");
         let (child, _) = spawn_listening(command)?;
         self.child = Some(child);
         Ok(())
