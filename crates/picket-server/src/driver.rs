@@ -53,7 +53,12 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             }
         };
         let batch = take(&node);
-        if let Err(error) = write(&node, batch, Command::Refresh).await {
+        let command = if expires_without_refresh() {
+            Command::Tick { renew: batch.sessions.clone() }
+        } else {
+            Command::Refresh
+        };
+        if let Err(error) = write(&node, batch, command).await {
             tracing::debug!(%error, "refresh after election failed; retrying");
             tokio::time::sleep(RETRY_PAUSE).await;
             continue;
@@ -64,6 +69,19 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             return;
         }
     }
+}
+
+/// Whether the deliberate bug `leader_expires_without_refresh` is on: a new leader writes a
+/// plain tick instead of its `Refresh`, so it expires sessions by its own clock against
+/// deadlines another leader's clock set (tests only, see [`crate::mutation`]).
+fn expires_without_refresh() -> bool {
+    #[cfg(feature = "mutations")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| crate::mutation::is_on("leader_expires_without_refresh"))
+    }
+    #[cfg(not(feature = "mutations"))]
+    false
 }
 
 /// Proposes ticks while this node leads under the vote `term`. Returns false when the node

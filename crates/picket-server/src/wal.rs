@@ -459,13 +459,23 @@ impl Recovered {
     /// # Errors
     /// When the segment cannot be written or synced.
     pub fn start(self, checkpoint: &[Vec<u8>], stats: Arc<WriterStats>) -> io::Result<Wal> {
+        let faults = TestFaults::from_env(&self.dir)?;
+        self.start_with(checkpoint, stats, faults)
+    }
+
+    /// [`Recovered::start`] with the storage faults `faults`.
+    fn start_with(
+        self,
+        checkpoint: &[Vec<u8>],
+        stats: Arc<WriterStats>,
+        faults: TestFaults,
+    ) -> io::Result<Wal> {
         let generation = self.generations.last().map_or(1, |last| last + 1);
         let (segment, bytes) =
             create_checkpointed_segment(&self.dir, generation, self.segment_bytes, checkpoint)?;
         segment.file.write_all_at(&bytes, 0)?;
         segment.file.sync_data()?;
         sync_dir(&self.dir)?;
-        let faults = TestFaults::from_env(&self.dir)?;
         faults.note_synced(&segment.path, bytes.len() as u64)?;
         for old in self.generations {
             match std::fs::remove_file(segment_path(&self.dir, old)) {
@@ -565,7 +575,7 @@ fn flush(batches: VecDeque<Batch>, shared: &Shared) -> io::Result<()> {
         let result = if faults.acknowledge_before_sync {
             acknowledge_then_sync(&segment, &mut batches[start..end], faults)
         } else {
-            write_and_sync(&segment, &batches[start..end]).map(|()| true)
+            write_and_sync(&segment, &batches[start..end], faults).map(|()| true)
         }
         .and_then(|synced| {
             let last = &batches[end - 1];
@@ -599,10 +609,11 @@ fn flush(batches: VecDeque<Batch>, shared: &Shared) -> io::Result<()> {
     Ok(())
 }
 
-fn write_and_sync(segment: &Segment, batches: &[Batch]) -> io::Result<()> {
+fn write_and_sync(segment: &Segment, batches: &[Batch], faults: &TestFaults) -> io::Result<()> {
     for batch in batches {
         segment.file.write_all_at(&batch.bytes, batch.offset)?;
     }
+    faults.before_sync()?;
     segment.file.sync_data()?;
     if batches.iter().any(|batch| batch.replaces.is_some()) {
         sync_dir(segment.path.parent().expect("a segment lives in a directory"))?;
@@ -629,7 +640,7 @@ fn acknowledge_then_sync(
     if !rotates && !faults.sync_is_due() {
         return Ok(false);
     }
-    write_and_sync(segment, batches).map(|()| true)
+    write_and_sync(segment, batches, faults).map(|()| true)
 }
 
 #[cfg(test)]

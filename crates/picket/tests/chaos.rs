@@ -1,12 +1,14 @@
 //! `picket chaos run`, short: a real 3-node cluster, the fenced store and four client
 //! processes for about a minute under faults, twice. The runs must end `valid`: every fault kind fired
 //! (a partition counts only if its rules dropped packets), no token granted twice or out of
-//! order, no stale write admitted, no acknowledged append lost, and every node's log agrees.
+//! order, no stale write admitted, no acknowledged append lost, no lock granted while its
+//! holder still counted on its lease, and every node's log agrees.
 //!
 //! The first run kills the leader (inside and past the election timeout) and followers,
 //! freezes clients between their read and their write, cuts the leader off from the followers,
 //! splits the cluster into a majority and a minority with clients on both sides, and cuts a
-//! stalled holder off from every node. The second is the leader's own misfortunes (issue 21):
+//! stalled holder off from every node, and fails a node's log syncs (it must stop without
+//! acknowledging them). The second is the leader's own misfortunes (issue 21):
 //! stopped with SIGSTOP, its clock jumping or running fast or slow, a one-way cut from the
 //! leader to a follower, and a bridge (the leader and a follower cut apart, the third node
 //! reaching both); with them, the whole cluster killed and restarted at once, the store killed
@@ -17,7 +19,8 @@
 //! disks need root (each node's data is a tmpfs of its own).
 //!
 //! Then the proof that the checker can fail: runs with a deliberate bug switched on
-//! (`--mutation`) must end `invalid`, with the violation that bug causes.
+//! (`--mutation`) must end `invalid`, with the violation that bug causes. The same
+//! configuration without the bug is valid (each mutation's settings were run both ways).
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -34,7 +37,7 @@ fn a_short_chaos_run_under_kills_pauses_and_partitions_is_valid() {
             "5",
             "--faults",
             "leader_kill_quick,leader_kill_long,follower_kill,client_pause,partition_leader,\
-         partition_split,client_isolate,power_loss",
+         partition_split,client_isolate,power_loss,fsync_failure",
         ],
     );
 }
@@ -92,6 +95,38 @@ fn the_checker_catches_a_log_that_acknowledges_before_syncing_under_power_loss()
     assert!(
         violations(&summary).iter().any(|v| v.contains("was granted") || v.contains("lost")),
         "a token granted twice or an acknowledged append lost: {summary}"
+    );
+}
+
+/// A new leader must give every session a full TTL on its own clock (`Refresh`): each node's
+/// clock counts from its own origin, so deadlines another leader set mean nothing to it. With
+/// the refresh replaced by a plain tick, a leader started more recently than the last one
+/// expires every session it has not heard from at once, and a frozen holder whose lease still
+/// runs loses its lock to a waiter: the checker sees the lock granted while the holder still
+/// counted on it. (The clients live longer, 10 s TTLs, so their leases outlast a failover;
+/// eight of them, so a waiter is there to take the lock.)
+#[test]
+fn the_checker_catches_a_leader_that_expires_sessions_without_a_refresh() {
+    let summary = run(
+        "30s",
+        &[
+            "--seed",
+            "3",
+            "--clients",
+            "8",
+            "--ttl",
+            "10s",
+            "--think",
+            "500ms",
+            "--faults",
+            "client_pause,leader_kill_long",
+        ],
+        "leader_expires_without_refresh",
+    );
+    assert_eq!(summary["verdict"], "invalid", "{summary}");
+    assert!(
+        violations(&summary).iter().any(|v| v.contains("counted on its lease")),
+        "a lock granted while its holder still counted on its lease: {summary}"
     );
 }
 

@@ -8,6 +8,11 @@
 //!   it hides a write that was acknowledged before its sync; a power cut does not. After killing
 //!   the node, the harness erases everything the mark does not cover (the bytes after it, and
 //!   any newer segment), which is what a power cut would lose.
+//! - `PICKET_TEST_FAIL_SYNC=PATH`: while a file exists at `PATH`, every sync fails with `EIO`
+//!   after its batch's bytes were written, as a disk that fails to flush does. The log must
+//!   stop for good without acknowledging the batch: after a failed `fsync` Linux may have
+//!   dropped the dirty pages, so a later `fsync` that succeeds proves nothing (PostgreSQL's
+//!   "fsyncgate"). The harness then erases what the synced mark does not cover.
 //! - `PICKET_MUTATION=wal_acknowledges_before_sync`: a deliberate bug for the harness to catch:
 //!   the flusher writes a batch and acknowledges it, and syncs at most once every
 //!   [`ACKNOWLEDGED_SYNC_INTERVAL`] (Redis's `appendfsync everysec`).
@@ -30,6 +35,8 @@ const ACKNOWLEDGED_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 pub(super) struct TestFaults {
     /// Where the synced mark goes, when the harness asked for it.
     synced_mark: Option<File>,
+    /// While a file exists here, syncs fail.
+    fail_sync_while: Option<std::path::PathBuf>,
     /// The `wal_acknowledges_before_sync` mutation.
     pub(super) acknowledge_before_sync: bool,
     /// When that mutation last synced.
@@ -58,14 +65,33 @@ impl TestFaults {
             } else {
                 None
             };
+            let fail_sync_while =
+                std::env::var_os("PICKET_TEST_FAIL_SYNC").map(std::path::PathBuf::from);
+            if let Some(path) = &fail_sync_while {
+                tracing::warn!(
+                    path = %path.display(),
+                    "syncs fail while this file exists, for a storage fault test (PICKET_TEST_FAIL_SYNC)"
+                );
+            }
             let acknowledge_before_sync = crate::mutation::is_on("wal_acknowledges_before_sync");
-            Ok(Self { synced_mark, acknowledge_before_sync, last_sync: Mutex::default() })
+            Ok(Self {
+                synced_mark,
+                fail_sync_while,
+                acknowledge_before_sync,
+                last_sync: Mutex::default(),
+            })
         }
         #[cfg(not(feature = "mutations"))]
         {
             let _ = dir;
             Ok(Self::default())
         }
+    }
+
+    /// Faults whose syncs fail while a file exists at `path` (for unit tests).
+    #[cfg(test)]
+    pub(super) fn failing_syncs_while(path: std::path::PathBuf) -> Self {
+        Self { fail_sync_while: Some(path), ..Self::default() }
     }
 
     /// For the `wal_acknowledges_before_sync` mutation: whether a second has passed since its
@@ -77,6 +103,21 @@ impl TestFaults {
             *last = Some(Instant::now());
         }
         due
+    }
+
+    /// Called before each sync: fails it, as a disk that cannot flush would, while the file
+    /// `PICKET_TEST_FAIL_SYNC` names exists.
+    ///
+    /// # Errors
+    /// `EIO` while that file exists.
+    pub(super) fn before_sync(&self) -> io::Result<()> {
+        match &self.fail_sync_while {
+            Some(path) if path.exists() => {
+                const EIO: i32 = 5;
+                Err(io::Error::from_raw_os_error(EIO))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Notes that `segment` is durable up to byte `end`.

@@ -330,6 +330,39 @@ fn erasing_what_the_synced_mark_does_not_cover_leaves_the_covered_records() {
     assert_eq!(erase_unsynced(dir.path()).expect("erases again"), Some(0), "nothing left");
 }
 
+/// A sync that fails stops the log for good: its batch is not acknowledged, and nothing
+/// after it is, even once syncs would succeed again (after a failed `fsync` the kernel may have
+/// dropped the dirty pages, so a later one that succeeds proves nothing).
+#[test]
+fn a_failed_sync_acknowledges_nothing_and_stops_the_log_for_good() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let trigger = dir.path().join("fail-sync");
+    let (recovered, _) = Wal::open(dir.path(), 1 << 20).expect("opens");
+    let faults = TestFaults::failing_syncs_while(trigger.clone());
+    let mut wal =
+        recovered.start_with(&[b"checkpoint".to_vec()], Arc::default(), faults).expect("starts");
+    append_and_wait(&mut wal, b"one");
+    std::fs::write(&trigger, b"").expect("written");
+    let (completion, receiver) = done();
+    wal.append(b"two", Some(completion), Urgency::Now).expect("queued before the failure");
+    let error = receiver.recv().expect("completed").expect_err("a failed sync is not durable");
+    assert!(error.to_string().contains("os error 5"), "{error}");
+    std::fs::remove_file(&trigger).expect("removed");
+    let (completion, receiver) = done();
+    // Refused at once, or (queued in the instant before the flusher marks the log failed)
+    // answered with the failure.
+    let refused = match wal.append(b"three", Some(completion), Urgency::Now) {
+        Err(refused) => refused,
+        Ok(()) => receiver.recv().expect("completed").expect_err("the log stopped"),
+    };
+    assert!(refused.to_string().contains("os error 5"), "{refused}");
+    drop(wal);
+    // Nothing was acknowledged after "one"; what the failed sync wrote may or may not be there.
+    let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
+    assert_eq!(records[..2], [b"checkpoint".to_vec(), b"one".to_vec()]);
+    assert!(!records.contains(&b"three".to_vec()));
+}
+
 /// Without a mark (a node that never ran with one) nothing is erased.
 #[test]
 fn erasing_without_a_mark_changes_nothing() {

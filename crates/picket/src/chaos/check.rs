@@ -5,11 +5,18 @@
 //! - At the store: no write whose token is below a token the store had already acknowledged is
 //!   admitted (no stale write), and likewise no stale read; every acknowledged append is in the
 //!   final list, once, and the list holds nothing that nobody wrote.
+//! - No lock leaves a session while its client still counts on its lease (the TTL less the
+//!   client's drift margin from its last confirmed keepalive) and has not released it: the
+//!   previous holder must not believe it holds the lock when the next one is granted it (what
+//!   Jepsen found etcd's locks doing). While a leader's clock runs fast, beyond the drift
+//!   Picket assumes, such a break is counted apart instead: the fence, not the lease, keeps the
+//!   data safe then.
 //! - Every fault kind the run asked for fired; otherwise the verdict is `unknown`, not `valid`.
 
 use super::history::{Event, Op, Phase};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 /// An operation with its invocation and, if it came, its completion.
 #[derive(Clone, Debug)]
@@ -51,6 +58,10 @@ pub struct Summary {
     pub faults: BTreeMap<String, u64>,
     /// Distinct tokens granted.
     pub grants: u64,
+    /// Locks that went to another session while their holder still counted on its lease,
+    /// during or just after a leader's clock ran fast (outside the drift bound Picket
+    /// assumes); outside such a window each is a violation instead.
+    pub lease_breaks_while_a_clock_ran_fast: u64,
     /// Elements in the final list.
     pub final_elements: u64,
 }
@@ -120,9 +131,14 @@ fn complete(events: &[Event]) -> Vec<Completed> {
 }
 
 /// Checks `events` and the list the store held at the end. `required_faults` are the fault
-/// kinds that must each have fired at least once.
+/// kinds that must each have fired at least once; `ttl` is the clients' session TTL.
 #[must_use]
-pub fn check(events: &[Event], final_list: &str, required_faults: &[&str]) -> Summary {
+pub fn check(
+    events: &[Event],
+    final_list: &str,
+    required_faults: &[&str],
+    ttl: Duration,
+) -> Summary {
     let ops = complete(events);
     let mut violations = Vec::new();
     let mut summary = Summary {
@@ -133,6 +149,7 @@ pub fn check(events: &[Event], final_list: &str, required_faults: &[&str]) -> Su
         refusals: BTreeMap::new(),
         faults: BTreeMap::new(),
         grants: 0,
+        lease_breaks_while_a_clock_ran_fast: 0,
         final_elements: 0,
     };
     for op in &ops {
@@ -153,6 +170,14 @@ pub fn check(events: &[Event], final_list: &str, required_faults: &[&str]) -> Su
         }
     }
     summary.grants = check_grants(&ops, &mut violations);
+    let fast_clocks = fast_clock_windows(events, ttl);
+    for lease_break in lease_breaks(&ops, events) {
+        if fast_clocks.iter().any(|(from, to)| (*from..=*to).contains(&lease_break.granted_ns)) {
+            summary.lease_breaks_while_a_clock_ran_fast += 1;
+        } else {
+            violations.push(lease_break.describe(events.first().map_or(0, |first| first.at_ns)));
+        }
+    }
     check_store_order(&ops, &mut violations);
     summary.final_elements = check_final_list(&ops, final_list, &mut violations);
     for kind in required_faults {
@@ -223,6 +248,128 @@ fn check_grants(ops: &[Completed], violations: &mut Vec<String>) -> u64 {
         }
     }
     owners.len() as u64
+}
+
+/// How far a reported lease may reach past a grant before it counts as a break: the reading of
+/// two clocks a report adds up, with room to spare.
+const LEASE_SLACK_NS: u64 = 2_000_000;
+
+/// A lock that went to another session while its holder still counted on its lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LeaseBreak {
+    token: u64,
+    session: u64,
+    process: u32,
+    lease_until_ns: u64,
+    next_token: u64,
+    next_session: u64,
+    granted_ns: u64,
+}
+
+impl LeaseBreak {
+    fn describe(&self, start_ns: u64) -> String {
+        let ms = |ns: u64| ns.saturating_sub(start_ns) / 1_000_000;
+        format!(
+            "token {} (session {}) was granted by {} ms while session {} (process {}) held token {} without releasing it and counted on its lease until {} ms",
+            self.next_token,
+            self.next_session,
+            ms(self.granted_ns),
+            self.session,
+            self.process,
+            self.token,
+            ms(self.lease_until_ns)
+        )
+    }
+}
+
+/// Grants whose lock went to another session while the holder, which had not asked to release
+/// it, still counted on its session's lease. The run guards one lock, so the next grant of
+/// it is the next larger token.
+///
+/// A session's lease reaching past the moment the next grant was acknowledged means either
+/// Picket expired the session before the end it had promised (a confirmed keepalive sent
+/// before the grant), or it took the lock from a session it kept alive (one sent after it):
+/// both break the lock's promise, whatever the fence then saves.
+fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
+    let mut lease_until_ns: BTreeMap<u64, u64> = BTreeMap::new();
+    for lease in events.iter().filter_map(|event| event.lease.as_ref()) {
+        let until_ns = lease_until_ns.entry(lease.session).or_default();
+        *until_ns = (*until_ns).max(lease.until_ns);
+    }
+    let mut release_asked_ns: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    for op in ops {
+        if let Op::Release { token } = op.op {
+            let asked_ns = release_asked_ns.entry((op.process, token)).or_insert(u64::MAX);
+            *asked_ns = (*asked_ns).min(op.invoked_ns);
+        }
+    }
+    let mut grants: Vec<(u64, u64, u32, u64)> = ops
+        .iter()
+        .filter_map(|op| match (&op.op, &op.phase) {
+            (Op::Acquire, Phase::Ok { token: Some(token), session: Some(session), .. }) => {
+                Some((*token, *session, op.process, op.ended_ns))
+            }
+            _ => None,
+        })
+        .collect();
+    grants.sort_unstable();
+    // The earliest acknowledgement of any later grant: the lock had left each earlier holder
+    // by then.
+    let mut breaks = Vec::new();
+    let mut earliest_later: Option<(u64, u64, u64)> = None;
+    for &(token, session, process, ended_ns) in grants.iter().rev() {
+        if let Some((granted_ns, next_token, next_session)) = earliest_later {
+            let released_before = release_asked_ns
+                .get(&(process, token))
+                .is_some_and(|&asked_ns| asked_ns < granted_ns);
+            let until_ns = lease_until_ns.get(&session).copied().unwrap_or(0);
+            if next_session != session
+                && !released_before
+                && until_ns > granted_ns.saturating_add(LEASE_SLACK_NS)
+            {
+                breaks.push(LeaseBreak {
+                    token,
+                    session,
+                    process,
+                    lease_until_ns: until_ns,
+                    next_token,
+                    next_session,
+                    granted_ns,
+                });
+            }
+        }
+        if earliest_later.is_none_or(|(granted_ns, ..)| ended_ns < granted_ns) {
+            earliest_later = Some((ended_ns, token, session));
+        }
+    }
+    breaks.reverse();
+    breaks
+}
+
+/// The spans during which a lease break is put down to a leader's clock running fast: from
+/// each `leader_clock_rate` fault with a rate above 1 until its end plus a TTL and the
+/// service's expiry grace (a session renewed on the fast clock expires up to then).
+fn fast_clock_windows(events: &[Event], ttl: Duration) -> Vec<(u64, u64)> {
+    let after_ns = u64::try_from(ttl.as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(picket_core::DEFAULT_SESSION_EXPIRY_GRACE_MS.saturating_mul(1_000_000));
+    events
+        .iter()
+        .filter_map(|event| {
+            let fault = event.fault.as_deref()?;
+            let mut words = fault.split_whitespace();
+            if words.next() != Some("leader_clock_rate") {
+                return None;
+            }
+            let field = |name: &str| words.clone().find_map(|word| word.strip_prefix(name));
+            let rate: f64 = field("rate=")?.parse().ok()?;
+            let for_ms: u64 = field("for_ms=")?.parse().ok()?;
+            (rate > 1.0).then(|| {
+                let until_ns = for_ms.saturating_mul(1_000_000).saturating_add(after_ns);
+                (event.at_ns, event.at_ns.saturating_add(until_ns))
+            })
+        })
+        .collect()
 }
 
 /// The store admits no write or read whose token is below one it had already acknowledged.
@@ -297,6 +444,9 @@ mod tests {
     //! violation, or a clean verdict would mean nothing.
 
     use super::*;
+    use crate::chaos::history::Lease;
+
+    const TTL: Duration = Duration::from_secs(2);
 
     struct Builder {
         events: Vec<Event>,
@@ -316,7 +466,23 @@ mod tests {
                 op: Some(op),
                 phase: Some(phase),
                 fault: None,
+                lease: None,
             });
+            self
+        }
+
+        /// `process` reports that it counts on `session` until `for_ns` from now.
+        fn lease(&mut self, process: u32, session: u64, for_ns: u64) -> &mut Self {
+            self.clock += 10;
+            let mut event = Event::lease(process, Lease { session, until_ns: self.clock + for_ns });
+            event.at_ns = self.clock;
+            self.events.push(event);
+            self
+        }
+
+        /// Lets `ns` pass.
+        fn wait(&mut self, ns: u64) -> &mut Self {
+            self.clock += ns;
             self
         }
 
@@ -367,9 +533,9 @@ mod tests {
     #[test]
     fn a_clean_history_is_valid_once_every_fault_fired() {
         let (mut builder, list) = elements(12);
-        assert_eq!(check(&builder.events, &list, &["pause"]).verdict, Verdict::Unknown);
+        assert_eq!(check(&builder.events, &list, &["pause"], TTL).verdict, Verdict::Unknown);
         builder.fault("pause process=1");
-        let summary = check(&builder.events, &list, &["pause"]);
+        let summary = check(&builder.events, &list, &["pause"], TTL);
         assert_eq!(summary.verdict, Verdict::Valid, "{summary:?}");
         assert_eq!(summary.grants, 12);
         assert_eq!(summary.operations["write ok"], 12);
@@ -379,7 +545,7 @@ mod tests {
     fn a_token_granted_twice_is_caught() {
         let (mut builder, list) = elements(12);
         builder.grant(2, 11, 999);
-        let summary = check(&builder.events, &list, &[]);
+        let summary = check(&builder.events, &list, &[], TTL);
         assert_eq!(summary.verdict, Verdict::Invalid);
         assert!(
             summary.violations.iter().any(|v| v.contains("granted to sessions")),
@@ -391,7 +557,7 @@ mod tests {
     fn a_token_going_backwards_in_real_time_is_caught() {
         let (mut builder, list) = elements(12);
         builder.grant(1, 5, 555);
-        let summary = check(&builder.events, &list, &[]);
+        let summary = check(&builder.events, &list, &[], TTL);
         assert!(summary.violations.iter().any(|v| v.contains("was granted after")), "{summary:?}");
     }
 
@@ -400,7 +566,7 @@ mod tests {
         let (mut builder, mut list) = elements(12);
         builder.ok(1, Op::Write { token: 12, element: "zombie".into() });
         list.push_str("zombie\n");
-        let summary = check(&builder.events, &list, &[]);
+        let summary = check(&builder.events, &list, &[], TTL);
         assert!(summary.violations.iter().any(|v| v.contains("stale write")), "{summary:?}");
     }
 
@@ -408,10 +574,10 @@ mod tests {
     fn a_lost_an_unknown_and_a_doubled_element_are_caught() {
         let (builder, list) = elements(12);
         let without_first = list.replacen("e0\n", "", 1);
-        let summary = check(&builder.events, &without_first, &[]);
+        let summary = check(&builder.events, &without_first, &[], TTL);
         assert!(summary.violations.iter().any(|v| v.contains("\"e0\" is lost")), "{summary:?}");
         let doubled = format!("{list}e3\nghost\n");
-        let summary = check(&builder.events, &doubled, &[]);
+        let summary = check(&builder.events, &doubled, &[], TTL);
         assert!(summary.violations.iter().any(|v| v.contains("twice")), "{summary:?}");
         assert!(summary.violations.iter().any(|v| v.contains("nobody wrote")), "{summary:?}");
     }
@@ -426,9 +592,66 @@ mod tests {
             Phase::Fail { code: "stale_token".into() },
         );
         builder.push(2, Op::Write { token: 98, element: "unknown".into() }, Phase::Invoke);
-        let summary = check(&builder.events, &list, &[]);
+        let summary = check(&builder.events, &list, &[], TTL);
         assert_eq!(summary.verdict, Verdict::Valid, "{summary:?}");
         assert_eq!(summary.refusals["write stale_token"], 1);
         assert_eq!(summary.operations["write info"], 1);
+    }
+
+    const SECOND_NS: u64 = 1_000_000_000;
+
+    /// Process 1 holds token 10 in session 100 and counts on its lease for a second more;
+    /// process 2 is then granted token 11 after `gap_ns`.
+    fn held_then_granted(release_first: bool, gap_ns: u64) -> Builder {
+        let mut builder = Builder::new();
+        builder.grant(1, 10, 100).lease(1, 100, SECOND_NS);
+        if release_first {
+            builder.push(1, Op::Release { token: 10 }, Phase::Invoke);
+        }
+        builder.wait(gap_ns).grant(2, 11, 200);
+        builder
+    }
+
+    #[test]
+    fn a_lock_granted_while_its_holder_counts_on_its_lease_is_caught() {
+        let builder = held_then_granted(false, SECOND_NS / 2);
+        let summary = check(&builder.events, "", &[], TTL);
+        assert_eq!(summary.verdict, Verdict::Invalid, "{summary:?}");
+        assert!(
+            summary.violations.iter().any(|v| v.contains("token 11 (session 200) was granted")
+                && v.contains("session 100 (process 1) held token 10")),
+            "{summary:?}"
+        );
+    }
+
+    #[test]
+    fn a_lock_granted_after_its_holder_asked_to_release_it_or_after_its_lease_is_no_break() {
+        for (release_first, gap_ns) in [(true, SECOND_NS / 2), (false, 2 * SECOND_NS)] {
+            let builder = held_then_granted(release_first, gap_ns);
+            let ops = complete(&builder.events);
+            assert_eq!(lease_breaks(&ops, &builder.events), Vec::new(), "{release_first} {gap_ns}");
+        }
+    }
+
+    #[test]
+    fn a_lease_break_while_a_leader_clock_runs_fast_is_counted_apart() {
+        let mut builder = Builder::new();
+        builder.fault("leader_clock_rate node=1 rate=2 for_ms=2000");
+        builder.events.extend(held_then_granted(false, SECOND_NS / 2).events.into_iter().map(
+            |mut event| {
+                event.at_ns += 100;
+                if let Some(lease) = &mut event.lease {
+                    lease.until_ns += 100;
+                }
+                event
+            },
+        ));
+        let summary = check(&builder.events, "", &[], TTL);
+        assert!(summary.violations.is_empty(), "{summary:?}");
+        assert_eq!(summary.lease_breaks_while_a_clock_ran_fast, 1);
+        // A slow clock excuses nothing.
+        builder.events[0].fault = Some("leader_clock_rate node=1 rate=0.5 for_ms=2000".into());
+        let summary = check(&builder.events, "", &[], TTL);
+        assert_eq!(summary.violations.len(), 1, "{summary:?}");
     }
 }

@@ -9,7 +9,7 @@
 //! worker busy with a long job. The harness sends it with `client_isolate`, so that a holder cut
 //! off from every node is still working when its session expires and the lock moves on.
 
-use super::history::{Event, Op, Phase};
+use super::history::{Event, Lease, Op, Phase, now_ns};
 use anyhow::Context;
 use picket_client::{Client, ClientError, Guard, Session};
 use picket_fence::http::SEQUENCER_HEADER;
@@ -134,13 +134,17 @@ pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()>
     let stall = Stall::listen()?;
     let client = Client::connect(endpoints).await.context("cannot reach Picket")?;
     let mut rng = picket_sim::Rng::new(plan.seed ^ u64::from(plan.process));
-    let mut session: Option<Session> = None;
+    let mut session: Option<Arc<Session>> = None;
     let mut cycle: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         let current = match session.take() {
             Some(open) if open.lost_reason().is_none() => open,
             _ => match client.session(plan.ttl).await {
-                Ok(open) => open,
+                Ok(open) => {
+                    let open = Arc::new(open);
+                    report_leases(plan.process, &open);
+                    open
+                }
                 Err(error) => {
                     tracing::debug!(%error, "cannot open a session; retrying");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -152,16 +156,51 @@ pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()>
         run_cycle(&plan, &current, (cycle, &stall), &mut rng).await;
         session = Some(current);
     }
-    if let Some(session) = session {
+    if let Some(session) = session.and_then(Arc::into_inner) {
         let _ = session.close().await;
     }
     Ok(())
 }
 
+/// How often a client looks at its lease.
+const LEASE_LOOK: Duration = Duration::from_millis(20);
+
+/// Reports the session's lease whenever a confirmed keepalive extends it, until the session is
+/// lost or dropped, so the checker can tell whether a lock left the session while its client
+/// still counted on it. A report may come up to [`LEASE_LOOK`] late (or not at all if the
+/// process is stopped meanwhile): the checker then sees less of the lease, never more.
+fn report_leases(process: u32, session: &Arc<Session>) {
+    let session = Arc::downgrade(session);
+    tokio::spawn(async move {
+        let mut reported_until_ns = 0;
+        loop {
+            let lost = {
+                let Some(session) = session.upgrade() else { return };
+                let remaining = session.lease_remaining();
+                let until_ns = now_ns()
+                    .saturating_add(u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX));
+                // A keepalive moves the lease by about a third of the TTL; the step filters
+                // out the jitter of reading two clocks.
+                if !remaining.is_zero() && until_ns > reported_until_ns + LEASE_LOOK_NS {
+                    emit(&Event::lease(process, Lease { session: session.id(), until_ns }));
+                    reported_until_ns = until_ns;
+                }
+                session.lost_reason().is_some()
+            };
+            if lost {
+                return;
+            }
+            tokio::time::sleep(LEASE_LOOK).await;
+        }
+    });
+}
+
+const LEASE_LOOK_NS: u64 = 20_000_000;
+
 /// One acquire, register, read, think, write, release.
 async fn run_cycle(
     plan: &ClientPlan,
-    session: &Session,
+    session: &Arc<Session>,
     (cycle, stall): (u64, &Stall),
     rng: &mut picket_sim::Rng,
 ) {

@@ -139,7 +139,7 @@ pub(super) async fn run_started(
     events.sort_by_key(|event| event.at_ns);
     write_history(&plan.out.join("history.jsonl"), &events)?;
     let required: Vec<&str> = plan.faults.iter().map(|kind| kind.name()).collect();
-    Ok(check(&events, &final_list, &required))
+    Ok(check(&events, &final_list, &required, plan.ttl))
 }
 
 pub(super) async fn read_final_list(kv_url: &str) -> anyhow::Result<String> {

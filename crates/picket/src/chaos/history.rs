@@ -89,18 +89,54 @@ pub struct Event {
     /// For the nemesis: the fault, e.g. `leader_kill_quick node=2 down_ms=0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<String>,
+    /// For a client: how long it counts on its session, reported each time a confirmed
+    /// keepalive extends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+}
+
+/// A client's lease as the client counts on it: the session stays its own until `until_ns` (on
+/// the shared clock), the TTL less the client's drift margin from the sending of its last
+/// confirmed keepalive. Picket promises not to expire the session before then, so a lock the
+/// session holds must not go to another session before then unless the holder released it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The session.
+    pub session: u64,
+    /// The end of the lease, on the shared clock.
+    pub until_ns: u64,
 }
 
 impl Event {
     /// A client's event now.
     #[must_use]
     pub fn client(process: u32, op: Op, phase: Phase) -> Self {
-        Self { process, at_ns: now_ns(), op: Some(op), phase: Some(phase), fault: None }
+        Self {
+            process,
+            at_ns: now_ns(),
+            op: Some(op),
+            phase: Some(phase),
+            fault: None,
+            lease: None,
+        }
+    }
+
+    /// A client's report of its lease now.
+    #[must_use]
+    pub fn lease(process: u32, lease: Lease) -> Self {
+        Self { process, at_ns: now_ns(), op: None, phase: None, fault: None, lease: Some(lease) }
     }
 
     /// A fault now.
     #[must_use]
     pub fn fault(description: String) -> Self {
-        Self { process: 0, at_ns: now_ns(), op: None, phase: None, fault: Some(description) }
+        Self {
+            process: 0,
+            at_ns: now_ns(),
+            op: None,
+            phase: None,
+            fault: Some(description),
+            lease: None,
+        }
     }
 }

@@ -84,8 +84,9 @@ struct RunArgs {
     /// follower_kill, client_pause, leader_pause, leader_clock_jump, leader_clock_rate,
     /// partition_leader, partition_split, partition_one_way, partition_bridge,
     /// client_isolate, cluster_restart, store_restart, power_loss, cluster_power_loss,
-    /// disk_full. The partitions need root, nftables and cgroup v2; disk_full needs root (each
-    /// node's data is a tmpfs of its own); the power losses need a test build (below).
+    /// disk_full, fsync_failure. The partitions need root, nftables and cgroup v2; disk_full
+    /// needs root (each node's data is a tmpfs of its own); the power losses and fsync_failure
+    /// need a test build (below).
     #[arg(
         long,
         value_delimiter = ',',
@@ -94,9 +95,10 @@ struct RunArgs {
     )]
     faults: Vec<FaultKind>,
     /// A deliberate bug, to show the checker catches it: fence_admits_everything (the store
-    /// runs with --no-fence), token_counter_resets_on_restart or wal_acknowledges_before_sync
-    /// (these two only in test builds, which compile picket-server's `mutations` feature, as
-    /// the power losses do). The verdict should then be `invalid`.
+    /// runs with --no-fence), token_counter_resets_on_restart, wal_acknowledges_before_sync or
+    /// leader_expires_without_refresh (these three only in test builds, which compile
+    /// picket-server's `mutations` feature, as the power losses do). The verdict should then
+    /// be `invalid`.
     #[arg(long, value_parser = Mutation::parse)]
     mutation: Option<Mutation>,
 }

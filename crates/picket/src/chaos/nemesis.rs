@@ -163,6 +163,12 @@ pub(super) async fn node_fault(
             let index = if step < 2 { leader } else { (leader + step - 1) % cluster.nodes.len() };
             fill_disk(cluster, index, record).await?;
         }
+        FaultKind::SyncFailure => {
+            let step = usize::try_from(rng.range(0, 4)).unwrap_or(0);
+            // The leader half the time, else one of the followers.
+            let index = if step < 2 { leader } else { (leader + step - 1) % cluster.nodes.len() };
+            fail_syncs(cluster, index, record).await?;
+        }
         FaultKind::LeaderKillQuick | FaultKind::LeaderKillLong | FaultKind::FollowerKill => {
             let (index, down_ms) = match kind {
                 FaultKind::LeaderKillQuick => (leader, 0),
@@ -413,15 +419,7 @@ pub(super) async fn fill_disk(
     let id = node.id;
     record(format!("fill node={id}"));
     let filled = Disks::fill(&node.dir)?;
-    let started = Instant::now();
-    let mut stopped_after = None;
-    while started.elapsed() < LONGEST_WAIT {
-        if let Some(status) = node.exit_status() {
-            stopped_after = Some((started.elapsed(), status));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let stopped_after = node.wait_for_exit(LONGEST_WAIT).await;
     Disks::free(&node.dir)?;
     match stopped_after {
         // `picket serve` exits with 1 when its Raft core stops; anything else (a panic's 101,
@@ -448,6 +446,55 @@ pub(super) async fn fill_disk(
         )),
     }
     Ok(())
+}
+
+/// Makes node `index`'s log syncs fail until it stops (it must exit cleanly, acknowledging
+/// nothing it could not sync), then erases what its last good sync did not cover, as the
+/// kernel may have dropped those pages, and starts it again. A node with the test storage
+/// faults that is still running after the bound kept accepting writes its log could not make
+/// durable: a violation. A build without them never fails a sync: the fault is ineffective,
+/// not fired.
+async fn fail_syncs(
+    cluster: &mut Cluster,
+    index: usize,
+    record: &impl Fn(String),
+) -> anyhow::Result<()> {
+    const LONGEST_WAIT: Duration = Duration::from_secs(15);
+    let node = &mut cluster.nodes[index];
+    let id = node.id;
+    std::fs::write(&node.fail_sync, b"")
+        .with_context(|| format!("cannot write {}", node.fail_sync.display()))?;
+    let stopped_after = node.wait_for_exit(LONGEST_WAIT).await;
+    node.kill();
+    std::fs::remove_file(&node.fail_sync)
+        .with_context(|| format!("cannot remove {}", node.fail_sync.display()))?;
+    let erased = lose_unsynced(node)?;
+    match (stopped_after, erased) {
+        // `picket serve` exits with 1 when its Raft core stops; anything else is a crash.
+        (Some((_, status)), _) if status.code() != Some(1) => {
+            record(format!("node_exited node={id} status={status} (its log sync failed)"));
+            cluster.unexpected_exits.push(format!(
+                "node {id} crashed when its log sync failed ({status}) instead of stopping cleanly"
+            ));
+        }
+        (Some((after, _)), erased) => record(format!(
+            "fsync_failure node={id} stopped_after_ms={} erased_bytes={}",
+            after.as_millis(),
+            erased.map_or_else(|| "none".to_owned(), |bytes| bytes.to_string())
+        )),
+        (None, Some(_)) => {
+            record(format!("node_kept_running node={id} (its log syncs failed)"));
+            cluster.unexpected_exits.push(format!(
+                "node {id} kept running for {} s after its log syncs began to fail",
+                LONGEST_WAIT.as_secs()
+            ));
+        }
+        (None, None) => record(format!(
+            "ineffective_fsync_failure node={id} (a build without the test storage faults \
+             never fails a sync)"
+        )),
+    }
+    cluster.restart(index)
 }
 
 /// The index (process - 1) of a client whose last event is a successful read: it holds the lock

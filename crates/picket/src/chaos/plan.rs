@@ -57,6 +57,11 @@ pub enum FaultKind {
     /// must stop at its next write that needs space (a snapshot, a new log segment) without
     /// acknowledging it; the nemesis then frees the space and starts it again.
     DiskFull,
+    /// A node's log syncs fail (`EIO`), the leader's half the time: the node must stop without
+    /// acknowledging what it could not sync; the nemesis then erases what its last good sync
+    /// did not cover (after a failed `fsync` the kernel may have dropped those pages) and
+    /// starts it again. Needs a build with the test storage faults, as the power losses do.
+    SyncFailure,
 }
 
 /// A deliberate bug, to show that the checker catches it (`--mutation`).
@@ -72,6 +77,11 @@ pub enum Mutation {
     /// second (as Redis's `appendfsync everysec` does): only a power loss shows it (tests only,
     /// as above).
     WalAcknowledgesBeforeSync,
+    /// A new leader writes a plain tick where its `Refresh` belongs: it expires sessions by its
+    /// own clock (which started with its process) against deadlines set by the previous
+    /// leader's, so sessions whose keepalives were confirmed expire early (tests only, as
+    /// above).
+    LeaderExpiresWithoutRefresh,
 }
 
 impl Mutation {
@@ -82,6 +92,7 @@ impl Mutation {
             Self::FenceAdmitsEverything => "fence_admits_everything",
             Self::TokenCounterResetsOnRestart => "token_counter_resets_on_restart",
             Self::WalAcknowledgesBeforeSync => "wal_acknowledges_before_sync",
+            Self::LeaderExpiresWithoutRefresh => "leader_expires_without_refresh",
         }
     }
 
@@ -94,6 +105,7 @@ impl Mutation {
             Self::FenceAdmitsEverything,
             Self::TokenCounterResetsOnRestart,
             Self::WalAcknowledgesBeforeSync,
+            Self::LeaderExpiresWithoutRefresh,
         ];
         all.into_iter().find(|mutation| mutation.name() == name).ok_or_else(|| {
             let names: Vec<&str> = all.iter().map(|mutation| mutation.name()).collect();
@@ -104,7 +116,7 @@ impl Mutation {
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -122,6 +134,7 @@ impl FaultKind {
         Self::PowerLoss,
         Self::ClusterPowerLoss,
         Self::DiskFull,
+        Self::SyncFailure,
     ];
 
     /// The name in the history and on the command line.
@@ -145,6 +158,7 @@ impl FaultKind {
             Self::PowerLoss => "power_loss",
             Self::ClusterPowerLoss => "cluster_power_loss",
             Self::DiskFull => "disk_full",
+            Self::SyncFailure => "fsync_failure",
         }
     }
 

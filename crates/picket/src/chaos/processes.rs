@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -101,17 +102,38 @@ pub(super) struct Node {
     pub(super) args: Vec<String>,
     pub(super) dir: PathBuf,
     pub(super) child: Option<Child>,
-    /// The script of the node's test clock, and the total jump written to it so far.
+    /// The script of the node's test clock, the rate and total jump the faults gave it so
+    /// far, and where its current process's clock counts from.
     pub(super) clock: PathBuf,
+    pub(super) rate: f64,
     pub(super) jump_ms: i64,
+    pub(super) origin_ms: i64,
+    /// While a file exists here, the node's log syncs fail (test builds only).
+    pub(super) fail_sync: PathBuf,
+}
+
+/// The origin the next node start's clock counts from.
+static NEXT_CLOCK_ORIGIN_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Each start of a node counts its clock from an origin an hour past every origin before it,
+/// as if the process had started an hour after the last one: a node's readings mean nothing
+/// to another node, nor to itself across a restart, as in a real cluster (each process counts
+/// from its own start). A leader that trusted deadlines set by another leader's clock, instead
+/// of giving every session a full TTL on its own (`Refresh`), would expire sessions at once
+/// whenever leadership moves to a node started more recently.
+fn next_clock_origin_ms() -> i64 {
+    NEXT_CLOCK_ORIGIN_MS.fetch_add(3_600_000, Ordering::Relaxed)
 }
 
 impl Node {
-    /// Sets the node's clock to run at `rate` with a total jump of `jump_ms`.
+    /// Sets the node's clock to run at `rate` with a total jump of `jump_ms` (beside its
+    /// origin).
     pub(super) fn set_clock(&mut self, rate: f64, jump_ms: i64) -> anyhow::Result<()> {
         let temporary = self.clock.with_extension("tmp");
-        std::fs::write(&temporary, format!("rate={rate} jump_ms={jump_ms}\n"))?;
+        let script_jump_ms = jump_ms.saturating_add(self.origin_ms);
+        std::fs::write(&temporary, format!("rate={rate} jump_ms={script_jump_ms}\n"))?;
         std::fs::rename(&temporary, &self.clock)?;
+        self.rate = rate;
         self.jump_ms = jump_ms;
         Ok(())
     }
@@ -121,6 +143,8 @@ impl Node {
     }
 
     pub(super) fn start(&mut self, exe: &Path) -> anyhow::Result<()> {
+        self.origin_ms = next_clock_origin_ms();
+        self.set_clock(self.rate, self.jump_ms)?;
         let mut command = launch(exe, self.procs.as_deref(), &self.args);
         command.stderr(log_file(&self.dir.with_extension("log"))?);
         if let Some(mutation) = self.mutation {
@@ -129,6 +153,7 @@ impl Node {
         // Every node notes how far its log is synced, so that a power loss can erase the rest
         // (a build without the test storage faults ignores it).
         command.env("PICKET_TEST_SYNCED_MARK", "1");
+        command.env("PICKET_TEST_FAIL_SYNC", &self.fail_sync);
         let (child, _) = spawn_listening(command)?;
         self.child = Some(child);
         Ok(())
@@ -137,6 +162,22 @@ impl Node {
     /// How the node's process exited, if it has.
     pub(super) fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    /// Waits up to `longest` for the node's process to exit by itself; returns how long it
+    /// took and how it exited, if it did.
+    pub(super) async fn wait_for_exit(
+        &mut self,
+        longest: Duration,
+    ) -> Option<(Duration, std::process::ExitStatus)> {
+        let started = Instant::now();
+        while started.elapsed() < longest {
+            if let Some(status) = self.exit_status() {
+                return Some((started.elapsed(), status));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     pub(super) fn kill(&mut self) {
@@ -240,9 +281,11 @@ impl Cluster {
                 dir,
                 child: None,
                 clock,
+                rate: 1.0,
                 jump_ms: 0,
+                origin_ms: 0,
+                fail_sync: out.join(format!("node{id}.fail-sync")),
             };
-            node.set_clock(1.0, 0)?;
             node.start(exe)?;
             nodes.push(node);
         }
