@@ -48,12 +48,14 @@ impl SessionRecord {
         self.abandoned.iter().any(|entry| entry.request == request && attempt <= entry.attempt)
     }
 
-    /// Remembers that `request` was abandoned up to `attempt`, forgetting the oldest abandoned
-    /// request when the memory is full.
+    /// Remembers that `request` was abandoned up to `attempt`, forgetting the request
+    /// abandoned longest ago when the memory is full. A request abandoned again counts from its
+    /// latest abandon.
     pub(crate) fn remember_abandoned(&mut self, request: RequestId, attempt: u32) {
-        if let Some(entry) = self.abandoned.iter_mut().find(|entry| entry.request == request) {
-            entry.attempt = entry.attempt.max(attempt);
-            return;
+        let mut attempt = attempt;
+        if let Some(index) = self.abandoned.iter().position(|entry| entry.request == request) {
+            let earlier = self.abandoned.remove(index).expect("the position is in range");
+            attempt = attempt.max(earlier.attempt);
         }
         if self.abandoned.len() == ABANDONED_REQUESTS_KEPT {
             self.abandoned.pop_front();
@@ -164,5 +166,20 @@ mod tests {
         assert_eq!(record.abandoned.len(), ABANDONED_REQUESTS_KEPT);
         assert!(!record.abandoned(RequestId(0), 0));
         assert!((1..=kept).all(|request| record.abandoned(RequestId(request), 0)));
+    }
+
+    /// Regression (found in review): a request abandoned again was still the first forgotten.
+    #[test]
+    fn a_request_abandoned_again_is_forgotten_last() {
+        let mut record = session();
+        let kept = u64::try_from(ABANDONED_REQUESTS_KEPT).unwrap();
+        for request in 0..kept {
+            record.remember_abandoned(RequestId(request), 0);
+        }
+        record.remember_abandoned(RequestId(0), 1);
+        record.remember_abandoned(RequestId(kept), 0);
+        assert!(record.abandoned(RequestId(0), 1), "abandoned again, so kept");
+        assert!(!record.abandoned(RequestId(1), 0), "now the longest ago");
+        assert_eq!(record.abandoned.len(), ABANDONED_REQUESTS_KEPT);
     }
 }

@@ -39,6 +39,11 @@ mod state_machine;
 pub mod tls;
 mod wal;
 
+/// Whether this build has the test storage faults and deliberate bugs (`picket-server`'s
+/// `mutations` feature, which only test builds enable): the fault harness's power losses,
+/// failing syncs and most mutations need them.
+pub const TEST_FAULTS_COMPILED: bool = cfg!(feature = "mutations");
+
 /// For the fault harness's power-loss faults: erases from a killed node's Raft log (in its data
 /// directory) what a power cut would have lost, going by the synced end its flusher noted when
 /// it ran with `PICKET_TEST_SYNCED_MARK` set (test builds only). Returns the bytes erased, or

@@ -55,6 +55,8 @@ const HYSTERESIS: f64 = 0.01;
 const STALE_ROUNDS: u64 = 60;
 /// The largest factor either way.
 const MAX_FACTOR: f64 = 4.0;
+/// An interval whose ratio is beyond this either way is a jump or a restart, not a rate.
+const IMPLAUSIBLE_RATIO: f64 = 2.0 * MAX_FACTOR;
 
 /// The peers' clock rates against the leader's, from their readings. Pure: readings in,
 /// factor out.
@@ -100,11 +102,13 @@ impl RateEstimate {
             if ours_ms < MIN_INTERVAL_MS {
                 return;
             }
-            if theirs_ms < 0.0 {
-                // The peer restarted: its clock counts from its new start, but runs at the same
-                // rate; only this interval is meaningless.
+            let ratio = theirs_ms / ours_ms;
+            if !(1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
+                // The peer restarted (its clock counts from a new origin, behind or ahead) or
+                // its clock jumped: it runs at the same rate, and only this interval is
+                // meaningless. Kept, a few such ratios would drag the median to the cap.
             } else {
-                samples.ratios.push_back(theirs_ms / ours_ms);
+                samples.ratios.push_back(ratio);
                 if samples.ratios.len() > INTERVALS {
                     samples.ratios.pop_front();
                 }
@@ -339,8 +343,8 @@ mod tests {
     #[test]
     fn a_restart_keeps_a_peers_rate_stale_rates_count_at_1_and_the_factor_is_bounded() {
         let mut estimate = RateEstimate::default();
-        feed(&mut estimate, 2, 10.0, 6);
-        feed(&mut estimate, 3, 10.0, 6);
+        feed(&mut estimate, 2, 6.0, 6);
+        feed(&mut estimate, 3, 6.0, 6);
         assert!((estimate.factor(1, &voters(&[1, 2, 3])) - MAX_FACTOR).abs() < 1e-9);
         estimate.record(2, 10_000.0, 10_002.0, 5.0);
         assert!(
@@ -356,5 +360,25 @@ mod tests {
         );
         estimate.retain(&voters(&[1, 2]));
         assert!(!estimate.peers.contains_key(&3), "a peer that left is forgotten");
+    }
+
+    /// Regression (found in review): a peer restarting with its clock counting from an origin
+    /// far ahead gave one huge ratio per restart, and two of them in one window dragged the
+    /// median, and the leader's time, to the cap.
+    #[test]
+    fn peers_restarting_with_clocks_far_ahead_leave_the_rate_alone() {
+        let mut estimate = RateEstimate::default();
+        for peer in [2, 3] {
+            let mut origin_ms = 0.0;
+            // Restarts before the second and fourth readings: intervals jump, run, jump.
+            for step in 0..4 {
+                let sent_ms = 1_000.0 + f64::from(step) * 500.0;
+                if step % 2 == 1 {
+                    origin_ms += 3_600_000.0;
+                }
+                estimate.record(peer, sent_ms, sent_ms + 2.0, origin_ms + sent_ms + 1.0);
+            }
+        }
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9);
     }
 }

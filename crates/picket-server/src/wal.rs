@@ -302,6 +302,11 @@ impl Wal {
     /// When the directory cannot be read, or holds segments of which none is intact.
     pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<(Recovered, Vec<Vec<u8>>)> {
         std::fs::create_dir_all(dir)?;
+        // A new directory is durable only once its parent is synced: a power cut must not take
+        // away a log (its vote, its acknowledged entries) whose files were all synced.
+        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
         let generations = list_segments(dir)?;
         let recovered = |generations| Recovered { dir: dir.to_owned(), segment_bytes, generations };
         for &generation in generations.iter().rev() {

@@ -88,10 +88,16 @@ impl TestFaults {
         }
     }
 
-    /// Faults whose syncs fail while a file exists at `path` (for unit tests).
+    /// Faults whose syncs fail while a file exists at `path`, noting the synced end in `dir`
+    /// (for unit tests).
     #[cfg(test)]
-    pub(super) fn failing_syncs_while(path: std::path::PathBuf) -> Self {
-        Self { fail_sync_while: Some(path), ..Self::default() }
+    pub(super) fn failing_syncs_while(dir: &Path, path: std::path::PathBuf) -> io::Result<Self> {
+        let mark = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(SYNCED_MARK_FILE))?;
+        Ok(Self { synced_mark: Some(mark), fail_sync_while: Some(path), ..Self::default() })
     }
 
     /// For the `wal_acknowledges_before_sync` mutation: whether a second has passed since its

@@ -8,9 +8,9 @@
 //! - No lock leaves a session while its client still counts on its lease (the TTL less the
 //!   client's drift margin from its last confirmed keepalive) and has not released it: the
 //!   previous holder must not believe it holds the lock when the next one is granted it (what
-//!   Jepsen found etcd's locks doing). While a leader's clock runs fast, beyond the drift
-//!   Picket assumes, such a break is counted apart instead: the fence, not the lease, keeps the
-//!   data safe then.
+//!   Jepsen found etcd's locks doing). While a leader's clock runs at a wrong rate (or the
+//!   correction for it lingers after), beyond the drift Picket assumes, such a break is counted
+//!   apart instead: the fence, not the lease, keeps the data safe then.
 //! - Every fault kind the run asked for fired; otherwise the verdict is `unknown`, not `valid`.
 
 use super::history::{Event, Op, Phase};
@@ -59,9 +59,9 @@ pub struct Summary {
     /// Distinct tokens granted.
     pub grants: u64,
     /// Locks that went to another session while their holder still counted on its lease,
-    /// during or just after a leader's clock ran fast (outside the drift bound Picket
+    /// during or after a leader's clock ran at a wrong rate (outside the drift bound Picket
     /// assumes); outside such a window each is a violation instead.
-    pub lease_breaks_while_a_clock_ran_fast: u64,
+    pub lease_breaks_under_clock_rate_faults: u64,
     /// Elements in the final list.
     pub final_elements: u64,
 }
@@ -149,7 +149,7 @@ pub fn check(
         refusals: BTreeMap::new(),
         faults: BTreeMap::new(),
         grants: 0,
-        lease_breaks_while_a_clock_ran_fast: 0,
+        lease_breaks_under_clock_rate_faults: 0,
         final_elements: 0,
     };
     for op in &ops {
@@ -170,10 +170,10 @@ pub fn check(
         }
     }
     summary.grants = check_grants(&ops, &mut violations);
-    let fast_clocks = fast_clock_windows(events, ttl);
+    let wrong_rates = clock_rate_windows(events, ttl);
     for lease_break in lease_breaks(&ops, events) {
-        if fast_clocks.iter().any(|(from, to)| (*from..=*to).contains(&lease_break.granted_ns)) {
-            summary.lease_breaks_while_a_clock_ran_fast += 1;
+        if wrong_rates.iter().any(|(from, to)| (*from..=*to).contains(&lease_break.granted_ns)) {
+            summary.lease_breaks_under_clock_rate_faults += 1;
         } else {
             violations.push(lease_break.describe(events.first().map_or(0, |first| first.at_ns)));
         }
@@ -296,11 +296,10 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
         let until_ns = lease_until_ns.entry(lease.session).or_default();
         *until_ns = (*until_ns).max(lease.until_ns);
     }
-    let mut release_asked_ns: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let mut release_asked_ns: BTreeMap<(u32, u64), Vec<u64>> = BTreeMap::new();
     for op in ops {
         if let Op::Release { token } = op.op {
-            let asked_ns = release_asked_ns.entry((op.process, token)).or_insert(u64::MAX);
-            *asked_ns = (*asked_ns).min(op.invoked_ns);
+            release_asked_ns.entry((op.process, token)).or_default().push(op.invoked_ns);
         }
     }
     let mut grants: Vec<(u64, u64, u32, u64)> = ops
@@ -319,9 +318,10 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
     let mut earliest_later: Option<(u64, u64, u64)> = None;
     for &(token, session, process, ended_ns) in grants.iter().rev() {
         if let Some((granted_ns, next_token, next_session)) = earliest_later {
-            let released_before = release_asked_ns
-                .get(&(process, token))
-                .is_some_and(|&asked_ns| asked_ns < granted_ns);
+            // Only a release asked for after this grant was answered gives this grant up.
+            let released_before = release_asked_ns.get(&(process, token)).is_some_and(|asked| {
+                asked.iter().any(|&asked_ns| (ended_ns..granted_ns).contains(&asked_ns))
+            });
             let until_ns = lease_until_ns.get(&session).copied().unwrap_or(0);
             if next_session != session
                 && !released_before
@@ -346,13 +346,22 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
     breaks
 }
 
-/// The spans during which a lease break is put down to a leader's clock running fast: from
-/// each `leader_clock_rate` fault with a rate above 1 until its end plus a TTL and the
-/// service's expiry grace (a session renewed on the fast clock expires up to then).
-fn fast_clock_windows(events: &[Event], ttl: Duration) -> Vec<(u64, u64)> {
+/// How long a leader's clock correction may stay wrong after its clock is right again: the
+/// leader's peers' rate estimate is the median of their last 20 half-second intervals
+/// (`picket-server`'s `rate.rs`), so a slow clock's correction (running the leader's time fast)
+/// lasts up to 10 s after the slow clock ended.
+const RATE_CORRECTION_MEMORY_NS: u64 = 10_000_000_000;
+
+/// The spans during which a lease break is put down to a leader's clock running at a wrong
+/// rate: from each `leader_clock_rate` fault until its end, plus the correction's memory, a TTL
+/// and the service's expiry grace (a session renewed on a fast clock expires up to then). A
+/// slow clock counts too: the correction for it makes the leader's time run fast, during the
+/// fault and after it.
+fn clock_rate_windows(events: &[Event], ttl: Duration) -> Vec<(u64, u64)> {
     let after_ns = u64::try_from(ttl.as_nanos())
         .unwrap_or(u64::MAX)
-        .saturating_add(picket_core::DEFAULT_SESSION_EXPIRY_GRACE_MS.saturating_mul(1_000_000));
+        .saturating_add(picket_core::DEFAULT_SESSION_EXPIRY_GRACE_MS.saturating_mul(1_000_000))
+        .saturating_add(RATE_CORRECTION_MEMORY_NS);
     events
         .iter()
         .filter_map(|event| {
@@ -364,7 +373,7 @@ fn fast_clock_windows(events: &[Event], ttl: Duration) -> Vec<(u64, u64)> {
             let field = |name: &str| words.clone().find_map(|word| word.strip_prefix(name));
             let rate: f64 = field("rate=")?.parse().ok()?;
             let for_ms: u64 = field("for_ms=")?.parse().ok()?;
-            (rate > 1.0).then(|| {
+            ((rate - 1.0).abs() > f64::EPSILON).then(|| {
                 let until_ns = for_ms.saturating_mul(1_000_000).saturating_add(after_ns);
                 (event.at_ns, event.at_ns.saturating_add(until_ns))
             })
@@ -634,7 +643,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_break_while_a_leader_clock_runs_fast_is_counted_apart() {
+    fn a_lease_break_under_a_leader_clock_rate_fault_is_counted_apart() {
         let mut builder = Builder::new();
         builder.fault("leader_clock_rate node=1 rate=2 for_ms=2000");
         builder.events.extend(held_then_granted(false, SECOND_NS / 2).events.into_iter().map(
@@ -648,9 +657,13 @@ mod tests {
         ));
         let summary = check(&builder.events, "", &[], TTL);
         assert!(summary.violations.is_empty(), "{summary:?}");
-        assert_eq!(summary.lease_breaks_while_a_clock_ran_fast, 1);
-        // A slow clock excuses nothing.
+        assert_eq!(summary.lease_breaks_under_clock_rate_faults, 1);
+        // A slow clock's correction runs the leader's time fast: excused too.
         builder.events[0].fault = Some("leader_clock_rate node=1 rate=0.5 for_ms=2000".into());
+        let summary = check(&builder.events, "", &[], TTL);
+        assert_eq!(summary.lease_breaks_under_clock_rate_faults, 1, "{summary:?}");
+        // A clock jump excuses nothing (the leader refreshes every session after one).
+        builder.events[0].fault = Some("leader_clock_jump node=1 jump_ms=4000".into());
         let summary = check(&builder.events, "", &[], TTL);
         assert_eq!(summary.violations.len(), 1, "{summary:?}");
     }

@@ -156,8 +156,18 @@ pub async fn run(plan: ClientPlan, endpoints: Vec<String>) -> anyhow::Result<()>
         run_cycle(&plan, &current, (cycle, &stall), &mut rng).await;
         session = Some(current);
     }
-    if let Some(session) = session.and_then(Arc::into_inner) {
-        let _ = session.close().await;
+    // The lease reports hold the session for an instant at a time: wait for the last one.
+    let mut session = session;
+    for _ in 0..100 {
+        match session.map(Arc::try_unwrap) {
+            Some(Ok(open)) => {
+                let _ = open.close().await;
+                break;
+            }
+            Some(Err(shared)) => session = Some(shared),
+            None => break,
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
 }
@@ -176,9 +186,12 @@ fn report_leases(process: u32, session: &Arc<Session>) {
         loop {
             let lost = {
                 let Some(session) = session.upgrade() else { return };
+                // The clock first: a stop between the two readings then shortens the lease
+                // reported, never lengthens it.
+                let read_ns = now_ns();
                 let remaining = session.lease_remaining();
-                let until_ns = now_ns()
-                    .saturating_add(u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX));
+                let until_ns =
+                    read_ns.saturating_add(u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX));
                 // A keepalive moves the lease by about a third of the TTL; the step filters
                 // out the jitter of reading two clocks.
                 if !remaining.is_zero() && until_ns > reported_until_ns + LEASE_LOOK_NS {

@@ -145,6 +145,7 @@ pub fn run(args: ChaosArgs, endpoints: Vec<String>) -> anyhow::Result<ExitCode> 
 }
 
 async fn run_harness(args: RunArgs) -> anyhow::Result<ExitCode> {
+    refuse_what_this_build_cannot_do(&args.faults, args.mutation)?;
     let out = match args.out {
         Some(out) => out,
         None => {
@@ -189,4 +190,35 @@ async fn run_harness(args: RunArgs) -> anyhow::Result<ExitCode> {
         summary.faults
     );
     Ok(if summary.verdict == check::Verdict::Valid { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Refuses faults and mutations that need the test storage faults when this build lacks them:
+/// such a run would only kill the nodes, or run without the bug, and say little.
+fn refuse_what_this_build_cannot_do(
+    faults: &[FaultKind],
+    mutation: Option<Mutation>,
+) -> anyhow::Result<()> {
+    if picket_server::TEST_FAULTS_COMPILED {
+        return Ok(());
+    }
+    let needs_test_build =
+        [FaultKind::PowerLoss, FaultKind::ClusterPowerLoss, FaultKind::SyncFailure];
+    let mut asked: Vec<&str> = faults
+        .iter()
+        .filter(|kind| needs_test_build.contains(kind))
+        .map(|kind| kind.name())
+        .collect();
+    asked.extend(
+        mutation
+            .filter(|mutation| *mutation != Mutation::FenceAdmitsEverything)
+            .map(Mutation::name),
+    );
+    if asked.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} needs the test storage faults, which this build lacks: build with `cargo build \
+         --release -p picket --features picket-server/mutations` (never for production)",
+        asked.join(", ")
+    )
 }

@@ -477,10 +477,12 @@ async fn fail_syncs(
                 "node {id} crashed when its log sync failed ({status}) instead of stopping cleanly"
             ));
         }
-        (Some((after, _)), erased) => record(format!(
-            "fsync_failure node={id} stopped_after_ms={} erased_bytes={}",
-            after.as_millis(),
-            erased.map_or_else(|| "none".to_owned(), |bytes| bytes.to_string())
+        (Some((after, _)), Some(erased)) => record(format!(
+            "fsync_failure node={id} stopped_after_ms={} erased_bytes={erased}",
+            after.as_millis()
+        )),
+        (Some(_), None) => record(format!(
+            "ineffective_fsync_failure node={id} (it stopped, but its build notes no synced end)"
         )),
         (None, Some(_)) => {
             record(format!("node_kept_running node={id} (its log syncs failed)"));

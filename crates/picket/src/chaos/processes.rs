@@ -115,10 +115,9 @@ pub(super) struct Node {
 /// The origin the next node start's clock counts from.
 static NEXT_CLOCK_ORIGIN_MS: AtomicI64 = AtomicI64::new(0);
 
-/// Each start of a node counts its clock from an origin an hour past every origin before it,
-/// as if the process had started an hour after the last one: a node's readings mean nothing
-/// to another node, nor to itself across a restart, as in a real cluster (each process counts
-/// from its own start). A leader that trusted deadlines set by another leader's clock, instead
+/// Each start of a node counts its clock from an origin an hour past every origin before it.
+/// The origin is arbitrary, as in a real cluster where each process counts from its own start:
+/// a node's readings mean nothing to another node, nor to itself across a restart. A leader that trusted deadlines set by another leader's clock, instead
 /// of giving every session a full TTL on its own (`Refresh`), would expire sessions at once
 /// whenever leadership moves to a node started more recently.
 fn next_clock_origin_ms() -> i64 {
