@@ -37,6 +37,9 @@ pub(super) fn spawn_listening(mut command: Command) -> anyhow::Result<(Child, St
         for _ in lines {}
     });
     let line = first_line.recv_timeout(START_DEADLINE).unwrap_or_default();
+    if let Ok(Some(status)) = child.try_wait() {
+        bail!("the process exited ({status}) before it was listening");
+    }
     let Some(addr) = line
         .split(" listening on ")
         .nth(1)
@@ -351,9 +354,36 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts node `index` again, trying a few times: while a node is down, another process
+    /// may briefly hold its port as the local end of an outgoing connection. A node that still
+    /// cannot start (it exits or hangs on its way up, as a deliberate bug can make it) is a
+    /// violation, not the end of the run: it stays down and the run goes on to its verdict.
     pub(super) fn restart(&mut self, index: usize) -> anyhow::Result<()> {
+        const ATTEMPTS: u32 = 5;
         let exe = self.exe.clone();
-        self.nodes[index].start(&exe)
+        let node = &mut self.nodes[index];
+        for attempt in 1..=ATTEMPTS {
+            match node.start(&exe) {
+                Ok(()) => return Ok(()),
+                Err(error) if attempt == ATTEMPTS => {
+                    node.child = None;
+                    let log =
+                        std::fs::read_to_string(node.dir.with_extension("log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                    self.unexpected_exits.push(format!(
+                        "node {} did not start again in {ATTEMPTS} attempts: {error:#}; its log \
+                         ends: {}",
+                        node.id,
+                        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                    ));
+                }
+                Err(error) => {
+                    tracing::warn!(node = node.id, %error, "a node did not start; trying again");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
