@@ -898,6 +898,28 @@ fn an_entry_under_unknown_apply_rules_changes_nothing() {
     assert_eq!(story.machine.revision(), 1);
 }
 
+/// Review of the versioned apply rules: a snapshot says which rules its state was built under
+/// (the newest of any accepted entry), a build that does not know them refuses it instead of
+/// reading it without what it does not understand, and a state built under rules 0 alone
+/// keeps the snapshot bytes older builds wrote.
+#[test]
+fn a_snapshot_built_under_unknown_apply_rules_is_refused() {
+    let mut story = Story::new();
+    story.rules = 0;
+    story.open(0, "S", 10_000, 0);
+    let under_rules_zero = story.machine.snapshot();
+    assert!(!String::from_utf8_lossy(&under_rules_zero).contains("newest_apply_rules"));
+    story.rules = APPLY_RULES;
+    story.open(1, "T", 10_000, 0);
+    let mut snapshot: serde_json::Value =
+        serde_json::from_slice(&story.machine.snapshot()).unwrap();
+    assert_eq!(snapshot["newest_apply_rules"], APPLY_RULES);
+    assert!(StateMachine::restore(&serde_json::to_vec(&snapshot).unwrap()).is_ok());
+    snapshot["newest_apply_rules"] = (APPLY_RULES + 1).into();
+    let refused = StateMachine::restore(&serde_json::to_vec(&snapshot).unwrap()).unwrap_err();
+    assert!(refused.to_string().contains("same version as the rest of the cluster"), "{refused}");
+}
+
 /// Issue 15: a session belongs to the principal that opened it. The owner is kept with the
 /// session, through snapshots, and reported; a session opened without one has none, and a log
 /// written before owners existed still reads.

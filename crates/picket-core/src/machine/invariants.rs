@@ -1,6 +1,7 @@
 //! Snapshots of the state, and the check of its every invariant.
 
 use super::{Deadlines, RestoreError, StateMachine};
+use crate::command::APPLY_RULES;
 use crate::record::{ABANDONED_REQUESTS_KEPT, LockRecord, SessionRecord};
 use crate::types::{RequestId, SessionId};
 use std::collections::BTreeSet;
@@ -59,6 +60,12 @@ impl StateMachine {
     /// [`RestoreError`] when the bytes do not decode or describe an inconsistent state.
     pub fn restore(bytes: &[u8]) -> Result<Self, RestoreError> {
         let mut machine: Self = serde_json::from_slice(bytes)?;
+        if machine.newest_apply_rules > APPLY_RULES {
+            return Err(RestoreError::UnknownApplyRules {
+                rules: machine.newest_apply_rules,
+                known: APPLY_RULES,
+            });
+        }
         machine.limits.validate()?;
         machine.rebuild_indices();
         machine.check_invariants()?;
