@@ -292,6 +292,14 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Syncs the directory holding `path`, so that a newly created `path` survives a power cut.
+pub(crate) fn sync_parent_dir(path: &Path) -> io::Result<()> {
+    match path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
 impl Wal {
     /// Opens the log in `dir` (creating it) and returns it with the intact records of its
     /// newest segment, the checkpoint first; none for a new log.
@@ -304,9 +312,7 @@ impl Wal {
         std::fs::create_dir_all(dir)?;
         // A new directory is durable only once its parent is synced: a power cut must not take
         // away a log (its vote, its acknowledged entries) whose files were all synced.
-        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
+        sync_parent_dir(dir)?;
         let generations = list_segments(dir)?;
         let recovered = |generations| Recovered { dir: dir.to_owned(), segment_bytes, generations };
         for &generation in generations.iter().rev() {

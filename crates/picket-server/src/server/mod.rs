@@ -98,9 +98,7 @@ fn check_data_dir(config: &ServerConfig) -> Result<(), StartError> {
     let io = |source| StartError::DataDir { path: path.clone(), source };
     std::fs::create_dir_all(path).map_err(io)?;
     // A new data directory is durable only once its parent is synced.
-    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        std::fs::File::open(parent).and_then(|parent| parent.sync_all()).map_err(io)?;
-    }
+    crate::wal::sync_parent_dir(path).map_err(io)?;
     let node_file = path.join("node.json");
     match std::fs::read(&node_file) {
         Ok(bytes) => {

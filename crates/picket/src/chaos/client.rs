@@ -194,7 +194,9 @@ fn report_leases(process: u32, session: &Arc<Session>) {
                     read_ns.saturating_add(u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX));
                 // A keepalive moves the lease by about a third of the TTL; the step filters
                 // out the jitter of reading two clocks.
-                if !remaining.is_zero() && until_ns > reported_until_ns + LEASE_LOOK_NS {
+                if !remaining.is_zero()
+                    && Duration::from_nanos(until_ns.saturating_sub(reported_until_ns)) > LEASE_LOOK
+                {
                     emit(&Event::lease(process, Lease { session: session.id(), until_ns }));
                     reported_until_ns = until_ns;
                 }
@@ -207,8 +209,6 @@ fn report_leases(process: u32, session: &Arc<Session>) {
         }
     });
 }
-
-const LEASE_LOOK_NS: u64 = 20_000_000;
 
 /// One acquire, register, read, think, write, release.
 async fn run_cycle(

@@ -125,7 +125,7 @@ pub(super) async fn run_started(
     })?;
     for index in 0..cluster.nodes.len() {
         if cluster.nodes[index].child.is_none() {
-            cluster.restart(index)?;
+            cluster.restart(index);
         }
     }
     if store.child.is_none() {

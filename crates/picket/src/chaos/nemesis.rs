@@ -101,7 +101,7 @@ pub(super) async fn run_nemesis(
                 }
                 tokio::time::sleep(Duration::from_millis(down_ms)).await;
                 for index in 0..cluster.nodes.len() {
-                    cluster.restart(index)?;
+                    cluster.restart(index);
                 }
             }
             FaultKind::ClientIsolate => {
@@ -181,7 +181,7 @@ pub(super) async fn node_fault(
             record(format!("{} node={} down_ms={down_ms}", kind.name(), cluster.nodes[index].id));
             cluster.nodes[index].kill();
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
-            cluster.restart(index)?;
+            cluster.restart(index);
         }
         FaultKind::PowerLoss => {
             let step = usize::try_from(rng.range(0, 4)).unwrap_or(0);
@@ -197,7 +197,7 @@ pub(super) async fn node_fault(
                 None => POWER_LOSS_UNAVAILABLE.to_owned(),
             });
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
-            cluster.restart(index)?;
+            cluster.restart(index);
         }
         kind if matches!(
             kind,
@@ -430,7 +430,7 @@ pub(super) async fn fill_disk(
                 "node {id} crashed when its disk filled ({status}) instead of stopping cleanly"
             ));
             cluster.nodes[index].kill();
-            cluster.restart(index)?;
+            cluster.restart(index);
         }
         Some((after, _)) => {
             record(format!(
@@ -438,7 +438,7 @@ pub(super) async fn fill_disk(
                 after.as_millis()
             ));
             node.kill();
-            cluster.restart(index)?;
+            cluster.restart(index);
         }
         None => record(format!(
             "ineffective_disk_full node={id} filled_bytes={filled} (no write needed space within {} s)",
@@ -496,7 +496,8 @@ async fn fail_syncs(
              never fails a sync)"
         )),
     }
-    cluster.restart(index)
+    cluster.restart(index);
+    Ok(())
 }
 
 /// The index (process - 1) of a client whose last event is a successful read: it holds the lock
