@@ -9,7 +9,9 @@
 //! RPC), taking its own reading just before and just after. Between two probes of a peer, the
 //! peer's clock advanced by some amount and the leader's by another; their ratio is the peer's
 //! rate against the leader's clock. A peer's rate is the median of its last [`INTERVALS`] such
-//! ratios, so one interval spoiled by a jump or a late answer does not count. The leader's clock
+//! ratios, so one interval spoiled by a jump or a late answer does not count, or the median of
+//! its last three if that is lower: the estimate errs toward slowing the leader's time, never
+//! toward speeding it (see `PeerRate::rate`). The leader's clock
 //! then runs at the *median* rate over all voters, the leader counting itself at 1 and a peer it
 //! has not read for 30 s also at 1 (a peer that restarts or is briefly unreachable keeps the
 //! rate it had: a restart moves where its clock counts from, not how fast): the factor moves only when a majority of the voters' clocks agree
@@ -77,8 +79,20 @@ struct PeerRate {
 }
 
 impl PeerRate {
+    /// The lower of the median of all kept ratios and the median of the latest
+    /// [`MIN_INTERVALS`]. A peer's rate above 1 speeds the leader's time up, and too fast a
+    /// leader expires sessions early, so the estimate follows a falling rate within a few
+    /// readings and a rising one only once most of the window agrees. Without the second
+    /// median, a leader whose slow clock had recovered kept running its time fast until half the
+    /// window was fresh (five seconds), and clients whose leases were still running lost their
+    /// sessions.
     fn rate(&self) -> Option<f64> {
-        (self.ratios.len() >= MIN_INTERVALS).then(|| median(self.ratios.iter().copied().collect()))
+        if self.ratios.len() < MIN_INTERVALS {
+            return None;
+        }
+        let whole = median(self.ratios.iter().copied().collect());
+        let latest = median(self.ratios.iter().rev().take(MIN_INTERVALS).copied().collect());
+        Some(whole.min(latest))
     }
 }
 
@@ -200,11 +214,12 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             if *peer == node.id() || !voters.contains(peer) {
                 continue;
             }
+            let addr = member.peer_addr();
             let probe = probes.entry(*peer).or_insert_with(|| {
-                ClockProbe::new(*peer, member.addr.clone(), node.to_peers().cloned())
+                ClockProbe::new(*peer, addr.to_owned(), node.to_peers().cloned())
             });
-            if probe.addr() != member.addr {
-                *probe = ClockProbe::new(*peer, member.addr.clone(), node.to_peers().cloned());
+            if probe.addr() != addr {
+                *probe = ClockProbe::new(*peer, addr.to_owned(), node.to_peers().cloned());
             }
         }
         probes.retain(|peer, _| voters.contains(peer));
@@ -360,6 +375,49 @@ mod tests {
         );
         estimate.retain(&voters(&[1, 2]));
         assert!(!estimate.peers.contains_key(&3), "a peer that left is forgotten");
+    }
+
+    /// Regression (found in review of the chaos lease check): after a leader's slow clock
+    /// recovered, its peers' windows still held ten seconds of slow ratios, and the leader's
+    /// time ran twice as fast as real time until most of them had been replaced.
+    #[test]
+    fn a_slow_clocks_correction_ends_within_a_few_readings_of_its_recovery() {
+        let mut estimate = RateEstimate::default();
+        let all = voters(&[1, 2, 3]);
+        let mut leader_ms = 1_000.0;
+        let mut peer_ms = 50_000.0;
+        let mut step = |estimate: &mut RateEstimate, leader_rate: f64| {
+            leader_ms += 500.0 * leader_rate;
+            peer_ms += 500.0;
+            for peer in [2, 3] {
+                estimate.record(peer, leader_ms, leader_ms + 2.0, peer_ms + 1.0);
+            }
+        };
+        for _ in 0..=INTERVALS {
+            step(&mut estimate, 0.5);
+        }
+        assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "a slow leader is sped up");
+        for _ in 0..MIN_INTERVALS {
+            step(&mut estimate, 1.0);
+        }
+        assert!(
+            (estimate.factor(1, &all) - 1.0).abs() < 1e-9,
+            "the correction must end once the latest readings agree with the leader's clock"
+        );
+    }
+
+    #[test]
+    fn a_fast_leader_is_slowed_within_a_few_readings() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 1.0, INTERVALS + 1);
+        feed(&mut estimate, 3, 1.0, INTERVALS + 1);
+        for peer in [2, 3] {
+            for step in 0..=MIN_INTERVALS {
+                let sent_ms = 20_000.0 + f64::from(u32::try_from(step).expect("small")) * 500.0;
+                estimate.record(peer, sent_ms, sent_ms + 2.0, 60_000.0 + (sent_ms + 1.0) * 0.5);
+            }
+        }
+        assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 0.5).abs() < 0.01);
     }
 
     /// Regression (found in review): a peer restarting with its clock counting from an origin

@@ -346,11 +346,12 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
     breaks
 }
 
-/// How long a leader's clock correction may stay wrong after its clock is right again: the
-/// leader's peers' rate estimate is the median of their last 20 half-second intervals
+/// How long a leader's clock correction may stay wrong after its clock is right again: a
+/// peer's rate follows a falling rate within its last three half-second intervals
 /// (`picket-server`'s `rate.rs`), so a slow clock's correction (running the leader's time fast)
-/// lasts up to 10 s after the slow clock ended.
-const RATE_CORRECTION_MEMORY_NS: u64 = 10_000_000_000;
+/// ends within about 2 s of the slow clock's end (one interval straddles it, three more agree,
+/// and the next probe sets the factor); 3 s leaves a margin.
+const RATE_CORRECTION_MEMORY_NS: u64 = 3_000_000_000;
 
 /// The spans during which a lease break is put down to a leader's clock running at a wrong
 /// rate: from each `leader_clock_rate` fault until its end, plus the correction's memory, a TTL
