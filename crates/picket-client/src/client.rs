@@ -244,7 +244,8 @@ impl Client {
         self.transport.release(session_id, name, token).await
     }
 
-    /// Adds a node as a voter (it must be running, started with `--join`).
+    /// Adds a node as a voter (it must be running, started with `--join`). Clients reach it at
+    /// `addr`; peers at `peer_addr` if it serves them on a port of its own (`--peer-listen`).
     ///
     /// # Errors
     /// A refused membership change; the cluster being unreachable.
@@ -252,10 +253,15 @@ impl Client {
         &self,
         node_id: u64,
         addr: &str,
+        peer_addr: Option<&str>,
     ) -> Result<v1::ClusterInfo, ClientError> {
         self.transport
             .call(Retry::UnlessSent, None, |mut client| {
-                let request = v1::AddMemberRequest { node_id, addr: addr.to_owned() };
+                let request = v1::AddMemberRequest {
+                    node_id,
+                    addr: addr.to_owned(),
+                    peer_addr: peer_addr.unwrap_or_default().to_owned(),
+                };
                 async move { client.add_member(request).await }
             })
             .await

@@ -19,7 +19,7 @@
 //! `PICKETBK` | format version (u32 LE) | metadata length (u32 LE) | metadata (JSON) | the
 //! state machine's snapshot | SHA-256 of everything before it. Any damage is refused whole.
 
-use crate::raft_types::{LogId, NodeId, StoredMembership};
+use crate::raft_types::{LogId, Member, NodeId, StoredMembership};
 use picket_core::{RESTORE_EPOCH_SHIFT, StateMachine};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -193,11 +193,9 @@ pub struct RestoreOptions {
 
 /// The membership a restored cluster starts with: `peers`, all voters.
 #[must_use]
-pub fn restored_membership(peers: &BTreeMap<NodeId, String>) -> StoredMembership {
+pub fn restored_membership(peers: &BTreeMap<NodeId, Member>) -> StoredMembership {
     let voters: BTreeSet<NodeId> = peers.keys().copied().collect();
-    let nodes: BTreeMap<NodeId, openraft::BasicNode> =
-        peers.iter().map(|(id, addr)| (*id, openraft::BasicNode { addr: addr.clone() })).collect();
-    let membership = openraft::Membership::new(vec![voters], nodes)
+    let membership = openraft::Membership::new(vec![voters], peers.clone())
         .expect("a non-empty peer list is a valid membership");
     StoredMembership::new(Some(restore_log_id()), membership)
 }

@@ -114,7 +114,12 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         members: view
             .members
             .into_iter()
-            .map(|(node_id, addr, voter)| v1::Member { node_id, addr, voter })
+            .map(|member| v1::Member {
+                node_id: member.node_id,
+                addr: member.addr,
+                voter: member.voter,
+                peer_addr: member.peer_addr.unwrap_or_default(),
+            })
             .collect(),
         leader_id: view.leader_id.unwrap_or(0),
         leader_addr: view.leader_addr.unwrap_or_default(),
@@ -415,7 +420,11 @@ impl picket_server::Picket for ClientService {
         respond(
             self.node
                 .as_caller(who)
-                .add_member(request.node_id, request.addr)
+                .add_member(
+                    request.node_id,
+                    request.addr,
+                    Some(request.peer_addr).filter(|peer_addr| !peer_addr.is_empty()),
+                )
                 .await
                 .map(cluster_message),
         )

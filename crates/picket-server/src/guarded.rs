@@ -285,9 +285,10 @@ impl Guarded<'_> {
         &self,
         node_id: NodeId,
         addr: String,
+        peer_addr: Option<String>,
     ) -> Result<ClusterView, ServiceError> {
         self.access.require_admin(&format!("adding node {node_id} at {addr}"))?;
-        self.node.add_member(node_id, addr).await
+        self.node.add_member(node_id, addr, peer_addr).await
     }
 
     /// See [`Node::remove_member`]: admins only.

@@ -63,7 +63,7 @@ pub use log_store::{StoredEntry, WriterStats, read_entries};
 pub use node::{
     AcquireRequest, ClusterView, Grant, Node, NotReady, WatchItem, WatchStream, Watched,
 };
-pub use raft_types::NodeId;
+pub use raft_types::{Member, NodeId};
 pub use server::{
     DEFAULT_CLUSTER_ID, DEFAULT_PORT, MAX_WAL_SEGMENT_BYTES, MIN_WAL_SEGMENT_BYTES, RaftTuning,
     ServerConfig, ServerHandle, StartError, start,

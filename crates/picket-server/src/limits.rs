@@ -17,9 +17,14 @@ pub struct ServerLimits {
     /// Most acquire requests in flight on this node at once, waiting ones included (default
     /// 100,000). Each holds a registration for its outcome until it is answered.
     pub max_pending_acquires: usize,
-    /// Most connections open on this node at once, clients' and peers' (default 10,000). Past
-    /// it the node stops accepting until one closes; see `listener.rs`.
+    /// Most connections open on this node's client port at once (default 10,000), peers'
+    /// included unless they have a port of their own (`ServerConfig::peer_listen`). Past it the
+    /// node stops accepting until one closes; see `listener.rs`.
     pub max_connections: usize,
+    /// Most connections open on this node's peer port at once, when it has one (default 256).
+    /// A peer holds a few (replication, votes, clock readings); clients never count here, so a
+    /// flood of clients cannot keep a peer from reaching this node.
+    pub max_peer_connections: usize,
     /// How long a connection may stay open with no request or stream open (default 5 min);
     /// then it is closed gracefully. Bounds in time the place an idle connection holds.
     pub idle_connection_timeout: Duration,
@@ -39,6 +44,7 @@ impl Default for ServerLimits {
             max_watch_streams: 10_000,
             max_pending_acquires: 100_000,
             max_connections: 10_000,
+            max_peer_connections: 256,
             idle_connection_timeout: Duration::from_secs(300),
         }
     }

@@ -2,7 +2,9 @@
 //! headers, how long a connection may stay open with no request, keepalive pings on HTTP/2, and
 //! a graceful stop.
 //!
-//! One port serves the gRPC and HTTP/JSON APIs and the peers' Raft traffic. Every connection
+//! The client port serves the gRPC and HTTP/JSON APIs, and the peers' Raft traffic unless the
+//! node has a peer port (`--peer-listen`), served by a second accept loop with a bound of its
+//! own, so that clients cannot crowd peers out. Every connection
 //! costs a file descriptor and a task, so a node holds at most `max_connections` at once: past
 //! that it stops accepting, and further connections wait in the kernel's backlog until one
 //! closes (nothing already connected is slowed). A client that opens a connection and sends
@@ -12,7 +14,7 @@
 //! whose peer stops answering pings is closed after [`KEEPALIVE_INTERVAL`] and
 //! [`KEEPALIVE_TIMEOUT`], and a connection with no request or stream open for
 //! `idle_timeout` is closed gracefully (HTTP/2 `GOAWAY`: the Rust client connects again on
-//! its next call). Not bounded yet: peers share `max_connections` with clients.
+//! its next call).
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;

@@ -10,15 +10,15 @@ mod contacts;
 use crate::clock::Clock;
 use crate::framing;
 use crate::node::Node;
-use crate::raft_types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use crate::raft_types::{Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::tls::Caller;
 use contacts::Contacts;
+use openraft::RaftNetworkV2;
 use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, RaftNetworkV2};
 use picket_proto::connection::Connection;
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::raft_client::RaftClient;
@@ -56,10 +56,10 @@ impl Network {
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
         PeerClient {
             target,
-            addr: node.addr.clone(),
+            addr: node.peer_addr().to_owned(),
             tls: self.tls.clone(),
             connection: None,
             contacts: Some(self.contacts.clone()),
@@ -322,6 +322,24 @@ impl tonic::service::Interceptor for MembersOnly {
         );
         Err(status)
     }
+}
+
+/// On a client port of a node that serves peers on a port of its own: answers every Raft RPC
+/// with a status naming that port, so a peer configured with this node's client address says
+/// what is wrong instead of failing to decode an HTTP error.
+pub fn raft_served_elsewhere(peer_addr: std::net::SocketAddr) -> axum::Router {
+    let refuse = move || async move {
+        let mut status = Status::failed_precondition(format!(
+            "this is a client port: this node serves Raft messages on its peer port \
+             ({peer_addr}); give it as this node's peer address (ID=CLIENT_ADDR/PEER_ADDR)"
+        ));
+        status.metadata_mut().insert(
+            picket_proto::ERROR_CODE_KEY,
+            tonic::metadata::MetadataValue::from_static("peer_port_elsewhere"),
+        );
+        status.into_http::<axum::body::Body>()
+    };
+    axum::Router::new().route("/picket.v1.Raft/{*method}", axum::routing::any(refuse))
 }
 
 /// Receives Raft RPCs from peers and hands them to the local Raft.

@@ -13,6 +13,7 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     /// The nodes; node id `i + 1` is `nodes[i]`.
     pub nodes: Vec<ServerProcess>,
+    peer_addrs: Vec<Option<String>>,
 }
 
 impl Cluster {
@@ -31,21 +32,52 @@ impl Cluster {
     /// When a node does not start.
     #[must_use]
     pub fn start_each(binary: &Path, size: usize, extra: impl Fn(usize) -> Vec<String>) -> Self {
+        Self::start_inner(binary, size, false, extra)
+    }
+
+    /// Like [`Cluster::start`], each node serving its peers on a port of its own
+    /// (`--peer-listen`); [`Cluster::peer_addrs`] lists those ports.
+    ///
+    /// # Panics
+    /// When a node does not start.
+    #[must_use]
+    pub fn start_with_peer_ports(binary: &Path, size: usize, extra: &[String]) -> Self {
+        Self::start_inner(binary, size, true, |_| extra.to_vec())
+    }
+
+    fn start_inner(
+        binary: &Path,
+        size: usize,
+        peer_ports: bool,
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Self {
         let dir = temp_dir();
         let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
+        let peer_addrs: Vec<Option<String>> = ports
+            .iter()
+            .map(|_| peer_ports.then(|| format!("127.0.0.1:{}", free_port())))
+            .collect();
         let peers = ports
             .iter()
+            .zip(&peer_addrs)
             .enumerate()
-            .map(|(index, port)| format!("{}=127.0.0.1:{port}", index + 1))
+            .map(|(index, (port, peer_addr))| match peer_addr {
+                Some(peer_addr) => format!("{}=127.0.0.1:{port}/{peer_addr}", index + 1),
+                None => format!("{}=127.0.0.1:{port}", index + 1),
+            })
             .collect::<Vec<_>>()
             .join(",");
         let nodes = ports
             .iter()
+            .zip(&peer_addrs)
             .enumerate()
-            .map(|(index, port)| {
+            .map(|(index, (port, peer_addr))| {
                 let mut args =
                     vec!["--node-id".to_owned(), (index + 1).to_string(), "--peers".to_owned()];
                 args.push(peers.clone());
+                if let Some(peer_addr) = peer_addr {
+                    args.extend(["--peer-listen".to_owned(), peer_addr.clone()]);
+                }
                 args.extend(extra(index + 1));
                 ServerProcess::start(
                     binary,
@@ -55,7 +87,13 @@ impl Cluster {
                 )
             })
             .collect();
-        Self { dir, nodes }
+        Self { dir, nodes, peer_addrs }
+    }
+
+    /// Each node's peer address, when the nodes serve peers on ports of their own.
+    #[must_use]
+    pub fn peer_addrs(&self) -> Vec<Option<String>> {
+        self.peer_addrs.clone()
     }
 
     /// The directory that holds every node's data directory.

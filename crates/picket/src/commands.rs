@@ -398,8 +398,12 @@ enum MembersAction {
     Add {
         /// Its node id; never reuse the id of a removed node.
         id: u64,
-        /// Its address, HOST:PORT.
+        /// Its client address, HOST:PORT.
         addr: String,
+        /// Its peer address, HOST:PORT, if it serves peers on a port of its own
+        /// (`picket serve --peer-listen`).
+        #[arg(long)]
+        peer_addr: Option<String>,
     },
     /// Remove a node from the voters.
     Remove {
@@ -411,7 +415,9 @@ enum MembersAction {
 /// Runs `picket members`.
 pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitCode> {
     let info = match args.action {
-        Some(MembersAction::Add { id, addr }) => client.add_member(id, &addr).await?,
+        Some(MembersAction::Add { id, addr, peer_addr }) => {
+            client.add_member(id, &addr, peer_addr.as_deref()).await?
+        }
         Some(MembersAction::Remove { id }) => client.remove_member(id).await?,
         None => client.cluster().await?,
     };
@@ -419,7 +425,13 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
         let members: Vec<Value> = info
             .members
             .iter()
-            .map(|m| json!({ "node_id": m.node_id, "addr": m.addr, "voter": m.voter }))
+            .map(|m| {
+                let mut member = json!({ "node_id": m.node_id, "addr": m.addr, "voter": m.voter });
+                if !m.peer_addr.is_empty() {
+                    member["peer_addr"] = json!(m.peer_addr);
+                }
+                member
+            })
             .collect();
         println!(
             "{}",
@@ -437,10 +449,11 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
                 } else {
                     "learner"
                 };
-                vec![m.node_id.to_string(), m.addr.clone(), role.to_owned()]
+                let peer_addr = if m.peer_addr.is_empty() { "-" } else { &m.peer_addr };
+                vec![m.node_id.to_string(), m.addr.clone(), peer_addr.to_owned(), role.to_owned()]
             })
             .collect();
-        println!("{}", table(&["NODE", "ADDRESS", "ROLE"], &rows));
+        println!("{}", table(&["NODE", "ADDRESS", "PEER ADDRESS", "ROLE"], &rows));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,7 +4,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use picket_server::clock::ClockSource;
 use picket_server::tls::TlsFiles;
-use picket_server::{DEFAULT_PORT, NodeId, RaftTuning, ServerConfig, ServerLimits};
+use picket_server::{DEFAULT_PORT, Member, NodeId, RaftTuning, ServerConfig, ServerLimits};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -29,21 +29,32 @@ pub struct ServeArgs {
     /// allocated up front, 64 MiB each unless --wal-segment-bytes says otherwise (under `wal/`).
     #[arg(long, env = "PICKET_DATA_DIR", default_value = "./picket-data")]
     data_dir: PathBuf,
-    /// Address to listen on for clients and peers (gRPC and HTTP on one port). Port 0 picks a
-    /// free port; the chosen address is printed on standard output.
+    /// Address to listen on for clients (gRPC and HTTP on one port), and for peers unless
+    /// --peer-listen gives them their own. Port 0 picks a free port; the chosen address is
+    /// printed on standard output.
     #[arg(long, env = "PICKET_LISTEN", default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
     listen: SocketAddr,
-    /// Address peers and clients use to reach this node, if not the listen address.
+    /// Address clients (and peers, without --peer-listen) use to reach this node, if not the
+    /// listen address.
     #[arg(long, env = "PICKET_ADVERTISE")]
     advertise: Option<String>,
+    /// Serve peers' Raft traffic on this address only, with its own connection bound
+    /// (--max-peer-connections), so that clients can neither send Raft messages nor crowd
+    /// peers out. Every node's --peers entry then gives both addresses, ID=CLIENT/PEER.
+    #[arg(long, env = "PICKET_PEER_LISTEN")]
+    peer_listen: Option<SocketAddr>,
+    /// Address peers use to reach --peer-listen, if not that address.
+    #[arg(long, env = "PICKET_PEER_ADVERTISE", requires = "peer_listen")]
+    peer_advertise: Option<String>,
     /// This node's id, a positive number unique in the cluster and never reused.
     #[arg(long, env = "PICKET_NODE_ID", default_value_t = 1)]
     node_id: NodeId,
     /// The initial voters, this node included, as ID=HOST:PORT pairs separated by commas, e.g.
-    /// 1=127.0.0.1:7687,2=127.0.0.1:7688,3=127.0.0.1:7689. Every initial voter gets the same
-    /// list. Omit for a one-node cluster.
+    /// 1=127.0.0.1:7687,2=127.0.0.1:7688,3=127.0.0.1:7689; a node with --peer-listen as
+    /// ID=CLIENT_HOST:PORT/PEER_HOST:PORT. Every initial voter gets the same list. Omit for a
+    /// one-node cluster.
     #[arg(long, env = "PICKET_PEERS", value_parser = parse_peers)]
-    peers: Option<BTreeMap<NodeId, String>>,
+    peers: Option<BTreeMap<NodeId, Member>>,
     /// Start without forming a cluster, to be added later with `AddMember` on the leader.
     #[arg(long, env = "PICKET_JOIN")]
     join: bool,
@@ -75,10 +86,14 @@ pub struct ServeArgs {
     /// 429 `too_many_pending_acquires`.
     #[arg(long, env = "PICKET_MAX_PENDING_ACQUIRES", default_value_t = ServerLimits::default().max_pending_acquires)]
     max_pending_acquires: usize,
-    /// Most connections open on this node at once (clients' and peers'); past it the node stops
-    /// accepting until one closes. The open-files limit is raised to fit it where it can be.
+    /// Most connections open on this node's client port at once (peers' too, without
+    /// --peer-listen); past it the node stops accepting there until one closes. The open-files
+    /// limit is raised to fit it where it can be.
     #[arg(long, env = "PICKET_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_CONNECTIONS_BOUND))]
     max_connections: usize,
+    /// Most connections open on the peer port (--peer-listen) at once.
+    #[arg(long, env = "PICKET_MAX_PEER_CONNECTIONS", default_value_t = ServerLimits::default().max_peer_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_CONNECTIONS_BOUND))]
+    max_peer_connections: usize,
     /// How long a connection may stay open with no request or stream open before the node
     /// closes it (gracefully: an HTTP/2 client connects again on its next call), in ms.
     #[arg(long, env = "PICKET_IDLE_CONNECTION_TIMEOUT_MS", default_value_t = idle_connection_timeout_ms_default(), value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(100..=86_400_000))]
@@ -154,16 +169,25 @@ fn idle_connection_timeout_ms_default() -> u64 {
     u64::try_from(timeout.as_millis()).expect("the default is minutes")
 }
 
-fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, String> {
+fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, Member>, String> {
     let mut peers = BTreeMap::new();
     for pair in text.split(',').filter(|pair| !pair.trim().is_empty()) {
-        let (id, addr) =
+        let (id, addrs) =
             pair.split_once('=').ok_or_else(|| format!("{pair:?} is not ID=HOST:PORT"))?;
         let id: NodeId = id.trim().parse().map_err(|_| format!("{id:?} is not a node id"))?;
         if id == 0 {
             return Err("node ids start at 1".to_owned());
         }
-        if peers.insert(id, addr.trim().to_owned()).is_some() {
+        let member = match addrs.split_once('/') {
+            Some((addr, peer_addr)) => {
+                Member::with_peer_addr(addr.trim(), Some(peer_addr.trim().to_owned()))
+            }
+            None => Member::new(addrs.trim()),
+        };
+        if member.addr.is_empty() || member.peer_addr.as_deref().is_some_and(str::is_empty) {
+            return Err(format!("{pair:?} is not ID=HOST:PORT or ID=HOST:PORT/PEER_HOST:PORT"));
+        }
+        if peers.insert(id, member).is_some() {
             return Err(format!("node {id} is listed twice"));
         }
     }
@@ -191,6 +215,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         node_id: args.node_id,
         listen: args.listen,
         advertise: args.advertise,
+        peer_listen: args.peer_listen,
+        peer_advertise: args.peer_advertise,
         data_dir: args.data_dir,
         peers: args.peers.unwrap_or_default(),
         join: args.join,
@@ -199,6 +225,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_watch_streams: args.max_watch_streams,
             max_pending_acquires: args.max_pending_acquires,
             max_connections: args.max_connections,
+            max_peer_connections: args.max_peer_connections,
             idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
         },
         tuning,
@@ -216,13 +243,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         metrics_prefixes: args.metrics_prefixes,
         insecure_plaintext: args.insecure_plaintext,
     };
-    raise_open_files_limit(config.limits.max_connections);
+    raise_open_files_limit(
+        config.limits.max_connections
+            + config.peer_listen.map_or(0, |_| config.limits.max_peer_connections),
+    );
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let data_dir = config.data_dir.clone();
         let handle = picket_server::start(config).await?;
+        let peers_on =
+            handle.peer_addr().map(|addr| format!(" (peers on {addr})")).unwrap_or_default();
         println!(
-            "picket: node {} listening on {} (data in {})",
+            "picket: node {} listening on {}{peers_on} (data in {})",
             handle.node().id(),
             handle.addr(),
             data_dir.display()
@@ -302,5 +334,10 @@ mod tests {
         assert!(parse_peers("x=a").is_err());
         assert!(parse_peers("0=a").is_err());
         assert!(parse_peers("1").is_err());
+        let split = parse_peers("1=127.0.0.1:1/127.0.0.1:2,2=127.0.0.1:3").unwrap();
+        assert_eq!(split[&1].peer_addr(), "127.0.0.1:2");
+        assert_eq!(split[&2].peer_addr(), "127.0.0.1:3");
+        assert!(parse_peers("1=127.0.0.1:1/").is_err());
+        assert!(parse_peers("1=/127.0.0.1:2").is_err());
     }
 }

@@ -252,7 +252,7 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     alice_session.try_lock("alice/notes").await.unwrap();
     let refused = alice_session.try_lock("jobs/x").await.unwrap_err();
     assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
-    let refused = alice.add_member(9, "127.0.0.1:1").await.unwrap_err();
+    let refused = alice.add_member(9, "127.0.0.1:1", None).await.unwrap_err();
     assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
 }
 

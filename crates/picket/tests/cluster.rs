@@ -312,13 +312,16 @@ fn leader_failover_and_follower_catch_up_lose_nothing() {
 }
 
 /// A node started with `--join` is added as a voter through the API, catches up, and is removed
-/// again; the cluster serves writes throughout.
+/// again; the cluster serves writes throughout. The new node serves its peers on a port of its
+/// own (`--peer-listen`) while the others serve theirs on their client ports: one cluster can
+/// mix both.
 #[test]
 fn a_member_can_be_added_and_removed() {
     let cluster = start_cluster();
     let _ = cluster.leader(Duration::from_secs(20));
     let addrs = cluster.addrs();
     let port = free_port();
+    let peer_addr = format!("127.0.0.1:{}", free_port());
     let joiner_dir = temp_dir();
     let joiner = ServerProcess::start(
         Path::new(env!("CARGO_BIN_EXE_picket")),
@@ -330,6 +333,8 @@ fn a_member_can_be_added_and_removed() {
             "--join".to_owned(),
             "--heartbeat-ms".to_owned(),
             "50".to_owned(),
+            "--peer-listen".to_owned(),
+            peer_addr.clone(),
         ],
     );
     let session = send(
@@ -355,7 +360,7 @@ fn a_member_can_be_added_and_removed() {
         &addrs,
         "POST",
         "/v1/cluster/members",
-        Some(&json!({ "node_id": 4, "addr": joiner.addr })),
+        Some(&json!({ "node_id": 4, "addr": joiner.addr, "peer_addr": peer_addr })),
         Duration::from_secs(30),
     )
     .unwrap();
@@ -364,6 +369,7 @@ fn a_member_can_be_added_and_removed() {
         view["members"].as_array().unwrap().iter().filter(|m| m["voter"] == true).count()
     };
     assert_eq!(voters(&added.body), 4);
+    assert_eq!(added.body["members"][3]["peer_addr"], peer_addr.as_str(), "{}", added.text);
     // The new member has the state written before it joined.
     let target = applied_revision(&cluster, cluster.leader(Duration::from_secs(5)));
     wait_until("the new member to catch up", Duration::from_secs(20), || {

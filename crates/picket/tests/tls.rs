@@ -20,13 +20,17 @@ fn binary() -> &'static Path {
 }
 
 fn tls_cluster(pki: &TestPki, extra: &[&str]) -> Cluster {
+    Cluster::start(binary(), 3, &tls_cluster_args(pki, extra))
+}
+
+fn tls_cluster_args(pki: &TestPki, extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"]
         .iter()
         .chain(extra)
         .map(|arg| (*arg).to_owned())
         .collect();
     args.extend(pki.serve_args());
-    Cluster::start(binary(), 3, &args)
+    args
 }
 
 fn trusting(ca: &Path, identity: Option<&Identity>) -> ClientTls {
@@ -106,6 +110,33 @@ async fn a_tls_cluster_serves_clients_that_trust_its_ca_and_no_others() {
     let plaintext =
         ClientConfig { retry_for: Duration::from_millis(500), ..ClientConfig::default() };
     assert!(Client::connect_with(cluster.addrs(), plaintext).await.is_err());
+}
+
+/// With peers on ports of their own (`--peer-listen`), the peer ports speak TLS too: the
+/// cluster replicates over them, and there too only a member's certificate may send Raft
+/// messages.
+#[tokio::test]
+async fn a_tls_cluster_with_peer_ports_replicates_over_them_and_admits_only_members() {
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let cluster = Cluster::start_with_peer_ports(binary(), 3, &tls_cluster_args(&pki, &[]));
+    let client = connect(cluster.addrs(), trusting(&pki.peer_ca, None)).await.unwrap();
+    let (leader_id, _) = leader(&client).await;
+    // A grant commits only once a majority has it: the peers replicate over their TLS ports.
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let guard = session.try_lock("jobs/peer-port").await.unwrap();
+    assert_eq!(client.lock_info("jobs/peer-port").await.unwrap().token, guard.token());
+    let index = usize::try_from(leader_id).unwrap() - 1;
+    let peer_addr = cluster.peer_addrs()[index].clone().expect("a peer port");
+    let empty = || RaftPayload { data: b"{}".to_vec(), error: String::new() };
+    let as_client = trusting(&pki.peer_ca, Some(&pki.client));
+    let mut raft = raft_client(&peer_addr, &as_client).await.unwrap();
+    let status = raft.vote(addressed_to(leader_id, empty())).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    let as_member = trusting(&pki.peer_ca, Some(&pki.node));
+    let mut raft = raft_client(&peer_addr, &as_member).await.unwrap();
+    let status = raft.vote(addressed_to(leader_id + 100, empty())).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "past the gate: {status:?}");
 }
 
 /// `[8-byte little-endian length][snapshot meta JSON][state]`, as a node writes `snapshot.bin`.

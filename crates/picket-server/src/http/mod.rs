@@ -280,6 +280,16 @@ pub async fn not_found() -> ApiError {
     )
 }
 
+/// Answers everything on a peer port (`--peer-listen`) that is not a Raft message.
+pub async fn not_on_peer_port() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "peer_port",
+        "this is a peer port: it serves only Raft messages between cluster members; clients use \
+         the node's client port (--listen)",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::node::OPENAPI;

@@ -93,7 +93,17 @@ pub fn cluster_json(view: &ClusterView) -> Value {
     let members: Vec<Value> = view
         .members
         .iter()
-        .map(|(node_id, addr, voter)| json!({ "node_id": node_id, "addr": addr, "voter": voter }))
+        .map(|member| {
+            let mut json = json!({
+                "node_id": member.node_id,
+                "addr": member.addr,
+                "voter": member.voter,
+            });
+            if let Some(peer_addr) = &member.peer_addr {
+                json["peer_addr"] = json!(peer_addr);
+            }
+            json
+        })
         .collect();
     json!({
         "members": members,
@@ -122,6 +132,8 @@ pub(super) async fn cluster(State(node): State<Arc<Node>>, Who(who): Who) -> Jso
 pub(super) struct AddMemberBody {
     node_id: u64,
     addr: String,
+    #[serde(default)]
+    peer_addr: Option<String>,
 }
 
 pub(super) async fn add_member(
@@ -129,7 +141,9 @@ pub(super) async fn add_member(
     Who(who): Who,
     Body(body): Body<AddMemberBody>,
 ) -> ApiResult<Value> {
-    Ok(Json(cluster_json(&node.as_caller(who).add_member(body.node_id, body.addr).await?)))
+    Ok(Json(cluster_json(
+        &node.as_caller(who).add_member(body.node_id, body.addr, body.peer_addr).await?,
+    )))
 }
 
 pub(super) async fn remove_member(

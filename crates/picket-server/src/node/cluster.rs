@@ -2,17 +2,30 @@
 
 use super::{Node, not_leader};
 use crate::error::ServiceError;
-use crate::raft_types::NodeId;
+use crate::raft_types::{Member, NodeId};
+use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, ServerState};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// One member as a node sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    /// Its node id.
+    pub node_id: NodeId,
+    /// Where clients reach it.
+    pub addr: String,
+    /// Where peers reach it, if it serves them on a port of its own.
+    pub peer_addr: Option<String>,
+    /// A voter, or else a learner.
+    pub voter: bool,
+}
 
 /// Membership and leadership as one node sees them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterView {
-    /// (id, address, voter) of every member.
-    pub members: Vec<(NodeId, String, bool)>,
+    /// Every member.
+    pub members: Vec<MemberView>,
     /// The leader, if known.
     pub leader_id: Option<NodeId>,
     /// The leader's address, if known.
@@ -57,9 +70,14 @@ impl Node {
         let metrics = self.raft.metrics().borrow_watched().clone();
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        let members: Vec<(NodeId, String, bool)> = membership
+        let members: Vec<MemberView> = membership
             .nodes()
-            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+            .map(|(id, node)| MemberView {
+                node_id: *id,
+                addr: node.addr.clone(),
+                peer_addr: node.peer_addr.clone(),
+                voter: voters.contains(id),
+            })
             .collect();
         let leader_addr = metrics
             .current_leader
@@ -91,6 +109,8 @@ impl Node {
     }
 
     /// Adds a node as a voter: first as a learner until it has caught up, then as a voter.
+    /// Clients reach it at `addr`; peers at `peer_addr` if it serves them on a port of its own
+    /// (`--peer-listen`), else at `addr`.
     ///
     /// # Errors
     /// On a follower, or when the membership change fails.
@@ -98,24 +118,29 @@ impl Node {
         &self,
         node_id: NodeId,
         addr: String,
+        peer_addr: Option<String>,
     ) -> Result<ClusterView, ServiceError> {
         // Every membership entry lists every member: bounded, so no request can grow one past
         // what the log takes.
-        if addr.is_empty()
-            || addr.len() > MAX_MEMBER_ADDR_BYTES
-            || addr.chars().any(char::is_control)
-        {
+        let usable = |addr: &str| {
+            !addr.is_empty()
+                && addr.len() <= MAX_MEMBER_ADDR_BYTES
+                && !addr.chars().any(char::is_control)
+        };
+        if !usable(&addr) || !peer_addr.as_deref().is_none_or(usable) {
             return Err(ServiceError::BadRequest(format!(
-                "a member's address is 1 to {MAX_MEMBER_ADDR_BYTES} printable bytes, as host:port"
+                "a member's address and peer address are 1 to {MAX_MEMBER_ADDR_BYTES} printable \
+                 bytes each, as host:port"
             )));
         }
         let members = self.cluster().members;
-        if members.len() >= MAX_MEMBERS && !members.iter().any(|(id, _, _)| *id == node_id) {
+        if members.len() >= MAX_MEMBERS && !members.iter().any(|member| member.node_id == node_id) {
             return Err(ServiceError::BadRequest(format!(
                 "the cluster already has {MAX_MEMBERS} members, its limit; remove one first"
             )));
         }
-        self.raft.add_learner(node_id, BasicNode { addr }, true).await.map_err(membership_error)?;
+        let member = Member::with_peer_addr(addr, peer_addr);
+        self.raft.add_learner(node_id, member, true).await.map_err(membership_error)?;
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.raft
             .change_membership(openraft::ChangeMembers::AddVoterIds(voters), false)

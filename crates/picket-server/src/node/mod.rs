@@ -14,7 +14,7 @@ mod watch;
 
 pub use crate::hub::Watched;
 pub use acquire::{AcquireRequest, Grant};
-pub use cluster::{ClusterView, MAX_MEMBER_ADDR_BYTES, MAX_MEMBERS};
+pub use cluster::{ClusterView, MAX_MEMBER_ADDR_BYTES, MAX_MEMBERS, MemberView};
 pub use picket_proto::{MAX_KEEPALIVE_BATCH, MAX_WATCHED_SESSIONS};
 pub use sessions::Ownership;
 pub(crate) use watch::Recheck;

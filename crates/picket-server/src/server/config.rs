@@ -3,7 +3,7 @@
 
 use crate::clock::ClockSource;
 use crate::limits::ServerLimits;
-use crate::raft_types::NodeId;
+use crate::raft_types::{Member, NodeId};
 use crate::tls::TlsFiles;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -61,12 +61,19 @@ pub struct ServerConfig {
     pub node_id: NodeId,
     /// Where to listen for clients and peers.
     pub listen: SocketAddr,
-    /// The address peers and clients use to reach this node; defaults to the bound address.
+    /// The address clients (and peers, without `peer_listen`) use to reach this node; defaults
+    /// to the bound address.
     pub advertise: Option<String>,
+    /// Serve peers' Raft traffic on this address instead of `listen`, with its own connection
+    /// bound (`ServerLimits::max_peer_connections`); `listen` then serves clients only. `None`:
+    /// one port for both.
+    pub peer_listen: Option<SocketAddr>,
+    /// The address peers use to reach `peer_listen`; defaults to the bound peer address.
+    pub peer_advertise: Option<String>,
     /// Where the log, the vote and snapshots live.
     pub data_dir: PathBuf,
-    /// The initial voters, id to address, this node included. Empty: a one-node cluster.
-    pub peers: BTreeMap<NodeId, String>,
+    /// The initial voters, id to addresses, this node included. Empty: a one-node cluster.
+    pub peers: BTreeMap<NodeId, Member>,
     /// Start without forming a cluster, waiting to be added as a member by the leader.
     pub join: bool,
     /// Raft timing and compaction.
@@ -107,6 +114,8 @@ impl ServerConfig {
             node_id: 1,
             listen,
             advertise: None,
+            peer_listen: None,
+            peer_advertise: None,
             data_dir: data_dir.into(),
             peers: BTreeMap::new(),
             join: false,

@@ -1,5 +1,5 @@
-//! Starting and stopping a node: storage, Raft, the leader's duties, and one port that serves
-//! gRPC (clients and peers) and HTTP/JSON.
+//! Starting and stopping a node: storage, Raft, the leader's duties, a port that serves gRPC
+//! and HTTP/JSON to clients, and peers' Raft traffic on that port or on one of its own.
 
 mod config;
 
@@ -17,10 +17,10 @@ use crate::log_store::{LogStore, WriterStats};
 use crate::metrics::Metrics;
 use crate::network::{Network, RaftService};
 use crate::node::Node;
-use crate::raft_types::{NodeId, Raft};
+use crate::raft_types::{Member, NodeId, Raft};
 use crate::state_machine::StateStore;
 use crate::tls::ServerTls;
-use openraft::{BasicNode, Config, SnapshotPolicy};
+use openraft::{Config, SnapshotPolicy};
 use picket_core::Limits;
 use picket_core::SequencerSigner;
 use serde::{Deserialize, Serialize};
@@ -35,17 +35,25 @@ use tokio::task::JoinHandle;
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
+    peer_addr: Option<SocketAddr>,
     node: Arc<Node>,
     shutdown: watch::Sender<bool>,
     serving: JoinHandle<()>,
+    serving_peers: Option<JoinHandle<()>>,
     duties: JoinHandle<()>,
 }
 
 impl ServerHandle {
-    /// The address the node is listening on.
+    /// The address the node is listening on for clients (and peers, without a peer port).
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address the node is listening on for peers, when it has a peer port.
+    #[must_use]
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer_addr
     }
 
     /// The node.
@@ -58,6 +66,9 @@ impl ServerHandle {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.serving.await;
+        if let Some(serving_peers) = self.serving_peers {
+            let _ = serving_peers.await;
+        }
         let _ = self.duties.await;
         if let Err(error) = self.node.raft().shutdown().await {
             tracing::warn!(%error, "raft did not shut down cleanly");
@@ -165,13 +176,15 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             crate::metrics::MAX_CONFIGURED_PREFIXES,
         )));
     }
-    if config.tls.is_none() && !config.listen.ip().is_loopback() && !config.insecure_plaintext {
-        return Err(StartError::Config(format!(
-            "refusing to serve plaintext on {}: anyone who can reach that address could act as \
-             any client or as a cluster member. Give --tls-cert, --tls-key and --peer-ca, listen \
-             on loopback, or pass --insecure-plaintext on a network only you can reach",
-            config.listen
-        )));
+    for listen in std::iter::once(config.listen).chain(config.peer_listen) {
+        if config.tls.is_none() && !listen.ip().is_loopback() && !config.insecure_plaintext {
+            return Err(StartError::Config(format!(
+                "refusing to serve plaintext on {listen}: anyone who can reach that address \
+                 could act as any client or as a cluster member. Give --tls-cert, --tls-key and \
+                 --peer-ca, listen on loopback, or pass --insecure-plaintext on a network only \
+                 you can reach"
+            )));
+        }
     }
     let tls = match config.tls.clone() {
         Some(files) => Some(Arc::new(
@@ -198,16 +211,28 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         .local_addr()
         .map_err(|source| StartError::Listen { addr: config.listen, source })?;
     let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let peer_listener = match config.peer_listen {
+        Some(listen) => Some(
+            TcpListener::bind(listen)
+                .await
+                .map_err(|source| StartError::Listen { addr: listen, source })?,
+        ),
+        None => None,
+    };
+    let peer_addr = match &peer_listener {
+        Some(listener) => Some(listener.local_addr().map_err(|source| StartError::Listen {
+            addr: config.peer_listen.unwrap_or(config.listen),
+            source,
+        })?),
+        None => None,
+    };
+    let peer_advertise =
+        peer_addr.map(|bound| config.peer_advertise.clone().unwrap_or_else(|| bound.to_string()));
     let mut peers = config.peers.clone();
     if peers.is_empty() {
-        peers.insert(config.node_id, advertise.clone());
+        peers.insert(config.node_id, Member::with_peer_addr(advertise.clone(), peer_advertise));
     }
-    if !peers.contains_key(&config.node_id) && !config.join {
-        return Err(StartError::Config(format!(
-            "--peers does not list this node ({}); list every initial voter including this one, or start with --join",
-            config.node_id
-        )));
-    }
+    check_own_member(&config, &peers)?;
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
@@ -278,12 +303,26 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     tokio::spawn(count_leader_changes(raft.clone(), metrics, shutdown_signal.clone()));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
-    let grpc = tonic::service::Routes::new(ClientService::server(node.clone()))
-        .add_service(RaftService::new(node.clone(), clock, tls.is_some()).into_server())
-        .into_axum_router();
+    let raft_service = RaftService::new(node.clone(), clock, tls.is_some()).into_server();
+    let mut grpc = tonic::service::Routes::new(ClientService::server(node.clone()));
+    let peer_app = match peer_addr {
+        Some(_) => Some(
+            tonic::service::Routes::new(raft_service)
+                .into_axum_router()
+                .fallback(http::not_on_peer_port),
+        ),
+        None => {
+            grpc = grpc.add_service(raft_service);
+            None
+        }
+    };
     // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
     // the HTTP API's JSON error format instead.
-    let app = grpc.merge(http::router(node.clone())).fallback(http::not_found);
+    let mut app = grpc.into_axum_router().merge(http::router(node.clone()));
+    if let Some(peer_addr) = peer_addr {
+        app = app.merge(crate::network::raft_served_elsewhere(peer_addr));
+    }
+    let app = app.fallback(http::not_found);
     if let Some(tls) = &tls {
         let tls = tls.clone();
         let stop = shutdown_signal.clone();
@@ -297,19 +336,65 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             async move { crate::reload::every_check(stop, || auth.reload_if_changed()).await },
         );
     }
-    let mut stop = shutdown_signal;
-    let connection_limits = crate::listener::ConnectionLimits {
-        max_connections: config.limits.max_connections,
-        idle_timeout: config.limits.idle_connection_timeout,
-    };
-    let serving = tokio::spawn(async move {
-        let stopped = async move {
-            let _ = stop.wait_for(|stop| *stop).await;
+    let idle_timeout = config.limits.idle_connection_timeout;
+    let serving_peers = peer_listener.zip(peer_app).map(|(listener, peer_app)| {
+        let limits = crate::listener::ConnectionLimits {
+            max_connections: config.limits.max_peer_connections,
+            idle_timeout,
         };
-        crate::listener::serve(listener, app, connection_limits, tls, stopped).await;
+        tokio::spawn(serve(listener, peer_app, limits, tls.clone(), shutdown_signal.clone()))
     });
-    tracing::info!(node = config.node_id, %addr, "serving");
-    Ok(ServerHandle { addr, node, shutdown, serving, duties })
+    let limits = crate::listener::ConnectionLimits {
+        max_connections: config.limits.max_connections,
+        idle_timeout,
+    };
+    let serving = tokio::spawn(serve(listener, app, limits, tls, shutdown_signal));
+    tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");
+    Ok(ServerHandle { addr, peer_addr, node, shutdown, serving, serving_peers, duties })
+}
+
+/// Serves `app` on `listener` until `stop` turns true.
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: crate::listener::ConnectionLimits,
+    tls: Option<Arc<ServerTls>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    crate::listener::serve(listener, app, limits, tls, stopped).await;
+}
+
+/// Checks that `peers` names this node as it serves: its peers must reach its Raft service where
+/// it listens for them, or they would never reach it (a member whose peer address is its client
+/// port, while it serves peers on a port of its own) or would reach another node.
+fn check_own_member(
+    config: &ServerConfig,
+    peers: &BTreeMap<NodeId, Member>,
+) -> Result<(), StartError> {
+    let id = config.node_id;
+    let Some(own) = peers.get(&id) else {
+        if config.join {
+            return Ok(());
+        }
+        return Err(StartError::Config(format!(
+            "--peers does not list this node ({id}); list every initial voter including this one, or start with --join"
+        )));
+    };
+    match (&own.peer_addr, config.peer_listen) {
+        (None, Some(listen)) => Err(StartError::Config(format!(
+            "this node serves peers on --peer-listen {listen}, but --peers gives it no peer \
+             address, so its peers would send Raft messages to its client port; write its entry \
+             as {id}=CLIENT_ADDR/PEER_ADDR (and every node's likewise)"
+        ))),
+        (Some(peer_addr), None) => Err(StartError::Config(format!(
+            "--peers gives this node the peer address {peer_addr}, but it has no --peer-listen; \
+             give --peer-listen, or write its entry as {id}=ADDR"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Restores `backup` into a node about to start (see [`crate::backup`]): the restored state
@@ -319,7 +404,7 @@ async fn restore(
     data_dir: &std::path::Path,
     backup: crate::backup::Backup,
     options: &crate::backup::RestoreOptions,
-    peers: &BTreeMap<NodeId, String>,
+    peers: &BTreeMap<NodeId, Member>,
     store: &StateStore,
     log: &LogStore,
 ) -> Result<(), StartError> {
@@ -389,15 +474,13 @@ fn load_signer(path: &std::path::Path, cluster_id: &str) -> Result<SequencerSign
 /// Forms the cluster from the static peer list. Every initial voter does this with the same
 /// list, which openraft allows; a node that already has a log refuses, which is expected on
 /// every restart.
-async fn bootstrap(raft: &Raft, peers: &BTreeMap<NodeId, String>) -> Result<(), StartError> {
+async fn bootstrap(raft: &Raft, peers: &BTreeMap<NodeId, Member>) -> Result<(), StartError> {
     let initialized =
         raft.is_initialized().await.map_err(|error| StartError::Raft(error.to_string()))?;
     if initialized {
         return Ok(());
     }
-    let members: BTreeMap<NodeId, BasicNode> =
-        peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
-    match raft.initialize(members).await {
+    match raft.initialize(peers.clone()).await {
         Ok(()) => Ok(()),
         Err(openraft::error::RaftError::APIError(
             openraft::error::InitializeError::NotAllowed(_),
