@@ -7,6 +7,7 @@ use picket_proto::v1::RaftPayload;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_testkit::cluster::{Cluster, send};
 use picket_testkit::http::try_request;
+use picket_testkit::wait_until;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -269,4 +270,53 @@ fn a_peer_port_missing_from_the_peer_list_is_refused_at_start() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("gives it no peer address"), "{stderr}");
+}
+
+/// Found while adding the peer port: a node whose waiting acquire lost its caller after it
+/// lost the leadership hands the abandon to the new leader as a peer RPC, and it sent it to the
+/// leader's client address, which with a peer port refuses Raft RPCs: the wait stayed for the
+/// 30 s the hand-over is retried, and then until the session ended. It goes to the leader's
+/// peer address now.
+#[test]
+fn a_wait_abandoned_on_a_deposed_leader_is_handed_to_the_new_leader_over_its_peer_port() {
+    let cluster = start_cluster(true);
+    let addrs = cluster.addrs();
+    let holder = open_session(&addrs);
+    let waiter = open_session(&addrs);
+    let name = "peer-port/handed-over";
+    acquire(&addrs, holder, name);
+    let old = cluster.leader(Duration::from_secs(20));
+    let old_addr = cluster.nodes[old].addr.clone();
+    let waiting = |addr: &str| {
+        let reply = try_request(addr, "GET", &format!("/v1/locks/{name}"), None).ok()?;
+        Some(reply.body["waiters"].as_array()?.iter().any(|session| session == waiter))
+    };
+    // The waiter's acquire waits on the leader, on a connection the test will drop.
+    let mut connection = TcpStream::connect(&old_addr).expect("connects");
+    let body = json!({ "name": name, "session_id": waiter, "wait_ms": 120_000 }).to_string();
+    let request = format!(
+        "POST /v1/locks/acquire HTTP/1.1\r\nhost: picket\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    connection.write_all(request.as_bytes()).expect("writes");
+    wait_until("the acquire to wait", Duration::from_secs(10), || {
+        waiting(&old_addr)?.then_some(())
+    });
+    // The leader stops long enough for the others to elect one of themselves; meanwhile the
+    // caller goes away.
+    cluster.nodes[old].signal("-STOP");
+    drop(connection);
+    let others: Vec<usize> = (0..3).filter(|index| *index != old).collect();
+    let new = wait_until("a new leader", Duration::from_secs(20), || {
+        let leaders: Vec<Option<u64>> =
+            others.iter().map(|index| cluster.view(*index)["leader_id"].as_u64()).collect();
+        let leader = usize::try_from(leaders[0]?).ok()?.checked_sub(1)?;
+        (leaders[0] == leaders[1] && leader != old).then_some(leader)
+    });
+    cluster.nodes[old].signal("-CONT");
+    let new_addr = cluster.nodes[new].addr.clone();
+    wait_until("the abandon to reach the new leader", Duration::from_secs(15), || {
+        (!waiting(&new_addr)?).then_some(())
+    });
 }

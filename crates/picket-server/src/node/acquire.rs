@@ -186,8 +186,19 @@ impl Node {
         let mut pause = std::time::Duration::from_millis(50);
         loop {
             let result = match self.abandon(session, name, request, attempt, None).await {
-                Err(ServiceError::NotLeader { leader_addr: Some(addr), .. }) => {
-                    forward_abandon(&addr, self.to_peers(), session, name, (request, attempt)).await
+                Err(ServiceError::NotLeader { leader_id: Some(leader), .. }) => {
+                    // The hand-over is a peer RPC: it goes to the leader's peer address, which
+                    // is its client address only when it has no peer port.
+                    match self.peer_addr_of(leader) {
+                        Some(addr) => {
+                            let to_peers = self.to_peers();
+                            forward_abandon(&addr, to_peers, session, name, (request, attempt))
+                                .await
+                        }
+                        None => Err(ServiceError::Unavailable(format!(
+                            "the leader, node {leader}, is not in this node's membership yet"
+                        ))),
+                    }
                 }
                 other => other,
             };
