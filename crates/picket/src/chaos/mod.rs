@@ -4,6 +4,7 @@
 
 mod check;
 mod client;
+mod delay;
 mod disk;
 mod harness;
 mod history;

@@ -183,6 +183,7 @@ pub(super) async fn node_fault(
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             cluster.restart(index);
         }
+        FaultKind::LinkDelay => delay_links(cluster, leader, rng, record, election_ms).await,
         FaultKind::PowerLoss => {
             let step = usize::try_from(rng.range(0, 4)).unwrap_or(0);
             // The leader half the time, else one of the followers.
@@ -244,6 +245,45 @@ pub(super) async fn node_fault(
     Ok(())
 }
 
+/// Slows peers' connections to the leader's followers (three times in four) or to one of
+/// them, holds the delay, and clears it; recorded as fired only if bytes were held back.
+async fn delay_links(
+    cluster: &Cluster,
+    leader: usize,
+    rng: &mut picket_sim::Rng,
+    record: &impl Fn(String),
+    election_ms: u64,
+) {
+    let count = cluster.nodes.len();
+    let followers: Vec<usize> = (0..count).filter(|index| *index != leader).collect();
+    let targets: Vec<usize> = if rng.range(0, 4) < 3 {
+        followers
+    } else {
+        vec![followers[usize::try_from(rng.range(0, 2)).unwrap_or(0) % followers.len()]]
+    };
+    let delay_ms = rng.range(election_ms / 4, 2 * election_ms);
+    let hold_ms = rng.range(2 * election_ms, 6 * election_ms);
+    let ids: Vec<u64> = targets.iter().map(|index| cluster.nodes[*index].id).collect();
+    let description = format!(
+        "link_delay to={ids:?} leader={} delay_ms={delay_ms} hold_ms={hold_ms}",
+        cluster.nodes[leader].id
+    );
+    record(format!("delay {description}"));
+    let held_before: u64 =
+        targets.iter().map(|index| cluster.nodes[*index].delay.delayed_bytes()).sum();
+    for index in &targets {
+        cluster.nodes[*index].delay.set(Duration::from_millis(delay_ms));
+    }
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    for index in &targets {
+        cluster.nodes[*index].delay.set(Duration::ZERO);
+    }
+    let held: u64 = targets.iter().map(|index| cluster.nodes[*index].delay.delayed_bytes()).sum();
+    let delayed_bytes = held.saturating_sub(held_before);
+    let fired = if delayed_bytes > 0 { "" } else { "ineffective_" };
+    record(format!("{fired}{description} delayed_bytes={delayed_bytes}"));
+}
+
 /// A partition drawn by the nemesis, not yet in place.
 pub(super) struct Partition {
     pub(super) kind: FaultKind,
@@ -255,11 +295,12 @@ pub(super) struct Partition {
     pub(super) majority: Option<Vec<usize>>,
 }
 
-/// Both directions between nodes `a` and `b`.
-pub(super) fn cut_both_ways(cluster_ports: &[u16], a: usize, b: usize) -> [Cut; 2] {
+/// Both directions between nodes `a` and `b`, given each node's peer port (the port of the
+/// proxy in front of it: nodes reach each other only there).
+pub(super) fn cut_both_ways(peer_ports: &[u16], a: usize, b: usize) -> [Cut; 2] {
     [
-        Cut { from: node_member(a), to_port: cluster_ports[b] },
-        Cut { from: node_member(b), to_port: cluster_ports[a] },
+        Cut { from: node_member(a), to_port: peer_ports[b] },
+        Cut { from: node_member(b), to_port: peer_ports[a] },
     ]
 }
 
@@ -273,6 +314,7 @@ pub(super) fn partition_fault(
     (election_ms, ttl_ms): (u64, u64),
 ) -> Partition {
     let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port).collect();
+    let peer_ports: Vec<u16> = cluster.nodes.iter().map(|node| node.peer_proxy_port).collect();
     let count = ports.len();
     let pick = |rng: &mut picket_sim::Rng, below: usize| {
         usize::try_from(rng.range(0, below as u64)).unwrap_or(0)
@@ -295,14 +337,14 @@ pub(super) fn partition_fault(
     let description = match kind {
         FaultKind::PartitionLeader => {
             for other in others(leader) {
-                cuts.extend(cut_both_ways(&ports, leader, other));
+                cuts.extend(cut_both_ways(&peer_ports, leader, other));
             }
             majority = Some(others(leader).collect());
             format!("partition_leader node={}", id(leader))
         }
         FaultKind::PartitionSplit => {
             for other in others(alone) {
-                cuts.extend(cut_both_ways(&ports, alone, other));
+                cuts.extend(cut_both_ways(&peer_ports, alone, other));
             }
             let mut with_alone = Vec::new();
             for (client, beside_alone) in sides.iter().enumerate() {
@@ -326,12 +368,12 @@ pub(super) fn partition_fault(
             )
         }
         FaultKind::PartitionOneWay => {
-            cuts.push(Cut { from: node_member(leader), to_port: ports[follower] });
+            cuts.push(Cut { from: node_member(leader), to_port: peer_ports[follower] });
             format!("partition_one_way from={} to={}", id(leader), id(follower))
         }
         _ => {
             let end = others(leader).find(|other| *other != follower).unwrap_or(follower);
-            cuts.extend(cut_both_ways(&ports, leader, end));
+            cuts.extend(cut_both_ways(&peer_ports, leader, end));
             format!(
                 "partition_bridge middle={} leader={} other_end={}",
                 id(follower),

@@ -7,9 +7,10 @@
 //! connection, with no proxy in the path and no change to the processes: a node that cannot
 //! send to a peer's port sees its requests vanish, as on a real network, and times out.
 //!
-//! Why not a TCP proxy per link: nodes reach each other at the one address each member
-//! advertises in the replicated membership, and clients follow leader hints to those addresses,
-//! so a proxy cannot tell who is calling. Why not network namespaces: this machine's kernel has
+//! Why not a TCP proxy per link: nodes reach each other at the one peer address each member
+//! advertises in the replicated membership, and clients follow leader hints to the client
+//! addresses, so a proxy cannot tell who is calling. (Slow links do use a proxy per node, in
+//! front of its peer port: see `delay.rs`. Node-to-node cuts aim at those proxies' ports.) Why not network namespaces: this machine's kernel has
 //! no traffic-control classifiers (and no `netem`), so per-pair rules need nftables anyway.
 //!
 //! Needs root, the `nft` command (Debian's `nftables` package) and the cgroup v2 hierarchy

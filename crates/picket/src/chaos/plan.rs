@@ -62,6 +62,13 @@ pub enum FaultKind {
     /// did not cover (after a failed `fsync` the kernel may have dropped those pages) and
     /// starts it again. Needs a build with the test storage faults, as the power losses do.
     SyncFailure,
+    /// Peers' connections to some nodes get slow: every byte on them, both ways, arrives a
+    /// quarter of an election timeout to two election timeouts late (a latency, not a loss),
+    /// for two to six election timeouts: connections to both the leader's followers (three
+    /// times in four: its replication, heartbeats and clock readings slow down), or to one of
+    /// them. (Connections to the leader carry nothing in a quiet cluster, as a cut there would
+    /// drop nothing.) See `delay.rs`.
+    LinkDelay,
 }
 
 /// A deliberate bug, to show that the checker catches it (`--mutation`).
@@ -116,7 +123,7 @@ impl Mutation {
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 19] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -135,6 +142,7 @@ impl FaultKind {
         Self::ClusterPowerLoss,
         Self::DiskFull,
         Self::SyncFailure,
+        Self::LinkDelay,
     ];
 
     /// The name in the history and on the command line.
@@ -159,6 +167,7 @@ impl FaultKind {
             Self::ClusterPowerLoss => "cluster_power_loss",
             Self::DiskFull => "disk_full",
             Self::SyncFailure => "fsync_failure",
+            Self::LinkDelay => "link_delay",
         }
     }
 

@@ -97,7 +97,13 @@ pub(super) fn signal(pid: u32, signal: nix::sys::signal::Signal) {
 pub(super) struct Node {
     pub(super) id: u64,
     pub(super) addr: String,
+    /// The client port: clients reach the node here.
     pub(super) port: u16,
+    /// The port of the delaying proxy in front of the node's peer port: peers reach the node
+    /// here (see [`super::delay`]).
+    pub(super) peer_proxy_port: u16,
+    /// The delay the proxy holds peers' traffic to this node for.
+    pub(super) delay: std::sync::Arc<super::delay::Delay>,
     /// The node's cgroup, when the run cuts links.
     pub(super) procs: Option<PathBuf>,
     /// The deliberate bug the node runs with (through `PICKET_MUTATION`), if any.
@@ -222,10 +228,21 @@ impl Cluster {
             plan.mutation.filter(|mutation| *mutation != Mutation::FenceAdmitsEverything);
         let mut disks = plan.faults.contains(&FaultKind::DiskFull).then(Disks::new);
         let ports = (0..3).map(|_| free_port()).collect::<anyhow::Result<Vec<u16>>>()?;
+        // Peers reach each node through a proxy that can delay them (see `delay.rs`).
+        let mut peer_ports = Vec::new();
+        let mut proxies = Vec::new();
+        for _ in 0..3 {
+            let peer_port = free_port()?;
+            peer_ports.push(peer_port);
+            proxies.push(super::delay::start_proxy(([127, 0, 0, 1], peer_port).into())?);
+        }
         let peers = ports
             .iter()
+            .zip(&proxies)
             .enumerate()
-            .map(|(index, port)| format!("{}=127.0.0.1:{port}", index + 1))
+            .map(|(index, (port, (proxy_port, _)))| {
+                format!("{}=127.0.0.1:{port}/127.0.0.1:{proxy_port}", index + 1)
+            })
             .collect::<Vec<_>>()
             .join(",");
         // The restart mutation empties only a state restored from a snapshot: snapshot often
@@ -234,7 +251,7 @@ impl Cluster {
         let snapshot_every =
             if mutation == Some(Mutation::TokenCounterResetsOnRestart) { "20" } else { "200" };
         let mut nodes = Vec::new();
-        for (index, port) in ports.iter().enumerate() {
+        for (index, (port, (peer_proxy_port, delay))) in ports.iter().zip(proxies).enumerate() {
             let id = index as u64 + 1;
             let dir = out.join(format!("node{id}"));
             if let Some(disks) = &mut disks {
@@ -250,6 +267,10 @@ impl Cluster {
                 &peers,
                 "--listen",
                 &addr,
+                "--peer-listen",
+                &format!("127.0.0.1:{}", peer_ports[index]),
+                "--peer-advertise",
+                &format!("127.0.0.1:{peer_proxy_port}"),
                 "--data-dir",
                 &dir.display().to_string(),
                 "--heartbeat-ms",
@@ -278,6 +299,8 @@ impl Cluster {
                 id,
                 addr,
                 port: *port,
+                peer_proxy_port,
+                delay,
                 procs,
                 mutation,
                 args,
