@@ -55,6 +55,11 @@ pub const DEADBAND: f64 = 0.02;
 const HYSTERESIS: f64 = 0.01;
 /// A peer not read for this many rounds (30 s) counts at 1 again: what it said is too old.
 const STALE_ROUNDS: u64 = 60;
+/// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after this
+/// many rounds without a reading (1.5 s): the leader's slow clock may have recovered meanwhile,
+/// and only a reading would show it. Erring toward a slower time is safe; a faster one
+/// expires sessions early.
+const STALE_ROUNDS_SPEEDING_UP: u64 = 3;
 /// The largest factor either way.
 const MAX_FACTOR: f64 = 4.0;
 /// An interval whose ratio is beyond this either way is a jump or a restart, not a rate.
@@ -143,11 +148,13 @@ impl RateEstimate {
         self.peers.iter().filter_map(|(peer, rate)| Some((*peer, self.fresh_rate(rate)?))).collect()
     }
 
-    /// A peer's rate, if it has enough readings and the last is recent.
+    /// A peer's rate, if it has enough readings and the last is recent: within
+    /// [`STALE_ROUNDS`], or [`STALE_ROUNDS_SPEEDING_UP`] for a rate above 1.
     fn fresh_rate(&self, peer: &PeerRate) -> Option<f64> {
-        (self.round.saturating_sub(peer.read_in_round) <= STALE_ROUNDS)
-            .then(|| peer.rate())
-            .flatten()
+        let unread_rounds = self.round.saturating_sub(peer.read_in_round);
+        let rate = peer.rate()?;
+        let stale_after = if rate > 1.0 { STALE_ROUNDS_SPEEDING_UP } else { STALE_ROUNDS };
+        (unread_rounds <= stale_after).then_some(rate)
     }
 
     /// Forgets every peer not in `voters`.
@@ -205,6 +212,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             estimate = RateEstimate::default();
             probes.clear();
             node.set_peer_clock_rates(BTreeMap::new());
+            node.set_peer_apply_rules(BTreeMap::new());
             set_factor(&node, 1.0);
             continue;
         }
@@ -234,15 +242,22 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
                 (*peer, sent_ms, clock.source_ms(), reading)
             }))
             .await;
+        let mut apply_rules = BTreeMap::new();
         for (peer, sent_ms, received_ms, reading) in readings {
             match reading {
-                Ok(Ok(peer_ms)) => estimate.record(peer, sent_ms, received_ms, peer_ms),
+                Ok(Ok((peer_ms, rules))) => {
+                    estimate.record(peer, sent_ms, received_ms, peer_ms);
+                    apply_rules.insert(peer, rules);
+                }
                 Ok(Err(error)) => tracing::debug!(%error, "cannot read a peer's clock"),
                 Err(_) => tracing::debug!(peer, "a peer's clock did not answer in time"),
             }
         }
         estimate.retain(&voters);
         node.set_peer_clock_rates(estimate.peer_rates());
+        // Only this round's answers count: a voter that did not answer may have been replaced
+        // by an older build since it last did.
+        node.set_peer_apply_rules(apply_rules);
         set_factor(&node, estimate.factor(node.id(), &voters));
     }
 }
@@ -404,6 +419,29 @@ mod tests {
             (estimate.factor(1, &all) - 1.0).abs() < 1e-9,
             "the correction must end once the latest readings agree with the leader's clock"
         );
+    }
+
+    /// Found in review: a peer that stops answering (a slow link, a cut, a busy machine) right
+    /// after the leader's slow clock recovered kept its old rate above 1 for 30 s, running the
+    /// leader's time fast all that while.
+    #[test]
+    fn a_rate_that_speeds_the_leader_up_goes_stale_within_a_few_unread_rounds() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 2.0, 6);
+        feed(&mut estimate, 3, 2.0, 6);
+        let all = voters(&[1, 2, 3]);
+        assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01);
+        for _ in 0..=STALE_ROUNDS_SPEEDING_UP {
+            estimate.next_round();
+        }
+        assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "unread rates above 1 go stale");
+        let mut slowing = RateEstimate::default();
+        feed(&mut slowing, 2, 0.5, 6);
+        feed(&mut slowing, 3, 0.5, 6);
+        for _ in 0..=STALE_ROUNDS_SPEEDING_UP {
+            slowing.next_round();
+        }
+        assert!((slowing.factor(1, &all) - 0.5).abs() < 0.01, "rates below 1 last longer");
     }
 
     #[test]
