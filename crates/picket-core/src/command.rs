@@ -48,6 +48,12 @@ impl Input {
         Self { now_ms, command, principal: None, rules: APPLY_RULES }
     }
 
+    /// The same input, written under apply rules `rules` (see [`Input::rules`]).
+    #[must_use]
+    pub fn under_rules(self, rules: u32) -> Self {
+        Self { rules, ..self }
+    }
+
     /// The same input, sent by `principal` (see [`Input::principal`]).
     #[must_use]
     pub fn sent_by(self, principal: Option<String>) -> Self {

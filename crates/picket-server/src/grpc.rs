@@ -130,6 +130,8 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         clock_gaps_total: view.clock_gaps_total,
         clock_rate_factor: view.clock_rate_factor,
         peer_clock_rates: view.peer_clock_rates.into_iter().collect(),
+        apply_rules: view.apply_rules,
+        newest_applied_rules: view.newest_applied_rules,
     }
 }
 

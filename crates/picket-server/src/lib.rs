@@ -12,6 +12,7 @@
 //!
 //! Start a node with [`start`]; [`ServerConfig::single`] is a one-node cluster.
 
+pub mod apply_rules;
 pub mod auth;
 pub mod backup;
 pub mod clock;

@@ -198,15 +198,18 @@ impl ClockProbe {
         &self.peer.addr
     }
 
-    /// The peer's clock source reading, in milliseconds.
-    pub(crate) async fn read(&mut self, timeout: Duration) -> Result<f64, String> {
+    /// The peer's clock source reading, in milliseconds, and the newest apply rules it knows.
+    pub(crate) async fn read(&mut self, timeout: Duration) -> Result<(f64, u32), String> {
         let mut client = self.peer.client().await.map_err(|error| error.to_string())?;
         let request = self.peer.request(Empty {}, timeout);
         let answer = tokio::time::timeout(timeout, client.read_clock(request))
             .await
             .unwrap_or_else(|_| Err(Status::deadline_exceeded("the peer did not answer in time")));
         match answer {
-            Ok(reading) => Ok(reading.into_inner().source_ms),
+            Ok(reading) => {
+                let reading = reading.into_inner();
+                Ok((reading.source_ms, reading.apply_rules))
+            }
             Err(status) => {
                 self.peer.connection = None;
                 Err(format!(
@@ -327,17 +330,20 @@ impl tonic::service::Interceptor for MembersOnly {
 /// On a client port of a node that serves peers on a port of its own: answers every Raft RPC
 /// with a status naming that port, so a peer configured with this node's client address says
 /// what is wrong instead of failing to decode an HTTP error.
-pub fn raft_served_elsewhere(peer_addr: std::net::SocketAddr) -> axum::Router {
-    let refuse = move || async move {
-        let mut status = Status::failed_precondition(format!(
-            "this is a client port: this node serves Raft messages on its peer port \
+pub fn raft_served_elsewhere(peer_addr: String) -> axum::Router {
+    let refuse = move || {
+        let peer_addr = peer_addr.clone();
+        async move {
+            let mut status = Status::failed_precondition(format!(
+                "this is a client port: this node serves Raft messages on its peer port \
              ({peer_addr}); give it as this node's peer address (ID=CLIENT_ADDR/PEER_ADDR)"
-        ));
-        status.metadata_mut().insert(
-            picket_proto::ERROR_CODE_KEY,
-            tonic::metadata::MetadataValue::from_static("peer_port_elsewhere"),
-        );
-        status.into_http::<axum::body::Body>()
+            ));
+            status.metadata_mut().insert(
+                picket_proto::ERROR_CODE_KEY,
+                tonic::metadata::MetadataValue::from_static("peer_port_elsewhere"),
+            );
+            status.into_http::<axum::body::Body>()
+        }
     };
     axum::Router::new().route("/picket.v1.Raft/{*method}", axum::routing::any(refuse))
 }
@@ -465,7 +471,10 @@ impl raft_server::Raft for RaftService {
 
     async fn read_clock(&self, request: Request<Empty>) -> Result<Response<ClockReading>, Status> {
         self.check_target(&request)?;
-        Ok(Response::new(ClockReading { source_ms: self.clock.source_ms() }))
+        Ok(Response::new(ClockReading {
+            source_ms: self.clock.source_ms(),
+            apply_rules: crate::apply_rules::known_apply_rules(),
+        }))
     }
 }
 

@@ -16,7 +16,7 @@ use crate::raft_types::{
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use picket_core::{APPLY_RULES, Command, Input, Limits, StateMachine, Wait};
+use picket_core::{Command, Input, Limits, StateMachine, Wait};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -156,11 +156,12 @@ impl StateStore {
     /// wrote it.
     fn apply_entry(&self, entry: Entry) -> io::Result<EntryReply> {
         let log_id = entry.log_id;
+        let known = crate::apply_rules::known_apply_rules();
         if let EntryPayload::Normal(input) = &entry.payload
-            && input.rules > APPLY_RULES
+            && input.rules > known
         {
             let message = format!(
-                "log entry {log_id} was written under apply rules {}, and this build knows up to {APPLY_RULES}: run a Picket build as new as the leader's on this node",
+                "log entry {log_id} was written under apply rules {}, and this build knows up to {known}: run a Picket build as new as the leader's on this node",
                 input.rules
             );
             tracing::error!("{message}");
@@ -312,7 +313,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 mod tests {
     use super::*;
     use openraft::testing::{blank_ent, log_id};
-    use picket_core::{RequestId, SessionId};
+    use picket_core::{APPLY_RULES, RequestId, SessionId};
 
     fn acquire(session: u64, name: &str, wait: Wait) -> Entry {
         let input = Input::new(

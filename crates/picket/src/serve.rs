@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// every 10 ms. Raft's own timers keep the real clock.
     #[arg(long, hide = true)]
     test_clock_file: Option<PathBuf>,
+    /// For rolling-upgrade tests only (builds with the test faults): act as an older build that
+    /// knows apply rules up to this version.
+    #[arg(long, hide = true)]
+    test_apply_rules: Option<u32>,
     /// Most watch streams open on this node at once; more get 429 `too_many_watch_streams`.
     #[arg(long, env = "PICKET_MAX_WATCH_STREAMS", default_value_t = ServerLimits::default().max_watch_streams)]
     max_watch_streams: usize,
@@ -202,6 +206,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     args.logging.init("info,openraft=error")?;
     if args.node_id == 0 {
         bail!("--node-id must be a positive number");
+    }
+    if let Some(rules) = args.test_apply_rules
+        && !picket_server::apply_rules::act_as_a_build_that_knows_apply_rules_up_to(rules)
+    {
+        bail!("--test-apply-rules needs a build with the test faults (the tests build one)");
     }
     let tuning = RaftTuning {
         heartbeat_ms: args.heartbeat_ms,

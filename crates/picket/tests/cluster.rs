@@ -370,6 +370,17 @@ fn a_member_can_be_added_and_removed() {
     };
     assert_eq!(voters(&added.body), 4);
     assert_eq!(added.body["members"][3]["peer_addr"], peer_addr.as_str(), "{}", added.text);
+    // Its addresses are fixed: openraft would keep the old ones and report success.
+    let moved = send(
+        &addrs,
+        "POST",
+        "/v1/cluster/members",
+        Some(&json!({ "node_id": 4, "addr": joiner.addr })),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(moved.status, 400, "{}", moved.text);
+    assert!(moved.text.contains("cannot change"), "{}", moved.text);
     // The new member has the state written before it joined.
     let target = applied_revision(&cluster, cluster.leader(Duration::from_secs(5)));
     wait_until("the new member to catch up", Duration::from_secs(20), || {

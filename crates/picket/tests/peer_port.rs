@@ -253,23 +253,29 @@ async fn raft_messages_on_the_client_port_are_refused_and_the_peer_port_serves_o
 }
 
 /// A node told to serve peers on a port of its own, whose entry in `--peers` gives no peer
-/// address, refuses to start: its peers would send Raft messages to its client port.
+/// address or another port, refuses to start: its peers would send Raft messages elsewhere.
 #[test]
-fn a_peer_port_missing_from_the_peer_list_is_refused_at_start() {
+fn a_peer_list_that_misses_or_misnames_the_peer_port_is_refused_at_start() {
     let dir = picket_testkit::temp_dir();
     let port = picket_testkit::free_port();
     let peer_port = picket_testkit::free_port();
-    let output = std::process::Command::new(binary())
-        .args(["serve", "--data-dir"])
-        .arg(dir.path())
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
-        .args(["--peers", &format!("1=127.0.0.1:{port}")])
-        .output()
-        .expect("runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("gives it no peer address"), "{stderr}");
+    let refusal = |entry: String| {
+        let output = std::process::Command::new(binary())
+            .args(["serve", "--data-dir"])
+            .arg(dir.path())
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--peer-listen", &format!("127.0.0.1:{peer_port}")])
+            .args(["--peers", &entry])
+            .output()
+            .expect("runs");
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let missing = refusal(format!("1=127.0.0.1:{port}"));
+    assert!(missing.contains("gives it no peer address"), "{missing}");
+    // A peer address on another port than the one it serves: its peers would never reach it.
+    let wrong = refusal(format!("1=127.0.0.1:{port}/127.0.0.1:{port}"));
+    assert!(wrong.contains("but it serves peers on"), "{wrong}");
 }
 
 /// Found while adding the peer port: a node whose waiting acquire lost its caller after it

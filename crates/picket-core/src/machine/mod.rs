@@ -303,7 +303,25 @@ impl StateMachine {
     /// # Errors
     /// The refusal.
     pub fn validate(&self, command: &Command) -> Result<(), CommandError> {
-        self.plan(command, APPLY_RULES).map(|_| ())
+        self.validate_under(command, APPLY_RULES)
+    }
+
+    /// [`StateMachine::validate`] for an entry to be written under apply rules `rules` (a
+    /// leader whose voters do not all know this build's rules yet writes older ones).
+    ///
+    /// # Errors
+    /// The refusal; [`CommandError::UnknownApplyRules`] for rules this build does not know.
+    pub fn validate_under(&self, command: &Command, rules: u32) -> Result<(), CommandError> {
+        if rules > APPLY_RULES {
+            return Err(CommandError::UnknownApplyRules { rules, known: APPLY_RULES });
+        }
+        self.plan(command, rules).map(|_| ())
+    }
+
+    /// The newest apply rules of any entry this state accepted (0 before versions existed).
+    #[must_use]
+    pub fn newest_apply_rules(&self) -> u32 {
+        self.newest_apply_rules
     }
 
     /// The refusal of `command` that no command not yet applied could overturn, if any: the

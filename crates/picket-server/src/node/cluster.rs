@@ -55,6 +55,12 @@ pub struct ClusterView {
     /// As leader, each voter's clock rate against this node's clock, once known (see
     /// [`crate::rate`]); empty on a follower.
     pub peer_clock_rates: BTreeMap<NodeId, f64>,
+    /// The apply rules this node writes entries under while it leads: the newest every voter
+    /// knows (see [`crate::apply_rules`]). Below [`picket_core::APPLY_RULES`] during a rolling
+    /// upgrade, until every voter runs the new build.
+    pub apply_rules: u32,
+    /// The newest apply rules of any entry this node's state has accepted.
+    pub newest_applied_rules: u32,
 }
 
 /// Most members (voters and learners) a cluster may have.
@@ -83,9 +89,11 @@ impl Node {
             .current_leader
             .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
         let role = role_name(metrics.state);
-        let (applied_revision, applied_log_index) = self.read_local(|state| {
-            (state.machine.revision(), state.last_applied.map_or(0, |log_id| log_id.index()))
-        });
+        let (applied_revision, applied_log_index, newest_applied_rules) =
+            self.read_local(|state| {
+                let applied_log_index = state.last_applied.map_or(0, |log_id| log_id.index());
+                (state.machine.revision(), applied_log_index, state.machine.newest_apply_rules())
+            });
         ClusterView {
             members,
             leader_id: metrics.current_leader,
@@ -105,6 +113,8 @@ impl Node {
                 .lock()
                 .map(|rates| rates.clone())
                 .unwrap_or_default(),
+            apply_rules: self.writing_rules(),
+            newest_applied_rules,
         }
     }
 
@@ -142,6 +152,17 @@ impl Node {
             )));
         }
         let members = self.cluster().members;
+        if let Some(existing) = members.iter().find(|member| member.node_id == node_id)
+            && (existing.addr != addr || existing.peer_addr != peer_addr)
+        {
+            // openraft would keep the old addresses and report success.
+            let peers = existing.peer_addr.as_deref().unwrap_or(&existing.addr);
+            return Err(ServiceError::BadRequest(format!(
+                "node {node_id} is already a member, at {} (peers reach it at {peers}); a \
+                 member's addresses cannot change: remove it and add the new node under a new id",
+                existing.addr
+            )));
+        }
         if members.len() >= MAX_MEMBERS && !members.iter().any(|member| member.node_id == node_id) {
             return Err(ServiceError::BadRequest(format!(
                 "the cluster already has {MAX_MEMBERS} members, its limit; remove one first"

@@ -47,6 +47,9 @@ pub struct Node {
     clock: Arc<Clock>,
     /// Written by the leader's rate check, read by `cluster()`.
     peer_clock_rates: std::sync::Mutex<BTreeMap<NodeId, f64>>,
+    /// The newest apply rules each voter said it knows, in its answers to the leader's clock
+    /// readings (see [`crate::apply_rules`]).
+    peer_apply_rules: std::sync::Mutex<BTreeMap<NodeId, u32>>,
     gaps: GapWatch,
     renewals: Renewals,
     /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
@@ -138,6 +141,7 @@ impl Node {
             store,
             clock,
             peer_clock_rates: std::sync::Mutex::default(),
+            peer_apply_rules: std::sync::Mutex::default(),
             gaps: GapWatch::default(),
             renewals: Renewals::default(),
             watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
@@ -222,6 +226,31 @@ impl Node {
         if let Ok(mut known) = self.peer_clock_rates.lock() {
             *known = rates;
         }
+    }
+
+    /// Records the apply rules the voters said they know (the leader's rate check asks).
+    pub(crate) fn set_peer_apply_rules(&self, reported: BTreeMap<NodeId, u32>) {
+        if let Ok(mut known) = self.peer_apply_rules.lock() {
+            *known = reported;
+        }
+    }
+
+    /// The apply rules this node writes entries under as leader: the newest every voter knows
+    /// (see [`crate::apply_rules::writing_rules`]).
+    #[must_use]
+    pub fn writing_rules(&self) -> u32 {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let voters: std::collections::BTreeSet<NodeId> =
+            metrics.membership_config.membership().voter_ids().collect();
+        let newest_accepted = self.read_local(|state| state.machine.newest_apply_rules());
+        let reported = self.peer_apply_rules.lock().map(|known| known.clone()).unwrap_or_default();
+        crate::apply_rules::writing_rules(
+            crate::apply_rules::known_apply_rules(),
+            newest_accepted,
+            self.id,
+            &voters,
+            &reported,
+        )
     }
 
     /// The watch for stalls and clock jumps.
@@ -320,7 +349,8 @@ impl Node {
         principal: Option<String>,
         command: Command,
     ) -> Result<picket_core::Applied, ServiceError> {
-        self.submit(Input::new(self.clock.now_ms(), command).sent_by(principal)).await
+        let input = Input::new(self.clock.now_ms(), command).sent_by(principal);
+        self.submit(input.under_rules(self.writing_rules())).await
     }
 
     /// Proposes a command stamped with a clock reading taken earlier (a tick's, taken with the
@@ -330,11 +360,11 @@ impl Node {
         now_ms: u64,
         command: Command,
     ) -> Result<picket_core::Applied, ServiceError> {
-        self.submit(Input::new(now_ms, command)).await
+        self.submit(Input::new(now_ms, command).under_rules(self.writing_rules())).await
     }
 
     async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
-        if let Some(refusal) = self.refusal_before_log(&input.command).await {
+        if let Some(refusal) = self.refusal_before_log(&input).await {
             self.metrics().refused(refusal.code(), "before_log");
             return Err(ServiceError::Command(refusal));
         }
@@ -369,9 +399,10 @@ impl Node {
     /// Never refused early: `Abandon`, which must follow the acquire it undoes even while that
     /// acquire is in flight; a retried acquire (attempt above 0), whose first attempt may be in
     /// flight and grant it; and the leader's own ticks.
-    async fn refusal_before_log(&self, command: &Command) -> Option<CommandError> {
+    async fn refusal_before_log(&self, input: &Input) -> Option<CommandError> {
+        let (command, rules) = (&input.command, input.rules);
         let (refusal, lasts) = self.read_local(|state| {
-            let refusal = state.machine.validate(command).err()?;
+            let refusal = state.machine.validate_under(command, rules).err()?;
             let lasts = state.machine.refusal_lasts(&refusal);
             Some((refusal, lasts))
         })?;
@@ -388,7 +419,8 @@ impl Node {
         // LeaseRead confirms leadership and waits until this node applied every entry committed
         // before the call; decide again on that state, in the same term.
         self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
-        let refusal = self.read_local(|state| state.machine.validate(command).err())?;
+        let refusal =
+            self.read_local(|state| state.machine.validate_under(command, rules).err())?;
         (self.settled_term() == term).then_some(refusal)
     }
 

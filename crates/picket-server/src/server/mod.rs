@@ -230,9 +230,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         peer_addr.map(|bound| config.peer_advertise.clone().unwrap_or_else(|| bound.to_string()));
     let mut peers = config.peers.clone();
     if peers.is_empty() {
-        peers.insert(config.node_id, Member::with_peer_addr(advertise.clone(), peer_advertise));
+        peers.insert(
+            config.node_id,
+            Member::with_peer_addr(advertise.clone(), peer_advertise.clone()),
+        );
     }
-    check_own_member(&config, &peers)?;
+    check_own_member(&config, &peers, peer_addr)?;
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
     let hub = Arc::new(Hub::default());
@@ -319,8 +322,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
     // the HTTP API's JSON error format instead.
     let mut app = grpc.into_axum_router().merge(http::router(node.clone()));
-    if let Some(peer_addr) = peer_addr {
-        app = app.merge(crate::network::raft_served_elsewhere(peer_addr));
+    if let Some(peer_advertise) = &peer_advertise {
+        app = app.merge(crate::network::raft_served_elsewhere(peer_advertise.clone()));
     }
     let app = app.fallback(http::not_found);
     if let Some(tls) = &tls {
@@ -368,11 +371,13 @@ async fn serve(
 }
 
 /// Checks that `peers` names this node as it serves: its peers must reach its Raft service where
-/// it listens for them, or they would never reach it (a member whose peer address is its client
-/// port, while it serves peers on a port of its own) or would reach another node.
+/// it listens for them (`bound_peer_addr`, or as `--peer-advertise` says), or they would never
+/// reach it (a member whose peer address is its client port, while it serves peers on a port of
+/// its own) or would reach another node.
 fn check_own_member(
     config: &ServerConfig,
     peers: &BTreeMap<NodeId, Member>,
+    bound_peer_addr: Option<SocketAddr>,
 ) -> Result<(), StartError> {
     let id = config.node_id;
     let Some(own) = peers.get(&id) else {
@@ -393,7 +398,32 @@ fn check_own_member(
             "--peers gives this node the peer address {peer_addr}, but it has no --peer-listen; \
              give --peer-listen, or write its entry as {id}=ADDR"
         ))),
-        _ => Ok(()),
+        (Some(peer_addr), Some(listen)) => {
+            // With --peer-advertise the entry must say exactly that; without, the host may be
+            // a name or an address the node does not bind, but the port must be the one bound.
+            let matches = match &config.peer_advertise {
+                Some(advertised) => peer_addr == advertised,
+                None => bound_peer_addr.is_some_and(|bound| {
+                    peer_addr
+                        .rsplit_once(':')
+                        .is_some_and(|(_, port)| port == bound.port().to_string())
+                }),
+            };
+            if matches {
+                Ok(())
+            } else {
+                Err(StartError::Config(format!(
+                    "--peers gives this node the peer address {peer_addr}, but it serves peers on \
+                     --peer-listen {listen}{}; make its entry name the address its peers reach",
+                    config
+                        .peer_advertise
+                        .as_ref()
+                        .map(|advertised| format!(" advertised as {advertised}"))
+                        .unwrap_or_default()
+                )))
+            }
+        }
+        (None, None) => Ok(()),
     }
 }
 

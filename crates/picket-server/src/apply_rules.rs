@@ -1,0 +1,89 @@
+//! Which apply rules this node knows, and which a leader writes its entries under, so that a
+//! cluster can be upgraded one node at a time.
+//!
+//! Every log entry carries the version of the apply rules it was written under
+//! ([`picket_core::Input::rules`]), and a node that meets a version it does not know stops
+//! rather than apply it differently from the others. So a leader must not write a version some
+//! voter does not know: during a rolling upgrade, the upgraded leader keeps writing the old
+//! version until every voter runs a build that knows the new one. Each voter says which
+//! version it knows in its answer to the leader's clock readings ([`crate::rate`], every
+//! 500 ms); the leader writes the newest version every voter knows, never below the newest
+//! its state has accepted (entries already in the log under it bind the cluster anyway), and
+//! never above its own.
+
+use crate::raft_types::NodeId;
+use picket_core::APPLY_RULES;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The newest apply rules this process knows: [`APPLY_RULES`], unless a test build was told to
+/// act as an older build.
+static KNOWN: AtomicU32 = AtomicU32::new(APPLY_RULES);
+
+/// The newest apply rules this node knows: what it tells a leader, and above which it refuses
+/// entries.
+#[must_use]
+pub fn known_apply_rules() -> u32 {
+    KNOWN.load(Ordering::Relaxed)
+}
+
+/// Makes this process act as a build that knows apply rules up to `rules` only (at most
+/// [`APPLY_RULES`]), for rolling-upgrade tests. Only test builds (`picket-server`'s `mutations`
+/// feature) do; any other build changes nothing and returns false.
+#[must_use]
+pub fn act_as_a_build_that_knows_apply_rules_up_to(rules: u32) -> bool {
+    if !cfg!(feature = "mutations") {
+        return false;
+    }
+    KNOWN.store(rules.min(APPLY_RULES), Ordering::Relaxed);
+    true
+}
+
+/// The apply rules a leader writes under: the newest that every voter knows (the leader, which
+/// knows `known`, among them; a voter that has not said yet counts as knowing none), but never
+/// below `newest_accepted`, the newest version its state has accepted, and never above
+/// `known`.
+#[must_use]
+pub fn writing_rules(
+    known: u32,
+    newest_accepted: u32,
+    leader: NodeId,
+    voters: &BTreeSet<NodeId>,
+    reported: &BTreeMap<NodeId, u32>,
+) -> u32 {
+    let every_voter_knows = voters
+        .iter()
+        .map(|voter| if *voter == leader { Some(known) } else { reported.get(voter).copied() })
+        .try_fold(known, |newest, voter_knows| Some(newest.min(voter_knows?)))
+        .unwrap_or(0);
+    every_voter_knows.max(newest_accepted).min(known)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn voters(ids: &[NodeId]) -> BTreeSet<NodeId> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_leader_writes_the_newest_rules_every_voter_knows() {
+        let all = voters(&[1, 2, 3]);
+        let upgraded: BTreeMap<NodeId, u32> = [(2, 1), (3, 1)].into();
+        assert_eq!(writing_rules(1, 0, 1, &all, &upgraded), 1);
+        let one_old: BTreeMap<NodeId, u32> = [(2, 1), (3, 0)].into();
+        assert_eq!(writing_rules(1, 0, 1, &all, &one_old), 0, "node 3 knows only version 0");
+        let one_silent: BTreeMap<NodeId, u32> = [(2, 1)].into();
+        assert_eq!(writing_rules(1, 0, 1, &all, &one_silent), 0, "node 3 has not said");
+        assert_eq!(writing_rules(1, 0, 1, &voters(&[1]), &BTreeMap::new()), 1, "alone");
+    }
+
+    #[test]
+    fn a_leader_never_writes_below_what_its_state_accepted_nor_above_what_it_knows() {
+        let all = voters(&[1, 2, 3]);
+        assert_eq!(writing_rules(1, 1, 1, &all, &BTreeMap::new()), 1, "a new leader");
+        let newer: BTreeMap<NodeId, u32> = [(2, 7), (3, 7)].into();
+        assert_eq!(writing_rules(1, 0, 1, &all, &newer), 1, "peers newer than the leader");
+    }
+}

@@ -1,0 +1,89 @@
+//! A rolling upgrade: while one voter runs an older build (here a test build told to know
+//! fewer apply rules, `--test-apply-rules`), the leader keeps writing the rules that voter
+//! knows, so it applies every entry instead of stopping; once it runs the new build, the
+//! leader writes the new rules.
+
+use picket_testkit::cluster::{Cluster, send};
+use picket_testkit::{ServerProcess, wait_until};
+use serde_json::json;
+use std::path::Path;
+use std::time::Duration;
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_picket"))
+}
+
+const TIMING: [&str; 4] = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+
+/// Opens a session, takes and releases a lock: entries the leader writes under its rules.
+fn write_some(addrs: &[String], name: &str) {
+    let session = send(
+        addrs,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({ "ttl_ms": 30_000 })),
+        Duration::from_secs(20),
+    )
+    .expect("the cluster answers");
+    assert_eq!(session.status, 200, "{}", session.text);
+    let session_id = session.body["session_id"].as_u64().expect("a session id");
+    let body = json!({ "name": name, "session_id": session_id, "wait_ms": 0 });
+    let granted = send(addrs, "POST", "/v1/locks/acquire", Some(&body), Duration::from_secs(20))
+        .expect("the cluster answers");
+    assert_eq!(granted.status, 200, "{}", granted.text);
+    let token = granted.body["token"].as_u64().expect("a token");
+    let body = json!({ "name": name, "session_id": session_id, "token": token });
+    let released = send(addrs, "POST", "/v1/locks/release", Some(&body), Duration::from_secs(20))
+        .expect("the cluster answers");
+    assert_eq!(released.status, 200, "{}", released.text);
+}
+
+/// Regression (issue 21, "rolling upgrades"): the leader wrote every entry under its own
+/// build's apply rules, so a voter still running an older build stopped at the first entry
+/// (it refuses rules it does not know) and a cluster could only be upgraded all at once.
+#[test]
+fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is_upgraded() {
+    let timing: Vec<String> = TIMING.iter().map(|arg| (*arg).to_owned()).collect();
+    let mut cluster = Cluster::start_each(binary(), 3, |id| {
+        let mut args = timing.clone();
+        if id == 3 {
+            args.extend(["--test-apply-rules".to_owned(), "0".to_owned()]);
+        }
+        args
+    });
+    let addrs = cluster.addrs();
+    let leader = cluster.leader(Duration::from_secs(20));
+    write_some(&addrs, "upgrade/before");
+    cluster.wait_converged(Duration::from_secs(20));
+    let leader_view = cluster.view(cluster.leader(Duration::from_secs(20)));
+    assert_eq!(leader_view["apply_rules"], 0, "the old voter knows version 0 only: {leader_view}");
+    let old = cluster.view(2);
+    assert_eq!(old["newest_applied_rules"], 0, "{old}");
+    assert_eq!(old["applied_log_index"], cluster.view(leader)["applied_log_index"], "{old}");
+
+    // Node 3 is upgraded: the same data directory and address, the new build.
+    let peers: Vec<String> =
+        addrs.iter().enumerate().map(|(index, addr)| format!("{}={addr}", index + 1)).collect();
+    let data_dir = cluster.data_dir(2);
+    cluster.nodes[2].kill();
+    let mut args =
+        vec!["--node-id".to_owned(), "3".to_owned(), "--peers".to_owned(), peers.join(",")];
+    args.extend(timing.clone());
+    cluster.nodes[2] =
+        ServerProcess::start(binary(), &data_dir, addrs[2].parse().expect("an address"), &args);
+    wait_until("the leader to write the new rules", Duration::from_secs(20), || {
+        let leader = cluster.agreed_leader()?;
+        let rules = cluster.view(leader)["apply_rules"].as_u64()?;
+        (rules == u64::from(picket_core::APPLY_RULES)).then_some(())
+    });
+    write_some(&addrs, "upgrade/after");
+    cluster.wait_converged(Duration::from_secs(20));
+    for index in 0..3 {
+        let view = cluster.view(index);
+        assert_eq!(
+            view["newest_applied_rules"],
+            picket_core::APPLY_RULES,
+            "every node applied entries under the new rules: {view}"
+        );
+    }
+}
