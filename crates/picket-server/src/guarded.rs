@@ -123,7 +123,33 @@ impl Guarded<'_> {
         self.access.require(Role::Lock, name)?;
         self.require_owner(session)?;
         let asked = AcquireRequest { principal: self.principal().map(str::to_owned), ..asked };
-        self.node.acquire(session, name, asked).await
+        let acquiring = self.node.acquire(session, name, asked);
+        let auth = match (&self.access, self.node.auth_file()) {
+            (Access::Principal(..), Some(auth)) => auth.clone(),
+            _ => return acquiring.await,
+        };
+        // A wait can outlast its caller's credential: a principal whose token is revoked, or
+        // whose roles stop covering the lock, while it waits is refused then, and its request
+        // is abandoned (dropping the acquire does that), so no lock goes to it afterwards.
+        let mut reloads = auth.reloads();
+        // Checks once at the start too: the file may have been reloaded since the caller was
+        // authenticated.
+        reloads.mark_changed();
+        let access = self.access.clone();
+        let revoked = async move {
+            while reloads.changed().await.is_ok() {
+                let still =
+                    auth.reauthenticate(&access).and_then(|now| now.require(Role::Lock, name));
+                if let Err(refusal) = still {
+                    return refusal;
+                }
+            }
+            std::future::pending().await
+        };
+        tokio::select! {
+            granted = acquiring => granted,
+            refusal = revoked => Err(refusal),
+        }
     }
 
     /// See [`Node::abandon`].

@@ -305,10 +305,44 @@ async fn one_principal_cannot_touch_another_principals_session() {
     guard.release().await.unwrap();
 }
 
+/// Also (issue 15): an acquire the worker left waiting is refused when its token is revoked,
+/// and its wait is abandoned, so the lock never goes to the revoked principal.
 #[tokio::test]
 async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
     let setup = start();
     assert_eq!(setup.http(Some(WORKER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    let open = |token| {
+        let reply =
+            setup.http(Some(token), "POST", "/v1/sessions", Some(&json!({ "ttl_ms": 60_000 })));
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        reply.body["session_id"].as_u64().unwrap()
+    };
+    let (worker_session, other_session) = (open(WORKER), open(OTHER));
+    let contended = json!({ "name": "jobs/contended", "session_id": other_session, "wait_ms": 0 });
+    let held = setup.http(Some(OTHER), "POST", "/v1/locks/acquire", Some(&contended));
+    assert_eq!(held.status, 200, "{}", held.text);
+    let leader_addr = setup
+        .cluster
+        .addrs()
+        .into_iter()
+        .find(|addr| {
+            let view = request_as(addr, &setup.http_as(Some(ADMIN)), "GET", "/v1/cluster", None);
+            view.is_ok_and(|view| view.body["role"] == "leader")
+        })
+        .expect("a leader");
+    let worker_as = setup.http_as(Some(WORKER));
+    let waiting = std::thread::spawn(move || {
+        let body =
+            json!({ "name": "jobs/contended", "session_id": worker_session, "wait_ms": 60_000 });
+        request_as(&leader_addr, &worker_as, "POST", "/v1/locks/acquire", Some(&body))
+    });
+    let waiters = || {
+        let lock = setup.http(Some(ADMIN), "GET", "/v1/locks/jobs/contended", None);
+        lock.body["waiters"].as_array().cloned().unwrap_or_default()
+    };
+    wait_until("the worker's acquire to wait", Duration::from_secs(10), || {
+        waiters().contains(&json!(worker_session)).then_some(())
+    });
     // A watch the worker opened before the revocation.
     let worker = setup.grpc(Some(WORKER), false).await.unwrap();
     let mut watch = worker.watch(WatchTarget::Prefix("jobs/".into())).await.unwrap();
@@ -338,6 +372,17 @@ async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
         });
     }
     assert_eq!(setup.http(Some(OTHER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    // The worker's waiting acquire was refused, and its wait taken back.
+    let refused = waiting.join().unwrap().unwrap();
+    assert_refused(&refused, 401, "unauthenticated");
+    wait_until("the revoked worker's wait to end", Duration::from_secs(15), || {
+        (!waiters().contains(&json!(worker_session))).then_some(())
+    });
+    let token = held.body["token"].as_u64().unwrap();
+    let release = json!({ "name": "jobs/contended", "session_id": other_session, "token": token });
+    assert_eq!(setup.http(Some(OTHER), "POST", "/v1/locks/release", Some(&release)).status, 200);
+    let lock = setup.http(Some(ADMIN), "GET", "/v1/locks/jobs/contended", None);
+    assert!(lock.body["holder"].is_null(), "the lock went to someone: {}", lock.text);
     // What happens under jobs/ after the revocation does not reach the old watch: it ends.
     let other = setup.grpc(Some(OTHER), false).await.unwrap();
     let session = other.session(Duration::from_secs(30)).await.unwrap();

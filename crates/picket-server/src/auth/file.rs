@@ -146,6 +146,9 @@ pub struct AuthFile {
     watched: WatchedFiles,
     /// One more at every reload that took effect.
     generation: std::sync::atomic::AtomicU64,
+    /// Tells requests that wait (an acquire in a lock's queue) that the file was reloaded, so
+    /// they check their caller again.
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 /// Why an auth file cannot be used.
@@ -176,6 +179,7 @@ impl AuthFile {
             table: RwLock::new(Arc::new(table)),
             watched,
             generation: std::sync::atomic::AtomicU64::new(0),
+            reloads: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -189,7 +193,9 @@ impl AuthFile {
             Ok(table) => {
                 *self.table.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
                     Arc::new(table);
-                self.generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+                let generation =
+                    self.generation.fetch_add(1, std::sync::atomic::Ordering::Release) + 1;
+                self.reloads.send_replace(generation);
                 tracing::info!(target: AUDIT, path = %self.path.display(), "reloaded the auth file");
                 true
             }
@@ -205,6 +211,12 @@ impl AuthFile {
     #[must_use]
     pub fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Changes at every reload that took effect (its value is the generation).
+    #[must_use]
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
     }
 
     /// The caller as the file now has it: the same credential looked up again, so a revoked
