@@ -229,16 +229,23 @@ struct Serving {
 }
 
 /// Serves one connection until it ends, it has been idle for the idle timeout, or the node
-/// closes; every request on it carries `caller` as an extension.
-async fn serve_one<Io>(io: Io, serving: Serving, caller: Caller)
+/// closes; every request on it carries `caller` as an extension, its membership judged by the
+/// TLS files in force when the request arrives (`tls`).
+async fn serve_one<Io>(io: Io, serving: Serving, caller: Caller, tls: Option<Arc<ServerTls>>)
 where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Serving { app, builder, idle_timeout, mut phase } = serving;
     let activity = Activity::new();
     let tracking = activity.clone();
+    let caller = Arc::new(std::sync::Mutex::new(caller));
     let service = tower::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(caller.clone());
+        let mut judged = caller.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tls) = &tls {
+            tls.judge_again(&mut judged);
+        }
+        request.extensions_mut().insert(judged.clone());
+        drop(judged);
         let active = tracking.start();
         let app = app.clone();
         async move {
@@ -379,7 +386,7 @@ async fn accept_one(
         };
         if opened {
             let caller = Caller { remote: Some(remote), ..Caller::default() };
-            serve_one(stream, serving, caller).await;
+            serve_one(stream, serving, caller, None).await;
         }
         return;
     };
@@ -395,7 +402,7 @@ async fn accept_one(
             let caller = loaded.caller(remote, certificates);
             // Past the handshake the opening is encrypted, so it cannot be peeked at: the
             // first read carries the deadline instead.
-            serve_one(OpensInTime::new(stream), serving, caller).await;
+            serve_one(OpensInTime::new(stream), serving, caller, Some(tls)).await;
         }
         Ok(Err(error)) => {
             tracing::info!(

@@ -49,14 +49,21 @@ pub struct Caller {
     pub member: bool,
     /// Its client certificate, when it presented one (a member's or a client's).
     pub certificate: Option<CertificateDer<'static>>,
+    /// The TLS configuration `member` was judged by ([`ServerTls`] counts its reloads): a
+    /// connection outlives a reload, and its membership is judged again by the new files.
+    pub judged_by: u64,
 }
 
 /// The TLS configuration built from [`TlsFiles`], replaced whole when a file changes. A
-/// connection keeps the one it was accepted with, so its handshake and its membership are
-/// judged by the same files.
+/// connection's handshake is judged by the one in force when it was accepted; its membership
+/// is judged again by the new one at its first request after a reload
+/// ([`ServerTls::judge_again`]), so a member dropped from the peer CA loses its rights on the
+/// connections it already has.
 pub(crate) struct Loaded {
     server: Arc<rustls::ServerConfig>,
     members: Arc<dyn ClientCertVerifier>,
+    /// Which load this is: 0 for the files read at start, one more at every reload.
+    generation: u64,
 }
 
 /// A node's TLS: the acceptor's configuration, how it tells members from clients, and the
@@ -89,10 +96,25 @@ impl Loaded {
         chain: Option<&[CertificateDer<'static>]>,
     ) -> Caller {
         let Some(leaf) = chain.and_then(<[_]>::first) else {
-            return Caller { remote: Some(remote), tls: true, member: false, certificate: None };
+            return Caller {
+                remote: Some(remote),
+                tls: true,
+                member: false,
+                certificate: None,
+                judged_by: self.generation,
+            };
         };
-        let member = self.members.verify_client_cert(leaf, &[], UnixTime::now()).is_ok();
-        Caller { remote: Some(remote), tls: true, member, certificate: Some(leaf.clone()) }
+        Caller {
+            remote: Some(remote),
+            tls: true,
+            member: self.is_member(leaf),
+            certificate: Some(leaf.clone()),
+            judged_by: self.generation,
+        }
+    }
+
+    fn is_member(&self, leaf: &CertificateDer<'_>) -> bool {
+        self.members.verify_client_cert(leaf, &[], UnixTime::now()).is_ok()
     }
 }
 
@@ -118,6 +140,17 @@ impl ServerTls {
         self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
+    /// `caller` as the files in force now judge it: a connection opened before a reload (a peer
+    /// CA rotated to drop a member, say) is judged again, once, by the new files.
+    pub(crate) fn judge_again(&self, caller: &mut Caller) {
+        let loaded = self.current();
+        if caller.judged_by == loaded.generation {
+            return;
+        }
+        caller.member = caller.certificate.as_ref().is_some_and(|leaf| loaded.is_member(leaf));
+        caller.judged_by = loaded.generation;
+    }
+
     /// The client side for this node's calls to its peers.
     #[must_use]
     pub fn to_peers(&self) -> &ClientTls {
@@ -131,9 +164,12 @@ impl ServerTls {
             return false;
         }
         match build(&self.files) {
-            Ok((loaded, to_peers)) => {
-                *self.loaded.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Arc::new(loaded);
+            Ok((mut loaded, to_peers)) => {
+                let mut current =
+                    self.loaded.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                loaded.generation = current.generation + 1;
+                *current = Arc::new(loaded);
+                drop(current);
                 self.to_peers.replace(to_peers);
                 tracing::info!(cert = %self.files.cert.display(), "reloaded the TLS files");
                 true
@@ -211,5 +247,5 @@ fn build(files: &TlsFiles) -> Result<(Loaded, rustls::ClientConfig), TlsError> {
     server.alpn_protocols =
         files::ALPN_PROTOCOLS.iter().map(|protocol| protocol.to_vec()).collect();
     let to_peers = files::client_config(&files.peer_ca, Some((&files.cert, &files.key)))?;
-    Ok((Loaded { server: Arc::new(server), members }, to_peers))
+    Ok((Loaded { server: Arc::new(server), members, generation: 0 }, to_peers))
 }

@@ -251,6 +251,61 @@ async fn a_forged_snapshot_from_a_client_is_refused_and_changes_nothing() {
     assert!(next.token() > max_token, "token {} after {max_token}", next.token());
 }
 
+/// Regression (issue 15, "membership judged once per connection"): a member whose CA is taken
+/// out of the peer CA file kept its rights on the connections it had opened before. Its next
+/// Raft message on the same connection is now refused.
+#[tokio::test]
+async fn a_member_dropped_from_the_peer_ca_loses_its_rights_on_a_connection_it_already_has() {
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let live = dir.path().join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    // The peer CA file trusts two CAs at first: the nodes' and the one of the member to drop.
+    let both =
+        [std::fs::read(&pki.peer_ca).unwrap(), std::fs::read(&pki.rogue_ca).unwrap()].concat();
+    std::fs::write(live.join("peer-ca.pem"), both).unwrap();
+    let args: Vec<String> = [
+        "--tls-cert",
+        &pki.node.cert.display().to_string(),
+        "--tls-key",
+        &pki.node.key.display().to_string(),
+        "--peer-ca",
+        &live.join("peer-ca.pem").display().to_string(),
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    let server = ServerProcess::start(
+        binary(),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &args,
+    );
+    let dropped = trusting(&pki.peer_ca, Some(&pki.rogue_node));
+    let mut raft = raft_client(&server.addr, &dropped).await.unwrap();
+    let vote = || addressed_to(100, RaftPayload { data: b"{}".to_vec(), error: String::new() });
+    let status = raft.vote(vote()).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        tonic::Code::FailedPrecondition,
+        "a member, past the gate: {status:?}"
+    );
+    let partial = live.join("peer-ca.pem.partial");
+    std::fs::copy(&pki.peer_ca, &partial).unwrap();
+    std::fs::rename(&partial, live.join("peer-ca.pem")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = raft.vote(vote()).await.unwrap_err();
+        if status.code() == tonic::Code::PermissionDenied {
+            assert!(status.message().contains("cluster member"), "{status:?}");
+            break;
+        }
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        assert!(std::time::Instant::now() < deadline, "still a member after the reload");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn copy_into(live: &Path, pki: &TestPki) {
     let copy = |from: &Path, name: &str| {
         // Write beside and rename, as a certificate manager would: the node never reads a
