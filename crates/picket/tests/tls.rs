@@ -251,6 +251,16 @@ async fn a_forged_snapshot_from_a_client_is_refused_and_changes_nothing() {
     assert!(next.token() > max_token, "token {} after {max_token}", next.token());
 }
 
+/// One TLS node with its data under `dir`, on a free port, serving `cert` and `key` and
+/// admitting members signed by `peer_ca`.
+fn one_tls_node(dir: &Path, cert: &Path, key: &Path, peer_ca: &Path) -> ServerProcess {
+    let args: Vec<String> = [("--tls-cert", cert), ("--tls-key", key), ("--peer-ca", peer_ca)]
+        .iter()
+        .flat_map(|(flag, path)| [(*flag).to_owned(), path.display().to_string()])
+        .collect();
+    ServerProcess::start(binary(), &dir.join("data"), "127.0.0.1:0".parse().unwrap(), &args)
+}
+
 /// Regression (issue 15, "membership judged once per connection"): a member whose CA is taken
 /// out of the peer CA file kept its rights on the connections it had opened before. Its next
 /// Raft message on the same connection is now refused.
@@ -264,23 +274,7 @@ async fn a_member_dropped_from_the_peer_ca_loses_its_rights_on_a_connection_it_a
     let both =
         [std::fs::read(&pki.peer_ca).unwrap(), std::fs::read(&pki.rogue_ca).unwrap()].concat();
     std::fs::write(live.join("peer-ca.pem"), both).unwrap();
-    let args: Vec<String> = [
-        "--tls-cert",
-        &pki.node.cert.display().to_string(),
-        "--tls-key",
-        &pki.node.key.display().to_string(),
-        "--peer-ca",
-        &live.join("peer-ca.pem").display().to_string(),
-    ]
-    .iter()
-    .map(|arg| (*arg).to_owned())
-    .collect();
-    let server = ServerProcess::start(
-        binary(),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-        &args,
-    );
+    let server = one_tls_node(dir.path(), &pki.node.cert, &pki.node.key, &live.join("peer-ca.pem"));
     let dropped = trusting(&pki.peer_ca, Some(&pki.rogue_node));
     let mut raft = raft_client(&server.addr, &dropped).await.unwrap();
     let vote = || addressed_to(100, RaftPayload { data: b"{}".to_vec(), error: String::new() });
@@ -327,22 +321,11 @@ async fn a_node_reloads_its_certificate_without_restarting() {
     let live = dir.path().join("live");
     std::fs::create_dir_all(&live).unwrap();
     copy_into(&live, &old);
-    let args: Vec<String> = [
-        "--tls-cert",
-        &live.join("node.pem").display().to_string(),
-        "--tls-key",
-        &live.join("node-key.pem").display().to_string(),
-        "--peer-ca",
-        &live.join("peer-ca.pem").display().to_string(),
-    ]
-    .iter()
-    .map(|arg| (*arg).to_owned())
-    .collect();
-    let server = ServerProcess::start(
-        binary(),
-        &dir.path().join("data"),
-        "127.0.0.1:0".parse().unwrap(),
-        &args,
+    let server = one_tls_node(
+        dir.path(),
+        &live.join("node.pem"),
+        &live.join("node-key.pem"),
+        &live.join("peer-ca.pem"),
     );
     let quick = |ca: &Path| ClientConfig {
         tls: Some(trusting(ca, None)),
