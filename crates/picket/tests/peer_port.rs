@@ -272,7 +272,7 @@ fn a_peer_list_that_misses_or_misnames_the_peer_port_is_refused_at_start() {
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
     let missing = refusal(format!("1=127.0.0.1:{port}"));
-    assert!(missing.contains("gives it no peer address"), "{missing}");
+    assert!(missing.contains("gives this node no peer address"), "{missing}");
     // A peer address on another port than the one it serves: its peers would never reach it.
     let wrong = refusal(format!("1=127.0.0.1:{port}/127.0.0.1:{port}"));
     assert!(wrong.contains("but it serves peers on"), "{wrong}");
@@ -325,4 +325,54 @@ fn a_wait_abandoned_on_a_deposed_leader_is_handed_to_the_new_leader_over_its_pee
     wait_until("the abandon to reach the new leader", Duration::from_secs(15), || {
         (!waiting(&new_addr)?).then_some(())
     });
+}
+
+/// Found in review: a node that already has a log ignores `--peers`, so restarting one with
+/// `--peer-listen` added passed every check at start, and its peers went on dialling its
+/// client port. The membership in its log is checked too now.
+#[test]
+fn a_member_restarted_with_a_peer_port_it_did_not_join_with_is_refused() {
+    let dir = picket_testkit::temp_dir();
+    let data_dir = dir.path().join("node");
+    let port = picket_testkit::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut node = picket_testkit::ServerProcess::start(
+        binary(),
+        &data_dir,
+        listen.parse().expect("an address"),
+        &[],
+    );
+    wait_until("the node to lead", Duration::from_secs(20), || {
+        let view = try_request(&node.addr, "GET", "/v1/cluster", None).ok()?.body;
+        (view["role"] == "leader").then_some(())
+    });
+    node.kill();
+    let restarted = std::process::Command::new(binary())
+        .args(["serve", "--data-dir"])
+        .arg(&data_dir)
+        .args(["--listen", &listen])
+        .args(["--peer-listen", &format!("127.0.0.1:{}", picket_testkit::free_port())])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // Killed if the test fails while it still runs.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut restarted = KillOnDrop(restarted);
+    let exited = wait_until("the restarted node to exit", Duration::from_secs(20), || {
+        restarted.0.try_wait().ok().flatten().or_else(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            None
+        })
+    });
+    assert!(!exited.success());
+    let mut stderr = String::new();
+    restarted.0.stderr.take().expect("piped").read_to_string(&mut stderr).expect("reads");
+    assert!(stderr.contains("the membership in this node's log"), "{stderr}");
 }

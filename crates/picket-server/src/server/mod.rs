@@ -280,6 +280,10 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     if !config.join {
         bootstrap(&raft, &peers).await?;
     }
+    if let Err(error) = check_stored_member(&raft, &config, peer_addr).await {
+        let _ = raft.shutdown().await;
+        return Err(error);
+    }
 
     let leader_lease = std::time::Duration::from_millis(config.tuning.election_timeout_max_ms);
     let clock = Arc::new(crate::clock::Clock::new(&config.clock));
@@ -388,16 +392,30 @@ fn check_own_member(
             "--peers does not list this node ({id}); list every initial voter including this one, or start with --join"
         )));
     };
+    match own_member_mismatch(config, own, bound_peer_addr) {
+        Some(mismatch) => Err(StartError::Config(format!(
+            "--peers {mismatch}; write this node's entry as {id}=CLIENT_ADDR/PEER_ADDR with \
+             --peer-listen, or {id}=ADDR without"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// How this node's entry `own` (in `--peers` or in its log's membership) disagrees with where it
+/// serves its peers, if it does.
+fn own_member_mismatch(
+    config: &ServerConfig,
+    own: &Member,
+    bound_peer_addr: Option<SocketAddr>,
+) -> Option<String> {
     match (&own.peer_addr, config.peer_listen) {
-        (None, Some(listen)) => Err(StartError::Config(format!(
-            "this node serves peers on --peer-listen {listen}, but --peers gives it no peer \
-             address, so its peers would send Raft messages to its client port; write its entry \
-             as {id}=CLIENT_ADDR/PEER_ADDR (and every node's likewise)"
-        ))),
-        (Some(peer_addr), None) => Err(StartError::Config(format!(
-            "--peers gives this node the peer address {peer_addr}, but it has no --peer-listen; \
-             give --peer-listen, or write its entry as {id}=ADDR"
-        ))),
+        (None, Some(listen)) => Some(format!(
+            "gives this node no peer address, so its peers would send Raft messages to its \
+             client port, but it serves peers on --peer-listen {listen}"
+        )),
+        (Some(peer_addr), None) => Some(format!(
+            "gives this node the peer address {peer_addr}, but it has no --peer-listen"
+        )),
         (Some(peer_addr), Some(listen)) => {
             // With --peer-advertise the entry must say exactly that; without, the host may be
             // a name or an address the node does not bind, but the port must be the one bound.
@@ -409,21 +427,53 @@ fn check_own_member(
                         .is_some_and(|(_, port)| port == bound.port().to_string())
                 }),
             };
-            if matches {
-                Ok(())
-            } else {
-                Err(StartError::Config(format!(
-                    "--peers gives this node the peer address {peer_addr}, but it serves peers on \
-                     --peer-listen {listen}{}; make its entry name the address its peers reach",
-                    config
-                        .peer_advertise
-                        .as_ref()
-                        .map(|advertised| format!(" advertised as {advertised}"))
-                        .unwrap_or_default()
-                )))
-            }
+            let advertised = config
+                .peer_advertise
+                .as_ref()
+                .map(|advertised| format!(" advertised as {advertised}"))
+                .unwrap_or_default();
+            (!matches).then(|| {
+                format!(
+                    "gives this node the peer address {peer_addr}, but it serves peers on \
+                     --peer-listen {listen}{advertised}"
+                )
+            })
         }
-        (None, None) => Ok(()),
+        (None, None) => None,
+    }
+}
+
+/// Checks this node's entry in the membership its log holds (a node that already has a log
+/// ignores `--peers`) against where it serves its peers: a node restarted with `--peer-listen`
+/// added or dropped would be dialled where it no longer listens. Waits up to a second for the
+/// Raft core to publish what it loaded; a node not yet a member is not checked.
+async fn check_stored_member(
+    raft: &Raft,
+    config: &ServerConfig,
+    bound_peer_addr: Option<SocketAddr>,
+) -> Result<(), StartError> {
+    use openraft::async_runtime::WatchReceiver;
+    let id = config.node_id;
+    let mut metrics = raft.metrics();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+    let own = loop {
+        let own = metrics.borrow_watched().membership_config.membership().get_node(&id).cloned();
+        if own.is_some() {
+            break own;
+        }
+        match tokio::time::timeout_at(deadline, metrics.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => break None,
+        }
+    };
+    let Some(own) = own else { return Ok(()) };
+    match own_member_mismatch(config, &own, bound_peer_addr) {
+        Some(mismatch) => Err(StartError::Config(format!(
+            "the membership in this node's log {mismatch}. A member's addresses cannot change: \
+             start it as it joined, or remove it and add it back as a new node under a new id \
+             with an empty data directory"
+        ))),
+        None => Ok(()),
     }
 }
 
