@@ -239,11 +239,15 @@ impl Node {
     /// (see [`crate::apply_rules::writing_rules`]).
     #[must_use]
     pub fn writing_rules(&self) -> u32 {
-        let metrics = self.raft.metrics().borrow_watched().clone();
-        let voters: std::collections::BTreeSet<NodeId> =
-            metrics.membership_config.membership().voter_ids().collect();
+        // On every proposal: read the voters under the metrics' lock, without copying the rest.
+        let voters: std::collections::BTreeSet<NodeId> = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow_watched();
+            metrics.membership_config.membership().voter_ids().collect()
+        };
         let newest_accepted = self.read_local(|state| state.machine.newest_apply_rules());
-        let reported = self.peer_apply_rules.lock().map(|known| known.clone()).unwrap_or_default();
+        let reported =
+            self.peer_apply_rules.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         crate::apply_rules::writing_rules(
             crate::apply_rules::known_apply_rules(),
             newest_accepted,
