@@ -5,11 +5,13 @@
 //! ([`picket_core::Input::rules`]), and a node that meets a version it does not know stops
 //! rather than apply it differently from the others. So a leader must not write a version some
 //! voter does not know: during a rolling upgrade, the upgraded leader keeps writing the old
-//! version until every voter runs a build that knows the new one. Each voter says which
-//! version it knows in its answer to the leader's clock readings ([`crate::rate`], every
-//! 500 ms); the leader writes the newest version every voter knows, never below the newest
-//! its state has accepted (entries already in the log under it bind the cluster anyway), and
-//! never above its own.
+//! version until every member runs a build that knows the new one. Each member (learners too:
+//! they apply every entry) says which version it knows in its answer to the leader's clock
+//! readings ([`crate::rate`], every 500 ms); the leader writes the newest version every member
+//! has said it knows in its leadership, never below the newest its state has accepted (entries
+//! already in the log under it bind the cluster anyway), and never above its own. A member
+//! that has not answered yet in this leadership (down, or slower than the readings' 200 ms)
+//! holds the cluster to that floor.
 
 use crate::raft_types::NodeId;
 use picket_core::APPLY_RULES;
@@ -39,24 +41,24 @@ pub fn act_as_a_build_that_knows_apply_rules_up_to(rules: u32) -> bool {
     true
 }
 
-/// The apply rules a leader writes under: the newest that every voter knows (the leader, which
-/// knows `known`, among them; a voter that has not said yet counts as knowing none), but never
-/// below `newest_accepted`, the newest version its state has accepted, and never above
-/// `known`.
+/// The apply rules a leader writes under: the newest that every member (voters and learners)
+/// knows (the leader, which knows `known`, among them; a member that has not said yet counts
+/// as knowing none), but never below `newest_accepted`, the newest version its state has
+/// accepted, and never above `known`.
 #[must_use]
 pub fn writing_rules(
     known: u32,
     newest_accepted: u32,
     leader: NodeId,
-    voters: &BTreeSet<NodeId>,
+    members: &BTreeSet<NodeId>,
     reported: &BTreeMap<NodeId, u32>,
 ) -> u32 {
-    let every_voter_knows = voters
+    let every_member_knows = members
         .iter()
-        .map(|voter| if *voter == leader { Some(known) } else { reported.get(voter).copied() })
-        .try_fold(known, |newest, voter_knows| Some(newest.min(voter_knows?)))
+        .map(|member| if *member == leader { Some(known) } else { reported.get(member).copied() })
+        .try_fold(known, |newest, member_knows| Some(newest.min(member_knows?)))
         .unwrap_or(0);
-    every_voter_knows.max(newest_accepted).min(known)
+    every_member_knows.max(newest_accepted).min(known)
 }
 
 #[cfg(test)]
@@ -68,7 +70,7 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_writes_the_newest_rules_every_voter_knows() {
+    fn a_leader_writes_the_newest_rules_every_member_knows() {
         let all = voters(&[1, 2, 3]);
         let upgraded: BTreeMap<NodeId, u32> = [(2, 1), (3, 1)].into();
         assert_eq!(writing_rules(1, 0, 1, &all, &upgraded), 1);
@@ -77,6 +79,8 @@ mod tests {
         let one_silent: BTreeMap<NodeId, u32> = [(2, 1)].into();
         assert_eq!(writing_rules(1, 0, 1, &all, &one_silent), 0, "node 3 has not said");
         assert_eq!(writing_rules(1, 0, 1, &voters(&[1]), &BTreeMap::new()), 1, "alone");
+        let with_learner = voters(&[1, 2, 3, 4]);
+        assert_eq!(writing_rules(1, 0, 1, &with_learner, &upgraded), 0, "learner 4 has not said");
     }
 
     #[test]

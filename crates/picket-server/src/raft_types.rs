@@ -40,10 +40,13 @@ impl Member {
         Self { addr: addr.into(), peer_addr: None }
     }
 
-    /// A member that serves peers on a port of its own; `peer_addr` `None` means one port.
+    /// A member that serves peers on a port of its own; `peer_addr` `None`, or the same as
+    /// `addr`, means one port.
     #[must_use]
     pub fn with_peer_addr(addr: impl Into<String>, peer_addr: Option<String>) -> Self {
-        Self { addr: addr.into(), peer_addr }
+        let addr = addr.into();
+        let peer_addr = peer_addr.filter(|peer_addr| *peer_addr != addr);
+        Self { addr, peer_addr }
     }
 
     /// Where peers send this member Raft messages.

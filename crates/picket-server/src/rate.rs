@@ -55,9 +55,9 @@ pub const DEADBAND: f64 = 0.02;
 const HYSTERESIS: f64 = 0.01;
 /// A peer not read for this many rounds (30 s) counts at 1 again: what it said is too old.
 const STALE_ROUNDS: u64 = 60;
-/// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after this
-/// many rounds without a reading (1.5 s): the leader's slow clock may have recovered meanwhile,
-/// and only a reading would show it. Erring toward a slower time is safe; a faster one
+/// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after more
+/// than this many rounds without a reading (2 s): the leader's slow clock may have recovered
+/// meanwhile, and only a reading would show it. Erring toward a slower time is safe; a faster one
 /// expires sessions early.
 const STALE_ROUNDS_SPEEDING_UP: u64 = 3;
 /// The largest factor either way.
@@ -200,6 +200,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut estimate = RateEstimate::default();
     let mut probes: BTreeMap<NodeId, ClockProbe> = BTreeMap::new();
+    // The newest apply rules each member said it knows, in this leadership.
+    let mut apply_rules: BTreeMap<NodeId, u32> = BTreeMap::new();
     let mut interval = tokio::time::interval(PROBE_EVERY);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -211,6 +213,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         if metrics.current_leader != Some(node.id()) {
             estimate = RateEstimate::default();
             probes.clear();
+            apply_rules.clear();
             node.set_peer_clock_rates(BTreeMap::new());
             node.set_peer_apply_rules(BTreeMap::new());
             set_factor(&node, 1.0);
@@ -218,8 +221,11 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         }
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        // Every member is read, learners too: they apply every entry, so they must know the
+        // rules it is written under (see `apply_rules.rs`). Only voters' clocks set the rate.
+        let members: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
         for (peer, member) in membership.nodes() {
-            if *peer == node.id() || !voters.contains(peer) {
+            if *peer == node.id() {
                 continue;
             }
             let addr = member.peer_addr();
@@ -230,7 +236,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
                 *probe = ClockProbe::new(*peer, addr.to_owned(), node.to_peers().cloned());
             }
         }
-        probes.retain(|peer, _| voters.contains(peer));
+        probes.retain(|peer, _| members.contains(peer));
         estimate.next_round();
         // All peers at once, each bounded as a whole (connecting included), so a peer that is
         // down delays neither the others' readings nor this loop.
@@ -242,11 +248,12 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
                 (*peer, sent_ms, clock.source_ms(), reading)
             }))
             .await;
-        let mut apply_rules = BTreeMap::new();
         for (peer, sent_ms, received_ms, reading) in readings {
             match reading {
                 Ok(Ok((peer_ms, rules))) => {
-                    estimate.record(peer, sent_ms, received_ms, peer_ms);
+                    if voters.contains(&peer) {
+                        estimate.record(peer, sent_ms, received_ms, peer_ms);
+                    }
                     apply_rules.insert(peer, rules);
                 }
                 Ok(Err(error)) => tracing::debug!(%error, "cannot read a peer's clock"),
@@ -255,9 +262,12 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         }
         estimate.retain(&voters);
         node.set_peer_clock_rates(estimate.peer_rates());
-        // Only this round's answers count: a voter that did not answer may have been replaced
-        // by an older build since it last did.
-        node.set_peer_apply_rules(apply_rules);
+        // A member's last answer in this leadership stands while it is silent (one missed
+        // round must not send the cluster back to older rules); a member that was replaced by
+        // an older build meanwhile is a downgrade, which is not supported once newer rules
+        // were written.
+        apply_rules.retain(|peer, _| members.contains(peer));
+        node.set_peer_apply_rules(apply_rules.clone());
         set_factor(&node, estimate.factor(node.id(), &voters));
     }
 }

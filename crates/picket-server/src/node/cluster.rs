@@ -151,6 +151,8 @@ impl Node {
                  bytes each, as host:port"
             )));
         }
+        // A peer address that is the client address means one port, as `Member` records it.
+        let peer_addr = peer_addr.filter(|peer_addr| *peer_addr != addr);
         let members = self.cluster().members;
         if let Some(existing) = members.iter().find(|member| member.node_id == node_id)
             && (existing.addr != addr || existing.peer_addr != peer_addr)

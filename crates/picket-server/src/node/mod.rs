@@ -235,15 +235,16 @@ impl Node {
         }
     }
 
-    /// The apply rules this node writes entries under as leader: the newest every voter knows
+    /// The apply rules this node writes entries under as leader: the newest every member knows
     /// (see [`crate::apply_rules::writing_rules`]).
     #[must_use]
     pub fn writing_rules(&self) -> u32 {
-        // On every proposal: read the voters under the metrics' lock, without copying the rest.
-        let voters: std::collections::BTreeSet<NodeId> = {
+        // On every proposal: read the members under the metrics' lock, without copying the
+        // rest. Learners count too: they apply every entry.
+        let members: std::collections::BTreeSet<NodeId> = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow_watched();
-            metrics.membership_config.membership().voter_ids().collect()
+            metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect()
         };
         let newest_accepted = self.read_local(|state| state.machine.newest_apply_rules());
         let reported =
@@ -252,7 +253,7 @@ impl Node {
             crate::apply_rules::known_apply_rules(),
             newest_accepted,
             self.id,
-            &voters,
+            &members,
             &reported,
         )
     }

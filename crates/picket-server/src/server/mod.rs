@@ -422,9 +422,8 @@ fn own_member_mismatch(
             let matches = match &config.peer_advertise {
                 Some(advertised) => peer_addr == advertised,
                 None => bound_peer_addr.is_some_and(|bound| {
-                    peer_addr
-                        .rsplit_once(':')
-                        .is_some_and(|(_, port)| port == bound.port().to_string())
+                    let port = peer_addr.rsplit_once(':').map(|(_, port)| port.parse::<u16>());
+                    port.is_some_and(|port| port == Ok(bound.port()))
                 }),
             };
             let advertised = config
@@ -435,7 +434,8 @@ fn own_member_mismatch(
             (!matches).then(|| {
                 format!(
                     "gives this node the peer address {peer_addr}, but it serves peers on \
-                     --peer-listen {listen}{advertised}"
+                     --peer-listen {listen}{advertised} (behind a port mapping, give the \
+                     address peers reach with --peer-advertise)"
                 )
             })
         }

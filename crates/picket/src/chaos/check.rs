@@ -347,13 +347,15 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
 }
 
 /// How long a leader's clock correction may stay wrong after its clock is right again: a
-/// peer's rate follows a falling rate within its last three half-second intervals, and a rate
-/// above 1 left unread for three rounds counts at 1 (`picket-server`'s `rate.rs`), so a slow
-/// clock's correction (running the leader's time fast) ends about 2 s after the slow clock's
-/// end when the readings are usable (one interval straddles it, three more agree, the next
-/// probe sets the factor). 5 s leaves room for readings a loaded machine drops (a round trip
-/// over 5 ms), which stretch the intervals.
-const RATE_CORRECTION_MEMORY_NS: u64 = 5_000_000_000;
+/// peer's rate follows a falling rate within its last three intervals, and a rate above 1 left
+/// unread for more than three half-second rounds counts at 1 (`picket-server`'s `rate.rs`), so a
+/// slow clock's correction (running the leader's time fast) ends about 2 s after the slow
+/// clock's end when the readings are usable (one interval straddles it, three more agree, the
+/// next probe sets the factor). Readings a loaded machine drops (a round trip over 5 ms)
+/// stretch the intervals: if three of every four were dropped, the rate would never go stale
+/// and two 2 s intervals would be needed, about 6 s. 7 s covers that; it is a margin, not a
+/// bound.
+const RATE_CORRECTION_MEMORY_NS: u64 = 7_000_000_000;
 
 /// The spans during which a lease break is put down to a leader's clock running at a wrong
 /// rate: from each `leader_clock_rate` fault until its end, plus the correction's memory, a TTL
