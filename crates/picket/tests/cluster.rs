@@ -370,6 +370,18 @@ fn a_member_can_be_added_and_removed() {
     };
     assert_eq!(voters(&added.body), 4);
     assert_eq!(added.body["members"][3]["peer_addr"], peer_addr.as_str(), "{}", added.text);
+    // A peer address is bounded like an address: client input, checked before the log.
+    for bad in ["x".repeat(300), "127.0.0.1:1\n".to_owned(), String::new()] {
+        let refused = send(
+            &addrs,
+            "POST",
+            "/v1/cluster/members",
+            Some(&json!({ "node_id": 5, "addr": "127.0.0.1:1", "peer_addr": bad })),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(refused.status, 400, "{}", refused.text);
+    }
     // Its addresses are fixed: openraft would keep the old ones and report success.
     let moved = send(
         &addrs,

@@ -121,9 +121,10 @@ impl Node {
     /// Where peers reach member `id` (its peer port, or its client port without one), if it
     /// is in this node's membership.
     pub(crate) fn peer_addr_of(&self, id: NodeId) -> Option<String> {
-        let metrics = self.raft.metrics().borrow_watched().clone();
-        let membership = metrics.membership_config.membership();
-        membership.get_node(&id).map(|member| member.peer_addr().to_owned())
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let member = metrics.membership_config.membership().get_node(&id);
+        member.map(|member| member.peer_addr().to_owned())
     }
 
     /// Adds a node as a voter: first as a learner until it has caught up, then as a voter.
