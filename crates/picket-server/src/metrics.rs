@@ -23,6 +23,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 /// Most distinct `prefix` label values; names beyond them count as `other`.
@@ -96,6 +97,10 @@ pub struct Scrape {
     pub members: usize,
     /// Gaps this node's clock or process lost since it started.
     pub clock_gaps: u64,
+    /// The factor this leader's clock runs at, set from its peers' clocks (1 when not leading).
+    pub clock_rate_factor: f64,
+    /// Whether this node leads and writes entries under older apply rules than it knows.
+    pub apply_rules_held_back: bool,
 }
 
 /// Which `prefix` label a lock name counts under.
@@ -160,6 +165,8 @@ pub struct Metrics {
     raft_last_log_index: Gauge,
     cluster_members: Gauge,
     clock_gaps: Gauge,
+    clock_rate_factor: Gauge<f64, AtomicU64>,
+    apply_rules_held_back: Gauge,
 }
 
 impl Default for Metrics {
@@ -213,6 +220,8 @@ impl Metrics {
             raft_last_log_index: Gauge::default(),
             cluster_members: Gauge::default(),
             clock_gaps: Gauge::default(),
+            clock_rate_factor: Gauge::default(),
+            apply_rules_held_back: Gauge::default(),
         };
         metrics.register(wal);
         metrics
@@ -347,6 +356,16 @@ impl Metrics {
             "clock_gaps",
             "Gaps this node's clock or process lost since it started (stalls, jumps)",
             self.clock_gaps.clone(),
+        );
+        registry.register(
+            "clock_rate_factor",
+            "The rate this leader's lock time runs at against its own clock, set from its peers' clocks (1: its own rate)",
+            self.clock_rate_factor.clone(),
+        );
+        registry.register(
+            "apply_rules_held_back",
+            "1 while this leader writes entries under older apply rules than it knows (a member has not answered, or runs an older build)",
+            self.apply_rules_held_back.clone(),
         );
     }
 
@@ -483,6 +502,8 @@ impl Metrics {
         self.raft_last_log_index.set(gauge(scrape.last_log_index));
         self.cluster_members.set(gauge(scrape.members as u64));
         self.clock_gaps.set(gauge(scrape.clock_gaps));
+        self.clock_rate_factor.set(scrape.clock_rate_factor);
+        self.apply_rules_held_back.set(i64::from(scrape.apply_rules_held_back));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String does not fail");

@@ -202,6 +202,8 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
     let mut probes: BTreeMap<NodeId, ClockProbe> = BTreeMap::new();
     // The newest apply rules each member said it knows, in this leadership.
     let mut apply_rules: BTreeMap<NodeId, u32> = BTreeMap::new();
+    let mut held_back = crate::apply_rules::HeldBack::default();
+    let started = tokio::time::Instant::now();
     let mut interval = tokio::time::interval(PROBE_EVERY);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -214,6 +216,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             estimate = RateEstimate::default();
             probes.clear();
             apply_rules.clear();
+            held_back = crate::apply_rules::HeldBack::default();
             node.set_peer_clock_rates(BTreeMap::new());
             node.set_peer_apply_rules(BTreeMap::new());
             set_factor(&node, 1.0);
@@ -268,8 +271,44 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
         // were written.
         apply_rules.retain(|peer, _| members.contains(peer));
         node.set_peer_apply_rules(apply_rules.clone());
+        let known = crate::apply_rules::known_apply_rules();
+        let writing = node.writing_rules();
+        if let Some(held_for) = held_back.observe(started.elapsed(), writing < known) {
+            warn_held_back(&node, known, writing, held_for, &members, &apply_rules);
+        }
         set_factor(&node, estimate.factor(node.id(), &voters));
     }
+}
+
+/// Says which members keep this leader writing older apply rules than it knows: the cluster
+/// cannot use the newer rules (and a later build may need them) until they answer.
+fn warn_held_back(
+    node: &Node,
+    known: u32,
+    writing: u32,
+    held_for: Duration,
+    members: &BTreeSet<NodeId>,
+    reported: &BTreeMap<NodeId, u32>,
+) {
+    let holding: Vec<String> =
+        crate::apply_rules::holding_back(known, node.id(), members, reported)
+            .into_iter()
+            .map(|(member, said)| match said {
+                Some(said) => format!("node {member} knows only version {said}"),
+                None => format!("node {member} has not answered this leader's clock readings"),
+            })
+            .collect();
+    tracing::warn!(
+        known,
+        writing,
+        held_for_s = held_for.as_secs(),
+        "this leader has written entries under apply rules version {writing}, older than the \
+         version {known} it knows, for {}s: {}. Upgrade or restart those members, or remove \
+         the ones that are gone (`picket members remove`); until then the cluster keeps the \
+         older rules.",
+        held_for.as_secs(),
+        holding.join("; ")
+    );
 }
 
 fn set_factor(node: &Node, factor: f64) {

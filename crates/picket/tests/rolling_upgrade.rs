@@ -38,6 +38,16 @@ fn write_some(addrs: &[String], name: &str) {
     assert_eq!(released.status, 200, "{}", released.text);
 }
 
+/// `picket_apply_rules_held_back` in `addr`'s metrics.
+fn held_back(addr: &str) -> Option<u64> {
+    let reply = picket_testkit::http::get(addr, "/metrics");
+    reply
+        .text
+        .lines()
+        .find_map(|line| line.strip_prefix("picket_apply_rules_held_back "))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// Regression (issue 21, "rolling upgrades"): the leader wrote every entry under its own
 /// build's apply rules, so a voter still running an older build stopped at the first entry
 /// (it refuses rules it does not know) and a cluster could only be upgraded all at once.
@@ -57,6 +67,8 @@ fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is
     cluster.wait_converged(Duration::from_secs(20));
     let leader_view = cluster.view(cluster.leader(Duration::from_secs(20)));
     assert_eq!(leader_view["apply_rules"], 0, "the old voter knows version 0 only: {leader_view}");
+    let leader = cluster.leader(Duration::from_secs(20));
+    assert_eq!(held_back(&addrs[leader]), Some(1), "the leader says it is held back");
     let old = cluster.view(2);
     assert_eq!(old["newest_applied_rules"], 0, "{old}");
     // It converged with the others above: it applied every entry instead of stopping.
@@ -77,6 +89,8 @@ fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is
         let rules = cluster.view(leader)["apply_rules"].as_u64()?;
         (rules == u64::from(picket_core::APPLY_RULES)).then_some(())
     });
+    let leader = cluster.leader(Duration::from_secs(20));
+    assert_eq!(held_back(&addrs[leader]), Some(0), "no longer held back");
     write_some(&addrs, "upgrade/after");
     cluster.wait_converged(Duration::from_secs(20));
     for index in 0..3 {

@@ -130,6 +130,9 @@ impl Node {
             last_log_index: raft.last_log_index.unwrap_or(0),
             members: raft.membership_config.membership().nodes().count(),
             clock_gaps: self.gaps.gaps_total(),
+            clock_rate_factor: self.clock.rate_factor(),
+            apply_rules_held_back: raft.current_leader == Some(self.id)
+                && self.writing_rules() < crate::apply_rules::known_apply_rules(),
         };
         self.metrics().render(&scrape)
     }
