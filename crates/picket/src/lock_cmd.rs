@@ -14,6 +14,12 @@
 //! closes, and the watchdog stops the command's group as a lost lock would (SIGTERM, then
 //! SIGKILL after the grace). The crate forbids `unsafe`, so a parent-death signal is not an
 //! option.
+//!
+//! The watchdog must run before the command does: killed between the two, `picket lock` would
+//! leave a command running that nothing stops. But the watchdog needs the command's process
+//! group, which exists only once something runs in it. So the group is made first, by a
+//! placeholder (`picket __lock-group`, which only waits for its standard input to close), then
+//! the watchdog is started for that group, and only then does the command start, joining it.
 
 use crate::duration::parse_duration;
 use crate::http_fence::HttpFence;
@@ -140,6 +146,44 @@ pub fn watchdog(args: &WatchdogArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Runs the placeholder of a command's process group: waits for standard input to close
+/// (`picket lock` ended or died), then exits.
+pub fn group_placeholder() -> ExitCode {
+    let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+    ExitCode::SUCCESS
+}
+
+/// The process group a command runs in, made before the command (see the module
+/// documentation). Dropped, its placeholder is killed and reaped.
+struct Group {
+    placeholder: std::process::Child,
+    id: Pid,
+}
+
+impl Group {
+    fn start() -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let placeholder = std::process::Command::new(std::env::current_exe()?)
+            .arg("__lock-group")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("cannot start the command's process group")?;
+        let id = Pid::from_raw(i32::try_from(placeholder.id()).context("pid out of range")?);
+        Ok(Self { placeholder, id })
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Killed, not asked: a group stopped by Ctrl-Z would not read its end of the pipe.
+        let _ = self.placeholder.kill();
+        let _ = self.placeholder.wait();
+    }
+}
+
 /// The watchdog of one command: tells it `done` when dropped normally.
 struct Watchdog {
     child: std::process::Child,
@@ -211,29 +255,34 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
         }
     };
     let (program, arguments) = args.command.split_first().expect("clap requires a command");
+    let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
+    // The group, then its watchdog, then the command: from the moment the command exists,
+    // something stops it should `picket lock` die.
+    let command_group = Group::start()?;
+    let group = command_group.id;
+    let _watchdog = Watchdog::start(group, kill_grace)?;
     let mut child = tokio::process::Command::new(program)
         .args(arguments)
         .env("PICKET_LOCK", &args.name)
         .env("PICKET_TOKEN", guard.token().to_string())
         .env("PICKET_SEQUENCER", guard.sequencer().to_string())
         .env("PICKET_SESSION", session.id().to_string())
-        // Its own process group, so a lost lock stops the command and everything it started.
-        .process_group(0)
+        // A process group apart from picket's, so a lost lock stops the command and everything
+        // it started.
+        .process_group(group.as_raw())
         .spawn()
         .with_context(|| format!("cannot run {program:?}"))?;
-    let group = Pid::from_raw(
+    let command = Pid::from_raw(
         i32::try_from(child.id().context("the command has no pid")?).context("pid out of range")?,
     );
     // In a terminal's foreground, the command gets the foreground (see `terminal.rs`), as soon
     // as it runs.
     let foreground = Foreground::give(group);
-    let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
-    let _watchdog = Watchdog::start(group, kill_grace)?;
     let still_held =
         || session.lost_reason().is_none() && session.lease_remaining() > kill_grace + STOP_MARGIN;
     let follow_stops = async {
         match &foreground {
-            Some(foreground) => foreground.follow_stops(group, still_held).await,
+            Some(foreground) => foreground.follow_stops(command, still_held).await,
             None => std::future::pending::<std::convert::Infallible>().await,
         }
     };

@@ -83,6 +83,9 @@ enum Command {
     /// Internal: `picket lock`'s watchdog, which stops the command if `picket lock` dies.
     #[command(name = "__lock-watchdog", hide = true)]
     LockWatchdog(lock_cmd::WatchdogArgs),
+    /// Internal: holds `picket lock`'s command's process group open until `picket lock` ends.
+    #[command(name = "__lock-group", hide = true)]
+    LockGroup,
 }
 
 fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Result<ExitCode> {
@@ -111,7 +114,8 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
             | Command::Sim(_)
             | Command::Chaos(_)
             | Command::Auth(_)
-            | Command::LockWatchdog(_) => {
+            | Command::LockWatchdog(_)
+            | Command::LockGroup => {
                 unreachable!("handled by main")
             }
         }
@@ -149,6 +153,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(&args),
         Command::Chaos(args) => chaos::run(args, cli.connect.endpoints),
         Command::LockWatchdog(args) => Ok(lock_cmd::watchdog(&args)),
+        Command::LockGroup => Ok(lock_cmd::group_placeholder()),
         Command::Auth(args) => auth_cmd::run(&args),
         client_command => run_client_command(client_command, cli.connect),
     };

@@ -264,11 +264,24 @@ fn lock_stops_the_command_before_its_lease_can_end() {
 /// Issue 14, point 4: when `picket lock` itself was killed, its command ran on without a lock
 /// (its session expires and the lock goes to the next holder). Now its watchdog stops the
 /// command's process group.
+///
+/// Regression (found by the fresh-clone CI): `picket lock` started its watchdog just after its
+/// command, so killed in between, nothing stopped the command. Now the watchdog runs before the
+/// command does: the command looks for it as its first act, and `picket lock` is killed as soon
+/// as the command runs.
 #[test]
 fn lock_killed_takes_its_command_with_it() {
     let (dir, server) = start();
     let lock = ["--ttl", "4s", "--kill-grace", "1s", "orphan"];
-    let (mut running, command) = lock_a_loop(&dir, &server, &lock, "");
+    let watchdogs = dir.path().join("watchdogs");
+    // Every process whose command line names the watchdog, as the command starts (the pattern
+    // is written so that it does not match the command's own line; the test keeps only
+    // children of `picket lock`).
+    let prelude = format!(
+        "grep -l '__lock-watchdo[g]' /proc/[0-9]*/cmdline > {} 2>/dev/null; ",
+        watchdogs.display()
+    );
+    let (mut running, command) = lock_a_loop(&dir, &server, &lock, &prelude);
     // Should the watchdog fail, the test still does not leave the command running.
     struct KillOnDrop(u32);
     impl Drop for KillOnDrop {
@@ -277,36 +290,30 @@ fn lock_killed_takes_its_command_with_it() {
         }
     }
     let _cleanup = KillOnDrop(command);
-    // `picket lock` starts its watchdog just after its command: killed in between, nothing
-    // would stop the command (a narrow window, left open; see issue 14's notes). The test
-    // kills it once the watchdog runs, which a loaded CI machine once failed to reach in time.
-    let lock_pid = running.id();
-    wait_until("the lock's watchdog to start", Duration::from_secs(10), || {
-        has_watchdog_child(lock_pid).then_some(())
+    // Read while `picket lock` lives: killed, its watchdog is someone else's child.
+    let listed = std::fs::read_to_string(&watchdogs).unwrap_or_default();
+    let lock_pid = running.id().to_string();
+    let watchdog = listed.lines().find_map(|path| {
+        let dir = path.strip_suffix("/cmdline")?;
+        let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        let parent = rest.split_whitespace().nth(1)?;
+        (parent == lock_pid).then(|| dir.trim_start_matches("/proc/").parse::<u32>().ok())?
     });
     running.kill().unwrap();
     running.wait().unwrap();
+    let watchdog = watchdog.unwrap_or_else(|| {
+        panic!("no watchdog of picket lock ran when its command started: {listed}")
+    });
+    // Started before the command: pids grow, so the watchdog's is the lower, unless pids
+    // wrapped around pid_max (at least 32768) between the two, which leaves the watchdog's far
+    // above. With the watchdog started after the command, this fails every time, where the
+    // listing above would only miss it on a loaded machine.
+    let started_after = watchdog > command && watchdog - command < 16_384;
+    assert!(!started_after, "the watchdog ({watchdog}) started after the command ({command})");
     wait_until("the command to be stopped by the watchdog", Duration::from_secs(10), || {
         (!alive(command)).then_some(())
     });
-}
-
-/// Whether process `parent` has a child running `picket __lock-watchdog`.
-fn has_watchdog_child(parent: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
-    entries.filter_map(Result::ok).any(|entry| {
-        let path = entry.path();
-        let child_of_parent = std::fs::read_to_string(path.join("stat")).is_ok_and(|stat| {
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .map(|(_, rest)| rest.split_whitespace().collect())
-                .unwrap_or_default();
-            fields.get(1).is_some_and(|ppid| *ppid == parent.to_string())
-        });
-        child_of_parent
-            && std::fs::read(path.join("cmdline"))
-                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("__lock-watchdog"))
-    })
 }
 
 /// A command that ends normally is not stopped by the watchdog: a background job it leaves
