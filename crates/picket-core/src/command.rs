@@ -35,10 +35,16 @@ pub struct Input {
 ///   (`nothing_to_abandon`), and every accepted abandon is remembered by its session, so an
 ///   attempt of an abandoned request that reaches the log later is refused
 ///   (`request_abandoned`) instead of granted to a caller that is gone.
+/// - 2: a grant belongs to every request of its session that was told of it: the one that
+///   produced it and each one answered `already_held` since (at most four in all). Abandoning
+///   one of them releases the grant only when it is the last; before, only the producing
+///   request counted, so its late abandon (from a node whose connection broke, or the
+///   client's own after the client stopped waiting for it) released a grant that a later
+///   request's caller had been told it holds.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.
-pub const APPLY_RULES: u32 = 1;
+pub const APPLY_RULES: u32 = 2;
 
 impl Input {
     /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular

@@ -22,7 +22,7 @@ pub(crate) struct SessionRecord {
     /// abandon (a half-open connection delivers it late) is refused instead of granted to a
     /// caller that is gone.
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
-    pub(crate) abandoned: VecDeque<AbandonedRequest>,
+    pub(crate) abandoned: VecDeque<RequestAttempt>,
 }
 
 /// How many abandoned requests a session remembers. A client abandons a request only when it
@@ -31,9 +31,10 @@ pub(crate) struct SessionRecord {
 /// it is on its way.
 pub(crate) const ABANDONED_REQUESTS_KEPT: usize = 16;
 
-/// An acquire request that was abandoned, up to and including `attempt`.
+/// An acquire request, up to and including `attempt`: one that was abandoned (in a session's
+/// memory) or one that was told of a grant (in a lock's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AbandonedRequest {
+pub(crate) struct RequestAttempt {
     pub(crate) request: RequestId,
     pub(crate) attempt: u32,
 }
@@ -60,7 +61,7 @@ impl SessionRecord {
         if self.abandoned.len() == ABANDONED_REQUESTS_KEPT {
             self.abandoned.pop_front();
         }
-        self.abandoned.push_back(AbandonedRequest { request, attempt });
+        self.abandoned.push_back(RequestAttempt { request, attempt });
         assert!(self.abandoned.len() <= ABANDONED_REQUESTS_KEPT);
     }
 }
@@ -109,7 +110,19 @@ pub(crate) struct LockRecord {
     pub(crate) holder: Option<Holder>,
     pub(crate) waiters: VecDeque<Waiter>,
     pub(crate) delay: Option<Delay>,
+    /// Other acquire requests of the holder's session that were answered `already_held` for
+    /// the current grant (apply rules 2), each with its latest attempt, oldest first, at most
+    /// [`TOLD_REQUESTS_KEPT`]. Abandoning a request releases the grant only when no other
+    /// request was told of it: the abandoned one's caller is gone, the others' may not be.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub(crate) also_told: VecDeque<RequestAttempt>,
 }
+
+/// How many requests besides the producing one a grant remembers as told of it. A session
+/// asks for a lock it holds again only on a retry after a lost answer, or when two of its
+/// callers ask at once; past this, the request told longest ago is forgotten (its abandon then
+/// finds nothing to undo, and the grant stays with the others, whose holders release it).
+pub(crate) const TOLD_REQUESTS_KEPT: usize = 3;
 
 impl LockRecord {
     pub(crate) fn is_idle(&self) -> bool {
@@ -119,6 +132,39 @@ impl LockRecord {
     /// A lock can be granted at once when nobody holds it and no lock-delay is in force.
     pub(crate) fn is_free(&self) -> bool {
         self.holder.is_none() && self.delay.is_none()
+    }
+
+    /// Counts `request` among the requests told of the current grant, forgetting the one told
+    /// longest ago when the memory is full.
+    pub(crate) fn tell(&mut self, request: RequestId, attempt: u32) {
+        let holder = self.holder.as_mut().expect("only a held lock's grant is told");
+        if holder.request == request {
+            holder.attempt = holder.attempt.max(attempt);
+            return;
+        }
+        if let Some(entry) = self.also_told.iter_mut().find(|entry| entry.request == request) {
+            entry.attempt = entry.attempt.max(attempt);
+            return;
+        }
+        if self.also_told.len() == TOLD_REQUESTS_KEPT {
+            self.also_told.pop_front();
+        }
+        self.also_told.push_back(RequestAttempt { request, attempt });
+        assert!(self.also_told.len() <= TOLD_REQUESTS_KEPT);
+    }
+
+    /// No longer counts `request` among the requests told of the current grant; another one
+    /// is left to hold it.
+    pub(crate) fn forget(&mut self, request: RequestId) {
+        assert!(!self.also_told.is_empty(), "the last request told of a grant releases it");
+        let holder = self.holder.as_mut().expect("only a held lock's grant is told");
+        if holder.request == request {
+            let next = self.also_told.pop_front().expect("checked");
+            holder.request = next.request;
+            holder.attempt = next.attempt;
+        } else {
+            self.also_told.retain(|entry| entry.request != request);
+        }
     }
 
     pub(crate) fn position_of(&self, session: SessionId) -> Option<usize> {

@@ -61,10 +61,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => who.clone().prop_map(|who| Op::KeepAlive { who }),
         1 => who.clone().prop_map(|who| Op::Close { who }),
         1 => who.clone().prop_map(|who| Op::Revoke { who }),
-        8 => (who.clone(), name.clone(), wait_strategy(), 0u64..3, 0u32..3).prop_map(
+        8 => (who.clone(), name.clone(), wait_strategy(), 0u64..6, 0u32..3).prop_map(
             |(who, name, wait, request, attempt)| Op::Acquire { who, name, wait, request, attempt }
         ),
-        2 => (who.clone(), name.clone(), 0u64..3, 0u32..3)
+        2 => (who.clone(), name.clone(), 0u64..6, 0u32..3)
             .prop_map(|(who, name, request, attempt)| Op::Abandon { who, name, request, attempt }),
         1 => (who.clone(), name.clone()).prop_map(|(who, name)| Op::Cancel { who, name }),
         5 => (who.clone(), name, proptest::bool::weighted(0.85))
@@ -111,9 +111,9 @@ struct ModelWaiter {
 #[derive(Clone, Debug, Default)]
 struct ModelLock {
     holder: Option<HolderInfo>,
-    /// The request that produced the holder's grant, and its latest attempt seen.
-    holder_request: RequestId,
-    holder_attempt: u32,
+    /// The requests told of the holder's grant, each with its latest attempt: the producing
+    /// one first, then those answered `already_held`, oldest first (at most 1 + 3).
+    knowers: Vec<(RequestId, u32)>,
     queue: Vec<ModelWaiter>,
     /// (until, length)
     delay: Option<(u64, u64)>,
@@ -237,7 +237,9 @@ impl Model {
                     _ => return Err("not_held"),
                 }
                 self.accept(now_ms);
-                self.locks.get_mut(name).unwrap().holder = None;
+                let entry = self.locks.get_mut(name).unwrap();
+                entry.holder = None;
+                entry.knowers.clear();
                 self.promote_everything();
                 Ok(Response::Released { name: name.clone() })
             }
@@ -313,14 +315,17 @@ impl Model {
             self.promote_everything();
             return Ok(Response::Abandoned { name: name.into(), released_token: None });
         }
-        match lock.holder {
-            Some(h)
-                if h.session == session
-                    && lock.holder_request == request
-                    && attempt >= lock.holder_attempt =>
-            {
+        let told = lock.knowers.iter().position(|(r, latest)| *r == request && attempt >= *latest);
+        match (lock.holder, told) {
+            (Some(h), Some(index)) if h.session == session => {
                 self.accept(now_ms);
-                self.locks.get_mut(name).unwrap().holder = None;
+                let entry = self.locks.get_mut(name).unwrap();
+                entry.knowers.remove(index);
+                if !entry.knowers.is_empty() {
+                    // Another request was told of the grant: it stays.
+                    return Ok(Response::Abandoned { name: name.into(), released_token: None });
+                }
+                entry.holder = None;
                 self.promote_everything();
                 Ok(Response::Abandoned { name: name.into(), released_token: Some(h.token) })
             }
@@ -372,9 +377,17 @@ impl Model {
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         if let Some(holder) = lock.holder.filter(|h| h.session == session) {
             self.accept(now_ms);
-            if lock.holder_request == request {
-                let entry = self.locks.get_mut(name).unwrap();
-                entry.holder_attempt = entry.holder_attempt.max(attempt);
+            // Every request told of a grant counts (apply rules 2); past four, the one told
+            // longest ago after the producing one is forgotten.
+            let knowers = &mut self.locks.get_mut(name).unwrap().knowers;
+            match knowers.iter_mut().find(|(r, _)| *r == request) {
+                Some((_, latest)) => *latest = (*latest).max(attempt),
+                None => {
+                    knowers.push((request, attempt));
+                    if knowers.len() > 4 {
+                        knowers.remove(1);
+                    }
+                }
             }
             return Ok(Response::Granted {
                 name: name.into(),
@@ -413,8 +426,7 @@ impl Model {
         let entry = self.locks.entry(name.to_owned()).or_default();
         if free {
             entry.holder = Some(HolderInfo { session, token });
-            entry.holder_request = request;
-            entry.holder_attempt = attempt;
+            entry.knowers = vec![(request, attempt)];
             Ok(Response::Granted { name: name.into(), token, already_held: false })
         } else {
             entry.queue.push(ModelWaiter {
@@ -436,6 +448,7 @@ impl Model {
                 lock.queue.retain(|w| w.session != *id);
                 if lock.holder.is_some_and(|h| h.session == *id) {
                     lock.holder = None;
+                    lock.knowers.clear();
                     if with_delay && session.lock_delay_ms > 0 {
                         lock.delay =
                             Some((self.now_ms + session.lock_delay_ms, session.lock_delay_ms));
@@ -452,8 +465,7 @@ impl Model {
             if lock.holder.is_none() && lock.delay.is_none() && !lock.queue.is_empty() {
                 let head = lock.queue.remove(0);
                 lock.holder = Some(HolderInfo { session: head.session, token });
-                lock.holder_request = head.request;
-                lock.holder_attempt = head.attempt;
+                lock.knowers = vec![(head.request, head.attempt)];
             }
         }
         self.locks.retain(|_, lock| {

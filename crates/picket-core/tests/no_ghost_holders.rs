@@ -8,7 +8,9 @@
 //!   it answered proposes `Abandon` for its attempt (`AcquireGuard` in `picket-server`);
 //! - the client retries an attempt whose outcome it does not know with the same request id and
 //!   the next attempt, and when it gives up on one, abandons its last attempt, and asks for the
-//!   lock again only once that abandon is answered (`Transport::acquire` in `picket-client`); a grant it hears of becomes a guard; its watch
+//!   lock again once that abandon is answered or its request timeout passed, when the abandon
+//!   may still be on its way (`Transport::acquire` in `picket-client`); a grant it hears of
+//!   becomes a guard; its watch
 //!   marks a guard lost when the guard's grant ends other than by the guard's own release, and
 //!   every guard of a session that ended (`state::dispatch`); a grant that ended before any
 //!   guard held it is remembered, and a guard made from it starts lost
@@ -47,6 +49,9 @@ enum Step {
     GiveUp { who: usize, lock: usize },
     /// A guard releases its lock.
     Release { who: usize, lock: usize },
+    /// The client stops waiting for its abandon of a given-up request (its request timeout
+    /// passed); the abandon may still reach the log, later.
+    StopWaitingForAbandon { who: usize, lock: usize },
     /// Time passes; the leader's tick renews the sessions in `renew` (a bit per session).
     Tick { advance_ms: u64, renew: u8 },
 }
@@ -66,7 +71,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (who.clone(), lock.clone()).prop_map(|(who, lock)| Step::Break { who, lock }),
         2 => (who.clone(), lock.clone()).prop_map(|(who, lock)| Step::Retry { who, lock }),
         1 => (who.clone(), lock.clone()).prop_map(|(who, lock)| Step::GiveUp { who, lock }),
-        2 => (who, lock).prop_map(|(who, lock)| Step::Release { who, lock }),
+        2 => (who.clone(), lock.clone()).prop_map(|(who, lock)| Step::Release { who, lock }),
+        1 => (who, lock).prop_map(|(who, lock)| Step::StopWaitingForAbandon { who, lock }),
         2 => (0_u64..1_500, any::<u8>()).prop_map(|(advance_ms, renew)| Step::Tick { advance_ms, renew }),
     ]
 }
@@ -249,6 +255,15 @@ impl World {
                 if let Asking::Failed { request, attempt, .. } = self.asking(who, lock) {
                     self.asking.insert((who, lock), Asking::Idle);
                     self.send_abandon((who, lock), (request, attempt), true);
+                }
+            }
+            Step::StopWaitingForAbandon { who, lock } => {
+                for way in &mut self.on_its_way {
+                    if (way.who, way.lock) == (who, lock)
+                        && matches!(way.command, Command::Abandon { .. })
+                    {
+                        way.from_client = false;
+                    }
                 }
             }
             Step::Release { who, lock } => {
@@ -492,5 +507,39 @@ proptest! {
         if let Err(ghost) = world.check(true) {
             prop_assert!(false, "after settling: {ghost}\nafter:\n{}", world.log.join("\n"));
         }
+    }
+}
+
+/// Regression (issue 14, "abandons retry for a bounded time"): a client that gave up on a
+/// request stops waiting for its abandon after its request timeout and asks again; the earlier
+/// request's grant is answered `already_held` to the new one, and the earlier request's
+/// abandon, landing late (the node whose connection broke retries it for longer than the
+/// client waits), released the grant the new request's guard holds. Under apply rules 2 the
+/// grant belongs to the request last told it holds it, so the late abandon finds nothing.
+#[test]
+fn a_late_abandon_of_a_given_up_request_takes_no_grant_a_later_request_was_told_of() {
+    let (who, lock) = (0, 0);
+    let mut world = World::new();
+    let steps = [
+        Step::Ask { who, lock, wait: Wait::Forever },
+        // The connection breaks: the node abandons the attempt; the client gives up on it,
+        // abandons it too, and stops waiting for that abandon.
+        Step::Break { who, lock },
+        Step::GiveUp { who, lock },
+        Step::StopWaitingForAbandon { who, lock },
+        Step::Ask { who, lock, wait: Wait::Forever },
+        // On its way: [first acquire, node's abandon, client's abandon, second acquire].
+        Step::Apply { pick: 0 },
+        Step::Apply { pick: 2 },
+        Step::Deliver { who, lock },
+        // The node's abandon of the first request lands last.
+        Step::Apply { pick: 0 },
+    ];
+    for step in steps {
+        world.run(step);
+    }
+    assert!(world.guards.contains_key(&(who, lock)), "the second request made a guard");
+    if let Err(ghost) = world.check(false) {
+        panic!("{ghost}\nafter:\n{}", world.log.join("\n"));
     }
 }

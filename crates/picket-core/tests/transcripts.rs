@@ -886,6 +886,41 @@ fn entries_written_under_earlier_apply_rules_replay_as_they_were_applied() {
     );
 }
 
+/// Issue 14, "abandons retry for a bounded time": a caller gave up on request 1 and asked
+/// again as request 2, which was answered `already_held` with request 1's grant; request 1's
+/// abandon, landing late, released the grant request 2's caller holds. Under apply rules 2 a
+/// grant belongs to every request told of it, and ends with the last one's abandon; the same
+/// entries under rules 1 replay as they were applied then.
+#[test]
+fn a_late_abandon_of_the_producing_request_leaves_the_grant_to_a_request_told_of_it() {
+    let mut story = Story::new();
+    story.open(0, "S", 10_000, 0);
+    story.acquire_as(1, "S", "x", Wait::Forever, 1);
+    story.acquire_as(2, "S", "x", Wait::Forever, 2);
+    story.abandon(3, "S", "x", 1);
+    story.abandon(4, "S", "x", 2);
+    story.rules = 1;
+    story.acquire_as(5, "S", "y", Wait::Forever, 3);
+    story.acquire_as(6, "S", "y", Wait::Forever, 4);
+    story.abandon(7, "S", "y", 3);
+    story.assert_transcript(
+        "
+        t=0 open S ttl=10000 delay=0
+        t=1 acquire S \"x\" Forever request=1 -> granted token=2
+            granted \"x\" to S token=2
+        t=2 acquire S \"x\" Forever request=2 -> granted token=2 (already held)
+        t=3 abandon S \"x\" request=1 -> abandoned
+        t=4 abandon S \"x\" request=2 -> abandoned, released token=2
+            released \"x\" by S token=2 (Abandoned)
+        t=5 acquire S \"y\" Forever request=3 -> granted token=6
+            granted \"y\" to S token=6
+        t=6 acquire S \"y\" Forever request=4 -> granted token=6 (already held)
+        t=7 abandon S \"y\" request=3 -> abandoned, released token=6
+            released \"y\" by S token=6 (Abandoned)
+        ",
+    );
+}
+
 /// An entry written under apply rules newer than this build knows is refused and changes
 /// nothing (the server stops before applying it: see `picket-server`'s state machine).
 #[test]

@@ -283,6 +283,36 @@ fn an_acquire_arriving_after_its_abandon_is_refused_and_leaves_the_lock_free() {
     assert_eq!(release(&addr, "h", session, token_of(&retry)).status, 200);
 }
 
+/// Issue 14: a caller that gave up on request 1 and asked again as request 2 was answered
+/// `already_held` with request 1's grant; request 1's abandon, landing late, released what
+/// request 2's caller was told it holds. Now the grant ends only with the last request told of
+/// it.
+#[test]
+fn a_late_abandon_leaves_the_grant_to_the_request_told_it_is_already_held() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let session = open_session(&addr, 10_000, 0);
+    let ask = |request_id: u64| {
+        let body = json!({ "name": "told", "session_id": session, "request_id": request_id, "wait_ms": 0 });
+        http::post(&addr, "/v1/locks/acquire", &body)
+    };
+    let abandon = |request_id: u64| {
+        let body = json!({ "name": "told", "session_id": session, "request_id": request_id });
+        http::post(&addr, "/v1/locks/abandon", &body)
+    };
+    let first = ask(1);
+    assert_eq!(first.status, 200, "{}", first.text);
+    let second = ask(2);
+    assert_eq!(second.body["already_held"], true, "{}", second.text);
+    let late = abandon(1);
+    assert_eq!(late.status, 200, "{}", late.text);
+    assert_eq!(late.body["released_token"], Value::Null, "{}", late.text);
+    let lock = http::get(&addr, "/v1/locks/told");
+    assert_eq!(lock.body["holder"]["token"], first.body["token"], "still held: {}", lock.text);
+    let last = abandon(2);
+    assert_eq!(last.body["released_token"], first.body["token"], "{}", last.text);
+}
+
 /// Watching a lock over server-sent events shows its grants and releases as they happen.
 #[test]
 fn watch_streams_grants_and_releases() {

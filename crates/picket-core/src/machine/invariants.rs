@@ -2,7 +2,7 @@
 
 use super::{Deadlines, RestoreError, StateMachine};
 use crate::command::APPLY_RULES;
-use crate::record::{ABANDONED_REQUESTS_KEPT, LockRecord, SessionRecord};
+use crate::record::{ABANDONED_REQUESTS_KEPT, LockRecord, SessionRecord, TOLD_REQUESTS_KEPT};
 use crate::types::{RequestId, SessionId};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -41,6 +41,10 @@ pub enum BrokenInvariant {
     WaitsForItsOwnLock { name: String, session: SessionId },
     #[error("session {session} is queued for {name:?} but does not list it")]
     WaiterDoesNotListIt { name: String, session: SessionId },
+    #[error(
+        "lock {name:?} remembers requests told of a grant it does not have, too many, or one twice"
+    )]
+    ToldRequests { name: String },
     #[error("a deadline index disagrees with the records")]
     DeadlineIndex,
 }
@@ -143,6 +147,13 @@ impl StateMachine {
         }
         if lock.waiters.len() > self.limits.max_waiters_per_lock {
             return Err(BrokenInvariant::TooManyWaiters { name: name_owned() });
+        }
+        let told: BTreeSet<RequestId> = lock.also_told.iter().map(|entry| entry.request).collect();
+        let told_wrong = lock.also_told.len() > TOLD_REQUESTS_KEPT
+            || told.len() != lock.also_told.len()
+            || lock.holder.map_or(!told.is_empty(), |holder| told.contains(&holder.request));
+        if told_wrong {
+            return Err(BrokenInvariant::ToldRequests { name: name_owned() });
         }
         if let Some(holder) = lock.holder {
             if holder.token == 0 || holder.token > self.revision {

@@ -30,7 +30,7 @@ impl StateMachine {
         let lock_record = self.locks.get(name);
         let holder = lock_record.and_then(|lock| lock.holder);
         if let Some(holder) = holder.filter(|holder| holder.session == session) {
-            return Ok(AcquirePlan::AlreadyHeld { token: holder.token });
+            return Ok(AcquirePlan::AlreadyHeld { token: holder.token, tell: rules >= 2 });
         }
         let free = lock_record.is_none_or(LockRecord::is_free);
         if lock_record.is_none() && self.locks.len() >= self.limits.max_locks {
@@ -78,11 +78,17 @@ impl StateMachine {
         step: &mut Step,
     ) -> Response {
         match plan {
-            AcquirePlan::AlreadyHeld { token } => {
+            AcquirePlan::AlreadyHeld { token, tell } => {
                 let lock = self.locks.get_mut(name).expect("a held lock has a record");
-                let stored = lock.holder.as_mut().expect("the lock is held");
-                if stored.request == request {
-                    stored.attempt = stored.attempt.max(attempt);
+                if tell {
+                    // This request's caller is told it holds the lock; the producing request's
+                    // may be gone, and abandoning that one must not take the grant away.
+                    lock.tell(request, attempt);
+                } else {
+                    let stored = lock.holder.as_mut().expect("the lock is held");
+                    if stored.request == request {
+                        stored.attempt = stored.attempt.max(attempt);
+                    }
                 }
                 Response::Granted { name: name.to_owned(), token, already_held: true }
             }
@@ -127,13 +133,23 @@ impl StateMachine {
         } {
             return Ok(AbandonPlan::Wait);
         }
-        let holder = self.locks.get(name).and_then(|lock| lock.holder);
-        match holder
-            .filter(|holder| holder.session == session && abandons(holder.request, holder.attempt))
-        {
-            Some(holder) => Ok(AbandonPlan::Grant { token: holder.token }),
-            None if rules >= 1 => Ok(AbandonPlan::Nothing),
-            None => Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request }),
+        let lock = self.locks.get(name);
+        let holder = lock.and_then(|lock| lock.holder).filter(|holder| holder.session == session);
+        let told = lock.map(|lock| &lock.also_told);
+        let told_of_it = told
+            .is_some_and(|told| told.iter().any(|entry| abandons(entry.request, entry.attempt)));
+        match holder {
+            Some(holder) if abandons(holder.request, holder.attempt) || told_of_it => {
+                // The grant ends only with the last request told of it (apply rules 2 tell
+                // more than the producing one).
+                if told.is_some_and(|told| !told.is_empty()) {
+                    Ok(AbandonPlan::Forget)
+                } else {
+                    Ok(AbandonPlan::Grant { token: holder.token })
+                }
+            }
+            _ if rules >= 1 => Ok(AbandonPlan::Nothing),
+            _ => Err(CommandError::NothingToAbandon { name: name.to_owned(), session, request }),
         }
     }
 
@@ -151,6 +167,11 @@ impl StateMachine {
         }
         match plan {
             AbandonPlan::Nothing => {
+                Response::Abandoned { name: name.to_owned(), released_token: None }
+            }
+            AbandonPlan::Forget => {
+                let lock = self.locks.get_mut(name).expect("planned on a held lock");
+                lock.forget(request);
                 Response::Abandoned { name: name.to_owned(), released_token: None }
             }
             AbandonPlan::Wait => {
@@ -333,6 +354,7 @@ impl StateMachine {
     ) {
         let lock = self.locks.get_mut(name).expect("a held lock has a record");
         let holder = lock.holder.take().expect("the lock is held");
+        lock.also_told.clear();
         assert_eq!(holder.session, session, "only the holder's grant ends");
         assert!(lock.delay.is_none(), "a held lock is never in a lock-delay");
         if delay_ms > 0 {

@@ -99,9 +99,12 @@ enum Plan {
 
 #[derive(Debug)]
 enum AcquirePlan {
-    /// The session holds the lock already, with this token.
+    /// The session holds the lock already, with this token; under apply rules 2 and later,
+    /// the request is told of the grant and counts among its requests (see
+    /// [`crate::APPLY_RULES`]).
     AlreadyHeld {
         token: u64,
+        tell: bool,
     },
     Grant,
     /// The session waits already under this request: it keeps its place with the new wait.
@@ -119,6 +122,9 @@ enum AbandonPlan {
     Grant {
         token: u64,
     },
+    /// The request is one of several told of the grant: it no longer counts among them, and
+    /// the grant stays for the others.
+    Forget,
     /// The request has no wait or grant (it was refused, answered and released, or not applied
     /// yet): only remembered as abandoned.
     Nothing,
