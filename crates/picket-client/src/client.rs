@@ -231,7 +231,8 @@ impl Client {
         self.transport.acquire(session_id, name, wait_ms).await
     }
 
-    /// Releases the grant `token` of `name` held by `session_id`.
+    /// Releases the grant `token` of `name` held by `session_id`: [`Released::Now`], or
+    /// [`Released::Earlier`] when a retry after a lost answer found the grant already gone.
     ///
     /// # Errors
     /// `not_held` or `token_mismatch`; the cluster being unreachable.
@@ -240,7 +241,7 @@ impl Client {
         session_id: u64,
         name: &str,
         token: u64,
-    ) -> Result<(), ClientError> {
+    ) -> Result<crate::Released, ClientError> {
         self.transport.release(session_id, name, token).await
     }
 

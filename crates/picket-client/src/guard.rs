@@ -99,15 +99,29 @@ impl Guard {
         Ok(self)
     }
 
-    /// Releases the lock now.
+    /// Releases the lock now, and says whether this release ended the grant or it had ended
+    /// before (see [`Released`]).
     ///
     /// # Errors
     /// `token_mismatch`; the cluster being unreachable. A grant that already ended is not an
     /// error: there is nothing left to release.
-    pub async fn release(mut self) -> Result<(), ClientError> {
+    pub async fn release(mut self) -> Result<Released, ClientError> {
         self.released = true;
         release(&self.shared, &self.name, self.token, &self.lost).await
     }
+}
+
+/// How a release ended, when it succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Released {
+    /// This release ended the grant: the lock was held under its token until then.
+    Now,
+    /// The grant had already ended when the release arrived (its session expired or was
+    /// revoked, it was abandoned, or an earlier attempt of this release, whose answer was lost,
+    /// ended it): whatever was written under it after that point may have been refused by
+    /// fenced resources.
+    Earlier,
 }
 
 /// Releases a guard's grant. A grant that already ended (the lock is free or held under another
@@ -121,10 +135,10 @@ async fn release(
     name: &str,
     token: u64,
     signal: &Arc<LostSender>,
-) -> Result<(), ClientError> {
+) -> Result<Released, ClientError> {
     shared.unregister_grant(name, signal);
     let released = match shared.transport.release(shared.id, name, token).await {
-        Err(error) if released_elsewhere(&error, token) => Ok(()),
+        Err(error) if released_elsewhere(&error, token) => Ok(Released::Earlier),
         other => other,
     };
     if released.is_ok() {

@@ -468,7 +468,7 @@ impl Transport {
         session_id: u64,
         name: &str,
         token: u64,
-    ) -> Result<(), ClientError> {
+    ) -> Result<crate::Released, ClientError> {
         let timeout = Some(self.inner.config.request_timeout);
         let mut attempts = 0_u32;
         let result = self
@@ -479,8 +479,11 @@ impl Transport {
             })
             .await;
         match result {
-            Err(error) if attempts > 1 && released_elsewhere(&error, token) => Ok(()),
-            other => other.map(|_| ()),
+            // A retry after a lost answer: the first attempt may have been the one.
+            Err(error) if attempts > 1 && released_elsewhere(&error, token) => {
+                Ok(crate::Released::Earlier)
+            }
+            other => other.map(|_| crate::Released::Now),
         }
     }
 }

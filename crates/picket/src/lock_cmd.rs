@@ -28,7 +28,7 @@ use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use picket_client::{ClientError, FenceRegistration, Guard, LostReason, Session};
+use picket_client::{ClientError, FenceRegistration, Guard, LostReason, Released, Session};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -304,11 +304,16 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     drop(foreground);
     match outcome {
         Outcome::Exited(status) => {
-            if let Err(error) = guard.release().await {
-                eprintln!(
+            match guard.release().await {
+                Ok(Released::Now) => {}
+                Ok(_) => eprintln!(
+                    "picket: the command finished, but lock {:?} had ended before its release (its session was lost just then, or a retried release found its first attempt had ended it); writes made after that point may have been refused by fenced resources",
+                    args.name
+                ),
+                Err(error) => eprintln!(
                     "picket: the command finished but releasing lock {:?} failed: {error}",
                     args.name
-                );
+                ),
             }
             Ok(ExitCode::from(exit_code_of(status)))
         }

@@ -2,7 +2,7 @@
 //! revocation and on a server that stops answering for longer than the TTL, release on drop,
 //! and FIFO across three clients.
 
-use picket_client::{Client, LostReason};
+use picket_client::{Client, LostReason, Released};
 use picket_testkit::ServerProcess;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -39,6 +39,20 @@ async fn tokens_grow_across_holders_and_drop_releases() {
     assert_eq!(refused.code(), Some("lock_busy"));
     assert_eq!(refused.holder_token(), Some(held.token()));
     assert!(refused.to_string().contains(&held.token().to_string()));
+}
+
+/// A release says whether it ended the grant, or the grant had ended before it arrived (here
+/// released behind the guard's back, as an operator's `picket release` would).
+#[tokio::test]
+async fn a_release_says_whether_it_ended_the_grant() {
+    let (_dir, _server, client) = start().await;
+    let session = client.session(Duration::from_secs(30)).await.unwrap();
+    let guard = session.try_lock("said").await.unwrap();
+    assert_eq!(guard.release().await.unwrap(), Released::Now);
+    let guard = session.try_lock("said").await.unwrap();
+    let behind = client.release_in(session.id(), "said", guard.token()).await.unwrap();
+    assert_eq!(behind, Released::Now);
+    assert_eq!(guard.release().await.unwrap(), Released::Earlier);
 }
 
 /// An operator's revocation reaches the holder's `lost()` at once, not at the next keepalive.

@@ -11,6 +11,9 @@
 //!   Jepsen found etcd's locks doing). While a leader's clock runs at a wrong rate (or the
 //!   correction for it lingers after), beyond the drift Picket assumes, such a break is counted
 //!   apart instead: the fence, not the lease, keeps the data safe then.
+//! - The lock's history is linearizable against a fenced mutex with sessions
+//!   (`linearizable.rs`): grants in token order and releases acknowledged as ending their
+//!   grant each take effect at one instant inside their interval.
 //! - Every fault kind the run asked for fired; otherwise the verdict is `unknown`, not `valid`.
 
 use super::history::{Event, Op, Phase};
@@ -170,6 +173,12 @@ pub fn check(
         }
     }
     summary.grants = check_grants(&ops, &mut violations);
+    let certain = super::linearizable::certain_operations(
+        ops.iter().map(|op| (op.process, &op.op, op.invoked_ns, op.ended_ns, &op.phase)),
+    );
+    if let Err(broken) = super::linearizable::check(certain) {
+        violations.push(broken.describe(events.first().map_or(0, |first| first.at_ns)));
+    }
     let wrong_rates = clock_rate_windows(events, ttl);
     for lease_break in lease_breaks(&ops, events) {
         if wrong_rates.iter().any(|(from, to)| (*from..=*to).contains(&lease_break.granted_ns)) {
@@ -553,6 +562,26 @@ mod tests {
         assert_eq!(summary.verdict, Verdict::Valid, "{summary:?}");
         assert_eq!(summary.grants, 12);
         assert_eq!(summary.operations["write ok"], 12);
+    }
+
+    /// A release the service acknowledged as ending a grant that a later grant had already
+    /// replaced: each check of its own passes it; only linearizability catches it.
+    #[test]
+    fn a_release_acknowledged_after_the_next_grant_is_caught_as_not_linearizable() {
+        let mut builder = Builder::new();
+        builder.grant(1, 3, 100);
+        builder.grant(2, 5, 200);
+        builder.ok(1, Op::Release { token: 3 });
+        builder.ok(2, Op::Release { token: 5 });
+        let (mut more, list) = elements(12);
+        for event in &mut more.events {
+            event.at_ns += 1_000;
+            builder.events.push(event.clone());
+        }
+        let summary = check(&builder.events, &list, &[], TTL);
+        assert_eq!(summary.verdict, Verdict::Invalid, "{summary:?}");
+        assert_eq!(summary.violations.len(), 1, "{:?}", summary.violations);
+        assert!(summary.violations[0].contains("not linearizable"), "{:?}", summary.violations);
     }
 
     #[test]

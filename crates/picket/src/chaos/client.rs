@@ -11,7 +11,7 @@
 
 use super::history::{Event, Lease, Op, Phase, now_ns};
 use anyhow::Context;
-use picket_client::{Client, ClientError, Guard, Session};
+use picket_client::{Client, ClientError, Guard, Released, Session};
 use picket_fence::http::SEQUENCER_HEADER;
 use picket_proto::http1;
 use std::io::Write;
@@ -274,7 +274,10 @@ async fn release(process: u32, guard: Guard) {
     let op = Op::Release { token: guard.token() };
     emit(&Event::client(process, op.clone(), Phase::Invoke));
     let phase = match guard.release().await {
-        Ok(()) => Phase::Ok { token: None, session: None, value: None },
+        Ok(Released::Now) => Phase::Ok { token: None, session: None, value: None },
+        // The grant ended before (its session expired, or a retried release's first attempt
+        // ended it): this release may or may not have been the one.
+        Ok(_) => Phase::Info { detail: "the grant had already ended".into() },
         Err(error) => acquire_phase(&error),
     };
     emit(&Event::client(process, op, phase));

@@ -8,6 +8,7 @@ mod delay;
 mod disk;
 mod harness;
 mod history;
+mod linearizable;
 mod nemesis;
 mod network;
 mod plan;
