@@ -47,13 +47,18 @@ pub const TEST_FAULTS_COMPILED: bool = cfg!(feature = "mutations");
 
 /// For the fault harness's power-loss faults: erases from a killed node's Raft log (in its data
 /// directory) what a power cut would have lost, going by the synced end its flusher noted when
-/// it ran with `PICKET_TEST_SYNCED_MARK` set (test builds only). Returns the bytes erased, or
-/// `None` when the node noted no synced end (its build has no test storage faults).
+/// it ran with `PICKET_TEST_SYNCED_MARK` set (test builds only): all of what was written after
+/// it but the first `keep_permille` thousandths (a disk may have written any prefix of it; a
+/// cut inside a frame tears it). Returns the bytes erased, or `None` when the node noted no
+/// synced end (its build has no test storage faults).
 ///
 /// # Errors
 /// When the log cannot be read or written.
-pub fn erase_unsynced_log_writes(data_dir: &std::path::Path) -> std::io::Result<Option<u64>> {
-    wal::erase_unsynced(&data_dir.join(log_store::LOG_DIR))
+pub fn erase_unsynced_log_writes(
+    data_dir: &std::path::Path,
+    keep_permille: u16,
+) -> std::io::Result<Option<u64>> {
+    wal::erase_unsynced(&data_dir.join(log_store::LOG_DIR), keep_permille)
 }
 
 pub use error::ServiceError;

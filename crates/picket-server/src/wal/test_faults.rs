@@ -149,15 +149,18 @@ fn parse_mark(line: &str) -> Option<(String, u64)> {
     Some((name.trim().to_owned(), u64::from_str_radix(end, 16).ok()?))
 }
 
-/// Erases from the log in `dir` what a power cut would have lost: every byte the synced mark
-/// does not cover (zeroed, as the preallocated space reads), and every segment newer than the
-/// marked one (its name was never synced either). Run on a log whose process was killed.
-/// Returns how many bytes were erased, or `None` without a mark (the node's build has no test
-/// storage faults, or it never started), when nothing is erased.
+/// Erases from the log in `dir` what a power cut would have lost: of the bytes written after
+/// the synced mark, all but the first `keep_permille` thousandths (zeroed, as the preallocated
+/// space reads: a cut inside a frame leaves it torn), and every segment newer than the marked
+/// one (its name was never synced either). A disk may have written any prefix of what was not
+/// synced when the power went, so 0 loses all of it (what `kill -9` hides), 1000 keeps all of
+/// it, and anything between tears the tail. Run on a log whose process was killed. Returns how
+/// many bytes were erased, or `None` without a mark (the node's build has no test storage
+/// faults, or it never started), when nothing is erased.
 ///
 /// # Errors
 /// When the log cannot be read or written.
-pub fn erase_unsynced(dir: &Path) -> io::Result<Option<u64>> {
+pub fn erase_unsynced(dir: &Path, keep_permille: u16) -> io::Result<Option<u64>> {
     let line = match std::fs::read_to_string(dir.join(SYNCED_MARK_FILE)) {
         Ok(line) => line,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -176,29 +179,44 @@ pub fn erase_unsynced(dir: &Path) -> io::Result<Option<u64>> {
             std::fs::remove_file(entry.path())?;
         }
     }
-    erased += zero_after(&dir.join(&marked), end)?;
+    let path = dir.join(&marked);
+    let written_end = written_end(&path, end)?;
+    let unsynced = written_end.saturating_sub(end);
+    let kept = unsynced.saturating_mul(u64::from(keep_permille.min(1000))) / 1000;
+    erased += zero_between(&path, end + kept, written_end)?;
     Ok(Some(erased))
 }
 
-/// Zeroes the written (non-zero) bytes of `path` after `end`; returns how many it zeroed.
-fn zero_after(path: &Path, end: u64) -> io::Result<u64> {
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+/// The end of the written (non-zero) bytes of `path`, looking from `from` on.
+fn written_end(path: &Path, from: u64) -> io::Result<u64> {
+    let file = std::fs::File::open(path)?;
     let length = file.metadata()?.len();
     let mut buffer = vec![0_u8; 1 << 20];
-    let (mut offset, mut zeroed) = (end, 0);
+    let (mut offset, mut written_end) = (from, from);
     while offset < length {
         let chunk = usize::try_from((length - offset).min(buffer.len() as u64)).unwrap_or(0);
         file.read_exact_at(&mut buffer[..chunk], offset)?;
         // Records are JSON behind a length and a checksum, never a megabyte of zeros: the first
         // all-zero chunk is past everything written.
         let Some(last) = buffer[..chunk].iter().rposition(|byte| *byte != 0) else { break };
-        buffer[..=last].fill(0);
-        file.write_all_at(&buffer[..=last], offset)?;
-        zeroed += last as u64 + 1;
+        written_end = offset + last as u64 + 1;
+        offset += chunk as u64;
+    }
+    Ok(written_end)
+}
+
+/// Zeroes the bytes of `path` from `start` to `end`; returns how many it zeroed.
+fn zero_between(path: &Path, start: u64, end: u64) -> io::Result<u64> {
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    let zeros = vec![0_u8; 1 << 20];
+    let mut offset = start;
+    while offset < end {
+        let chunk = usize::try_from((end - offset).min(zeros.len() as u64)).unwrap_or(0);
+        file.write_all_at(&zeros[..chunk], offset)?;
         offset += chunk as u64;
     }
     file.sync_data()?;
-    Ok(zeroed)
+    Ok(end.saturating_sub(start))
 }
 
 #[cfg(test)]

@@ -321,13 +321,47 @@ fn erasing_what_the_synced_mark_does_not_cover_leaves_the_covered_records() {
     let newer = segment_path(dir.path(), wal.generation + 1);
     std::fs::write(&newer, b"a segment created but never synced").expect("written");
     drop(wal);
-    let erased = erase_unsynced(dir.path()).expect("erases").expect("a mark");
+    let erased = erase_unsynced(dir.path(), 0).expect("erases").expect("a mark");
     let frames = (8 + 3) + (8 + 5);
     assert_eq!(erased, frames + "a segment created but never synced".len() as u64);
     assert!(!newer.exists());
     let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
     assert_eq!(records, vec![b"checkpoint".to_vec(), b"one".to_vec()]);
-    assert_eq!(erase_unsynced(dir.path()).expect("erases again"), Some(0), "nothing left");
+    assert_eq!(erase_unsynced(dir.path(), 0).expect("erases again"), Some(0), "nothing left");
+}
+
+/// A harsher power cut (issue 16): the disk wrote a prefix of what was not synced, which
+/// may end inside a frame. The log reopens with the synced records and the whole frames of that
+/// prefix, never a torn one, and a cut that keeps everything loses nothing.
+#[test]
+fn a_power_cut_that_keeps_a_prefix_of_the_unsynced_bytes_reopens_with_whole_records() {
+    let frame = |payload: &[u8]| 8 + payload.len() as u64;
+    let unsynced = frame(b"two") + frame(b"three");
+    for keep_permille in [0_u16, 100, 300, 500, 600, 999, 1000] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (mut wal, _) = open(dir.path(), 1 << 20);
+        append_and_wait(&mut wal, b"one");
+        let mark = test_faults::format_mark(
+            &wal.segment.path.file_name().expect("named").to_string_lossy(),
+            wal.offset,
+        );
+        std::fs::write(dir.path().join(test_faults::SYNCED_MARK_FILE), mark).expect("written");
+        append_and_wait(&mut wal, b"two");
+        append_and_wait(&mut wal, b"three");
+        drop(wal);
+        let erased = erase_unsynced(dir.path(), keep_permille).expect("erases").expect("a mark");
+        let kept = unsynced * u64::from(keep_permille) / 1000;
+        assert_eq!(erased, unsynced - kept, "keeping {keep_permille}‰");
+        let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
+        let mut expected = vec![b"checkpoint".to_vec(), b"one".to_vec()];
+        if kept >= frame(b"two") {
+            expected.push(b"two".to_vec());
+        }
+        if kept == unsynced {
+            expected.push(b"three".to_vec());
+        }
+        assert_eq!(records, expected, "keeping {keep_permille}‰ ({kept} of {unsynced} bytes)");
+    }
 }
 
 /// A sync that fails stops the log for good: its batch is not acknowledged, and nothing
@@ -369,7 +403,7 @@ fn a_failed_sync_acknowledges_nothing_and_stops_the_log_for_good() {
     // The mark still ends after "one": a failed sync proves nothing durable, so a power cut
     // erases what it wrote, and the log holds exactly what was acknowledged.
     assert_eq!(std::fs::read_to_string(&mark_path).expect("a mark"), synced_mark);
-    assert!(erase_unsynced(dir.path()).expect("erases").is_some_and(|bytes| bytes > 0));
+    assert!(erase_unsynced(dir.path(), 0).expect("erases").is_some_and(|bytes| bytes > 0));
     let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
     assert_eq!(records, [b"checkpoint".to_vec(), b"one".to_vec()]);
 }
@@ -381,7 +415,7 @@ fn erasing_without_a_mark_changes_nothing() {
     let (mut wal, _) = open(dir.path(), 1 << 20);
     append_and_wait(&mut wal, b"one");
     drop(wal);
-    assert_eq!(erase_unsynced(dir.path()).expect("erases"), None);
+    assert_eq!(erase_unsynced(dir.path(), 0).expect("erases"), None);
     let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
     assert_eq!(records, vec![b"checkpoint".to_vec(), b"one".to_vec()]);
 }

@@ -83,17 +83,20 @@ pub(super) async fn run_nemesis(
                 if kind == FaultKind::ClusterPowerLoss {
                     let mut erased = Vec::new();
                     for node in &cluster.nodes {
-                        erased.push(lose_unsynced(node)?);
+                        erased.push(lose_unsynced(node, &mut rng)?);
                     }
-                    let erased: Option<Vec<String>> = erased
-                        .into_iter()
-                        .map(|bytes| bytes.map(|bytes| bytes.to_string()))
-                        .collect();
+                    let erased: Option<Vec<(u64, u16)>> = erased.into_iter().collect();
                     record(match erased {
-                        Some(erased) => format!(
-                            "cluster_power_loss down_ms={down_ms} erased_bytes={}",
-                            erased.join(",")
-                        ),
+                        Some(erased) => {
+                            let list = |pick: &dyn Fn(&(u64, u16)) -> String| {
+                                erased.iter().map(pick).collect::<Vec<_>>().join(",")
+                            };
+                            format!(
+                                "cluster_power_loss down_ms={down_ms} erased_bytes={} kept_permille={}",
+                                list(&|(bytes, _)| bytes.to_string()),
+                                list(&|(_, kept)| kept.to_string())
+                            )
+                        }
                         None => POWER_LOSS_UNAVAILABLE.to_owned(),
                     });
                 } else {
@@ -141,10 +144,18 @@ const POWER_LOSS_UNAVAILABLE: &str = "no_power_loss: this build notes no synced 
      nodes were only killed";
 
 /// Erases from a killed node's log what a power cut would have lost; `None` when its build
-/// cannot say what that is.
-fn lose_unsynced(node: &Node) -> anyhow::Result<Option<u64>> {
-    picket_server::erase_unsynced_log_writes(&node.dir)
-        .with_context(|| format!("erasing node {}'s unsynced writes", node.id))
+/// cannot say what that is. The disk wrote some prefix of what was not synced: none of it a
+/// third of the time, all of it a third, and a cut anywhere in it (tearing a frame, most
+/// likely) the rest. Returns the bytes erased and the thousandths kept.
+fn lose_unsynced(node: &Node, rng: &mut picket_sim::Rng) -> anyhow::Result<Option<(u64, u16)>> {
+    let keep_permille = match rng.range(0, 3) {
+        0 => 0,
+        1 => 1000,
+        _ => u16::try_from(rng.range(1, 1000)).unwrap_or(500),
+    };
+    let erased = picket_server::erase_unsynced_log_writes(&node.dir, keep_permille)
+        .with_context(|| format!("erasing node {}'s unsynced writes", node.id))?;
+    Ok(erased.map(|erased| (erased, keep_permille)))
 }
 
 /// Injects one fault on a node, `leader` being the index of the current leader.
@@ -190,9 +201,9 @@ pub(super) async fn node_fault(
             let index = if step < 2 { leader } else { (leader + step - 1) % cluster.nodes.len() };
             let down_ms = rng.range(0, 3 * election_ms);
             cluster.nodes[index].kill();
-            record(match lose_unsynced(&cluster.nodes[index])? {
-                Some(erased) => format!(
-                    "power_loss node={} down_ms={down_ms} erased_bytes={erased}",
+            record(match lose_unsynced(&cluster.nodes[index], rng)? {
+                Some((erased, kept)) => format!(
+                    "power_loss node={} down_ms={down_ms} erased_bytes={erased} kept_permille={kept}",
                     cluster.nodes[index].id
                 ),
                 None => POWER_LOSS_UNAVAILABLE.to_owned(),
@@ -510,7 +521,9 @@ async fn fail_syncs(
     node.kill();
     std::fs::remove_file(&node.fail_sync)
         .with_context(|| format!("cannot remove {}", node.fail_sync.display()))?;
-    let erased = lose_unsynced(node)?;
+    // All of it: the pages a failed sync did not write may be gone.
+    let erased = picket_server::erase_unsynced_log_writes(&node.dir, 0)
+        .with_context(|| format!("erasing node {id}'s unsynced writes"))?;
     match (stopped_after, erased) {
         // `picket serve` exits with 1 when its Raft core stops; anything else is a crash.
         (Some((_, status)), _) if status.code() != Some(1) => {
