@@ -303,11 +303,9 @@ mod fuzz {
     }
 }
 
-/// The power-loss emulation of the fault harness: what the synced mark does not cover is
-/// erased, a newer segment (whose name was never synced) included, and the log reopens with
-/// exactly the records the mark covered.
-#[test]
-fn erasing_what_the_synced_mark_does_not_cover_leaves_the_covered_records() {
+/// A log that wrote "one", noted it synced (as the flusher notes under the test storage
+/// faults), then wrote "two" and "three" past the mark.
+fn one_synced_then_two_unsynced() -> (tempfile::TempDir, Wal) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (mut wal, _) = open(dir.path(), 1 << 20);
     append_and_wait(&mut wal, b"one");
@@ -318,6 +316,15 @@ fn erasing_what_the_synced_mark_does_not_cover_leaves_the_covered_records() {
     std::fs::write(dir.path().join(test_faults::SYNCED_MARK_FILE), mark).expect("written");
     append_and_wait(&mut wal, b"two");
     append_and_wait(&mut wal, b"three");
+    (dir, wal)
+}
+
+/// The power-loss emulation of the fault harness: what the synced mark does not cover is
+/// erased, a newer segment (whose name was never synced) included, and the log reopens with
+/// exactly the records the mark covered.
+#[test]
+fn erasing_what_the_synced_mark_does_not_cover_leaves_the_covered_records() {
+    let (dir, wal) = one_synced_then_two_unsynced();
     let newer = segment_path(dir.path(), wal.generation + 1);
     std::fs::write(&newer, b"a segment created but never synced").expect("written");
     drop(wal);
@@ -338,16 +345,7 @@ fn a_power_cut_that_keeps_a_prefix_of_the_unsynced_bytes_reopens_with_whole_reco
     let frame = |payload: &[u8]| 8 + payload.len() as u64;
     let unsynced = frame(b"two") + frame(b"three");
     for keep_permille in [0_u16, 100, 300, 500, 600, 999, 1000] {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let (mut wal, _) = open(dir.path(), 1 << 20);
-        append_and_wait(&mut wal, b"one");
-        let mark = test_faults::format_mark(
-            &wal.segment.path.file_name().expect("named").to_string_lossy(),
-            wal.offset,
-        );
-        std::fs::write(dir.path().join(test_faults::SYNCED_MARK_FILE), mark).expect("written");
-        append_and_wait(&mut wal, b"two");
-        append_and_wait(&mut wal, b"three");
+        let (dir, wal) = one_synced_then_two_unsynced();
         drop(wal);
         let erased = erase_unsynced(dir.path(), keep_permille).expect("erases").expect("a mark");
         let kept = unsynced * u64::from(keep_permille) / 1000;
