@@ -21,6 +21,10 @@ pub struct ServerLimits {
     /// included unless they have a port of their own (`ServerConfig::peer_listen`). Past it the
     /// node stops accepting until one closes; see `listener.rs`.
     pub max_connections: usize,
+    /// Most connections open on this node's client port at once from one IP address (default
+    /// 1,000): past it, a further connection from that address is closed as soon as it is
+    /// accepted, so one client host cannot take every place of `max_connections`.
+    pub max_connections_per_ip: usize,
     /// Most connections open on this node's peer port at once, when it has one (default 256).
     /// A peer holds a few (replication, votes, clock readings); clients never count here, so a
     /// flood of clients cannot keep a peer from reaching this node.
@@ -44,6 +48,7 @@ impl Default for ServerLimits {
             max_watch_streams: 10_000,
             max_pending_acquires: 100_000,
             max_connections: 10_000,
+            max_connections_per_ip: 1_000,
             max_peer_connections: 256,
             idle_connection_timeout: Duration::from_secs(300),
         }

@@ -7,7 +7,9 @@
 //! own, so that clients cannot crowd peers out. Every connection
 //! costs a file descriptor and a task, so a node holds at most `max_connections` at once: past
 //! that it stops accepting, and further connections wait in the kernel's backlog until one
-//! closes (nothing already connected is slowed). A client that opens a connection and sends
+//! closes (nothing already connected is slowed). One address may hold at most
+//! `max_connections_per_ip` of them: a further connection from it is closed as soon as it is
+//! accepted, so one client host cannot take every place from the others. A client that opens a connection and sends
 //! nothing, or sends its headers a byte at a time, could otherwise hold its place for ever: a
 //! connection must send its opening (the HTTP/2 preface or an HTTP/1 request line) within
 //! [`HEADER_READ_TIMEOUT`], HTTP/1 headers must arrive within it too, an HTTP/2 connection
@@ -291,6 +293,8 @@ where
 pub struct ConnectionLimits {
     /// Most connections open at once; at most [`ServerLimits::MOST_CONNECTIONS`].
     pub max_connections: usize,
+    /// Most connections open at once from one IP address (at least 1).
+    pub max_connections_per_ip: usize,
     /// How long a connection may stay open with no request or stream open.
     pub idle_timeout: Duration,
 }
@@ -324,6 +328,7 @@ pub async fn serve(
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     let serving = Serving { app, builder, idle_timeout: limits.idle_timeout, phase: watching };
+    let per_ip = Arc::new(PerIp::default());
     let mut stop = std::pin::pin!(stop);
     loop {
         let place = tokio::select! {
@@ -341,6 +346,10 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
+        let Some(ip_place) = per_ip.take(remote.ip(), limits.max_connections_per_ip) else {
+            // Closed at once: its place goes back to the others.
+            continue;
+        };
         // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs (about 40 ms per
         // request on Linux loopback).
         if let Err(error) = stream.set_nodelay(true) {
@@ -350,6 +359,7 @@ pub async fn serve(
         let tls = tls.clone();
         tokio::spawn(async move {
             accept_one(stream, remote, serving, tls).await;
+            drop(ip_place);
             drop(place);
         });
     }
@@ -361,6 +371,62 @@ pub async fn serve(
         tracing::debug!("connections still open after the drain timeout are dropped");
     }
     phase.send_replace(Phase::Closed);
+}
+
+/// Connections open per remote IP address. An address has an entry only while it has a
+/// connection open, so the table holds at most as many entries as the listener has places.
+#[derive(Debug, Default)]
+struct PerIp {
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, IpCount>>,
+}
+
+#[derive(Debug, Default)]
+struct IpCount {
+    open: usize,
+    /// Whether a refusal was logged since the address was last below its bound.
+    refusal_logged: bool,
+}
+
+impl PerIp {
+    /// A place for one more connection from `ip`, or `None` when it has `max` open.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<IpPlace> {
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = open.entry(ip).or_default();
+        if count.open >= max {
+            if !count.refusal_logged {
+                count.refusal_logged = true;
+                tracing::warn!(
+                    %ip,
+                    max,
+                    "a client address has --max-connections-per-ip connections open; further \
+                     ones from it are closed at once until one of them closes (raise the flag \
+                     when many clients share one address, behind a NAT or a proxy)"
+                );
+            }
+            return None;
+        }
+        count.open += 1;
+        Some(IpPlace { table: self.clone(), ip })
+    }
+}
+
+/// One connection's place in its address's count; given back when dropped.
+struct IpPlace {
+    table: Arc<PerIp>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for IpPlace {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.ip) {
+            count.open -= 1;
+            count.refusal_logged = false;
+            if count.open == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Resolves once the listener drains (or is gone).

@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// limit is raised to fit it where it can be.
     #[arg(long, env = "PICKET_MAX_CONNECTIONS", default_value_t = ServerLimits::default().max_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_CONNECTIONS_BOUND))]
     max_connections: usize,
+    /// Most connections open on the client port at once from one IP address; a further one
+    /// from it is closed at once. Raise it when many clients share an address (a NAT, a proxy).
+    #[arg(long, env = "PICKET_MAX_CONNECTIONS_PER_IP", default_value_t = ServerLimits::default().max_connections_per_ip, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_CONNECTIONS_BOUND))]
+    max_connections_per_ip: usize,
     /// Most connections open on the peer port (--peer-listen) at once.
     #[arg(long, env = "PICKET_MAX_PEER_CONNECTIONS", default_value_t = ServerLimits::default().max_peer_connections, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_CONNECTIONS_BOUND))]
     max_peer_connections: usize,
@@ -234,6 +238,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_watch_streams: args.max_watch_streams,
             max_pending_acquires: args.max_pending_acquires,
             max_connections: args.max_connections,
+            max_connections_per_ip: args.max_connections_per_ip,
             max_peer_connections: args.max_peer_connections,
             idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
         },

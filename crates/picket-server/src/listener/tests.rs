@@ -33,7 +33,8 @@ async fn listen() -> Listening {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().expect("bound").to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let limits = ConnectionLimits { max_connections: 8, idle_timeout: IDLE };
+    let limits =
+        ConnectionLimits { max_connections: 8, max_connections_per_ip: 4, idle_timeout: IDLE };
     let serving = tokio::spawn(serve(listener, app, limits, None, async move {
         let _ = stopped.await;
     }));
@@ -147,4 +148,36 @@ async fn a_stop_does_not_wait_for_a_connection_that_sent_nothing() {
     assert_eq!(fetch(&connect(&listening.addr).await, "/hello").await, "hello");
     let took = stop(&mut listening).await;
     assert!(took < DRAIN_TIMEOUT / 2, "the stop took {took:?}");
+}
+
+/// One address holds at most `max_connections_per_ip` connections: a further one is closed at
+/// once while the others are served, and once one of them closes the address may connect again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_of_the_connections() {
+    let listening = listen().await;
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let connection = connect(&listening.addr).await;
+        assert_eq!(fetch(&connection, "/hello").await, "hello");
+        open.push(connection);
+    }
+    let fifth = connect(&listening.addr).await;
+    let origin = fifth.origin();
+    let uri = format!("http://{}/hello", origin.authority().expect("host:port"));
+    let request = http::Request::get(uri).body(tonic::body::Body::empty()).expect("a request");
+    assert!(fifth.clone().oneshot(request).await.is_err(), "a fifth connection is not served");
+    assert!(open.iter().all(|connection| !connection.is_closed()), "the four stay open");
+    assert_eq!(fetch(&open[0], "/hello").await, "hello");
+    drop(open.pop());
+    // The dropped connection's place comes back once the listener sees it closed.
+    let start = Instant::now();
+    loop {
+        let again = connect(&listening.addr).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if !again.is_closed() {
+            assert_eq!(fetch(&again, "/hello").await, "hello");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the place never came back");
+    }
 }

@@ -347,12 +347,16 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let serving_peers = peer_listener.zip(peer_app).map(|(listener, peer_app)| {
         let limits = crate::listener::ConnectionLimits {
             max_connections: config.limits.max_peer_connections,
+            // Peers are few and authenticated by their certificates; the port's own bound is
+            // theirs alone.
+            max_connections_per_ip: config.limits.max_peer_connections,
             idle_timeout,
         };
         tokio::spawn(serve(listener, peer_app, limits, tls.clone(), shutdown_signal.clone()))
     });
     let limits = crate::listener::ConnectionLimits {
         max_connections: config.limits.max_connections,
+        max_connections_per_ip: config.limits.max_connections_per_ip,
         idle_timeout,
     };
     let serving = tokio::spawn(serve(listener, app, limits, tls, shutdown_signal));
