@@ -226,8 +226,10 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         })?),
         None => None,
     };
-    let peer_advertise =
-        peer_addr.map(|bound| config.peer_advertise.clone().unwrap_or_else(|| bound.to_string()));
+    let own_peer_addr = config.peers.get(&config.node_id).and_then(|own| own.peer_addr.as_deref());
+    let peer_advertise = peer_addr.map(|bound| {
+        peer_advertise_of(config.peer_advertise.as_deref(), own_peer_addr, bound, &advertise)
+    });
     let mut peers = config.peers.clone();
     if peers.is_empty() {
         peers.insert(
@@ -382,6 +384,26 @@ async fn serve(
 /// it listens for them (`bound_peer_addr`, or as `--peer-advertise` says), or they would never
 /// reach it (a member whose peer address is its client port, while it serves peers on a port of
 /// its own) or would reach another node.
+/// The peer address this node gives out (in its own entry when it starts a new cluster, and
+/// in the client port's refusal of Raft messages): `--peer-advertise`; else the one its own
+/// `--peers` entry names (`check_own_member` checks its port); else the bound address, with
+/// the client address's host in place of an address that names every interface (0.0.0.0
+/// names nothing a peer could dial).
+fn peer_advertise_of(
+    flag: Option<&str>,
+    own_entry: Option<&str>,
+    bound: std::net::SocketAddr,
+    advertise: &str,
+) -> String {
+    if let Some(given) = flag.or(own_entry) {
+        return given.to_owned();
+    }
+    match advertise.rsplit_once(':') {
+        Some((host, _)) if bound.ip().is_unspecified() => format!("{host}:{}", bound.port()),
+        _ => bound.to_string(),
+    }
+}
+
 fn check_own_member(
     config: &ServerConfig,
     peers: &BTreeMap<NodeId, Member>,
@@ -570,5 +592,25 @@ async fn bootstrap(raft: &Raft, peers: &BTreeMap<NodeId, Member>) -> Result<(), 
             openraft::error::InitializeError::NotAllowed(_),
         )) => Ok(()),
         Err(error) => Err(StartError::Raft(error.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_advertise_of;
+
+    /// Review of issue 13's peer port: a node bound to every interface refused Raft messages
+    /// on its client port naming 0.0.0.0 as where to send them, and started a new cluster
+    /// with that as its own peer address.
+    #[test]
+    fn the_peer_address_given_out_is_one_a_peer_can_dial() {
+        let bound = |addr: &str| addr.parse().expect("an address");
+        let any = bound("0.0.0.0:7688");
+        assert_eq!(peer_advertise_of(Some("p.example:9"), None, any, "c:1"), "p.example:9");
+        assert_eq!(peer_advertise_of(None, Some("n1:7688"), any, "c:1"), "n1:7688");
+        assert_eq!(peer_advertise_of(None, None, any, "10.0.0.5:7687"), "10.0.0.5:7688");
+        assert_eq!(peer_advertise_of(None, None, any, "[::1]:7687"), "[::1]:7688");
+        let loopback = bound("127.0.0.1:7688");
+        assert_eq!(peer_advertise_of(None, None, loopback, "x:1"), "127.0.0.1:7688");
     }
 }
