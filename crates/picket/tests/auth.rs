@@ -318,6 +318,10 @@ async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
         reply.body["session_id"].as_u64().unwrap()
     };
     let (worker_session, other_session) = (open(WORKER), open(OTHER));
+    let worker_held =
+        json!({ "name": "jobs/worker-held", "session_id": worker_session, "wait_ms": 0 });
+    let granted = setup.http(Some(WORKER), "POST", "/v1/locks/acquire", Some(&worker_held));
+    assert_eq!(granted.status, 200, "{}", granted.text);
     let contended = json!({ "name": "jobs/contended", "session_id": other_session, "wait_ms": 0 });
     let held = setup.http(Some(OTHER), "POST", "/v1/locks/acquire", Some(&contended));
     assert_eq!(held.status, 200, "{}", held.text);
@@ -372,6 +376,15 @@ async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
         });
     }
     assert_eq!(setup.http(Some(OTHER), "GET", "/v1/locks?prefix=jobs/", None).status, 200);
+    // The worker's session, with its 60 s TTL, is revoked at once, so the lock it held is free
+    // for the others (it would be the worker's until the TTL ran out).
+    wait_until("the removed principal's session to be revoked", Duration::from_secs(15), || {
+        let sessions = setup.http(Some(ADMIN), "GET", "/v1/sessions", None);
+        assert_eq!(sessions.status, 200, "{}", sessions.text);
+        (!sessions.text.contains(&format!("\"session_id\":{worker_session},"))).then_some(())
+    });
+    let freed = setup.http(Some(ADMIN), "GET", "/v1/locks/jobs/worker-held", None);
+    assert!(freed.body["holder"].is_null(), "still held: {}", freed.text);
     // The worker's waiting acquire was refused, and its wait taken back.
     let refused = waiting.join().unwrap().unwrap();
     assert_refused(&refused, 401, "unauthenticated");

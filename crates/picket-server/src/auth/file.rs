@@ -42,6 +42,8 @@ struct Entry {
 pub(super) struct Table {
     pub(super) by_token: HashMap<[u8; 32], Arc<Principal>>,
     pub(super) by_certificate: HashMap<String, Arc<Principal>>,
+    /// Every principal's name.
+    pub(super) names: std::collections::HashSet<String>,
 }
 
 /// The SHA-256 of a bearer token.
@@ -135,6 +137,7 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Table, String> {
         }
     }
     tracing::debug!(path = %path.display(), principals = names.len(), "auth file read");
+    table.names = names;
     Ok(table)
 }
 
@@ -237,6 +240,12 @@ impl AuthFile {
                 "the credentials this stream was opened with were revoked; authenticate again".into(),
             )
         })
+    }
+
+    /// Whether the file, as last read, names principal `name`.
+    #[must_use]
+    pub fn knows_principal(&self, name: &str) -> bool {
+        self.table().names.contains(name)
     }
 
     pub(super) fn table(&self) -> Arc<Table> {

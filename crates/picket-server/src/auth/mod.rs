@@ -32,7 +32,7 @@ pub const MAX_PRINCIPALS: usize = 10_000;
 pub const MAX_PREFIXES_PER_ROLE: usize = 1_000;
 
 /// Where audit lines go: `RUST_LOG=picket::audit=info` keeps them apart.
-const AUDIT: &str = "picket::audit";
+pub(crate) const AUDIT: &str = "picket::audit";
 
 /// What one role of a principal covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -430,7 +430,7 @@ impl Node {
     }
 
     /// The term in which this node leads and has applied its own `Refresh`, if it does.
-    fn settled_term(&self) -> Option<u64> {
+    pub(crate) fn settled_term(&self) -> Option<u64> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow_watched();
         let refreshed = self.refreshed_term.load(std::sync::atomic::Ordering::Acquire);

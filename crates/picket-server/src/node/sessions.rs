@@ -148,6 +148,50 @@ impl Node {
         self.command(Command::RevokeSession { session }).await.map(|_| ())
     }
 
+    /// Revokes every session whose owner `known` does not name (a principal removed from the
+    /// auth file): its keepalives are refused from then on, but the locks it holds would stay
+    /// its own until its TTL ran out, and the TTL can be long. Only a leader that settled its
+    /// term does it (any node may, but one is enough); returns how many it revoked.
+    pub async fn revoke_sessions_of_removed_principals(
+        &self,
+        known: impl Fn(&str) -> bool,
+    ) -> usize {
+        if self.settled_term().is_none() {
+            return 0;
+        }
+        let mut removed = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self.read_local(|state| state.machine.sessions(after, usize::MAX));
+            let Some(last) = page.last() else { break };
+            after = Some(last.session);
+            removed.extend(page.into_iter().filter_map(|info| {
+                let owner = info.owner?;
+                (!known(&owner)).then_some((info.session, owner))
+            }));
+        }
+        let mut revoked = 0;
+        for (session, owner) in removed {
+            match self.revoke_session(session).await {
+                Ok(()) => {
+                    revoked += 1;
+                    tracing::warn!(
+                        target: crate::auth::AUDIT,
+                        session = session.0,
+                        principal = owner,
+                        "revoked a session of a principal removed from the auth file"
+                    );
+                }
+                // Ended meanwhile.
+                Err(ServiceError::Command(CommandError::UnknownSession { .. })) => {}
+                Err(error) => {
+                    tracing::warn!(%error, session = session.0, "cannot revoke a session of a removed principal; it ends with its TTL");
+                }
+            }
+        }
+        revoked
+    }
+
     /// Whose `session` is, for `principal`, as this node's applied state has it. A session's
     /// owner never changes, so any replica that knows the session knows its owner; and session
     /// ids are revisions, never reused, so an unknown id at or below the applied revision is

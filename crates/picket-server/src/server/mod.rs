@@ -341,6 +341,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     }
     if let Some(auth) = auth {
         let stop = shutdown_signal.clone();
+        tokio::spawn(revoke_removed_principals(node.clone(), auth.clone(), stop.clone()));
         tokio::spawn(
             async move { crate::reload::every_check(stop, || auth.reload_if_changed()).await },
         );
@@ -384,6 +385,34 @@ async fn serve(
 /// it listens for them (`bound_peer_addr`, or as `--peer-advertise` says), or they would never
 /// reach it (a member whose peer address is its client port, while it serves peers on a port of
 /// its own) or would reach another node.
+/// While this node leads, revokes the sessions of principals removed from the auth file:
+/// after every reload, and once per term it settles as leader (a reload a deposed leader saw
+/// may not have been swept). Ends on `stop`.
+async fn revoke_removed_principals(
+    node: Arc<Node>,
+    auth: Arc<AuthFile>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut reloads = auth.reloads();
+    let mut swept: Option<(u64, u64)> = None;
+    let mut interval = tokio::time::interval(crate::reload::CHECK_EVERY);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = reloads.changed() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let Some(term) = node.settled_term() else { continue };
+        let sweep = (auth.generation(), term);
+        if swept == Some(sweep) {
+            continue;
+        }
+        node.revoke_sessions_of_removed_principals(|name| auth.knows_principal(name)).await;
+        swept = Some(sweep);
+    }
+}
+
 /// The peer address this node gives out (in its own entry when it starts a new cluster, and
 /// in the client port's refusal of Raft messages): `--peer-advertise`; else the one its own
 /// `--peers` entry names (`check_own_member` checks its port); else the bound address, with
