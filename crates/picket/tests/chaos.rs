@@ -37,7 +37,7 @@ fn a_short_chaos_run_under_kills_pauses_and_partitions_is_valid() {
             "5",
             "--faults",
             "leader_kill_quick,leader_kill_long,follower_kill,client_pause,partition_leader,\
-         partition_split,client_isolate,power_loss,fsync_failure,link_delay",
+         partition_split,client_isolate,power_loss,fsync_failure,link_delay,client_link_delay",
         ],
     );
 }

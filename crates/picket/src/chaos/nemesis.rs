@@ -195,6 +195,9 @@ pub(super) async fn node_fault(
             cluster.restart(index);
         }
         FaultKind::LinkDelay => delay_links(cluster, leader, rng, record, election_ms).await,
+        FaultKind::ClientLinkDelay => {
+            delay_client_links(&cluster.nodes[leader], rng, record, (election_ms, ttl_ms)).await;
+        }
         FaultKind::PowerLoss => {
             let step = usize::try_from(rng.range(0, 4)).unwrap_or(0);
             // The leader half the time, else one of the followers.
@@ -295,6 +298,32 @@ async fn delay_links(
     record(format!("{fired}{description} delayed_bytes={delayed_bytes}"));
 }
 
+/// Slows every client connection to the leader (see [`FaultKind::ClientLinkDelay`]); fired
+/// only if bytes were held back.
+async fn delay_client_links(
+    leader: &Node,
+    rng: &mut picket_sim::Rng,
+    record: &impl Fn(String),
+    (election_ms, ttl_ms): (u64, u64),
+) {
+    let Some((_, delay)) = &leader.client_proxy else {
+        record("ineffective_client_link_delay (the run has no client proxies)".into());
+        return;
+    };
+    let delay_ms = rng.range(election_ms / 4, (ttl_ms / 3).max(election_ms / 4 + 1));
+    let hold_ms = rng.range(ttl_ms, 2 * ttl_ms);
+    let description =
+        format!("client_link_delay node={} delay_ms={delay_ms} hold_ms={hold_ms}", leader.id);
+    record(format!("delay {description}"));
+    let held_before = delay.delayed_bytes();
+    delay.set(Duration::from_millis(delay_ms));
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    delay.set(Duration::ZERO);
+    let delayed_bytes = delay.delayed_bytes().saturating_sub(held_before);
+    let fired = if delayed_bytes > 0 { "" } else { "ineffective_" };
+    record(format!("{fired}{description} delayed_bytes={delayed_bytes}"));
+}
+
 /// A partition drawn by the nemesis, not yet in place.
 pub(super) struct Partition {
     pub(super) kind: FaultKind,
@@ -324,7 +353,7 @@ pub(super) fn partition_fault(
     rng: &mut picket_sim::Rng,
     (election_ms, ttl_ms): (u64, u64),
 ) -> Partition {
-    let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port).collect();
+    let ports: Vec<u16> = cluster.nodes.iter().map(Node::client_port).collect();
     let peer_ports: Vec<u16> = cluster.nodes.iter().map(|node| node.peer_proxy_port).collect();
     let count = ports.len();
     let pick = |rng: &mut picket_sim::Rng, below: usize| {
@@ -451,7 +480,7 @@ pub(super) async fn isolate_client(
         cuts: cluster
             .nodes
             .iter()
-            .map(|node| Cut { from: client_member(process), to_port: node.port })
+            .map(|node| Cut { from: client_member(process), to_port: node.client_port() })
             .collect(),
         hold: Duration::from_millis(hold_ms),
         majority: None,

@@ -69,6 +69,13 @@ pub enum FaultKind {
     /// them. (Connections to the leader carry nothing in a quiet cluster, as a cut there would
     /// drop nothing.) See `delay.rs`.
     LinkDelay,
+    /// Clients' connections to the leader get slow: every byte both ways arrives a quarter of
+    /// an election timeout to a third of a session TTL late, for one to two TTLs: acquires,
+    /// keepalives and their answers all lag (a keepalive answered late must not make its
+    /// client count on more than the server promised). Clients then reach every node through
+    /// a proxy (the nodes advertise it as their client address); only runs that draw this
+    /// fault have them.
+    ClientLinkDelay,
 }
 
 /// A deliberate bug, to show that the checker catches it (`--mutation`).
@@ -123,7 +130,7 @@ impl Mutation {
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -143,6 +150,7 @@ impl FaultKind {
         Self::DiskFull,
         Self::SyncFailure,
         Self::LinkDelay,
+        Self::ClientLinkDelay,
     ];
 
     /// The name in the history and on the command line.
@@ -168,6 +176,7 @@ impl FaultKind {
             Self::DiskFull => "disk_full",
             Self::SyncFailure => "fsync_failure",
             Self::LinkDelay => "link_delay",
+            Self::ClientLinkDelay => "client_link_delay",
         }
     }
 

@@ -104,6 +104,9 @@ pub(super) struct Node {
     pub(super) peer_proxy_port: u16,
     /// The delay the proxy holds peers' traffic to this node for.
     pub(super) delay: std::sync::Arc<super::delay::Delay>,
+    /// The delaying proxy in front of the client port, when the run delays client links: its
+    /// port (clients reach the node there) and its delay.
+    pub(super) client_proxy: Option<(u16, std::sync::Arc<super::delay::Delay>)>,
     /// The node's cgroup, when the run cuts links.
     pub(super) procs: Option<PathBuf>,
     /// The deliberate bug the node runs with (through `PICKET_MUTATION`), if any.
@@ -135,6 +138,11 @@ fn next_clock_origin_ms() -> i64 {
 }
 
 impl Node {
+    /// The port clients reach this node at: its client proxy's, when it has one.
+    pub(super) fn client_port(&self) -> u16 {
+        self.client_proxy.as_ref().map_or(self.port, |(port, _)| *port)
+    }
+
     /// Sets the node's clock to run at `rate` with a total jump of `jump_ms` (beside its
     /// origin).
     pub(super) fn set_clock(&mut self, rate: f64, jump_ms: i64) -> anyhow::Result<()> {
@@ -236,7 +244,22 @@ impl Cluster {
             peer_ports.push(peer_port);
             proxies.push(super::delay::start_proxy(([127, 0, 0, 1], peer_port).into())?);
         }
-        let peers = ports
+        // Clients reach each node through a proxy of its own too, when the run delays their
+        // links: the node advertises it as its client address, so leader hints lead there.
+        let mut client_proxies = Vec::new();
+        for port in &ports {
+            client_proxies.push(if plan.faults.contains(&FaultKind::ClientLinkDelay) {
+                Some(super::delay::start_proxy(([127, 0, 0, 1], *port).into())?)
+            } else {
+                None
+            });
+        }
+        let client_ports: Vec<u16> = ports
+            .iter()
+            .zip(&client_proxies)
+            .map(|(port, proxy)| proxy.as_ref().map_or(*port, |(proxy_port, _)| *proxy_port))
+            .collect();
+        let peers = client_ports
             .iter()
             .zip(&proxies)
             .enumerate()
@@ -251,7 +274,10 @@ impl Cluster {
         let snapshot_every =
             if mutation == Some(Mutation::TokenCounterResetsOnRestart) { "20" } else { "200" };
         let mut nodes = Vec::new();
-        for (index, (port, (peer_proxy_port, delay))) in ports.iter().zip(proxies).enumerate() {
+        let proxied = proxies.into_iter().zip(client_proxies);
+        for (index, (port, ((peer_proxy_port, delay), client_proxy))) in
+            ports.iter().zip(proxied).enumerate()
+        {
             let id = index as u64 + 1;
             let dir = out.join(format!("node{id}"));
             if let Some(disks) = &mut disks {
@@ -259,10 +285,13 @@ impl Cluster {
             }
             let addr = format!("127.0.0.1:{port}");
             let clock = out.join(format!("node{id}.clock"));
+            let advertise = format!("127.0.0.1:{}", client_ports[index]);
             let args: Vec<String> = [
                 "serve",
                 "--node-id",
                 &id.to_string(),
+                "--advertise",
+                &advertise,
                 "--peers",
                 &peers,
                 "--listen",
@@ -301,6 +330,7 @@ impl Cluster {
                 port: *port,
                 peer_proxy_port,
                 delay,
+                client_proxy,
                 procs,
                 mutation,
                 args,
@@ -337,8 +367,11 @@ impl Cluster {
         named.iter().all(|id| *id == leader).then_some(leader)
     }
 
+    /// Where clients reach the nodes (through the client proxies, when there are any).
     pub(super) fn endpoints(&self) -> String {
-        self.nodes.iter().map(|node| node.addr.as_str()).collect::<Vec<_>>().join(",")
+        let endpoints: Vec<String> =
+            self.nodes.iter().map(|node| format!("127.0.0.1:{}", node.client_port())).collect();
+        endpoints.join(",")
     }
 
     /// The index of the node the running nodes agree leads, if any.
