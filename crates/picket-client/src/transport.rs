@@ -412,8 +412,14 @@ impl Transport {
             }
             abandons.get(&(session_id, name.to_owned())).cloned()
         };
+        // Bounded: an abandon that cannot get through keeps trying (see
+        // `abandon_in_background`), and this acquire gets its own chance to say the cluster is
+        // unreachable. Nodes on apply rules 2 or later keep a grant for a request told of it
+        // whenever the abandon lands, so going on early is safe with them.
         if let Some(mut waiting) = waiting {
-            let _ = waiting.wait_for(|done| *done).await;
+            let _ =
+                tokio::time::timeout(self.inner.config.retry_for, waiting.wait_for(|done| *done))
+                    .await;
         }
     }
 
@@ -435,12 +441,30 @@ impl Transport {
             // Said done however it ends, and forgotten, so the next acquire of the lock goes on.
             let _done = AbandonDone { transport: transport.clone(), key, done };
             let timeout = Some(transport.inner.config.request_timeout);
-            let abandoned = transport
-                .call(Retry::Safe, timeout, |mut grpc| {
-                    let request = request.clone();
-                    async move { grpc.abandon(request).await }
-                })
-                .await;
+            // Not given up after one round of retries: until it lands, the session may hold a
+            // grant nobody knows of, or one a later request was told of and has given up on
+            // too (that one's abandon cannot end the grant while this request still counts as
+            // told of it). Only an answer, a refusal, or the bound ends it.
+            let persist_until = Instant::now() + ABANDON_PERSISTS_FOR;
+            let abandoned = loop {
+                let round = transport
+                    .call(Retry::Safe, timeout, |mut grpc| {
+                        let request = request.clone();
+                        async move { grpc.abandon(request).await }
+                    })
+                    .await;
+                match round {
+                    Err(error) if outcome_may_linger(&error) && Instant::now() < persist_until => {
+                        tracing::debug!(
+                            session = session_id,
+                            %error,
+                            "an abandon did not get through; trying again"
+                        );
+                        tokio::time::sleep(transport.inner.config.max_backoff).await;
+                    }
+                    round => break round,
+                }
+            };
             match abandoned {
                 Ok(answer) => tracing::debug!(
                     session = session_id,
@@ -487,6 +511,12 @@ impl Transport {
         }
     }
 }
+
+/// How long the abandon of a given-up acquire keeps trying to get through: the longest TTL
+/// a node accepts by default. A session whose keepalives got through that long while its
+/// abandons did not is beyond what the client can mend; otherwise, by then the session has
+/// expired and taken its grants with it.
+const ABANDON_PERSISTS_FOR: Duration = Duration::from_secs(3_600);
 
 /// Marks an abandon done when its task ends, however it ends.
 struct AbandonDone {

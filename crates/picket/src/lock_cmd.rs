@@ -184,7 +184,10 @@ impl Drop for Group {
     }
 }
 
-/// The watchdog of one command: tells it `done` when dropped normally.
+/// The watchdog of one command. [`Watchdog::finish`] tells it `done` once the command has
+/// ended the way `picket lock` meant it to; dropped without that (an error returned early, a
+/// panic), it only closes the pipe, so the watchdog stops the command's group as it would had
+/// `picket lock` died. A command is never left running with nothing to stop it.
 struct Watchdog {
     child: std::process::Child,
 }
@@ -203,15 +206,22 @@ impl Watchdog {
             .context("cannot start the lock's watchdog")?;
         Ok(Self { child })
     }
-}
 
-impl Drop for Watchdog {
-    fn drop(&mut self) {
+    /// Tells the watchdog the command ended as meant, and waits for it to exit.
+    fn finish(mut self) {
         use std::io::Write;
         if let Some(mut stdin) = self.child.stdin.take() {
             let _ = stdin.write_all(WATCHDOG_DONE);
         }
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Closing the pipe without `done` tells the watchdog to stop the group. It is not
+        // waited for: it runs in a group of its own and outlives `picket lock` by design.
+        drop(self.child.stdin.take());
     }
 }
 
@@ -260,7 +270,7 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     // something stops it should `picket lock` die.
     let command_group = Group::start()?;
     let group = command_group.id;
-    let _watchdog = Watchdog::start(group, kill_grace)?;
+    let watchdog = Watchdog::start(group, kill_grace)?;
     let mut child = tokio::process::Command::new(program)
         .args(arguments)
         .env("PICKET_LOCK", &args.name)
@@ -302,7 +312,7 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
     // The terminal goes back to picket's group now, not after the release: the command's
     // group may be gone, and Ctrl-C must reach someone.
     drop(foreground);
-    match outcome {
+    let exit_code = match outcome {
         Outcome::Exited(status) => {
             match guard.release().await {
                 Ok(Released::Now) => {}
@@ -315,7 +325,7 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
                     args.name
                 ),
             }
-            Ok(ExitCode::from(exit_code_of(status)))
+            exit_code_of(status)
         }
         Outcome::Lost(_) | Outcome::LeaseShort => {
             signal_group(group, Signal::SIGTERM);
@@ -335,7 +345,7 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
                 "picket: lost lock {:?} ({why}) while the command ran; stopped the command and its process group. Its writes after this point may be refused by fenced resources.",
                 args.name,
             );
-            Ok(ExitCode::from(EXIT_LOCK_LOST))
+            EXIT_LOCK_LOST
         }
         Outcome::Interrupted => {
             signal_group(group, Signal::SIGTERM);
@@ -347,9 +357,13 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
                 }
             };
             guard.release().await.ok();
-            Ok(ExitCode::from(exit_code_of(status)))
+            exit_code_of(status)
         }
-    }
+    };
+    // Only here, with the command ended (or its group stopped) as meant, is the watchdog told
+    // `done`; every early return above leaves it to stop the group.
+    watchdog.finish();
+    Ok(ExitCode::from(exit_code))
 }
 
 /// The margin kept between SIGKILL and the end of the lease, for the two clocks' drift and

@@ -59,7 +59,8 @@ impl Foreground {
     }
 
     /// Follows the command through Ctrl-Z and `fg` (see the module documentation); never
-    /// resolves. `command` is the pid of the group's leader, which `picket lock` started.
+    /// resolves. `command` is the pid of the command `picket lock` started
+    /// (a member of the group, not its leader: a placeholder leads the group, see `lock_cmd.rs`).
     /// Continued after a stop, the command is continued only if `still_held()` says the lock
     /// still is (a job stopped past its lease lost it); otherwise it stays stopped for
     /// `picket lock` to stop for good.

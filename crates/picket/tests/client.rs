@@ -194,49 +194,105 @@ async fn the_client_reconnects_after_the_server_restarts() {
 
 /// A TCP proxy in front of a node that can stop passing the node's replies on: the requests
 /// still reach the node, the answers never reach the client (a network that loses one
-/// direction, or replies lost as a connection breaks).
+/// direction, or replies lost as a connection breaks). It can also drop the requests, cutting
+/// the client off from the node altogether, and pass everything again afterwards.
 struct ReplyDroppingProxy {
     addr: String,
-    dropping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    dropping_replies: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    dropping_requests: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ReplyDroppingProxy {
     async fn start(target: &str) -> Self {
-        use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let dropping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (target, flag) = (target.to_owned(), dropping.clone());
+        let dropping_replies = Arc::new(AtomicBool::new(false));
+        let dropping_requests = Arc::new(AtomicBool::new(false));
+        let (target, replies, requests) =
+            (target.to_owned(), dropping_replies.clone(), dropping_requests.clone());
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { continue };
-                let (mut from_client, mut to_client) = inbound.into_split();
-                let (mut from_node, mut to_node) = outbound.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut from_client, &mut to_node).await;
-                });
-                let flag = flag.clone();
-                tokio::spawn(async move {
-                    let mut buffer = vec![0_u8; 16 * 1024];
-                    while let Ok(read) = from_node.read(&mut buffer).await {
-                        if read == 0 {
-                            break;
-                        }
-                        if !flag.load(Ordering::SeqCst)
-                            && to_client.write_all(&buffer[..read]).await.is_err()
-                        {
-                            break;
-                        }
-                    }
-                });
+                let (from_client, to_client) = inbound.into_split();
+                let (from_node, to_node) = outbound.into_split();
+                tokio::spawn(Self::pass(from_client, to_node, requests.clone()));
+                tokio::spawn(Self::pass(from_node, to_client, replies.clone()));
             }
         });
-        Self { addr, dropping }
+        Self { addr, dropping_replies, dropping_requests }
+    }
+
+    /// Copies `from` to `to`, dropping what arrives while `dropping` is set.
+    async fn pass(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        dropping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buffer = vec![0_u8; 16 * 1024];
+        while let Ok(read) = from.read(&mut buffer).await {
+            if read == 0 {
+                break;
+            }
+            if !dropping.load(std::sync::atomic::Ordering::SeqCst)
+                && to.write_all(&buffer[..read]).await.is_err()
+            {
+                break;
+            }
+        }
     }
 
     fn drop_replies(&self) {
-        self.dropping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.dropping_replies.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Drops the requests too (`true`), or passes both ways again (`false`).
+    fn cut(&self, cut: bool) {
+        self.dropping_requests.store(cut, std::sync::atomic::Ordering::SeqCst);
+        self.dropping_replies.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 14: the abandon of a given-up acquire is not itself given up while the session may
+/// live on. The node granted the acquire, then the client was cut off from it for longer than
+/// its `retry_for`, so the abandon's first round of retries failed too; once the link is back,
+/// the abandon still lands and frees the lock, long before the session's 60 s TTL would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandon_outlasts_an_outage_longer_than_its_retries() {
+    let (_dir, server, direct) = start().await;
+    let proxy = ReplyDroppingProxy::start(&server.addr).await;
+    let config = picket_client::ClientConfig {
+        retry_for: Duration::from_secs(1),
+        request_timeout: Duration::from_millis(300),
+        ..picket_client::ClientConfig::default()
+    };
+    let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
+    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    proxy.drop_replies();
+    let cut_once_granted = async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while direct.lock_info("outlasted").await.unwrap().holder_session_id != session.id() {
+            assert!(Instant::now() < deadline, "the acquire never reached the node");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        proxy.cut(true);
+    };
+    let (given_up, ()) = tokio::join!(session.try_lock("outlasted"), cut_once_granted);
+    given_up.expect_err("no answer arrives");
+    // The outage: three times the client's retry budget, so the abandon's first round fails.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        direct.lock_info("outlasted").await.unwrap().holder_session_id,
+        session.id(),
+        "nothing reached the node during the outage"
+    );
+    proxy.cut(false);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while direct.lock_info("outlasted").await.unwrap().holder_session_id != 0 {
+        assert!(Instant::now() < deadline, "the given-up acquire's grant is still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -141,7 +141,11 @@ impl StateMachine {
         match holder {
             Some(holder) if abandons(holder.request, holder.attempt) || told_of_it => {
                 // The grant ends only with the last request told of it (apply rules 2 tell
-                // more than the producing one).
+                // more than the producing one). An abandon under rules 1 can meet told
+                // requests too, in a log where a leader that had not yet heard of rules 2
+                // follows one that wrote them: it keeps the grant for them as well. That is
+                // the safer reading, and deterministic: it depends only on the state, which
+                // every replica shares.
                 if told.is_some_and(|told| !told.is_empty()) {
                     Ok(AbandonPlan::Forget)
                 } else {
