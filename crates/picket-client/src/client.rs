@@ -1,7 +1,7 @@
 //! The client's public handle: sessions, reads, membership and watches, over the layers below
 //! it (the transport, the keepalive batcher, sessions and the session watcher).
 
-use crate::error::ClientError;
+use crate::error::{ClientError, ErrorCode};
 use crate::keepalive::KeepAlives;
 use crate::session::Session;
 use crate::transport::{ClientConfig, Retry, Transport};
@@ -141,7 +141,7 @@ impl Client {
                 .await?;
         let mut bytes = Vec::new();
         let broken = |status: tonic::Status| ClientError::Service {
-            code: "backup_incomplete".into(),
+            code: ErrorCode::BackupIncomplete,
             message: format!(
                 "the backup stream broke before its end: {}; try again",
                 status.message()

@@ -1,5 +1,6 @@
 //! Errors the client returns.
 
+pub use picket_core::ErrorCode;
 use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY, LEADER_KEY};
 use thiserror::Error;
 use tonic::{Code, Status};
@@ -22,12 +23,21 @@ pub enum ClientError {
     /// table); `message` says what to do.
     #[error("{message}")]
     Service {
-        /// The stable code, e.g. `lock_busy`.
-        code: String,
+        /// The stable code, e.g. [`ErrorCode::LockBusy`].
+        code: ErrorCode,
         /// The service's sentence.
         message: String,
         /// The current holder's token, when the lock is taken.
         holder_token: Option<u64>,
+    },
+    /// The service refused the request with a code this build does not know (a newer
+    /// server's); `message` says what to do.
+    #[error("{message} ({code})")]
+    UnknownRefusal {
+        /// The code as the service sent it.
+        code: String,
+        /// The service's sentence.
+        message: String,
     },
     /// A write may or may not have been applied; read the state before retrying.
     #[error("the outcome is unknown ({0}): read the state before retrying")]
@@ -41,13 +51,19 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The stable service code, if the service refused the request.
+    /// The stable service code, if the service refused the request with one this build knows.
     #[must_use]
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            Self::Service { code, .. } => Some(code),
+            Self::Service { code, .. } => Some(*code),
             _ => None,
         }
+    }
+
+    /// Whether the service refused the request with `code`.
+    #[must_use]
+    pub fn is(&self, code: ErrorCode) -> bool {
+        self.code() == Some(code)
     }
 
     /// The current holder's token, for a refusal about a taken lock.
@@ -80,13 +96,21 @@ fn metadata(status: &Status, key: &str) -> Option<String> {
 }
 
 pub(crate) fn classify(status: &Status) -> Failure {
-    let Some(code) = metadata(status, ERROR_CODE_KEY) else {
+    let Some(wire_code) = metadata(status, ERROR_CODE_KEY) else {
         return transport_failure(status);
     };
-    match code.as_str() {
-        "not_leader" => Failure::NotLeader(metadata(status, LEADER_KEY)),
-        "unavailable" | "stopped" => Failure::Unavailable(status.message().to_owned()),
-        "outcome_unknown" => {
+    let Some(code) = ErrorCode::from_wire(&wire_code) else {
+        return Failure::Final(ClientError::UnknownRefusal {
+            code: wire_code,
+            message: status.message().to_owned(),
+        });
+    };
+    match code {
+        ErrorCode::NotLeader => Failure::NotLeader(metadata(status, LEADER_KEY)),
+        ErrorCode::Unavailable | ErrorCode::Stopped => {
+            Failure::Unavailable(status.message().to_owned())
+        }
+        ErrorCode::OutcomeUnknown => {
             Failure::Final(ClientError::OutcomeUnknown(status.message().to_owned()))
         }
         _ => Failure::Final(ClientError::Service {
@@ -170,5 +194,24 @@ mod tests {
         assert!(
             matches!(classify(&status), Failure::NotLeader(Some(leader)) if leader == "127.0.0.1:7001")
         );
+    }
+
+    #[test]
+    fn a_refusal_reads_back_as_its_typed_code_and_an_unknown_one_keeps_its_words() {
+        let mut busy = Status::failed_precondition("lock \"a\" is held by another session");
+        busy.metadata_mut().insert(ERROR_CODE_KEY, "lock_busy".parse().unwrap());
+        busy.metadata_mut().insert(HOLDER_TOKEN_KEY, "7".parse().unwrap());
+        let Failure::Final(error) = classify(&busy) else { panic!("a refusal is final") };
+        assert!(error.is(ErrorCode::LockBusy), "{error:?}");
+        assert_eq!(error.holder_token(), Some(7));
+
+        let mut newer = Status::failed_precondition("a refusal from a newer server");
+        newer.metadata_mut().insert(ERROR_CODE_KEY, "quota_exceeded".parse().unwrap());
+        let Failure::Final(error) = classify(&newer) else { panic!("a refusal is final") };
+        assert_eq!(error.code(), None);
+        assert!(
+            matches!(&error, ClientError::UnknownRefusal { code, .. } if code == "quota_exceeded")
+        );
+        assert!(error.to_string().contains("quota_exceeded"), "{error}");
     }
 }

@@ -1,6 +1,6 @@
 //! A held lock, and fence on acquire.
 
-use crate::error::{ClientError, LostReason};
+use crate::error::{ClientError, ErrorCode, LostReason};
 use crate::state::{LostSender, SessionState};
 use crate::transport::released_elsewhere;
 use picket_core::Sequencer;
@@ -90,7 +90,7 @@ impl Guard {
             if let Err(error) = fence.register(self.sequencer()).await {
                 let _ = self.release().await;
                 return Err(ClientError::Service {
-                    code: "fence_registration_failed".into(),
+                    code: ErrorCode::FenceRegistrationFailed,
                     message: format!("{error}; the lock was released"),
                     holder_token: None,
                 });

@@ -1,7 +1,7 @@
 //! Keepalives of all of a client's sessions, batched: every keepalive due within a couple of
 //! milliseconds shares one `KeepAliveMany` call.
 
-use crate::error::ClientError;
+use crate::error::{ClientError, ErrorCode};
 use crate::transport::{Retry, Transport, WeakTransport};
 use picket_proto::MAX_KEEPALIVE_BATCH;
 use picket_proto::v1;
@@ -77,7 +77,7 @@ async fn run_batcher(transport: WeakTransport, mut jobs: mpsc::Receiver<Job>) {
                 for ((session, reply), ttl_ms) in batch.into_iter().zip(response.ttl_ms) {
                     let answer = if ttl_ms == 0 {
                         Err(ClientError::Service {
-                            code: "unknown_session".into(),
+                            code: ErrorCode::UnknownSession,
                             message: format!(
                                 "session {session} does not exist (it expired or was closed): open a new session"
                             ),

@@ -37,7 +37,7 @@ mod transport;
 mod watcher;
 
 pub use client::Client;
-pub use error::{ClientError, LostReason};
+pub use error::{ClientError, ErrorCode, LostReason};
 pub use guard::{FenceRegistration, Guard, RegistrationError, Released};
 pub use picket_core::Sequencer;
 pub use picket_proto::tls::{ClientTls, TlsError};

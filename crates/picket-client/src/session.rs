@@ -1,7 +1,7 @@
 //! Sessions kept alive in the background.
 
-use crate::error::ClientError;
 use crate::error::LostReason;
+use crate::error::{ClientError, ErrorCode};
 use crate::guard::{FenceRegistration, Guard, grant_sequencer};
 use crate::keepalive::KeepAlives;
 use crate::lease_clock::{self, LeaseEnd};
@@ -187,7 +187,7 @@ async fn close(shared: &SessionState) -> Result<(), ClientError> {
         .await;
     match result {
         // A retried close can meet its own earlier success.
-        Err(error) if error.code() == Some("unknown_session") => Ok(()),
+        Err(error) if error.is(ErrorCode::UnknownSession) => Ok(()),
         other => other.map(|_| ()),
     }
 }
@@ -266,7 +266,7 @@ async fn keep_alive(shared: Arc<SessionState>, opened_at: Instant) {
                 confirmed_sent_at = sent_at;
                 next_attempt = sent_at + period;
             }
-            Err(error) if error.code() == Some("unknown_session") => {
+            Err(error) if error.is(ErrorCode::UnknownSession) => {
                 shared.mark_lost(LostReason::Expired);
                 return;
             }

@@ -1,7 +1,7 @@
 //! The state a session shares with its guards, its keepalive task and the client's session
 //! watcher, and what the watcher's events (or a recheck after a gap) do to it.
 
-use crate::error::{ClientError, LostReason};
+use crate::error::{ClientError, ErrorCode, LostReason};
 use crate::keepalive::KeepAlives;
 use crate::lease_clock::{self, LeaseEnd};
 use crate::transport::{Retry, Transport};
@@ -152,7 +152,7 @@ pub(crate) async fn recheck(shared: &SessionState) {
         return;
     }
     match shared.keep_alive().await {
-        Err(error) if error.code() == Some("unknown_session") => {
+        Err(error) if error.is(ErrorCode::UnknownSession) => {
             shared.mark_lost(LostReason::Expired);
             return;
         }

@@ -2,7 +2,7 @@
 //! the leader, and retrying what is safe to retry. Everything above (keepalives, sessions,
 //! the session watcher, [`crate::Client`]) calls the cluster through a [`Transport`].
 
-use crate::error::{ClientError, Failure, classify};
+use crate::error::{ClientError, ErrorCode, Failure, classify};
 use picket_proto::connection::Connection;
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::{self, picket_client::PicketClient};
@@ -317,7 +317,7 @@ impl Transport {
             if Instant::now() + backoff > deadline {
                 return Err(if reached_any {
                     ClientError::Service {
-                        code: "unavailable".into(),
+                        code: ErrorCode::Unavailable,
                         message: format!(
                             "the cluster has no leader that can serve ({last_failure}); retry later"
                         ),
@@ -472,7 +472,7 @@ impl Transport {
                     "abandoned a given-up acquire"
                 ),
                 // Nodes of an earlier build refuse an abandon that finds nothing.
-                Err(error) if error.code() == Some("nothing_to_abandon") => {}
+                Err(error) if error.is(ErrorCode::NothingToAbandon) => {}
                 Err(error) => tracing::warn!(
                     session = session_id,
                     %error,
@@ -569,15 +569,17 @@ impl Drop for UnansweredAcquire<'_> {
 pub(crate) fn outcome_may_linger(error: &ClientError) -> bool {
     match error {
         ClientError::OutcomeUnknown(_) | ClientError::Unreachable { .. } => true,
-        ClientError::Service { code, .. } => code == "unavailable",
-        ClientError::SessionLost(_) | ClientError::InvalidArgument(_) => false,
+        ClientError::Service { code, .. } => *code == ErrorCode::Unavailable,
+        ClientError::UnknownRefusal { .. }
+        | ClientError::SessionLost(_)
+        | ClientError::InvalidArgument(_) => false,
     }
 }
 
 /// Whether `error` says the lock is no longer held under `token` (free, or held under another
 /// token): what a release of `token` leaves behind.
 pub(crate) fn released_elsewhere(error: &ClientError, token: u64) -> bool {
-    error.code() == Some("not_held") && error.holder_token() != Some(token)
+    error.is(ErrorCode::NotHeld) && error.holder_token() != Some(token)
 }
 
 /// A random request id: unique among a session's requests in practice.
@@ -596,8 +598,8 @@ mod tests {
 
     #[test]
     fn a_given_up_acquire_is_abandoned_unless_its_last_attempt_was_answered() {
-        let refusal = |code: &str| ClientError::Service {
-            code: code.into(),
+        let refusal = |code: ErrorCode| ClientError::Service {
+            code,
             message: String::new(),
             holder_token: None,
         };
@@ -606,8 +608,16 @@ mod tests {
             endpoints: "127.0.0.1:1".into(),
             detail: "a broken connection".into(),
         }));
-        assert!(outcome_may_linger(&refusal("unavailable")), "no leader until the retries ran out");
-        for answered in ["lock_busy", "wait_timed_out", "unknown_session", "already_waiting"] {
+        assert!(
+            outcome_may_linger(&refusal(ErrorCode::Unavailable)),
+            "no leader until the retries ran out"
+        );
+        for answered in [
+            ErrorCode::LockBusy,
+            ErrorCode::WaitTimedOut,
+            ErrorCode::UnknownSession,
+            ErrorCode::AlreadyWaiting,
+        ] {
             assert!(!outcome_may_linger(&refusal(answered)), "{answered}");
         }
         assert!(!outcome_may_linger(&ClientError::SessionLost(LostReason::Expired)));

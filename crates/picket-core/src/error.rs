@@ -4,6 +4,7 @@
 //! what was wrong and, in its message, what the caller can do about it. [`CommandError::code`]
 //! gives a stable machine-readable code that the APIs put on the wire.
 
+use crate::error_code::ErrorCode;
 use crate::types::{RequestId, SessionId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -252,29 +253,29 @@ fn holder_suffix(holder_token: Option<u64>) -> String {
 impl CommandError {
     /// A stable code for the wire: clients match on it, people read the message.
     #[must_use]
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::UnknownSession { .. } => "unknown_session",
-            Self::InvalidName(_) => "invalid_name",
-            Self::TtlOutOfRange { .. } => "ttl_out_of_range",
-            Self::LockDelayOutOfRange { .. } => "lock_delay_out_of_range",
-            Self::WaitOutOfRange { .. } => "wait_out_of_range",
-            Self::InvalidOwner { .. } => "invalid_owner",
-            Self::NotOwner { .. } => "permission_denied",
-            Self::TooManySessions { .. } => "too_many_sessions",
-            Self::TooManyLocks { .. } => "too_many_locks",
-            Self::TooManyLocksForSession { .. } => "too_many_locks_for_session",
-            Self::TooManyWaiters { .. } => "too_many_waiters",
-            Self::LockBusy { .. } => "lock_busy",
-            Self::LockDelayed { .. } => "lock_delayed",
-            Self::NotHeld { .. } => "not_held",
-            Self::TokenMismatch { .. } => "token_mismatch",
-            Self::NotWaiting { .. } => "not_waiting",
-            Self::AlreadyWaiting { .. } => "already_waiting",
-            Self::RequestAbandoned { .. } => "request_abandoned",
-            Self::NothingToAbandon { .. } => "nothing_to_abandon",
-            Self::UnknownApplyRules { .. } => "unknown_apply_rules",
-            Self::TooManyRenewals { .. } => "too_many_renewals",
+            Self::UnknownSession { .. } => ErrorCode::UnknownSession,
+            Self::InvalidName(_) => ErrorCode::InvalidName,
+            Self::TtlOutOfRange { .. } => ErrorCode::TtlOutOfRange,
+            Self::LockDelayOutOfRange { .. } => ErrorCode::LockDelayOutOfRange,
+            Self::WaitOutOfRange { .. } => ErrorCode::WaitOutOfRange,
+            Self::InvalidOwner { .. } => ErrorCode::InvalidOwner,
+            Self::NotOwner { .. } => ErrorCode::PermissionDenied,
+            Self::TooManySessions { .. } => ErrorCode::TooManySessions,
+            Self::TooManyLocks { .. } => ErrorCode::TooManyLocks,
+            Self::TooManyLocksForSession { .. } => ErrorCode::TooManyLocksForSession,
+            Self::TooManyWaiters { .. } => ErrorCode::TooManyWaiters,
+            Self::LockBusy { .. } => ErrorCode::LockBusy,
+            Self::LockDelayed { .. } => ErrorCode::LockDelayed,
+            Self::NotHeld { .. } => ErrorCode::NotHeld,
+            Self::TokenMismatch { .. } => ErrorCode::TokenMismatch,
+            Self::NotWaiting { .. } => ErrorCode::NotWaiting,
+            Self::AlreadyWaiting { .. } => ErrorCode::AlreadyWaiting,
+            Self::RequestAbandoned { .. } => ErrorCode::RequestAbandoned,
+            Self::NothingToAbandon { .. } => ErrorCode::NothingToAbandon,
+            Self::UnknownApplyRules { .. } => ErrorCode::UnknownApplyRules,
+            Self::TooManyRenewals { .. } => ErrorCode::TooManyRenewals,
         }
     }
 }

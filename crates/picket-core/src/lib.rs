@@ -37,6 +37,7 @@
 
 mod command;
 mod error;
+mod error_code;
 mod limits;
 mod machine;
 mod name;
@@ -49,6 +50,7 @@ mod types;
 
 pub use command::{APPLY_RULES, Command, Input};
 pub use error::{CommandError, NameError};
+pub use error_code::ErrorCode;
 pub use limits::{
     DEFAULT_SESSION_EXPIRY_GRACE_MS, InvalidLimits, Limits, MAX_NAME_BYTES_CAP, MAX_OWNER_BYTES,
     MAX_RENEWALS_PER_TICK_CAP,

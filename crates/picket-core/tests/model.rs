@@ -562,7 +562,9 @@ fn check_step(
 ) -> Result<(), TestCaseError> {
     match (&applied.result, expected) {
         (Ok(actual), Ok(expected)) => prop_assert_eq!(actual, expected, "response to {}", input),
-        (Err(error), Err(code)) => prop_assert_eq!(error.code(), *code, "refusal of {}", input),
+        (Err(error), Err(code)) => {
+            prop_assert_eq!(error.code().as_str(), *code, "refusal of {}", input)
+        }
         (actual, expected) => {
             prop_assert!(
                 false,

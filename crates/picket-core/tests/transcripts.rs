@@ -2,7 +2,7 @@
 //! with the expected transcript, line by line, so a reader sees the whole behaviour at once.
 
 use picket_core::{
-    APPLY_RULES, Applied, CheckOutcome, Command, CommandError, Event, Input, Limits,
+    APPLY_RULES, Applied, CheckOutcome, Command, CommandError, ErrorCode, Event, Input, Limits,
     MAX_OWNER_BYTES, NameError, RequestId, Response, Sequencer, SessionId, StateMachine, Wait,
 };
 use std::collections::BTreeMap;
@@ -634,7 +634,7 @@ fn lock_records_in_total_are_bounded() {
     story.acquire(1, "A", "y", Wait::Try);
     let third = story.acquire(1, "B", "z", Wait::Forever);
     assert_eq!(error_of(&third), CommandError::TooManyLocks { max_locks: 2 });
-    assert_eq!(error_of(&third).code(), "too_many_locks");
+    assert_eq!(error_of(&third).code(), ErrorCode::TooManyLocks);
     let queued = story.acquire(1, "B", "x", Wait::Forever);
     assert!(queued.result.is_ok(), "an existing lock takes waiters");
     assert_eq!(story.machine.lock_count(), 2);
@@ -929,7 +929,7 @@ fn an_entry_under_unknown_apply_rules_changes_nothing() {
     story.open(0, "S", 10_000, 0);
     story.rules = APPLY_RULES + 1;
     let applied = story.acquire_attempt(1, "S", "x", Wait::Try, (5, 0));
-    assert_eq!(applied.result.unwrap_err().code(), "unknown_apply_rules");
+    assert_eq!(applied.result.unwrap_err().code(), ErrorCode::UnknownApplyRules);
     assert_eq!(story.machine.revision(), 1);
 }
 

@@ -1,7 +1,7 @@
 //! Errors a client of the service can see, with their stable codes and transport mappings.
 
 use crate::raft_types::NodeId;
-use picket_core::{CancelCause, CommandError};
+use picket_core::{CancelCause, CommandError, ErrorCode};
 use thiserror::Error;
 
 /// Why a request to the lock service failed.
@@ -96,19 +96,19 @@ fn cancel_advice(cause: CancelCause) -> &'static str {
 impl ServiceError {
     /// The stable code on the wire.
     #[must_use]
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
             Self::Command(error) => error.code(),
-            Self::NotLeader { .. } => "not_leader",
-            Self::WaitTimedOut { .. } => "wait_timed_out",
-            Self::WaitEnded { .. } => "wait_ended",
-            Self::WaitUntracked { .. } => "wait_untracked",
-            Self::Unavailable(_) => "unavailable",
-            Self::OutcomeUnknown(_) => "outcome_unknown",
-            Self::BadRequest(_) => "bad_request",
-            Self::Stopped(_) => "stopped",
-            Self::Unauthenticated(_) => "unauthenticated",
-            Self::PermissionDenied(_) => "permission_denied",
+            Self::NotLeader { .. } => ErrorCode::NotLeader,
+            Self::WaitTimedOut { .. } => ErrorCode::WaitTimedOut,
+            Self::WaitEnded { .. } => ErrorCode::WaitEnded,
+            Self::WaitUntracked { .. } => ErrorCode::WaitUntracked,
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::OutcomeUnknown(_) => ErrorCode::OutcomeUnknown,
+            Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::Stopped(_) => ErrorCode::Stopped,
+            Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Self::PermissionDenied(_) => ErrorCode::PermissionDenied,
             Self::Exhausted { limit, .. } => limit.code(),
         }
     }

@@ -45,7 +45,7 @@ impl ClientService {
 pub fn status(error: &ServiceError) -> Status {
     let mut status = Status::new(error.grpc_code(), error.to_string());
     let metadata = status.metadata_mut();
-    metadata.insert(ERROR_CODE_KEY, MetadataValue::from_static(error.code()));
+    metadata.insert(ERROR_CODE_KEY, MetadataValue::from_static(error.code().as_str()));
     metadata.insert(picket_proto::OUTCOME_KEY, MetadataValue::from_static(error.outcome()));
     if let Some(addr) = error.leader_addr().and_then(|addr| addr.parse().ok()) {
         metadata.insert(LEADER_KEY, addr);

@@ -4,6 +4,7 @@
 //! node's own resources: they may differ from node to node, and refusing for them changes no
 //! state. A request over a bound gets 429 (gRPC `RESOURCE_EXHAUSTED`) with a code naming it.
 
+use picket_core::ErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -68,10 +69,10 @@ pub enum ServerLimit {
 impl ServerLimit {
     /// The stable code on the wire.
     #[must_use]
-    pub fn code(self) -> &'static str {
+    pub fn code(self) -> ErrorCode {
         match self {
-            Self::WatchStreams => "too_many_watch_streams",
-            Self::PendingAcquires => "too_many_pending_acquires",
+            Self::WatchStreams => ErrorCode::TooManyWatchStreams,
+            Self::PendingAcquires => ErrorCode::TooManyPendingAcquires,
         }
     }
 
@@ -119,7 +120,7 @@ mod tests {
         let first = budget.take().expect("a place");
         let _second = budget.take().expect("a place");
         let refused = budget.take().expect_err("full");
-        assert_eq!(refused.code(), "too_many_watch_streams");
+        assert_eq!(refused.code(), ErrorCode::TooManyWatchStreams);
         assert_eq!(refused.http_status(), 429);
         drop(first);
         assert!(budget.take().is_ok(), "a dropped permit frees its place");

@@ -452,8 +452,8 @@ impl Metrics {
     }
 
     /// Counts a refused command by its stable code.
-    pub fn refused(&self, code: &str, stage: &str) {
-        let labels = RefusalLabels { code: code.to_owned(), stage: stage.to_owned() };
+    pub fn refused(&self, code: picket_core::ErrorCode, stage: &str) {
+        let labels = RefusalLabels { code: code.as_str().to_owned(), stage: stage.to_owned() };
         self.refusals.get_or_create(&labels).inc();
     }
 

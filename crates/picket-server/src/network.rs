@@ -19,6 +19,7 @@ use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
+use picket_core::ErrorCode;
 use picket_proto::connection::Connection;
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::raft_client::RaftClient;
@@ -308,12 +309,12 @@ impl tonic::service::Interceptor for MembersOnly {
         {
             None => (
                 tonic::Code::Unauthenticated,
-                "unauthenticated",
+                ErrorCode::Unauthenticated,
                 "only a cluster member may send Raft messages: this connection presented no certificate",
             ),
             Some(_) => (
                 tonic::Code::PermissionDenied,
-                "permission_denied",
+                ErrorCode::PermissionDenied,
                 "only a cluster member may send Raft messages: this connection's certificate is not signed by the cluster's peer CA",
             ),
         };
@@ -321,7 +322,7 @@ impl tonic::service::Interceptor for MembersOnly {
         let mut status = Status::new(code, reason);
         status.metadata_mut().insert(
             picket_proto::ERROR_CODE_KEY,
-            tonic::metadata::MetadataValue::from_static(error_code),
+            tonic::metadata::MetadataValue::from_static(error_code.as_str()),
         );
         Err(status)
     }
@@ -340,7 +341,7 @@ pub fn raft_served_elsewhere(peer_addr: String) -> axum::Router {
             ));
             status.metadata_mut().insert(
                 picket_proto::ERROR_CODE_KEY,
-                tonic::metadata::MetadataValue::from_static("peer_port_elsewhere"),
+                tonic::metadata::MetadataValue::from_static(ErrorCode::PeerPortElsewhere.as_str()),
             );
             status.into_http::<axum::body::Body>()
         }

@@ -28,7 +28,9 @@ use anyhow::Context;
 use clap::Args;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use picket_client::{ClientError, FenceRegistration, Guard, LostReason, Released, Session};
+use picket_client::{
+    ClientError, ErrorCode, FenceRegistration, Guard, LostReason, Released, Session,
+};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -85,10 +87,10 @@ async fn acquire(
 
 fn not_acquired(name: &str, error: &ClientError) -> String {
     match (error.code(), error.holder_token()) {
-        (Some("lock_busy"), Some(token)) => format!(
+        (Some(ErrorCode::LockBusy), Some(token)) => format!(
             "lock {name:?} is held by another session (token {token}); not running the command"
         ),
-        (Some("wait_timed_out"), Some(token)) => format!(
+        (Some(ErrorCode::WaitTimedOut), Some(token)) => format!(
             "timed out waiting for lock {name:?} (held under token {token}); not running the command"
         ),
         _ => format!("could not acquire lock {name:?}: {error}"),

@@ -3,7 +3,7 @@
 //! a principal's prefixes in its lists or watches, unknown and revoked bearer tokens refused,
 //! and a client certificate that names its principal.
 
-use picket_client::{Client, ClientConfig, ClientTls, WatchTarget};
+use picket_client::{Client, ClientConfig, ClientTls, ErrorCode, WatchTarget};
 use picket_testkit::cluster::Cluster;
 use picket_testkit::http::{As, Reply, request_as};
 use picket_testkit::pki::TestPki;
@@ -208,21 +208,21 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     let grpc_session = worker_client.session(Duration::from_secs(30)).await.unwrap();
     let guard = grpc_session.try_lock("jobs/b").await.unwrap();
     let refused = grpc_session.try_lock("billing/b").await.unwrap_err();
-    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     assert_eq!(
         worker_client.locks("billing/", 10).await.unwrap_err().code(),
-        Some("permission_denied")
+        Some(ErrorCode::PermissionDenied)
     );
     assert_eq!(
         worker_client.revoke_session(session).await.unwrap_err().code(),
-        Some("permission_denied")
+        Some(ErrorCode::PermissionDenied)
     );
     let reader_client = setup.grpc(reader, false).await.unwrap();
     assert_eq!(reader_client.lock_info("jobs/b").await.unwrap().token, guard.token());
     let refused = reader_client.session(Duration::from_secs(30)).await.unwrap_err();
-    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     let anonymous = setup.grpc(None, false).await.unwrap_err();
-    assert_eq!(anonymous.code(), Some("unauthenticated"), "{anonymous}");
+    assert_eq!(anonymous.code(), Some(ErrorCode::Unauthenticated), "{anonymous}");
 
     // The admin sees every session and may revoke any.
     let admin_client = setup.grpc(Some(ADMIN), false).await.unwrap();
@@ -251,9 +251,9 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     let alice_session = alice.session(Duration::from_secs(30)).await.unwrap();
     alice_session.try_lock("alice/notes").await.unwrap();
     let refused = alice_session.try_lock("jobs/x").await.unwrap_err();
-    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     let refused = alice.add_member(9, "127.0.0.1:1", None).await.unwrap_err();
-    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
 }
 
 #[tokio::test]
@@ -299,7 +299,7 @@ async fn one_principal_cannot_touch_another_principals_session() {
     }
     let other_client = setup.grpc(other, false).await.unwrap();
     let refused = other_client.release_in(id, "jobs/mine", guard.token()).await.unwrap_err();
-    assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     // Still held, by its owner.
     assert_eq!(other_client.lock_info("jobs/mine").await.unwrap().holder_session_id, id);
     guard.release().await.unwrap();

@@ -2,7 +2,7 @@
 //! revocation and on a server that stops answering for longer than the TTL, release on drop,
 //! and FIFO across three clients.
 
-use picket_client::{Client, LostReason, Released};
+use picket_client::{Client, ErrorCode, LostReason, Released};
 use picket_testkit::ServerProcess;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ async fn tokens_grow_across_holders_and_drop_releases() {
     let held = session.try_lock("busy").await.unwrap();
     let other = client.session(Duration::from_secs(10)).await.unwrap();
     let refused = other.try_lock("busy").await.unwrap_err();
-    assert_eq!(refused.code(), Some("lock_busy"));
+    assert_eq!(refused.code(), Some(ErrorCode::LockBusy));
     assert_eq!(refused.holder_token(), Some(held.token()));
     assert!(refused.to_string().contains(&held.token().to_string()));
 }

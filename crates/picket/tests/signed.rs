@@ -3,7 +3,7 @@
 //! before any other rule: a forged or altered sequencer is refused with `bad_signature`, also
 //! while the lock service is down, and real ones are admitted.
 
-use picket_core::{Sequencer, SequencerSigner};
+use picket_core::{ErrorCode, Sequencer, SequencerSigner};
 use picket_testkit::http::{self, As, Reply};
 use picket_testkit::pki::signing_key;
 use picket_testkit::{ServerProcess, temp_dir, wait_until};
@@ -138,6 +138,6 @@ async fn the_rust_client_carries_the_signed_sequencer() {
     let mut altered = guard.sequencer().clone();
     altered.seal.as_mut().unwrap().session += 1;
     let refused = client.check(&altered.to_string()).await.unwrap_err();
-    assert_eq!(refused.code(), Some("bad_request"), "{refused}");
+    assert_eq!(refused.code(), Some(ErrorCode::BadRequest), "{refused}");
     assert!(refused.to_string().contains("forged or altered"), "{refused}");
 }

@@ -4,7 +4,7 @@
 //! node reloads its certificate without a restart; a node will not serve plaintext beyond
 //! loopback unless told to.
 
-use picket_client::{Client, ClientConfig, ClientTls};
+use picket_client::{Client, ClientConfig, ClientTls, ErrorCode};
 use picket_proto::connection::Connection;
 use picket_proto::v1::RaftPayload;
 use picket_proto::v1::raft_client::RaftClient;
@@ -377,7 +377,7 @@ async fn a_client_ca_under_the_peer_ca_makes_no_members() {
     for tls in [mallory, trusting(&pki.peer_ca, None)] {
         let client = connect(cluster.addrs(), tls).await.unwrap();
         let refused = client.remove_member(99).await.unwrap_err();
-        assert_eq!(refused.code(), Some("permission_denied"), "{refused}");
+        assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     }
     let member = connect(cluster.addrs(), trusting(&pki.peer_ca, Some(&pki.node))).await.unwrap();
     // Removing a node that is no voter changes nothing, and is allowed to a member.

@@ -33,7 +33,7 @@ use locks::{
 use node::{
     add_member, backup, cluster, dashboard, healthz, metrics, openapi, readyz, remove_member,
 };
-use picket_core::SessionId;
+use picket_core::{ErrorCode, SessionId};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sessions::{close_session, keep_alive, list_sessions, open_session, revoke_session};
@@ -92,7 +92,7 @@ async fn refuse_cross_site(request: Request, next: axum::middleware::Next) -> Re
     if changes && sent_by_another_site(request.headers()) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
-            "cross_site_request",
+            ErrorCode::CrossSiteRequest,
             "a browser sent this on behalf of another site; send it from the node's own page or a client that is not a browser",
         )
         .into_response();
@@ -133,8 +133,9 @@ pub struct ApiError {
 
 impl ApiError {
     /// An error of a request that changed nothing.
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        let body = json!({ "code": code, "message": message.into(), "outcome": "not_applied" });
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        let body =
+            json!({ "code": code.as_str(), "message": message.into(), "outcome": "not_applied" });
         Self { status, body }
     }
 }
@@ -203,14 +204,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
         let bytes = axum::body::Bytes::from_request(request, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 let advice = format!("the body is over {MAX_BODY_BYTES} bytes");
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", advice)
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge, advice)
             } else {
-                ApiError::new(rejection.status(), "bad_request", rejection.body_text())
+                ApiError::new(rejection.status(), ErrorCode::BadRequest, rejection.body_text())
             }
         })?;
         serde_json::from_slice(&bytes).map(Self).map_err(|error| {
             let advice = format!("the body is not the JSON this call takes: {error}");
-            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", advice)
+            ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, advice)
         })
     }
 }
@@ -227,7 +228,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
             Ok(Path(value)) => Ok(Self(value)),
             Err(rejection) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 format!("{}; percent-encode names as UTF-8", rejection.body_text()),
             )),
         }
@@ -238,7 +239,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         format!("{} does not take {method}; see the HTTP API in README.md", uri.path()),
     )
 }
@@ -258,14 +259,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
 }
 
 fn query_rejection(rejection: &QueryRejection) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "bad_request", rejection.body_text())
+    ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, rejection.body_text())
 }
 
 fn session_path(id: &str) -> Result<SessionId, ApiError> {
     id.parse().map(SessionId).map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             format!("{id:?} is not a session id (a positive number)"),
         )
     })
@@ -275,7 +276,7 @@ fn session_path(id: &str) -> Result<SessionId, ApiError> {
 pub async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "not_found",
+        ErrorCode::NotFound,
         "no such endpoint; see the README for the HTTP API",
     )
 }
@@ -284,7 +285,7 @@ pub async fn not_found() -> ApiError {
 pub async fn not_on_peer_port() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "peer_port",
+        ErrorCode::PeerPort,
         "this is a peer port: it serves only Raft messages between cluster members; clients use \
          the node's client port (--listen)",
     )

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
-use picket_core::{Event, SessionId};
+use picket_core::{ErrorCode, Event, SessionId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::convert::Infallible;
@@ -72,7 +72,7 @@ pub(super) async fn watch(
         (Some(_), None, None) | (None, Some(_), None) if query.losses_only => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 "losses_only= applies to a session watch; give session_id= with it",
             ));
         }
@@ -85,7 +85,7 @@ pub(super) async fn watch(
         _ => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 "give exactly one of name=, prefix= or session_id=",
             ));
         }
@@ -95,9 +95,9 @@ pub(super) async fn watch(
         let item = watch.next().await?;
         let event = match item {
             Ok(item) => SseEvent::default().event("event").data(watch_json(&item).to_string()),
-            Err(error) => SseEvent::default()
-                .event("error")
-                .data(json!({ "code": error.code(), "message": error.to_string() }).to_string()),
+            Err(error) => SseEvent::default().event("error").data(
+                json!({ "code": error.code().as_str(), "message": error.to_string() }).to_string(),
+            ),
         };
         Some((Ok(event), watch))
     });

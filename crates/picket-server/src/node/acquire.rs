@@ -4,7 +4,9 @@
 use super::{Node, unexpected};
 use crate::error::ServiceError;
 use crate::hub::{WaitOutcome, WaiterRegistration};
-use picket_core::{CancelCause, Command, CommandError, RequestId, Response, SessionId, Wait};
+use picket_core::{
+    CancelCause, Command, CommandError, ErrorCode, RequestId, Response, SessionId, Wait,
+};
 use picket_proto::tls::ClientTls;
 use std::sync::Arc;
 
@@ -285,22 +287,26 @@ async fn forward_abandon(
     match client.abandon(message).await {
         Ok(response) => Ok(response.into_inner().released_token),
         // A leader of an earlier build refuses an abandon that finds nothing.
-        Err(status) if error_code(&status) == "nothing_to_abandon" => Ok(None),
+        Err(status) if error_code(&status) == Some(ErrorCode::NothingToAbandon) => Ok(None),
         Err(status) => Err(match error_code(&status) {
-            "unknown_session" => ServiceError::Command(CommandError::UnknownSession { session }),
-            "not_leader" => ServiceError::NotLeader { leader_id: None, leader_addr: None },
+            Some(ErrorCode::UnknownSession) => {
+                ServiceError::Command(CommandError::UnknownSession { session })
+            }
+            Some(ErrorCode::NotLeader) => {
+                ServiceError::NotLeader { leader_id: None, leader_addr: None }
+            }
             _ => ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
         }),
     }
 }
 
-/// The stable error code a peer put in a refusal's metadata, empty when there is none.
-fn error_code(status: &tonic::Status) -> &str {
+/// The stable error code a peer put in a refusal's metadata, if any this build knows.
+fn error_code(status: &tonic::Status) -> Option<ErrorCode> {
     status
         .metadata()
         .get(picket_proto::ERROR_CODE_KEY)
         .and_then(|value| value.to_str().ok())
-        .unwrap_or_default()
+        .and_then(ErrorCode::from_wire)
 }
 
 /// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.

@@ -111,7 +111,8 @@ fn phase_of(reply: Result<http1::Http1Reply, http1::Http1Error>, value: bool) ->
 
 fn acquire_phase(error: &ClientError) -> Phase {
     match error {
-        ClientError::Service { code, .. } => Phase::Fail { code: code.clone() },
+        ClientError::Service { code, .. } => Phase::Fail { code: code.as_str().to_owned() },
+        ClientError::UnknownRefusal { code, .. } => Phase::Fail { code: code.clone() },
         ClientError::SessionLost(_) => Phase::Fail { code: "session_lost".into() },
         ClientError::InvalidArgument(_) => Phase::Fail { code: "invalid_argument".into() },
         other => Phase::Info { detail: other.to_string() },
