@@ -184,26 +184,63 @@ pub(crate) async fn recheck(shared: &SessionState) {
 /// Applies one of the session's events: a revocation, an expiry or a grant ended elsewhere is
 /// known as soon as the service applies it.
 pub(crate) fn dispatch(shared: &SessionState, event: &v1::WatchEvent) {
-    match event.kind.as_str() {
-        "session_ended" => {
-            let reason = match event.cause.as_str() {
-                "revoked" => LostReason::Revoked,
-                "closed" => LostReason::Closed,
+    match event_kind(event) {
+        v1::WatchEventKind::SessionEnded => {
+            let reason = match session_end(event) {
+                v1::SessionEnd::Revoked => LostReason::Revoked,
+                v1::SessionEnd::Closed => LostReason::Closed,
+                // Expired, or an ending this build does not know: the session is gone either way.
                 _ => LostReason::Expired,
             };
             shared.mark_lost(reason);
         }
-        "released" if event.cause != "released" => {
-            let reason = match event.cause.as_str() {
-                "session_revoked" => LostReason::Revoked,
-                "session_expired" => LostReason::Expired,
-                "session_closed" => LostReason::Closed,
+        v1::WatchEventKind::Released => {
+            let reason = match release_cause(event) {
+                // The holder's own release is not a loss.
+                v1::ReleaseCause::Released => return,
+                v1::ReleaseCause::SessionRevoked => LostReason::Revoked,
+                v1::ReleaseCause::SessionExpired => LostReason::Expired,
+                v1::ReleaseCause::SessionClosed => LostReason::Closed,
                 _ => LostReason::GrantEnded,
             };
             shared.grant_ended(&event.name, event.token, reason);
         }
         _ => {}
     }
+}
+
+/// Whether the watch may have missed events (a snapshot replaced the state).
+pub(crate) fn is_resync(event: &v1::WatchEvent) -> bool {
+    event_kind(event) == v1::WatchEventKind::Resync
+}
+
+/// The event's typed kind; from its name when a node built before the typed field sent it.
+fn event_kind(event: &v1::WatchEvent) -> v1::WatchEventKind {
+    let parse = v1::WatchEventKind::from_str_name;
+    typed_or_named(event.event_kind(), "WATCH_EVENT_KIND_", &event.kind, parse)
+}
+
+fn session_end(event: &v1::WatchEvent) -> v1::SessionEnd {
+    typed_or_named(event.session_end(), "SESSION_END_", &event.cause, v1::SessionEnd::from_str_name)
+}
+
+fn release_cause(event: &v1::WatchEvent) -> v1::ReleaseCause {
+    let parse = v1::ReleaseCause::from_str_name;
+    typed_or_named(event.release_cause(), "RELEASE_CAUSE_", &event.cause, parse)
+}
+
+/// `typed` unless it is unspecified; then the value named `name` (the protobuf name without
+/// its `prefix`, in lower case), or unspecified for a name this build does not know.
+fn typed_or_named<T: Copy + Default + PartialEq>(
+    typed: T,
+    prefix: &str,
+    name: &str,
+    parse: fn(&str) -> Option<T>,
+) -> T {
+    if typed != T::default() {
+        return typed;
+    }
+    parse(&format!("{prefix}{}", name.to_ascii_uppercase())).unwrap_or_default()
 }
 
 async fn lock_info(transport: &Transport, name: &str) -> Result<v1::LockInfo, ClientError> {
@@ -282,5 +319,57 @@ mod tests {
         let third = state.register_grant("jobs", 6);
         state.mark_lost(LostReason::Revoked);
         assert_eq!(*third.borrow(), Some(LostReason::Revoked));
+    }
+
+    /// A loss reaches the guard whether the node sends the typed kind and cause or, built
+    /// before them, only their names; the holder's own release is no loss either way.
+    #[test]
+    fn a_loss_is_read_from_the_typed_fields_and_from_an_older_nodes_names() {
+        let typed = v1::WatchEvent {
+            event_kind: v1::WatchEventKind::Released.into(),
+            release_cause: v1::ReleaseCause::SessionRevoked.into(),
+            name: "jobs".into(),
+            token: 5,
+            ..v1::WatchEvent::default()
+        };
+        let named = v1::WatchEvent {
+            kind: "released".into(),
+            cause: "session_expired".into(),
+            name: "jobs".into(),
+            token: 6,
+            ..v1::WatchEvent::default()
+        };
+        let own_release = v1::WatchEvent {
+            kind: "released".into(),
+            cause: "released".into(),
+            name: "jobs".into(),
+            token: 7,
+            ..v1::WatchEvent::default()
+        };
+        let state = session_state();
+        let (revoked, expired, released) = (
+            state.register_grant("jobs", 5),
+            state.register_grant("jobs", 6),
+            state.register_grant("jobs", 7),
+        );
+        for event in [&typed, &named, &own_release] {
+            dispatch(&state, event);
+        }
+        assert_eq!(*revoked.borrow(), Some(LostReason::Revoked));
+        assert_eq!(*expired.borrow(), Some(LostReason::Expired));
+        assert_eq!(*released.borrow(), None);
+
+        let ended = v1::WatchEvent {
+            kind: "session_ended".into(),
+            cause: "closed".into(),
+            ..v1::WatchEvent::default()
+        };
+        dispatch(&state, &ended);
+        assert_eq!(*state.lost.borrow(), Some(LostReason::Closed));
+        assert!(is_resync(&v1::WatchEvent { kind: "resync".into(), ..v1::WatchEvent::default() }));
+        assert!(is_resync(&v1::WatchEvent {
+            event_kind: v1::WatchEventKind::Resync.into(),
+            ..v1::WatchEvent::default()
+        }));
     }
 }

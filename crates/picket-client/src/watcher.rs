@@ -188,7 +188,7 @@ async fn follow(
             });
         }
         while let Ok(Some(event)) = stream.message().await {
-            if event.kind == "resync" {
+            if state::is_resync(&event) {
                 watcher.recheck_all(&ids);
             } else if let Some(shared) = watcher.lookup(event.session_id) {
                 state::dispatch(&shared, &event);

@@ -147,6 +147,30 @@ impl Event {
         }
     }
 
+    /// The event's stable name on the wire (the watch event's `kind`).
+    #[must_use]
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Self::Granted { .. } => "granted",
+            Self::Released { .. } => "released",
+            Self::Queued { .. } => "queued",
+            Self::Cancelled { .. } => "cancelled",
+            Self::SessionEnded { .. } => "session_ended",
+        }
+    }
+
+    /// Why the grant, the wait or the session ended, by its stable name, for events that end
+    /// something.
+    #[must_use]
+    pub fn cause_name(&self) -> Option<&'static str> {
+        match self {
+            Self::Released { cause, .. } => Some(cause.as_str()),
+            Self::Cancelled { cause, .. } => Some(cause.as_str()),
+            Self::SessionEnded { cause, .. } => Some(cause.as_str()),
+            Self::Granted { .. } | Self::Queued { .. } => None,
+        }
+    }
+
     /// The session this event is about.
     #[must_use]
     pub fn session(&self) -> SessionId {

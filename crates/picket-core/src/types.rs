@@ -94,7 +94,68 @@ pub enum SessionEnd {
     Revoked,
 }
 
+impl ReleaseCause {
+    /// The cause's stable name on the wire (the watch event's `cause`); the same as its JSON.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::SessionClosed => "session_closed",
+            Self::SessionExpired => "session_expired",
+            Self::SessionRevoked => "session_revoked",
+            Self::Abandoned => "abandoned",
+        }
+    }
+
+    /// Every cause, for tables and tests.
+    pub const ALL: [Self; 5] = [
+        Self::Released,
+        Self::SessionClosed,
+        Self::SessionExpired,
+        Self::SessionRevoked,
+        Self::Abandoned,
+    ];
+}
+
+impl CancelCause {
+    /// The cause's stable name on the wire (the watch event's `cause`); the same as its JSON.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Requested => "requested",
+            Self::TimedOut => "timed_out",
+            Self::SessionClosed => "session_closed",
+            Self::SessionExpired => "session_expired",
+            Self::SessionRevoked => "session_revoked",
+            Self::Abandoned => "abandoned",
+        }
+    }
+
+    /// Every cause, for tables and tests.
+    pub const ALL: [Self; 6] = [
+        Self::Requested,
+        Self::TimedOut,
+        Self::SessionClosed,
+        Self::SessionExpired,
+        Self::SessionRevoked,
+        Self::Abandoned,
+    ];
+}
+
 impl SessionEnd {
+    /// The ending's stable name on the wire (the watch event's `cause`); the same as its JSON.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Expired => "expired",
+            Self::Revoked => "revoked",
+        }
+    }
+
+    /// Every ending, for tables and tests.
+    pub const ALL: [Self; 3] = [Self::Closed, Self::Expired, Self::Revoked];
+
     pub(crate) fn release_cause(self) -> ReleaseCause {
         match self {
             Self::Closed => ReleaseCause::SessionClosed,
@@ -113,5 +174,26 @@ impl SessionEnd {
 
     pub(crate) fn applies_lock_delay(self) -> bool {
         !matches!(self, Self::Closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire names are the JSON names, so the HTTP and gRPC watches and a stored event
+    /// spell a cause alike.
+    #[test]
+    fn every_cause_is_named_on_the_wire_as_in_its_json() {
+        let json = |value: serde_json::Value| value.as_str().expect("a string").to_owned();
+        for cause in ReleaseCause::ALL {
+            assert_eq!(cause.as_str(), json(serde_json::to_value(cause).unwrap()));
+        }
+        for cause in CancelCause::ALL {
+            assert_eq!(cause.as_str(), json(serde_json::to_value(cause).unwrap()));
+        }
+        for end in SessionEnd::ALL {
+            assert_eq!(end.as_str(), json(serde_json::to_value(end).unwrap()));
+        }
     }
 }

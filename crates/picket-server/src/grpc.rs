@@ -7,7 +7,10 @@ use crate::node::AcquireRequest;
 use crate::node::{ClusterView, Node, WatchItem, Watched};
 use crate::tls::Caller;
 use futures_util::Stream;
-use picket_core::{CheckOutcome, Event, LockInfo, RequestId, SessionId, SessionInfo, Wait};
+use picket_core::{
+    CancelCause, CheckOutcome, Event, LockInfo, ReleaseCause, RequestId, SessionEnd, SessionId,
+    SessionInfo, Wait,
+};
 use picket_proto::v1::{self, picket_server};
 use picket_proto::{ERROR_CODE_KEY, HOLDER_TOKEN_KEY, LEADER_KEY};
 use std::pin::Pin;
@@ -135,58 +138,81 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
     }
 }
 
-/// A watch item on the wire.
+/// A watch item on the wire: the typed kind and cause, and their names for clients built
+/// before the typed fields.
 #[must_use]
 pub fn watch_message(item: WatchItem) -> v1::WatchEvent {
     let (revision, event) = match item {
         WatchItem::Resync { revision } => {
-            return v1::WatchEvent { kind: "resync".into(), revision, ..v1::WatchEvent::default() };
+            return v1::WatchEvent {
+                kind: "resync".into(),
+                event_kind: v1::WatchEventKind::Resync.into(),
+                revision,
+                ..v1::WatchEvent::default()
+            };
         }
         WatchItem::Event { revision, event } => (revision, event),
     };
-    let snake = |value: &dyn std::fmt::Debug| to_snake_case(&format!("{value:?}"));
-    let mut message =
-        v1::WatchEvent { revision, session_id: event.session().0, ..v1::WatchEvent::default() };
-    message.name = event.lock_name().unwrap_or_default().to_owned();
+    let mut message = v1::WatchEvent {
+        kind: event.kind_name().to_owned(),
+        name: event.lock_name().unwrap_or_default().to_owned(),
+        session_id: event.session().0,
+        cause: event.cause_name().unwrap_or_default().to_owned(),
+        revision,
+        ..v1::WatchEvent::default()
+    };
     match &event {
         Event::Granted { token, .. } => {
-            message.kind = "granted".into();
+            message.event_kind = v1::WatchEventKind::Granted.into();
             message.token = *token;
         }
         Event::Released { token, cause, .. } => {
-            message.kind = "released".into();
+            message.event_kind = v1::WatchEventKind::Released.into();
             message.token = *token;
-            message.cause = snake(cause);
+            message.release_cause = release_cause_message(*cause).into();
         }
-        Event::Queued { .. } => message.kind = "queued".into(),
+        Event::Queued { .. } => message.event_kind = v1::WatchEventKind::Queued.into(),
         Event::Cancelled { cause, .. } => {
-            message.kind = "cancelled".into();
-            message.cause = snake(cause);
+            message.event_kind = v1::WatchEventKind::Cancelled.into();
+            message.cancel_cause = cancel_cause_message(*cause).into();
         }
         Event::SessionEnded { cause, .. } => {
-            message.kind = "session_ended".into();
-            message.cause = snake(cause);
+            message.event_kind = v1::WatchEventKind::SessionEnded.into();
+            message.session_end = session_end_message(*cause).into();
         }
-        _ => message.kind = "unknown".into(),
+        // An event kind of a newer core: its name goes out, its typed kind stays unspecified.
+        _ => {}
     }
     message
 }
 
-/// `SessionExpired` → `session_expired`.
-#[must_use]
-pub fn to_snake_case(camel: &str) -> String {
-    let mut snake = String::with_capacity(camel.len() + 4);
-    for (index, character) in camel.chars().enumerate() {
-        if character.is_ascii_uppercase() {
-            if index > 0 {
-                snake.push('_');
-            }
-            snake.push(character.to_ascii_lowercase());
-        } else {
-            snake.push(character);
-        }
+fn release_cause_message(cause: ReleaseCause) -> v1::ReleaseCause {
+    match cause {
+        ReleaseCause::Released => v1::ReleaseCause::Released,
+        ReleaseCause::SessionClosed => v1::ReleaseCause::SessionClosed,
+        ReleaseCause::SessionExpired => v1::ReleaseCause::SessionExpired,
+        ReleaseCause::SessionRevoked => v1::ReleaseCause::SessionRevoked,
+        ReleaseCause::Abandoned => v1::ReleaseCause::Abandoned,
     }
-    snake
+}
+
+fn cancel_cause_message(cause: CancelCause) -> v1::CancelCause {
+    match cause {
+        CancelCause::Requested => v1::CancelCause::Requested,
+        CancelCause::TimedOut => v1::CancelCause::TimedOut,
+        CancelCause::SessionClosed => v1::CancelCause::SessionClosed,
+        CancelCause::SessionExpired => v1::CancelCause::SessionExpired,
+        CancelCause::SessionRevoked => v1::CancelCause::SessionRevoked,
+        CancelCause::Abandoned => v1::CancelCause::Abandoned,
+    }
+}
+
+fn session_end_message(end: SessionEnd) -> v1::SessionEnd {
+    match end {
+        SessionEnd::Closed => v1::SessionEnd::Closed,
+        SessionEnd::Expired => v1::SessionEnd::Expired,
+        SessionEnd::Revoked => v1::SessionEnd::Revoked,
+    }
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchEvent, Status>> + Send>>;
@@ -451,9 +477,39 @@ impl picket_server::Picket for ClientService {
 mod tests {
     use super::*;
 
+    /// Each typed cause goes out with the name clients built before it read, and the two
+    /// agree: the typed value's protobuf name ends in the upper-case wire name.
     #[test]
-    fn causes_render_in_snake_case() {
-        assert_eq!(to_snake_case("SessionExpired"), "session_expired");
-        assert_eq!(to_snake_case("Released"), "released");
+    fn every_cause_goes_out_typed_and_named_alike() {
+        let upper = |name: &str| name.to_ascii_uppercase();
+        for cause in ReleaseCause::ALL {
+            let typed = release_cause_message(cause).as_str_name();
+            assert_eq!(typed, format!("RELEASE_CAUSE_{}", upper(cause.as_str())));
+        }
+        for cause in CancelCause::ALL {
+            let typed = cancel_cause_message(cause).as_str_name();
+            assert_eq!(typed, format!("CANCEL_CAUSE_{}", upper(cause.as_str())));
+        }
+        for end in SessionEnd::ALL {
+            let typed = session_end_message(end).as_str_name();
+            assert_eq!(typed, format!("SESSION_END_{}", upper(end.as_str())));
+        }
+        let ended = WatchItem::Event {
+            revision: 9,
+            event: Event::Released {
+                name: "a".into(),
+                session: picket_core::SessionId(3),
+                token: 7,
+                cause: ReleaseCause::SessionExpired,
+            },
+        };
+        let message = watch_message(ended);
+        assert_eq!(message.event_kind(), v1::WatchEventKind::Released);
+        assert_eq!(message.release_cause(), v1::ReleaseCause::SessionExpired);
+        assert_eq!(
+            (message.kind.as_str(), message.cause.as_str()),
+            ("released", "session_expired")
+        );
+        assert_eq!(message.cancel_cause(), v1::CancelCause::Unspecified);
     }
 }

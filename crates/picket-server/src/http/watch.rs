@@ -1,7 +1,6 @@
 //! Watches over HTTP: server-sent events, one JSON object per event.
 
 use super::{ApiError, QueryParams, Who};
-use crate::grpc::to_snake_case;
 use crate::node::{Node, WatchItem, Watched};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -31,34 +30,23 @@ pub fn watch_json(item: &WatchItem) -> Value {
         WatchItem::Resync { revision } => return json!({ "kind": "resync", "revision": revision }),
         WatchItem::Event { revision, event } => (revision, event),
     };
-    let cause = |value: &dyn std::fmt::Debug| to_snake_case(&format!("{value:?}"));
-    let mut body = json!({ "revision": revision, "session_id": event.session().0 });
+    let mut body = json!({
+        "kind": event.kind_name(),
+        "revision": revision,
+        "session_id": event.session().0,
+    });
     if let Some(name) = event.lock_name() {
         body["name"] = json!(name);
     }
+    if let Some(cause) = event.cause_name() {
+        body["cause"] = json!(cause);
+    }
     match event {
-        Event::Granted { token, .. } => {
-            body["kind"] = json!("granted");
+        Event::Granted { token, .. } | Event::Released { token, .. } => {
             body["token"] = json!(token);
         }
-        Event::Released { token, cause: why, .. } => {
-            body["kind"] = json!("released");
-            body["token"] = json!(token);
-            body["cause"] = json!(cause(why));
-        }
-        Event::Queued { position, .. } => {
-            body["kind"] = json!("queued");
-            body["position"] = json!(position);
-        }
-        Event::Cancelled { cause: why, .. } => {
-            body["kind"] = json!("cancelled");
-            body["cause"] = json!(cause(why));
-        }
-        Event::SessionEnded { cause: why, .. } => {
-            body["kind"] = json!("session_ended");
-            body["cause"] = json!(cause(why));
-        }
-        _ => body["kind"] = json!("unknown"),
+        Event::Queued { position, .. } => body["position"] = json!(position),
+        _ => {}
     }
     body
 }
