@@ -233,6 +233,16 @@ pub enum CommandError {
         /// The newest this build knows.
         known: u32,
     },
+    /// Every revision has been used: no token above the last can be granted, so the state
+    /// accepts no further command. No cluster counts that far (2^48 commands per restore epoch
+    /// is 89 years at 100,000 a second); only a damaged or forged snapshot starts there.
+    #[error(
+        "every revision up to {revision} has been used, so no greater token can be granted: this state came from a damaged snapshot; restore a good backup into a new cluster"
+    )]
+    RevisionsExhausted {
+        /// The revision reached.
+        revision: u64,
+    },
     /// A tick tried to renew more sessions than allowed.
     #[error("a tick tried to renew {count} sessions, over the limit of {max}: split the renewals")]
     TooManyRenewals {
@@ -276,6 +286,7 @@ impl CommandError {
             Self::NothingToAbandon { .. } => ErrorCode::NothingToAbandon,
             Self::UnknownApplyRules { .. } => ErrorCode::UnknownApplyRules,
             Self::TooManyRenewals { .. } => ErrorCode::TooManyRenewals,
+            Self::RevisionsExhausted { .. } => ErrorCode::RevisionsExhausted,
         }
     }
 }

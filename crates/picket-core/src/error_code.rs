@@ -56,6 +56,8 @@ pub enum ErrorCode {
     UnknownApplyRules,
     /// A tick carried more renewals than one tick may.
     TooManyRenewals,
+    /// Every revision has been used (a damaged snapshot): the state accepts no command.
+    RevisionsExhausted,
     // Refusals of the node.
     /// This node does not lead; the leader's address comes with it when known.
     NotLeader,
@@ -122,6 +124,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::NothingToAbandon, "nothing_to_abandon"),
     (ErrorCode::UnknownApplyRules, "unknown_apply_rules"),
     (ErrorCode::TooManyRenewals, "too_many_renewals"),
+    (ErrorCode::RevisionsExhausted, "revisions_exhausted"),
     (ErrorCode::NotLeader, "not_leader"),
     (ErrorCode::WaitTimedOut, "wait_timed_out"),
     (ErrorCode::WaitEnded, "wait_ended"),

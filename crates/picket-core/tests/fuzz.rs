@@ -223,3 +223,29 @@ proptest! {
         }
     }
 }
+
+/// Regression: a snapshot whose revision was replaced by the greatest `u64` restored, and the
+/// first command applied to it panicked on the revision's overflow (found by
+/// `restore_takes_a_snapshot_with_any_number_replaced`). Such a state now refuses every command,
+/// with a code that says why, and stays whole.
+#[test]
+fn a_snapshot_at_the_greatest_revision_refuses_commands_instead_of_overflowing() {
+    let mut snapshot: Value = serde_json::from_slice(&busy_machine().snapshot()).expect("json");
+    snapshot["revision"] = json!(u64::MAX);
+    let bytes = serde_json::to_vec(&snapshot).expect("serializes");
+    let mut machine = StateMachine::restore(&bytes).expect("a consistent state");
+    for command in [
+        Command::Tick { renew: Vec::new() },
+        Command::Refresh,
+        Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
+    ] {
+        let predicted = machine.validate(&command);
+        let applied = machine.apply(&Input::new(u64::MAX / 2, command));
+        let refusal = applied.result.expect_err("no revision is left to accept it");
+        assert_eq!(refusal.code(), picket_core::ErrorCode::RevisionsExhausted);
+        assert_eq!(predicted, Err(refusal.clone()));
+        assert!(machine.refusal_lasts(&refusal), "refused before the log too");
+        assert_eq!(machine.revision(), u64::MAX);
+        assert!(machine.check_invariants().is_ok());
+    }
+}

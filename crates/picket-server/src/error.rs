@@ -148,6 +148,8 @@ impl ServiceError {
                 | CommandError::RequestAbandoned { .. } => 409,
                 // Never answered in practice: the node stops before applying such an entry.
                 CommandError::UnknownApplyRules { .. } => 500,
+                // Only a damaged snapshot gets there; nothing the caller can change.
+                CommandError::RevisionsExhausted { .. } => 500,
                 CommandError::TooManySessions { .. }
                 | CommandError::TooManyLocks { .. }
                 | CommandError::TooManyLocksForSession { .. }

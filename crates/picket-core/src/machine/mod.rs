@@ -353,7 +353,8 @@ impl StateMachine {
             | CommandError::TtlOutOfRange { .. }
             | CommandError::LockDelayOutOfRange { .. }
             | CommandError::WaitOutOfRange { .. }
-            | CommandError::TooManyRenewals { .. } => true,
+            | CommandError::TooManyRenewals { .. }
+            | CommandError::RevisionsExhausted { .. } => true,
             CommandError::UnknownSession { session } => session.0 <= self.revision,
             _ => false,
         }
@@ -378,6 +379,10 @@ impl StateMachine {
     /// Decides, from the state before any change, whether the command is accepted and what it
     /// will do.
     fn plan(&self, command: &Command, rules: u32) -> Result<Plan, CommandError> {
+        if self.revision == u64::MAX {
+            // Accepting it would need a revision, and so a token, above the greatest.
+            return Err(CommandError::RevisionsExhausted { revision: self.revision });
+        }
         match command {
             Command::OpenSession { ttl_ms, lock_delay_ms, owner } => {
                 self.plan_open(*ttl_ms, *lock_delay_ms, owner.as_deref()).map(|()| Plan::Simple)
@@ -441,8 +446,9 @@ impl StateMachine {
     /// Marks the command accepted. Called exactly once per accepted command, by `dispatch`,
     /// after its plan and before the first change.
     fn accept(&mut self, step: &Step) {
+        // `plan` refuses every command once the revision is at its greatest.
         self.revision =
-            self.revision.checked_add(1).expect("revision overflow after 2^64 commands");
+            self.revision.checked_add(1).expect("plan refuses commands when revisions run out");
         self.now_ms = step.now_ms;
     }
 
