@@ -66,6 +66,7 @@ pub use guarded::Guarded;
 pub use hub::WaitOutcome;
 pub use limits::{ServerLimit, ServerLimits};
 pub use log_store::{StoredEntry, WriterStats, read_entries};
+pub use network::COMMITTED_ENTRY_LOST;
 pub use node::{
     AcquireRequest, ClusterView, Grant, Node, NotReady, WatchItem, WatchStream, Watched,
 };

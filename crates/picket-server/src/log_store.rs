@@ -302,6 +302,30 @@ impl LogStore {
         Ok(Self { inner: Arc::new(inner) })
     }
 
+    /// The first entry this log holds as committed that a message from a leader contradicts:
+    /// `(held, sent)`, where the leader of `vote` sends `sent` at the index of `held`, an entry
+    /// this log holds committed. Raft never does that (a leader whose vote is at least the one
+    /// this log holds has every committed entry), so it means the cluster lost committed entries:
+    /// a majority's disks dropped writes they had acknowledged, or data was restored behind
+    /// Picket's back. Messages of an older vote are left alone (openraft refuses them anyway,
+    /// and an entry a deposed leader never committed may well differ).
+    #[must_use]
+    pub fn contradicted_commit<'a>(
+        &self,
+        vote: &Vote,
+        sent: impl IntoIterator<Item = &'a LogId>,
+    ) -> Option<(LogId, LogId)> {
+        let view = self.view();
+        let committed = view.committed?;
+        if view.vote.as_ref().is_some_and(|held| vote < held) {
+            return None;
+        }
+        sent.into_iter().filter(|sent| sent.index() <= committed.index()).find_map(|sent| {
+            let held = view.entries.get(&sent.index())?.log_id;
+            (held != *sent).then_some((held, *sent))
+        })
+    }
+
     fn view(&self) -> MutexGuard<'_, View> {
         self.inner.view.lock().expect("log view lock poisoned")
     }

@@ -9,6 +9,7 @@ mod contacts;
 
 use crate::clock::Clock;
 use crate::framing;
+use crate::log_store::LogStore;
 use crate::node::Node;
 use crate::raft_types::{Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::tls::Caller;
@@ -349,11 +350,17 @@ pub fn raft_served_elsewhere(peer_addr: String) -> axum::Router {
     axum::Router::new().route("/picket.v1.Raft/{*method}", axum::routing::any(refuse))
 }
 
+/// How the reason a node halts on a contradicted commit begins: the fault harness and operators'
+/// alerts look for it.
+pub const COMMITTED_ENTRY_LOST: &str = "committed entries were lost";
+
 /// Receives Raft RPCs from peers and hands them to the local Raft.
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
     node: Arc<Node>,
+    /// The node's log, read to check that a leader's entries agree with what it committed.
+    log: LogStore,
     node_id: NodeId,
     clock: Arc<Clock>,
     members_only: bool,
@@ -371,8 +378,30 @@ impl RaftService {
     /// served (a TLS cluster); without, anyone who reaches the port is (plaintext on loopback or
     /// a network the operator trusts).
     #[must_use]
-    pub fn new(node: Arc<Node>, clock: Arc<Clock>, members_only: bool) -> Self {
-        Self { raft: node.raft().clone(), node_id: node.id(), node, clock, members_only }
+    pub fn new(node: Arc<Node>, log: LogStore, clock: Arc<Clock>, members_only: bool) -> Self {
+        Self { raft: node.raft().clone(), node_id: node.id(), node, log, clock, members_only }
+    }
+
+    /// Refuses, and halts this node on, entries from a leader that contradict entries this
+    /// node's log holds as committed. Handed to openraft, such a message trips a debug assertion,
+    /// and in a release build it is taken as agreeing (openraft trusts the committed prefix), so
+    /// this node would go on from a state the cluster no longer has.
+    fn check_committed_agree(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), Status> {
+        let sent = rpc.prev_log_id.iter().chain(rpc.entries.iter().map(|entry| &entry.log_id));
+        let Some((held, sent)) = self.log.contradicted_commit(&rpc.vote, sent) else {
+            return Ok(());
+        };
+        let reason = format!(
+            "{COMMITTED_ENTRY_LOST}: this node committed entry {held}, and the leader (vote {}) \
+             sends {sent} at its index. A majority of the cluster lost entries it had \
+             acknowledged (disks that dropped synced writes, or data directories restored by \
+             hand). Stopping rather than go on from a history the cluster no longer has: check \
+             the members' disks, then wipe this node's data directory and join it again",
+            rpc.vote
+        );
+        tracing::error!(%held, %sent, "{reason}");
+        self.node.halt(reason.clone());
+        Err(Status::failed_precondition(reason))
     }
 
     /// The tonic service, with message size bounds. In a TLS cluster, a request from a
@@ -419,6 +448,7 @@ impl raft_server::Raft for RaftService {
         self.check_target(&request)?;
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        self.check_committed_agree(&rpc)?;
         reply(self.raft.append_entries(rpc).await)
     }
 

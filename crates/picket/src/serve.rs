@@ -287,6 +287,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 // Exit, so that a supervisor restarts it once the cause (a full disk, say) is
                 // fixed: recovery rereads only what was durable.
                 tracing::error!(%reason, "the Raft core stopped; exiting");
+                if reason.starts_with(picket_server::COMMITTED_ENTRY_LOST) {
+                    // Restarting does not help: the node's own log is what disagrees.
+                    eprintln!("picket: this node stopped: {reason}.");
+                    return Ok(ExitCode::from(EXIT_COMMITTED_ENTRY_LOST));
+                }
                 eprintln!(
                     "picket: this node stopped: {reason}. Fix the cause (free disk space, check \
                      the disk) and start it again; it recovers from what was durable."
@@ -296,6 +301,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     })
 }
+
+/// The exit status of a node that stopped because the leader contradicted entries it had
+/// committed ([`picket_server::COMMITTED_ENTRY_LOST`]): the cluster lost acknowledged writes.
+pub const EXIT_COMMITTED_ENTRY_LOST: u8 = 65;
 
 async fn wait_for_signal() {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -88,7 +88,9 @@ fn the_checker_catches_a_token_counter_that_resets_on_restart() {
 /// sees a safety violation that loss causes. Which one depends on what was lost: a grant
 /// (its token granted again or out of order), an append (lost), or a release or an acquire
 /// (the lock granted while its holder still counted on it, or a history no order of the
-/// lock's operations explains). A node that merely exits is not enough.
+/// lock's operations explains), or a follower that committed an entry the new leader's log
+/// contradicts (it stops, saying committed entries were lost). A node that merely exits is not
+/// enough.
 #[test]
 fn the_checker_catches_a_log_that_acknowledges_before_syncing_under_power_loss() {
     let summary = run(
@@ -104,6 +106,7 @@ fn the_checker_catches_a_log_that_acknowledges_before_syncing_under_power_loss()
             "is lost",
             "without releasing it and counted on its lease",
             "not linearizable",
+            "committed entries were lost",
         ]
         .iter()
         .any(|found| v.contains(found))),

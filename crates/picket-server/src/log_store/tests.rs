@@ -288,3 +288,42 @@ mod fuzz {
         }
     }
 }
+
+/// Regression (issue 16): after a power cut lost a majority's unsynced tail, a new leader
+/// sent a follower entries at indexes it had committed, with other terms. openraft's debug
+/// assertion stopped that follower with a panic (a release build would take them as agreeing
+/// and diverge). The log store names such a contradiction, and only such a one.
+#[test]
+fn a_leader_contradicting_a_committed_entry_is_found_and_nothing_else_is() {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut store = LogStore::open(dir.path(), 1 << 20, None).expect("opens");
+        let entries: Vec<Entry> =
+            (1..=6).map(|index| blank_ent::<TypeConfig>(2, 1, index)).collect();
+        let held: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
+        let (done, flushed) = TypeConfig::oneshot();
+        store.append(entries, IOFlushed::signal(done)).await.expect("appends");
+        flushed.await.expect("completes").expect("durable");
+        store.save_vote(&Vote::new_committed(2, 1)).await.expect("saves");
+        let other_term = |index| blank_ent::<TypeConfig>(3, 2, index).log_id;
+        let newer = Vote::new_committed(3, 2);
+
+        // Nothing is committed yet: any leader may replace any entry.
+        assert_eq!(store.contradicted_commit(&newer, &[other_term(2)]), None);
+
+        store.save_committed(Some(held[3])).await.expect("saves");
+        // The same entries agree; entries past the committed one may be replaced.
+        assert_eq!(store.contradicted_commit(&newer, &held), None);
+        assert_eq!(store.contradicted_commit(&newer, &[other_term(5), other_term(6)]), None);
+        // An entry at a committed index with another term is the contradiction.
+        assert_eq!(
+            store.contradicted_commit(&newer, &[held[2], other_term(4), other_term(5)]),
+            Some((held[3], other_term(4)))
+        );
+        // A message of an older vote than the one held is openraft's to refuse.
+        store.save_vote(&Vote::new_committed(4, 3)).await.expect("saves");
+        assert_eq!(store.contradicted_commit(&newer, &[other_term(4)]), None);
+    });
+}

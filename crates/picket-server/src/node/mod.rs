@@ -67,6 +67,8 @@ pub struct Node {
     signer: Option<Arc<SequencerSigner>>,
     /// The principals that may use this node; `None` lets anyone do anything.
     auth: Option<Arc<AuthFile>>,
+    /// Why this node stopped serving for good, once it has (see [`Node::halt`]).
+    halted: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// Most committed entries a node may have left to apply and still count as caught up.
@@ -155,7 +157,35 @@ impl Node {
             to_peers: None,
             signer: None,
             auth: None,
+            halted: tokio::sync::watch::Sender::new(None),
         }
+    }
+
+    /// Stops this node for good, for `reason`: its Raft stops, so it neither votes nor
+    /// replicates, and [`crate::ServerHandle::raft_stopped`] resolves with the reason. For a
+    /// state the node must not go on from (its committed log contradicted by the leader). The
+    /// first reason stays.
+    pub fn halt(&self, reason: String) {
+        let first = self.halted.send_if_modified(|halted| {
+            let first = halted.is_none();
+            if first {
+                *halted = Some(reason);
+            }
+            first
+        });
+        if first {
+            let raft = self.raft.clone();
+            tokio::spawn(async move {
+                let _ = raft.shutdown().await;
+            });
+        }
+    }
+
+    /// Why this node halted, once it has: the receiver sees the reason when [`Node::halt`] sets
+    /// it.
+    #[must_use]
+    pub fn halted(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.halted.subscribe()
     }
 
     /// Signs every grant's sequencer with `signer`.

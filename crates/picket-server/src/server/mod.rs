@@ -81,13 +81,22 @@ impl ServerHandle {
     pub fn raft_stopped(&self) -> impl Future<Output = String> + Send + 'static {
         use openraft::async_runtime::WatchReceiver;
         let mut metrics = self.node.raft().metrics();
+        let mut halted = self.node.halted();
         async move {
             loop {
+                if let Some(reason) = halted.borrow_and_update().clone() {
+                    return reason;
+                }
                 if let Err(fatal) = &metrics.borrow_watched().running_state {
                     return fatal.to_string();
                 }
-                if metrics.changed().await.is_err() {
-                    return "the Raft core ended".to_owned();
+                tokio::select! {
+                    changed = metrics.changed() => if changed.is_err() {
+                        // A halt shuts the core down: say why rather than that it ended.
+                        return halted.borrow().clone()
+                            .unwrap_or_else(|| "the Raft core ended".to_owned());
+                    },
+                    _ = halted.changed() => {}
                 }
             }
         }
@@ -270,6 +279,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     if let Some(backup) = backup {
         restore(&config.data_dir, backup, &config.restore_options, &peers, &store, &log).await?;
     }
+    let log_handle = log.clone();
     let raft = Raft::new(
         config.node_id,
         raft_config(&config.tuning)?,
@@ -312,7 +322,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     tokio::spawn(count_leader_changes(raft.clone(), metrics, shutdown_signal.clone()));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
-    let raft_service = RaftService::new(node.clone(), clock, tls.is_some()).into_server();
+    let raft_service =
+        RaftService::new(node.clone(), log_handle, clock, tls.is_some()).into_server();
     let mut grpc = tonic::service::Routes::new(ClientService::server(node.clone()));
     let peer_app = match peer_addr {
         Some(_) => Some(

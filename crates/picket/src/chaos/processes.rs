@@ -342,7 +342,12 @@ impl Cluster {
                 origin_ms: 0,
                 fail_sync: out.join(format!("node{id}.fail-sync")),
             };
-            node.start(exe)?;
+            node.start(exe).with_context(|| {
+                format!(
+                    "node {id} did not start; its log ends: {}",
+                    log_tail(&node.dir.with_extension("log"))
+                )
+            })?;
             nodes.push(node);
         }
         Ok(Self { exe: exe.to_owned(), nodes, network, disks, unexpected_exits: Vec::new() })
@@ -403,8 +408,19 @@ impl Cluster {
                 continue;
             };
             node.child = None;
-            let exit = format!("node {} exited by itself ({status}); see its log", node.id);
             record(format!("node_exited node={} status={status}", node.id));
+            if status.code() == Some(i32::from(crate::serve::EXIT_COMMITTED_ENTRY_LOST)) {
+                // Its own log is what disagrees with the cluster's: starting it again would
+                // only stop it again. It stays down.
+                self.unexpected_exits.push(format!(
+                    "node {} stopped because {}: the leader sent entries that contradict \
+                     entries it had committed; see its log",
+                    node.id,
+                    picket_server::COMMITTED_ENTRY_LOST
+                ));
+                continue;
+            }
+            let exit = format!("node {} exited by itself ({status}); see its log", node.id);
             self.unexpected_exits.push(exit);
             self.restart(index);
         }
@@ -424,14 +440,11 @@ impl Cluster {
                 Ok(()) => return,
                 Err(error) if attempt == ATTEMPTS => {
                     node.child = None;
-                    let log =
-                        std::fs::read_to_string(node.dir.with_extension("log")).unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
                     self.unexpected_exits.push(format!(
                         "node {} did not start again in {ATTEMPTS} attempts: {error:#}; its log \
                          ends: {}",
                         node.id,
-                        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                        log_tail(&node.dir.with_extension("log"))
                     ));
                 }
                 Err(error) => {
@@ -454,13 +467,42 @@ pub(super) struct Store {
 }
 
 impl Store {
+    /// Starts the store, trying a few times: just after it was killed, another process may
+    /// briefly hold its port as the local end of an outgoing connection, as with a node.
+    ///
+    /// # Errors
+    /// When it did not start in any attempt; the error ends with the tail of its log.
     pub(super) fn start(&mut self) -> anyhow::Result<()> {
-        let mut command = launch(&self.exe, self.procs.as_deref(), &self.args);
-        command.stderr(log_file(&self.log)?);
-        let (child, _) = spawn_listening(command)?;
-        self.child = Some(Process(child));
-        Ok(())
+        const ATTEMPTS: u32 = 5;
+        for attempt in 1..=ATTEMPTS {
+            let mut command = launch(&self.exe, self.procs.as_deref(), &self.args);
+            command.stderr(log_file(&self.log)?);
+            match spawn_listening(command) {
+                Ok((child, _)) => {
+                    self.child = Some(Process(child));
+                    return Ok(());
+                }
+                Err(error) if attempt == ATTEMPTS => {
+                    return Err(error.context(format!(
+                        "the store did not start in {ATTEMPTS} attempts; its log ends: {}",
+                        log_tail(&self.log)
+                    )));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the store did not start; trying again");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
     }
+}
+
+/// The last lines of the log at `path`, joined with ` | `, for an error message.
+pub(super) fn log_tail(path: &Path) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(5).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
 /// The cgroup name of the node at `index`.
