@@ -41,10 +41,15 @@ pub struct Input {
 ///   request counted, so its late abandon (from a node whose connection broke, or the
 ///   client's own after the client stopped waiting for it) released a grant that a later
 ///   request's caller had been told it holds.
+/// - 3: a retry of an acquire request whose wait ended without a grant (it timed out, or was
+///   cancelled) gets the answer the wait ended with (`wait_timed_out`, `wait_ended`), where
+///   before it started a second wait; each session remembers its last eight such requests. A
+///   retry of a request that still waits joins that wait with its deadline unchanged, where
+///   before it restarted the wait in full.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.
-pub const APPLY_RULES: u32 = 2;
+pub const APPLY_RULES: u32 = 3;
 
 impl Input {
     /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular

@@ -5,7 +5,7 @@
 //! gives a stable machine-readable code that the APIs put on the wire.
 
 use crate::error_code::ErrorCode;
-use crate::types::{RequestId, SessionId};
+use crate::types::{CancelCause, RequestId, SessionId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -210,6 +210,22 @@ pub enum CommandError {
         /// The abandoned request.
         request: RequestId,
     },
+    /// A retry of an acquire request whose wait already ended without a grant (apply rules 3):
+    /// it gets the answer the wait ended with, not a second wait.
+    #[error(
+        "request {request} of session {session} for lock {name:?} already waited, and its wait ended ({}) without the lock: to ask for it again, send a new request",
+        cause.as_str()
+    )]
+    WaitEnded {
+        /// The lock.
+        name: String,
+        /// The session.
+        session: SessionId,
+        /// The request.
+        request: RequestId,
+        /// How the wait ended.
+        cause: CancelCause,
+    },
     /// An abandon found nothing of its request: no wait and no grant. Only entries written
     /// under apply rules 0 are refused so; later ones are accepted and remembered.
     #[error(
@@ -284,6 +300,8 @@ impl CommandError {
             Self::AlreadyWaiting { .. } => ErrorCode::AlreadyWaiting,
             Self::RequestAbandoned { .. } => ErrorCode::RequestAbandoned,
             Self::NothingToAbandon { .. } => ErrorCode::NothingToAbandon,
+            Self::WaitEnded { cause: CancelCause::TimedOut, .. } => ErrorCode::WaitTimedOut,
+            Self::WaitEnded { .. } => ErrorCode::WaitEnded,
             Self::UnknownApplyRules { .. } => ErrorCode::UnknownApplyRules,
             Self::TooManyRenewals { .. } => ErrorCode::TooManyRenewals,
             Self::RevisionsExhausted { .. } => ErrorCode::RevisionsExhausted,

@@ -1,6 +1,6 @@
 //! The records the state machine keeps per session and per lock.
 
-use crate::types::{RequestId, SessionId};
+use crate::types::{CancelCause, RequestId, SessionId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, VecDeque};
 
@@ -23,6 +23,23 @@ pub(crate) struct SessionRecord {
     /// caller that is gone.
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub(crate) abandoned: VecDeque<RequestAttempt>,
+    /// The session's latest acquire requests whose wait ended without a grant (timed out or
+    /// cancelled), oldest first, at most [`ENDED_WAITS_KEPT`] (apply rules 3). A retry of one
+    /// gets the answer the wait ended with instead of a second wait.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub(crate) ended_waits: VecDeque<EndedWait>,
+}
+
+/// How many ended waits a session remembers. A retry arrives within a client's retry window
+/// (seconds) of its wait's end; a session whose waits end faster than that on other locks is
+/// rare, and a retry it forgot starts a wait again, as before apply rules 3.
+pub(crate) const ENDED_WAITS_KEPT: usize = 8;
+
+/// An acquire request whose wait ended without a grant, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EndedWait {
+    pub(crate) request: RequestId,
+    pub(crate) cause: CancelCause,
 }
 
 /// How many abandoned requests a session remembers. A client abandons a request only when it
@@ -47,6 +64,23 @@ impl SessionRecord {
     /// Whether `attempt` of `request` was abandoned (it, or a later attempt of the request).
     pub(crate) fn abandoned(&self, request: RequestId, attempt: u32) -> bool {
         self.abandoned.iter().any(|entry| entry.request == request && attempt <= entry.attempt)
+    }
+
+    /// How `request`'s wait ended, if the session remembers that it ended without a grant.
+    pub(crate) fn ended_wait(&self, request: RequestId) -> Option<CancelCause> {
+        self.ended_waits.iter().find(|ended| ended.request == request).map(|ended| ended.cause)
+    }
+
+    /// Remembers that `request`'s wait ended for `cause`, forgetting the wait that ended
+    /// longest ago when the memory is full. A request that ends a wait again (its retry waited:
+    /// it was forgotten, or written under older rules) counts from its latest end.
+    pub(crate) fn remember_ended_wait(&mut self, request: RequestId, cause: CancelCause) {
+        self.ended_waits.retain(|ended| ended.request != request);
+        if self.ended_waits.len() == ENDED_WAITS_KEPT {
+            self.ended_waits.pop_front();
+        }
+        self.ended_waits.push_back(EndedWait { request, cause });
+        assert!(self.ended_waits.len() <= ENDED_WAITS_KEPT);
     }
 
     /// Remembers that `request` was abandoned up to `attempt`, forgetting the request
@@ -185,6 +219,7 @@ mod tests {
             waiting: BTreeSet::new(),
             owner: None,
             abandoned: VecDeque::new(),
+            ended_waits: VecDeque::new(),
         }
     }
 

@@ -97,6 +97,9 @@ struct ModelSession {
     /// Abandoned requests with their latest abandoned attempt, in the order first abandoned;
     /// the oldest is forgotten beyond 16.
     abandoned: Vec<(RequestId, u32)>,
+    /// Requests whose wait ended without a grant, with the code a retry gets, in the order
+    /// they ended; the oldest is forgotten beyond 8 (apply rules 3).
+    ended: Vec<(RequestId, &'static str)>,
 }
 
 #[derive(Clone, Debug)]
@@ -178,6 +181,7 @@ impl Model {
                     lock_delay_ms: *lock_delay_ms,
                     deadline_ms,
                     abandoned: Vec::new(),
+                    ended: Vec::new(),
                 });
                 Ok(Response::SessionOpened { session: id, ttl_ms: *ttl_ms, deadline_ms })
             }
@@ -220,7 +224,10 @@ impl Model {
                     return Err("not_waiting");
                 }
                 self.accept(now_ms);
-                self.locks.get_mut(name).unwrap().queue.retain(|w| w.session != *session);
+                let queue = &mut self.locks.get_mut(name).unwrap().queue;
+                let request = queue.iter().find(|w| w.session == *session).unwrap().request;
+                queue.retain(|w| w.session != *session);
+                self.remember_ended(*session, request, "wait_ended");
                 self.promote_everything();
                 Ok(Response::Cancelled { name: name.clone() })
             }
@@ -262,6 +269,19 @@ impl Model {
                     .map(|s| s.id)
                     .collect();
                 self.end(&expired, true);
+                // Timed-out waits in the order the core's deadline index holds them.
+                let mut timed_out: Vec<(u64, SessionId, String, RequestId)> = Vec::new();
+                for (name, lock) in &self.locks {
+                    for w in &lock.queue {
+                        if let Some(deadline_ms) = w.deadline_ms.filter(|d| *d < stamp_ms) {
+                            timed_out.push((deadline_ms, w.session, name.clone(), w.request));
+                        }
+                    }
+                }
+                timed_out.sort();
+                for (_, session, _, request) in timed_out {
+                    self.remember_ended(session, request, "wait_timed_out");
+                }
                 for lock in self.locks.values_mut() {
                     lock.queue.retain(|w| w.deadline_ms.is_none_or(|d| d >= stamp_ms));
                     if lock.delay.is_some_and(|(until, _)| until <= stamp_ms) {
@@ -351,6 +371,16 @@ impl Model {
         }
     }
 
+    /// Remembers that `request`'s wait ended without a grant, and the code its retry gets.
+    fn remember_ended(&mut self, session: SessionId, request: RequestId, code: &'static str) {
+        let record = self.sessions.iter_mut().find(|s| s.id == session).unwrap();
+        record.ended.retain(|(r, _)| *r != request);
+        record.ended.push((request, code));
+        if record.ended.len() > 8 {
+            record.ended.remove(0);
+        }
+    }
+
     fn acquire(
         &mut self,
         session: SessionId,
@@ -373,6 +403,9 @@ impl Model {
         let Some(record) = self.session(session) else { return Err("unknown_session") };
         if record.abandoned.iter().any(|(r, latest)| *r == request && attempt <= *latest) {
             return Err("request_abandoned");
+        }
+        if let Some((_, code)) = record.ended.iter().find(|(r, _)| *r == request) {
+            return Err(code);
         }
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         if let Some(holder) = lock.holder.filter(|h| h.session == session) {
@@ -411,10 +444,9 @@ impl Model {
                 return Err("already_waiting");
             }
             self.accept(now_ms);
+            // A retry joins the wait: its deadline stays.
             let waiter = &mut self.locks.get_mut(name).unwrap().queue[position];
             waiter.attempt = waiter.attempt.max(attempt);
-            waiter.wait_ms = wait_ms;
-            waiter.deadline_ms = wait_ms.map(|w| now_ms + w);
             return Ok(Response::Queued { name: name.into(), position });
         } else if !room {
             return Err("too_many_locks_for_session");

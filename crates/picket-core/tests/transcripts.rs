@@ -1037,3 +1037,106 @@ fn queue_summary_counts_holders_waiters_delays_and_the_longest_queues() {
     assert_eq!(story.machine.occupancy("delayed"), Some(delayed));
     assert_eq!(story.machine.occupancy("free"), None);
 }
+
+/// A holds `x`; B waits 500 ms for it under request 7 from t=2, retries at t=400, and the
+/// leader ticks at t=600: under `rules`.
+fn a_wait_retried_then_ticked(rules: u32) -> Story {
+    let mut story = Story::new();
+    story.rules = rules;
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    story.acquire_as(2, "B", "x", Wait::For { wait_ms: 500 }, 7);
+    story.acquire_attempt(400, "B", "x", Wait::For { wait_ms: 500 }, (7, 1));
+    story.tick(600, &["A", "B"]);
+    story
+}
+
+/// Issue 14, "a retry gets the same answer, never a second wait": a retry of a request that
+/// still waits joins its wait with the deadline it had (before apply rules 3 it restarted the
+/// wait in full), and a retry of a request whose wait ended without the lock (timed out,
+/// cancelled) gets that answer again (before, it waited a second time). A new request waits.
+#[test]
+fn a_retry_gets_the_answer_its_wait_ended_with_not_a_second_wait() {
+    let mut story = a_wait_retried_then_ticked(APPLY_RULES);
+    let timed_out = story.acquire_attempt(700, "B", "x", Wait::For { wait_ms: 500 }, (7, 2));
+    story.acquire_as(800, "B", "x", Wait::Forever, 8);
+    let session = story.id("B");
+    story.run(900, Command::Cancel { session, name: "x".into() });
+    let cancelled = story.acquire_attempt(1_000, "B", "x", Wait::Forever, (8, 1));
+    story.acquire_as(1_100, "B", "x", Wait::Forever, 9);
+    story.assert_transcript(
+        "
+        t=0 open A ttl=10000 delay=0
+        t=0 open B ttl=10000 delay=0
+        t=1 acquire A \"x\" Try -> granted token=3
+            granted \"x\" to A token=3
+        t=2 acquire B \"x\" For { wait_ms: 500 } request=7 -> queued position=0
+            queued B for \"x\" at 0
+        t=400 acquire B \"x\" For { wait_ms: 500 } request=7 attempt=1 -> queued position=0
+        t=600 tick renew=[A,B] -> ok
+            cancelled B for \"x\" (TimedOut)
+        t=700 acquire B \"x\" For { wait_ms: 500 } request=7 attempt=2 -> refused wait_timed_out
+        t=800 acquire B \"x\" Forever request=8 -> queued position=0
+            queued B for \"x\" at 0
+        t=900 cancel B \"x\" -> cancelled
+            cancelled B for \"x\" (Requested)
+        t=1000 acquire B \"x\" Forever request=8 attempt=1 -> refused wait_ended
+        t=1100 acquire B \"x\" Forever request=9 -> queued position=0
+            queued B for \"x\" at 0
+        ",
+    );
+    assert_eq!(error_of(&timed_out).code(), ErrorCode::WaitTimedOut);
+    assert_eq!(error_of(&cancelled).code(), ErrorCode::WaitEnded);
+}
+
+/// The same entries written under apply rules 2 replay as they were applied then: the retry
+/// restarts the wait, and a retry of a timed-out request waits again.
+#[test]
+fn retries_under_apply_rules_2_wait_again_as_they_did() {
+    let mut story = a_wait_retried_then_ticked(2);
+    story.tick(950, &["A", "B"]);
+    story.acquire_attempt(1_000, "B", "x", Wait::For { wait_ms: 500 }, (7, 2));
+    story.assert_transcript(
+        "
+        t=0 open A ttl=10000 delay=0
+        t=0 open B ttl=10000 delay=0
+        t=1 acquire A \"x\" Try -> granted token=3
+            granted \"x\" to A token=3
+        t=2 acquire B \"x\" For { wait_ms: 500 } request=7 -> queued position=0
+            queued B for \"x\" at 0
+        t=400 acquire B \"x\" For { wait_ms: 500 } request=7 attempt=1 -> queued position=0
+        t=600 tick renew=[A,B] -> ok
+        t=950 tick renew=[A,B] -> ok
+            cancelled B for \"x\" (TimedOut)
+        t=1000 acquire B \"x\" For { wait_ms: 500 } request=7 attempt=2 -> queued position=0
+            queued B for \"x\" at 0
+        ",
+    );
+}
+
+/// The shell lets the sync of an entry that only queues wait to be shared (nobody is answered
+/// on it alone); the core says which those are, from the same plan apply follows.
+#[test]
+fn only_an_acquire_that_waits_only_queues() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    story.acquire(1, "A", "x", Wait::Try);
+    let (a, b) = (story.id("A"), story.id("B"));
+    let acquire = |session, name: &str, wait, request| Command::Acquire {
+        session,
+        name: name.into(),
+        wait,
+        request: RequestId(request),
+        attempt: 0,
+    };
+    let machine = &story.machine;
+    assert!(machine.only_queues(&acquire(b, "x", Wait::Forever, 1)), "behind A's grant");
+    assert!(machine.only_queues(&acquire(b, "x", Wait::For { wait_ms: 100 }, 1)));
+    assert!(!machine.only_queues(&acquire(b, "x", Wait::Try, 1)), "refused: answered");
+    assert!(!machine.only_queues(&acquire(b, "x", Wait::For { wait_ms: 0 }, 1)), "a try");
+    assert!(!machine.only_queues(&acquire(a, "x", Wait::Forever, 2)), "already held");
+    assert!(!machine.only_queues(&acquire(b, "y", Wait::Forever, 1)), "a grant");
+    assert!(!machine.only_queues(&Command::KeepAlive { session: b }));
+}

@@ -145,7 +145,8 @@ impl ServiceError {
                 | CommandError::NotWaiting { .. }
                 | CommandError::AlreadyWaiting { .. }
                 | CommandError::NothingToAbandon { .. }
-                | CommandError::RequestAbandoned { .. } => 409,
+                | CommandError::RequestAbandoned { .. }
+                | CommandError::WaitEnded { .. } => 409,
                 // Never answered in practice: the node stops before applying such an entry.
                 CommandError::UnknownApplyRules { .. } => 500,
                 // Only a damaged snapshot gets there; nothing the caller can change.

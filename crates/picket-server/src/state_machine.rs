@@ -16,7 +16,7 @@ use crate::raft_types::{
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use picket_core::{Command, Input, Limits, StateMachine, Wait};
+use picket_core::{Limits, StateMachine};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -125,13 +125,7 @@ impl StateStore {
         }
         let state = self.read();
         entries.iter().all(|entry| match &entry.payload {
-            EntryPayload::Normal(Input {
-                command: Command::Acquire { session, name, wait, .. },
-                ..
-            }) => {
-                !matches!(wait, Wait::Try | Wait::For { wait_ms: 0 })
-                    && state.machine.holder(name).is_some_and(|holder| holder != *session)
-            }
+            EntryPayload::Normal(input) => state.machine.only_queues(&input.command),
             _ => false,
         })
     }
@@ -313,7 +307,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 mod tests {
     use super::*;
     use openraft::testing::{blank_ent, log_id};
-    use picket_core::{APPLY_RULES, RequestId, SessionId};
+    use picket_core::{APPLY_RULES, Command, Input, RequestId, SessionId, Wait};
 
     fn acquire(session: u64, name: &str, wait: Wait) -> Entry {
         let input = Input::new(

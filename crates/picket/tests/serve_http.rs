@@ -283,6 +283,45 @@ fn an_acquire_arriving_after_its_abandon_is_refused_and_leaves_the_lock_free() {
     assert_eq!(release(&addr, "h", session, token_of(&retry)).status, 200);
 }
 
+/// Issue 14, "a retry gets the same answer": a retry of an acquire whose wait timed out (its
+/// answer lost on a broken connection, say) is answered `wait_timed_out` again, instead of
+/// waiting a second time; a new request waits.
+#[test]
+fn a_retry_of_a_timed_out_wait_gets_the_same_answer_not_a_second_wait() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let holder = open_session(&addr, 30_000, 0);
+    let held = token_of(&acquire(&addr, "busy", holder, Some(0)));
+    let waiter = open_session(&addr, 30_000, 0);
+    let attempt = |attempt: u32, request_id: u64| {
+        let body = json!({ "name": "busy", "session_id": waiter, "request_id": request_id, "attempt": attempt, "wait_ms": 300 });
+        http::post(&addr, "/v1/locks/acquire", &body)
+    };
+    let first = attempt(0, 5);
+    assert_eq!(first.status, 409, "{}", first.text);
+    assert_eq!(first.body["code"], "wait_timed_out", "{}", first.text);
+    // The retry asks to wait long. Were it waiting (as before), the lock freed meanwhile
+    // would go to it: it must be answered at once instead.
+    let retry = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let body = json!({ "name": "busy", "session_id": waiter, "request_id": 5, "attempt": 1, "wait_ms": 30_000 });
+            http::post(&addr, "/v1/locks/acquire", &body)
+        }
+    });
+    wait_until("the retry to be answered or to wait", Duration::from_secs(10), || {
+        let lock = http::get(&addr, "/v1/locks/busy");
+        (retry.is_finished() || lock.body["waiters"] != json!([])).then_some(())
+    });
+    assert_eq!(release(&addr, "busy", holder, held).status, 200);
+    let retry = retry.join().expect("the retry's thread");
+    assert_eq!(retry.status, 409, "{}", retry.text);
+    assert_eq!(retry.body["code"], "wait_timed_out", "{}", retry.text);
+    assert_eq!(retry.body["outcome"], "not_applied", "{}", retry.text);
+    let fresh = attempt(0, 6);
+    assert_eq!(fresh.status, 200, "a new request gets the free lock: {}", fresh.text);
+}
+
 /// Issue 14: a caller that gave up on request 1 and asked again as request 2 was answered
 /// `already_held` with request 1's grant; request 1's abandon, landing late, released what
 /// request 2's caller was told it holds. Now the grant ends only with the last request told of

@@ -2,7 +2,9 @@
 
 use super::{Deadlines, RestoreError, StateMachine};
 use crate::command::APPLY_RULES;
-use crate::record::{ABANDONED_REQUESTS_KEPT, LockRecord, SessionRecord, TOLD_REQUESTS_KEPT};
+use crate::record::{
+    ABANDONED_REQUESTS_KEPT, ENDED_WAITS_KEPT, LockRecord, SessionRecord, TOLD_REQUESTS_KEPT,
+};
 use crate::types::{RequestId, SessionId};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -19,6 +21,8 @@ pub enum BrokenInvariant {
     SessionOverItsLocks { session: SessionId },
     #[error("session {session} remembers too many abandoned requests, or one twice")]
     SessionOverItsAbandonedRequests { session: SessionId },
+    #[error("session {session} remembers too many ended waits, or one twice")]
+    SessionOverItsEndedWaits { session: SessionId },
     #[error("session {session} lists {name:?} as held but is not its holder")]
     HeldButNotHolder { session: SessionId, name: String },
     #[error("session {session} lists {name:?} as awaited but is not queued")]
@@ -118,6 +122,11 @@ impl StateMachine {
             || distinct.len() != record.abandoned.len()
         {
             return Err(BrokenInvariant::SessionOverItsAbandonedRequests { session });
+        }
+        let ended: BTreeSet<RequestId> =
+            record.ended_waits.iter().map(|ended| ended.request).collect();
+        if record.ended_waits.len() > ENDED_WAITS_KEPT || ended.len() != record.ended_waits.len() {
+            return Err(BrokenInvariant::SessionOverItsEndedWaits { session });
         }
         for name in &record.held {
             let holder = self.locks.get(name).and_then(|lock| lock.holder);

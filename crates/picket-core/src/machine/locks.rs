@@ -27,6 +27,12 @@ impl StateMachine {
             // Its caller is gone: a grant would have nobody to hold it.
             return Err(CommandError::RequestAbandoned { name: name.to_owned(), session, request });
         }
+        if rules >= 3
+            && let Some(cause) = session_record.ended_wait(request)
+        {
+            // A retry after its answer was lost: it gets that answer, not a second wait.
+            return Err(CommandError::WaitEnded { name: name.to_owned(), session, request, cause });
+        }
         let lock_record = self.locks.get(name);
         let holder = lock_record.and_then(|lock| lock.holder);
         if let Some(holder) = holder.filter(|holder| holder.session == session) {
@@ -53,7 +59,11 @@ impl StateMachine {
                     waiting_request,
                 });
             }
-            return Ok(AcquirePlan::Rewait { wait_ms });
+            return Ok(if rules >= 3 {
+                AcquirePlan::Join
+            } else {
+                AcquirePlan::Rewait { wait_ms }
+            });
         }
         self.check_session_room(session)?;
         if free {
@@ -99,6 +109,7 @@ impl StateMachine {
             AcquirePlan::Rewait { wait_ms } => {
                 self.rewait(name, session, wait_ms, attempt, step.now_ms)
             }
+            AcquirePlan::Join => self.join_wait(name, session, attempt),
             AcquirePlan::Enqueue { wait_ms } => {
                 let position = self.enqueue(name, session, wait_ms, (request, attempt), step);
                 Response::Queued { name: name.to_owned(), position }
@@ -250,6 +261,15 @@ impl StateMachine {
         Response::Queued { name: name.to_owned(), position }
     }
 
+    /// A retry of the request a session waits under: the wait goes on as it was.
+    fn join_wait(&mut self, name: &str, session: SessionId, attempt: u32) -> Response {
+        let lock = self.locks.get_mut(name).expect("a waiter's lock has a record");
+        let position = lock.position_of(session).expect("the session is queued");
+        let waiter = &mut lock.waiters[position];
+        waiter.attempt = waiter.attempt.max(attempt);
+        Response::Queued { name: name.to_owned(), position }
+    }
+
     pub(super) fn enqueue(
         &mut self,
         name: &str,
@@ -293,20 +313,25 @@ impl StateMachine {
         cause: CancelCause,
         step: &mut Step,
     ) {
-        self.remove_waiter(name, session);
+        let waiter = self.remove_waiter(name, session);
         let record = self.sessions.get_mut(&session).expect("a waiter's session is live");
         assert!(record.waiting.remove(name));
+        if step.rules >= 3 && cause == CancelCause::Requested {
+            // An abandoned request is remembered as such (`remember_abandoned`).
+            record.remember_ended_wait(waiter.request, cause);
+        }
         step.events.push(Event::Cancelled { name: name.to_owned(), session, cause });
         self.promote(name, step);
     }
 
-    /// Takes a session out of a lock's queue and the wait-deadline index. The caller updates the
-    /// session's own record.
-    pub(super) fn remove_waiter(&mut self, name: &str, session: SessionId) {
+    /// Takes a session out of a lock's queue and the wait-deadline index, and returns its
+    /// place in the queue. The caller updates the session's own record.
+    pub(super) fn remove_waiter(&mut self, name: &str, session: SessionId) -> Waiter {
         let lock = self.locks.get_mut(name).expect("a waiter's lock has a record");
         let position = lock.position_of(session).expect("the session is queued");
         let waiter = lock.waiters.remove(position).expect("position is in range");
         self.deadlines.remove_wait(waiter.deadline_ms, session, name);
+        waiter
     }
 
     pub(super) fn plan_release(

@@ -107,10 +107,14 @@ enum AcquirePlan {
         tell: bool,
     },
     Grant,
-    /// The session waits already under this request: it keeps its place with the new wait.
+    /// The session waits already under this request: it keeps its place with the new wait
+    /// (apply rules 2 and earlier).
     Rewait {
         wait_ms: Option<u64>,
     },
+    /// The session waits already under this request: the retry joins that wait, place and
+    /// deadline unchanged (apply rules 3).
+    Join,
     Enqueue {
         wait_ms: Option<u64>,
     },
@@ -132,6 +136,8 @@ enum AbandonPlan {
 
 /// What one command did so far: its clock, its events, and the locks it granted.
 struct Step {
+    /// The apply rules of the command's entry.
+    rules: u32,
     /// The state's clock once this command is accepted: never behind the previous command's.
     now_ms: u64,
     /// The command's own reading of the leader's clock, which may be behind `now_ms` when
@@ -281,8 +287,13 @@ impl StateMachine {
             _ => self.now_ms.max(input.now_ms),
         };
         let revision_before = self.revision;
-        let mut step =
-            Step { now_ms, stamp_ms: input.now_ms, events: Vec::new(), granted: BTreeSet::new() };
+        let mut step = Step {
+            rules: input.rules,
+            now_ms,
+            stamp_ms: input.now_ms,
+            events: Vec::new(),
+            granted: BTreeSet::new(),
+        };
         let result = self.dispatch(input, &mut step);
         match &result {
             Ok(_) => {
@@ -322,6 +333,21 @@ impl StateMachine {
             return Err(CommandError::UnknownApplyRules { rules, known: APPLY_RULES });
         }
         self.plan(command, rules).map(|_| ())
+    }
+
+    /// Whether applying `command` now would only put a session in a lock's queue (or keep it
+    /// there): an acquire that waits, refused nothing and granted nothing. Nobody is answered
+    /// on such a command alone (its caller hears when a later command grants or ends the
+    /// wait), so the shell may let its sync wait to be shared with the next one. The state may
+    /// change before the command is applied; apply decides again.
+    #[must_use]
+    pub fn only_queues(&self, command: &Command) -> bool {
+        matches!(
+            self.plan(command, APPLY_RULES),
+            Ok(Plan::Acquire(
+                AcquirePlan::Enqueue { .. } | AcquirePlan::Rewait { .. } | AcquirePlan::Join
+            ))
+        )
     }
 
     /// The newest apply rules of any entry this state accepted (0 before versions existed).

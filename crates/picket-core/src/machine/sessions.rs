@@ -60,6 +60,7 @@ impl StateMachine {
             waiting: BTreeSet::new(),
             owner,
             abandoned: VecDeque::new(),
+            ended_waits: VecDeque::new(),
         };
         assert!(self.sessions.insert(session, record).is_none(), "session ids are never reused");
         self.deadlines.add_session(deadline_ms, session);
@@ -158,9 +159,12 @@ impl StateMachine {
     pub(super) fn time_out_waits(&mut self, step: &mut Step) -> BTreeSet<String> {
         let mut touched = BTreeSet::new();
         for (session, name) in self.deadlines.waits_before(step.stamp_ms) {
-            self.remove_waiter(&name, session);
+            let waiter = self.remove_waiter(&name, session);
             let record = self.sessions.get_mut(&session).expect("a waiter's session is live");
             assert!(record.waiting.remove(&name));
+            if step.rules >= 3 {
+                record.remember_ended_wait(waiter.request, CancelCause::TimedOut);
+            }
             step.events.push(Event::Cancelled {
                 name: name.clone(),
                 session,
