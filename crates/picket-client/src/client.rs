@@ -302,12 +302,14 @@ impl Client {
     pub async fn watch(
         &self,
         target: v1::watch_request::Target,
-    ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
-        self.watch_with(v1::WatchRequest { target: Some(target), losses_only: false }).await
+    ) -> Result<crate::WatchStream, ClientError> {
+        let request = v1::WatchRequest { target: Some(target), losses_only: false };
+        self.watch_with(request).await.map(crate::WatchStream::new)
     }
 
     /// A stream of events as `request` asks, e.g. only the losses of a set of sessions
-    /// (`losses_only`), which is how sessions learn that they lost something.
+    /// (`losses_only`), which is how sessions learn that they lost something; as the node sends
+    /// them (read each with [`crate::watched`]).
     ///
     /// # Errors
     /// The cluster being unreachable.

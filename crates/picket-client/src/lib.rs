@@ -34,6 +34,7 @@ mod lease_clock;
 mod session;
 mod state;
 mod transport;
+mod watch;
 mod watcher;
 
 pub use client::Client;
@@ -45,3 +46,4 @@ pub use picket_proto::v1::watch_request::Target as WatchTarget;
 pub use picket_proto::v1::{ClusterInfo, LockInfo, SessionInfo, WatchEvent};
 pub use session::Session;
 pub use transport::ClientConfig;
+pub use watch::{WatchStream, Watched, watched};

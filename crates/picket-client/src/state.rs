@@ -5,6 +5,7 @@ use crate::error::{ClientError, ErrorCode, LostReason};
 use crate::keepalive::KeepAlives;
 use crate::lease_clock::{self, LeaseEnd};
 use crate::transport::{Retry, Transport};
+use picket_core::{Event, ReleaseCause, SessionEnd};
 use picket_proto::v1;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -183,64 +184,30 @@ pub(crate) async fn recheck(shared: &SessionState) {
 
 /// Applies one of the session's events: a revocation, an expiry or a grant ended elsewhere is
 /// known as soon as the service applies it.
-pub(crate) fn dispatch(shared: &SessionState, event: &v1::WatchEvent) {
-    match event_kind(event) {
-        v1::WatchEventKind::SessionEnded => {
-            let reason = match session_end(event) {
-                v1::SessionEnd::Revoked => LostReason::Revoked,
-                v1::SessionEnd::Closed => LostReason::Closed,
-                // Expired, or an ending this build does not know: the session is gone either way.
+pub(crate) fn dispatch(shared: &SessionState, event: &Event) {
+    match event {
+        Event::SessionEnded { cause, .. } => {
+            let reason = match cause {
+                SessionEnd::Revoked => LostReason::Revoked,
+                SessionEnd::Closed => LostReason::Closed,
+                // Expired, or an ending of a newer core: the session is gone either way.
                 _ => LostReason::Expired,
             };
             shared.mark_lost(reason);
         }
-        v1::WatchEventKind::Released => {
-            let reason = match release_cause(event) {
+        Event::Released { name, token, cause, .. } => {
+            let reason = match cause {
                 // The holder's own release is not a loss.
-                v1::ReleaseCause::Released => return,
-                v1::ReleaseCause::SessionRevoked => LostReason::Revoked,
-                v1::ReleaseCause::SessionExpired => LostReason::Expired,
-                v1::ReleaseCause::SessionClosed => LostReason::Closed,
+                ReleaseCause::Released => return,
+                ReleaseCause::SessionRevoked => LostReason::Revoked,
+                ReleaseCause::SessionExpired => LostReason::Expired,
+                ReleaseCause::SessionClosed => LostReason::Closed,
                 _ => LostReason::GrantEnded,
             };
-            shared.grant_ended(&event.name, event.token, reason);
+            shared.grant_ended(name, *token, reason);
         }
         _ => {}
     }
-}
-
-/// Whether the watch may have missed events (a snapshot replaced the state).
-pub(crate) fn is_resync(event: &v1::WatchEvent) -> bool {
-    event_kind(event) == v1::WatchEventKind::Resync
-}
-
-/// The event's typed kind; from its name when a node built before the typed field sent it.
-fn event_kind(event: &v1::WatchEvent) -> v1::WatchEventKind {
-    let parse = v1::WatchEventKind::from_str_name;
-    typed_or_named(event.event_kind(), "WATCH_EVENT_KIND_", &event.kind, parse)
-}
-
-fn session_end(event: &v1::WatchEvent) -> v1::SessionEnd {
-    typed_or_named(event.session_end(), "SESSION_END_", &event.cause, v1::SessionEnd::from_str_name)
-}
-
-fn release_cause(event: &v1::WatchEvent) -> v1::ReleaseCause {
-    let parse = v1::ReleaseCause::from_str_name;
-    typed_or_named(event.release_cause(), "RELEASE_CAUSE_", &event.cause, parse)
-}
-
-/// `typed` unless it is unspecified; then the value named `name` (the protobuf name without
-/// its `prefix`, in lower case), or unspecified for a name this build does not know.
-fn typed_or_named<T: Copy + Default + PartialEq>(
-    typed: T,
-    prefix: &str,
-    name: &str,
-    parse: fn(&str) -> Option<T>,
-) -> T {
-    if typed != T::default() {
-        return typed;
-    }
-    parse(&format!("{prefix}{}", name.to_ascii_uppercase())).unwrap_or_default()
 }
 
 async fn lock_info(transport: &Transport, name: &str) -> Result<v1::LockInfo, ClientError> {
@@ -353,7 +320,7 @@ mod tests {
             state.register_grant("jobs", 7),
         );
         for event in [&typed, &named, &own_release] {
-            dispatch(&state, event);
+            dispatch_message(&state, event);
         }
         assert_eq!(*revoked.borrow(), Some(LostReason::Revoked));
         assert_eq!(*expired.borrow(), Some(LostReason::Expired));
@@ -364,12 +331,14 @@ mod tests {
             cause: "closed".into(),
             ..v1::WatchEvent::default()
         };
-        dispatch(&state, &ended);
+        dispatch_message(&state, &ended);
         assert_eq!(*state.lost.borrow(), Some(LostReason::Closed));
-        assert!(is_resync(&v1::WatchEvent { kind: "resync".into(), ..v1::WatchEvent::default() }));
-        assert!(is_resync(&v1::WatchEvent {
-            event_kind: v1::WatchEventKind::Resync.into(),
-            ..v1::WatchEvent::default()
-        }));
+    }
+
+    fn dispatch_message(state: &SessionState, message: &v1::WatchEvent) {
+        let crate::Watched::Event { event, .. } = crate::watched(message) else {
+            panic!("an event: {message:?}")
+        };
+        dispatch(state, &event);
     }
 }

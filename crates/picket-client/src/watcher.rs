@@ -187,11 +187,16 @@ async fn follow(
                 }
             });
         }
-        while let Ok(Some(event)) = stream.message().await {
-            if state::is_resync(&event) {
-                watcher.recheck_all(&ids);
-            } else if let Some(shared) = watcher.lookup(event.session_id) {
-                state::dispatch(&shared, &event);
+        while let Ok(Some(message)) = stream.message().await {
+            match crate::watched(&message) {
+                crate::Watched::Resync { .. } => watcher.recheck_all(&ids),
+                crate::Watched::Event { event, .. } => {
+                    if let Some(shared) = watcher.lookup(event.session().0) {
+                        state::dispatch(&shared, &event);
+                    }
+                }
+                // A kind or cause a newer node knows: losses are read again to be sure.
+                _ => watcher.recheck_all(&ids),
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -171,7 +171,10 @@ pub fn watch_message(item: WatchItem) -> v1::WatchEvent {
             message.token = *token;
             message.release_cause = release_cause_message(*cause).into();
         }
-        Event::Queued { .. } => message.event_kind = v1::WatchEventKind::Queued.into(),
+        Event::Queued { position, .. } => {
+            message.event_kind = v1::WatchEventKind::Queued.into();
+            message.position = u32::try_from(*position).unwrap_or(u32::MAX);
+        }
         Event::Cancelled { cause, .. } => {
             message.event_kind = v1::WatchEventKind::Cancelled.into();
             message.cancel_cause = cancel_cause_message(*cause).into();

@@ -5,7 +5,8 @@
 use crate::duration::parse_duration;
 use anyhow::bail;
 use clap::{Args, Subcommand};
-use picket_client::{Client, LockInfo, WatchTarget};
+use picket_client::{Client, LockInfo, WatchTarget, Watched};
+use picket_core::Event;
 use serde_json::{Value, json};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -279,24 +280,68 @@ pub async fn watch(args: WatchArgs, client: &Client) -> anyhow::Result<ExitCode>
         _ => bail!("give a lock name, --prefix or --session"),
     };
     let mut stream = client.watch(target).await?;
-    while let Some(event) = stream.message().await? {
+    while let Some(item) = stream.next().await? {
+        let line = WatchLine::of(&item);
         if args.json {
             println!(
                 "{}",
-                json!({ "kind": event.kind, "name": event.name, "session_id": event.session_id, "token": event.token, "cause": event.cause, "revision": event.revision })
+                json!({ "kind": line.kind, "name": line.name, "session_id": line.session_id, "token": line.token, "cause": line.cause, "revision": line.revision })
             );
         } else {
             let token =
-                if event.token > 0 { format!(" token={}", event.token) } else { String::new() };
+                if line.token > 0 { format!(" token={}", line.token) } else { String::new() };
             let cause =
-                if event.cause.is_empty() { String::new() } else { format!(" ({})", event.cause) };
+                if line.cause.is_empty() { String::new() } else { format!(" ({})", line.cause) };
             println!(
                 "rev={} {} {} session={}{token}{cause}",
-                event.revision, event.kind, event.name, event.session_id
+                line.revision, line.kind, line.name, line.session_id
             );
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `picket watch` prints of one item: its names as the wire carries them (so a script
+/// matches the HTTP stream's), 0 and empty where an item has no such field.
+struct WatchLine {
+    kind: String,
+    name: String,
+    session_id: u64,
+    token: u64,
+    cause: String,
+    revision: u64,
+}
+
+impl WatchLine {
+    fn of(item: &Watched) -> Self {
+        let empty = |kind: &str, revision: u64| Self {
+            kind: kind.to_owned(),
+            name: String::new(),
+            session_id: 0,
+            token: 0,
+            cause: String::new(),
+            revision,
+        };
+        match item {
+            Watched::Event { revision, event } => Self {
+                kind: event.kind_name().to_owned(),
+                name: event.lock_name().unwrap_or_default().to_owned(),
+                session_id: event.session().0,
+                token: match event {
+                    Event::Granted { token, .. } | Event::Released { token, .. } => *token,
+                    _ => 0,
+                },
+                cause: event.cause_name().unwrap_or_default().to_owned(),
+                revision: *revision,
+            },
+            Watched::Resync { revision } => empty("resync", *revision),
+            Watched::Unknown { revision, kind, cause } => {
+                Self { cause: cause.clone(), ..empty(kind, *revision) }
+            }
+            // A kind of a newer client library: nothing to say of it.
+            _ => empty("unknown", 0),
+        }
+    }
 }
 
 /// `picket snapshot`.

@@ -400,9 +400,9 @@ async fn a_token_removed_from_the_auth_file_is_refused_without_a_restart() {
     let other = setup.grpc(Some(OTHER), false).await.unwrap();
     let session = other.session(Duration::from_secs(30)).await.unwrap();
     let _guard = session.try_lock("jobs/after-revocation").await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(10), watch.message()).await;
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.next()).await;
     match next.expect("the watch answers or ends") {
-        Err(status) => assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}"),
+        Err(error) => assert!(error.is(ErrorCode::Unauthenticated), "{error:?}"),
         Ok(None) => {}
         Ok(Some(event)) => panic!("an event reached a revoked principal: {event:?}"),
     }

@@ -399,6 +399,62 @@ fn read_commands_print_tables_and_json() {
 }
 
 /// Pointed at nothing, every client command says what to do.
+/// `picket watch --json` prints each event of the lock as the HTTP stream names it: a grant
+/// with its token, session and revision, then its release with its cause.
+#[test]
+fn watch_prints_a_locks_events_as_json_lines() {
+    let (_dir, server) = start();
+    let mut watch = Command::new(PICKET)
+        .args(["--endpoints", &server.addr, "watch", "jobs/watched", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run picket watch");
+    let (lines_out, lines) = std::sync::mpsc::channel();
+    let stdout = watch.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_out.send(line);
+        }
+    });
+    // Events before the stream opened are not replayed: the lock is taken and released
+    // round after round until a grant shows (a release may show first, of the round during
+    // which it opened).
+    let mut rounds = Vec::new();
+    let granted: Value = wait_until("the watch to print a grant", Duration::from_secs(20), || {
+        let (session, token) = hold(&server.addr, "jobs/watched");
+        rounds.push((session, token));
+        let body = json!({ "name": "jobs/watched", "session_id": session, "token": token });
+        let released = http::post(&server.addr, "/v1/locks/release", &body);
+        assert_eq!(released.status, 200, "{}", released.text);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            let event: Value = serde_json::from_str(&line).expect("a JSON line");
+            if event["kind"] == "granted" {
+                return Some(event);
+            }
+        }
+        None
+    });
+    assert_eq!(granted["name"], "jobs/watched", "{granted}");
+    let token = granted["token"].as_u64().expect("a token");
+    let holder = rounds.iter().find(|(_, held)| *held == token).expect("a round's grant").0;
+    assert_eq!(granted["session_id"], holder, "{granted}");
+    assert_eq!(granted["revision"], token, "a grant's token is its revision: {granted}");
+    let released: Value = serde_json::from_str(
+        &lines.recv_timeout(Duration::from_secs(10)).expect("the release is printed"),
+    )
+    .expect("a JSON line");
+    assert_eq!(released["kind"], "released", "{released}");
+    assert_eq!(released["cause"], "released", "{released}");
+    assert_eq!(released["token"], token, "{released}");
+    assert_eq!(released["session_id"], holder, "{released}");
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
 #[test]
 fn no_server_is_explained() {
     let port = picket_testkit::free_port();
