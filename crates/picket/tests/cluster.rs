@@ -416,6 +416,58 @@ fn a_member_can_be_added_and_removed() {
     assert!(after.body["token"].as_u64() > before.body["token"].as_u64());
 }
 
+/// Issue 13, "add_member's check is check-then-act": two adds of one new id with other
+/// addresses, sent at once, both passed the check that an existing member keeps its addresses,
+/// and openraft kept the first addresses and reported success to both. Membership changes on a
+/// node now go one at a time: one add succeeds, the other is refused, and the membership holds
+/// the winner's address.
+#[test]
+fn two_adds_of_one_id_at_once_with_other_addresses_add_one_and_refuse_the_other() {
+    let cluster = start_cluster();
+    let _ = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let joiners_dir = temp_dir();
+    let joiners: Vec<ServerProcess> = ["a", "b"]
+        .iter()
+        .map(|which| {
+            ServerProcess::start(
+                Path::new(env!("CARGO_BIN_EXE_picket")),
+                &joiners_dir.path().join(which),
+                format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+                &["--node-id".to_owned(), "4".to_owned(), "--join".to_owned()],
+            )
+        })
+        .collect();
+    let adds: Vec<_> = joiners
+        .iter()
+        .map(|joiner| {
+            let (addrs, addr) = (addrs.clone(), joiner.addr.clone());
+            std::thread::spawn(move || {
+                let body = json!({ "node_id": 4, "addr": addr });
+                send(&addrs, "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(90))
+                    .unwrap()
+            })
+        })
+        .collect();
+    let replies: Vec<_> = adds.into_iter().map(|add| add.join().expect("an add")).collect();
+    let statuses: Vec<u16> = replies.iter().map(|reply| reply.status).collect();
+    let winner = statuses.iter().position(|status| *status == 200);
+    let texts: Vec<&str> = replies.iter().map(|reply| reply.text.as_str()).collect();
+    let Some(winner) = winner else { panic!("neither add succeeded: {texts:?}") };
+    let loser = 1 - winner;
+    assert_eq!(statuses[loser], 400, "the other add is refused: {texts:?}");
+    assert!(replies[loser].text.contains("cannot change"), "{texts:?}");
+    let view = send(&addrs, "GET", "/v1/cluster", None, Duration::from_secs(5)).unwrap();
+    let member = view.body["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|member| member["node_id"] == 4)
+        .cloned()
+        .expect("node 4 is a member");
+    assert_eq!(member["addr"], joiners[winner].addr.as_str(), "{}", view.text);
+}
+
 /// A follower refuses a request with 421 `not_leader` and names the leader three ways: in the
 /// body, in a `picket-leader` header, and as a `Location` for the same path on the leader.
 #[test]

@@ -154,6 +154,10 @@ impl Node {
         }
         // A peer address that is the client address means one port, as `Member` records it.
         let peer_addr = peer_addr.filter(|peer_addr| *peer_addr != addr);
+        // One change at a time on this node: two adds of one id with other addresses, checked
+        // together, would both pass the check below, and openraft keeps the first addresses
+        // and reports success to both.
+        let _one_at_a_time = self.membership_changes.lock().await;
         let members = self.cluster().members;
         if let Some(existing) = members.iter().find(|member| member.node_id == node_id)
             && (existing.addr != addr || existing.peer_addr != peer_addr)
@@ -172,7 +176,19 @@ impl Node {
             )));
         }
         let member = Member::with_peer_addr(addr, peer_addr);
-        self.raft.add_learner(node_id, member, true).await.map_err(membership_error)?;
+        let peers = member.peer_addr().to_owned();
+        let caught_up =
+            tokio::time::timeout(LEARNER_CATCH_UP, self.raft.add_learner(node_id, member, true));
+        let Ok(added) = caught_up.await else {
+            return Err(ServiceError::OutcomeUnknown(format!(
+                "node {node_id} was added as a learner but has not caught up with the log within \
+                 {} s (peers reach it at {peers}): it counts for no quorum yet. Check that it runs \
+                 with --join and is reachable there, then add it again to make it a voter, or \
+                 remove it",
+                LEARNER_CATCH_UP.as_secs()
+            )));
+        };
+        added.map_err(membership_error)?;
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.raft
             .change_membership(openraft::ChangeMembers::AddVoterIds(voters), false)
@@ -186,6 +202,7 @@ impl Node {
     /// # Errors
     /// On a follower, or when the membership change fails.
     pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
+        let _one_at_a_time = self.membership_changes.lock().await;
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.raft
             .change_membership(openraft::ChangeMembers::RemoveVoters(voters), false)
@@ -194,6 +211,10 @@ impl Node {
         Ok(self.cluster())
     }
 }
+
+/// How long adding a member waits for it to catch up with the log as a learner before it
+/// answers; a node joining with a large log to receive may need longer, and is then added again.
+const LEARNER_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn membership_error(
     error: RaftError<

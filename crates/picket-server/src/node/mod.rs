@@ -69,6 +69,8 @@ pub struct Node {
     auth: Option<Arc<AuthFile>>,
     /// Why this node stopped serving for good, once it has (see [`Node::halt`]).
     halted: tokio::sync::watch::Sender<Option<String>>,
+    /// Held through a membership change, so that its checks and the change are one step.
+    membership_changes: tokio::sync::Mutex<()>,
 }
 
 /// Most committed entries a node may have left to apply and still count as caught up.
@@ -158,6 +160,7 @@ impl Node {
             signer: None,
             auth: None,
             halted: tokio::sync::watch::Sender::new(None),
+            membership_changes: tokio::sync::Mutex::new(()),
         }
     }
 
