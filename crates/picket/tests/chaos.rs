@@ -186,10 +186,13 @@ fn run_chaos(duration: &str, extra: &[&[&str]]) -> (bool, serde_json::Value, Str
         .arg(&out)
         .output()
         .expect("picket chaos runs");
+    // The run's directory goes with this function: what a failure needs of the processes'
+    // logs is kept in the output it reports.
     let printed = format!(
-        "{}\n{}",
+        "{}\n{}\n{}",
         String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&output.stderr),
+        log_tails(&out)
     );
     let mut summary: serde_json::Value = serde_json::from_slice(
         &std::fs::read(out.join("summary.json"))
@@ -199,4 +202,26 @@ fn run_chaos(duration: &str, extra: &[&[&str]]) -> (bool, serde_json::Value, Str
     let history = std::fs::read_to_string(out.join("history.jsonl")).unwrap_or_default();
     summary["history_lines"] = history.lines().count().into();
     (output.status.success(), summary, printed)
+}
+
+/// The last lines of each process's log in a run's directory (the nodes', the store's, the
+/// clients'), in name order.
+fn log_tails(out: &std::path::Path) -> String {
+    const LINES: usize = 12;
+    let mut logs: Vec<std::path::PathBuf> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+        .collect();
+    logs.sort();
+    let mut tails = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+        tails.push_str(&format!("--- the end of {} ---\n{tail}\n", log.display()));
+    }
+    tails
 }
