@@ -342,12 +342,14 @@ impl StateMachine {
     /// change before the command is applied; apply decides again.
     #[must_use]
     pub fn only_queues(&self, command: &Command) -> bool {
-        matches!(
-            self.plan(command, APPLY_RULES),
-            Ok(Plan::Acquire(
-                AcquirePlan::Enqueue { .. } | AcquirePlan::Rewait { .. } | AcquirePlan::Join
-            ))
-        )
+        // Asked on the log's write path for every entry: only an acquire is worth planning.
+        matches!(command, Command::Acquire { .. })
+            && matches!(
+                self.plan(command, APPLY_RULES),
+                Ok(Plan::Acquire(
+                    AcquirePlan::Enqueue { .. } | AcquirePlan::Rewait { .. } | AcquirePlan::Join
+                ))
+            )
     }
 
     /// The newest apply rules of any entry this state accepted (0 before versions existed).
