@@ -28,14 +28,20 @@ pub enum Watched {
         revision: u64,
     },
     /// An event of a kind, or with a cause, that this build does not know (a newer node sent
-    /// it): its names as the node sent them.
+    /// it): its fields as the node sent them (empty or 0 where it had none).
     Unknown {
         /// The revision of the command that caused it.
         revision: u64,
-        /// The event's kind, e.g. `granted`.
+        /// The event's kind, e.g. `released`.
         kind: String,
         /// Its cause, when it has one.
         cause: String,
+        /// The lock, for an event about one.
+        name: String,
+        /// The session.
+        session: SessionId,
+        /// The grant's token, for an event about one.
+        token: u64,
     },
 }
 
@@ -77,8 +83,14 @@ impl WatchStream {
 #[must_use]
 pub fn watched(message: &v1::WatchEvent) -> Watched {
     let revision = message.revision;
-    let unknown =
-        || Watched::Unknown { revision, kind: message.kind.clone(), cause: message.cause.clone() };
+    let unknown = || Watched::Unknown {
+        revision,
+        kind: message.kind.clone(),
+        cause: message.cause.clone(),
+        name: message.name.clone(),
+        session: SessionId(message.session_id),
+        token: message.token,
+    };
     let name = || message.name.clone();
     let session = SessionId(message.session_id);
     let cause_name = |typed: &str, prefix: &str| typed_or_named(typed, prefix, &message.cause);
@@ -231,7 +243,14 @@ mod tests {
         };
         assert_eq!(
             watched(&newer),
-            Watched::Unknown { revision: 9, kind: "renamed".into(), cause: "moved".into() }
+            Watched::Unknown {
+                revision: 9,
+                kind: "renamed".into(),
+                cause: "moved".into(),
+                name: "x".into(),
+                session: SessionId(4),
+                token: 0,
+            }
         );
         let unknown_cause = v1::WatchEvent {
             kind: "released".into(),

@@ -11,6 +11,7 @@
 //! may have gone by meanwhile; so does a `resync` message, which the service sends when it
 //! cannot say which events it skipped (after installing a snapshot).
 
+use crate::LostReason;
 use crate::state::{self, SessionState};
 use crate::transport::WeakTransport;
 use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
@@ -195,8 +196,17 @@ async fn follow(
                         state::dispatch(&shared, &event);
                     }
                 }
-                // A kind or cause a newer node knows: losses are read again to be sure.
-                _ => watcher.recheck_all(&ids),
+                crate::Watched::Unknown { kind, name, session, token, .. } => {
+                    // A cause a newer node knows: a release or a session's end is a loss
+                    // whatever its cause; anything else is read again to be sure.
+                    match (kind.as_str(), watcher.lookup(session.0)) {
+                        ("released", Some(shared)) => {
+                            shared.grant_ended(&name, token, LostReason::GrantEnded);
+                        }
+                        ("session_ended", Some(shared)) => shared.mark_lost(LostReason::Expired),
+                        _ => watcher.recheck_all(&ids),
+                    }
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

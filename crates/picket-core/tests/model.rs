@@ -404,9 +404,7 @@ impl Model {
         if record.abandoned.iter().any(|(r, latest)| *r == request && attempt <= *latest) {
             return Err("request_abandoned");
         }
-        if let Some((_, code)) = record.ended.iter().find(|(r, _)| *r == request) {
-            return Err(code);
-        }
+        let ended = record.ended.iter().find(|(r, _)| *r == request).map(|(_, code)| *code);
         let lock = self.locks.get(name).cloned().unwrap_or_default();
         if let Some(holder) = lock.holder.filter(|h| h.session == session) {
             self.accept(now_ms);
@@ -448,6 +446,9 @@ impl Model {
             let waiter = &mut self.locks.get_mut(name).unwrap().queue[position];
             waiter.attempt = waiter.attempt.max(attempt);
             return Ok(Response::Queued { name: name.into(), position });
+        } else if let Some(code) = ended {
+            // After the grant and the wait the request may hold, which win.
+            return Err(code);
         } else if !room {
             return Err("too_many_locks_for_session");
         } else if !free && lock.queue.len() >= self.limits.max_waiters_per_lock {

@@ -1140,3 +1140,17 @@ fn only_an_acquire_that_waits_only_queues() {
     assert!(!machine.only_queues(&acquire(b, "y", Wait::Forever, 1)), "a grant");
     assert!(!machine.only_queues(&Command::KeepAlive { session: b }));
 }
+
+/// From review: a request remembered as ended can wait again through an entry of older rules (a
+/// leader during the switch to rules 3 may still write one); its next retry joins that wait
+/// rather than being told the wait ended: a live wait or grant wins over the memory.
+#[test]
+fn a_live_wait_wins_over_a_remembered_end_of_the_same_request() {
+    let mut story = a_wait_retried_then_ticked(APPLY_RULES);
+    story.rules = 2;
+    let again = story.acquire_attempt(700, "B", "x", Wait::Forever, (7, 2));
+    assert!(matches!(again.result, Ok(Response::Queued { .. })), "{:?}", again.result);
+    story.rules = APPLY_RULES;
+    let joined = story.acquire_attempt(800, "B", "x", Wait::Forever, (7, 3));
+    assert!(matches!(joined.result, Ok(Response::Queued { .. })), "{:?}", joined.result);
+}

@@ -335,9 +335,13 @@ impl WatchLine {
                 revision: *revision,
             },
             Watched::Resync { revision } => empty("resync", *revision),
-            Watched::Unknown { revision, kind, cause } => {
-                Self { cause: cause.clone(), ..empty(kind, *revision) }
-            }
+            Watched::Unknown { revision, kind, cause, name, session, token } => Self {
+                cause: cause.clone(),
+                name: name.clone(),
+                session_id: session.0,
+                token: *token,
+                ..empty(kind, *revision)
+            },
             // A kind of a newer client library: nothing to say of it.
             _ => empty("unknown", 0),
         }

@@ -27,12 +27,6 @@ impl StateMachine {
             // Its caller is gone: a grant would have nobody to hold it.
             return Err(CommandError::RequestAbandoned { name: name.to_owned(), session, request });
         }
-        if rules >= 3
-            && let Some(cause) = session_record.ended_wait(request)
-        {
-            // A retry after its answer was lost: it gets that answer, not a second wait.
-            return Err(CommandError::WaitEnded { name: name.to_owned(), session, request, cause });
-        }
         let lock_record = self.locks.get(name);
         let holder = lock_record.and_then(|lock| lock.holder);
         if let Some(holder) = holder.filter(|holder| holder.session == session) {
@@ -64,6 +58,14 @@ impl StateMachine {
             } else {
                 AcquirePlan::Rewait { wait_ms }
             });
+        }
+        // Decided after the grant and the wait a request may hold, which always win: a request
+        // remembered as ended can wait again through an entry of older rules.
+        if rules >= 3
+            && let Some(cause) = session_record.ended_wait(request)
+        {
+            // A retry after its answer was lost: it gets that answer, not a second wait.
+            return Err(CommandError::WaitEnded { name: name.to_owned(), session, request, cause });
         }
         self.check_session_room(session)?;
         if free {

@@ -203,11 +203,17 @@ impl Node {
     /// On a follower, or when the membership change fails.
     pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
         let _one_at_a_time = self.membership_changes.lock().await;
-        let voters: BTreeSet<NodeId> = [node_id].into();
-        self.raft
-            .change_membership(openraft::ChangeMembers::RemoveVoters(voters), false)
-            .await
-            .map_err(membership_error)?;
+        let ids: BTreeSet<NodeId> = [node_id].into();
+        // A learner (one whose add did not finish) is dropped as a node: removing it as a voter
+        // would leave it in the membership, replicated to and holding the apply rules back.
+        let learner =
+            self.cluster().members.iter().any(|member| member.node_id == node_id && !member.voter);
+        let change = if learner {
+            openraft::ChangeMembers::RemoveNodes(ids)
+        } else {
+            openraft::ChangeMembers::RemoveVoters(ids)
+        };
+        self.raft.change_membership(change, false).await.map_err(membership_error)?;
         Ok(self.cluster())
     }
 }
