@@ -326,6 +326,24 @@ impl LogStore {
         })
     }
 
+    /// `(held, last)` when a snapshot the leader of `vote` sends, ending at `last`, contradicts
+    /// the entry this log holds committed: it is after it in log id order but not at a greater
+    /// index (two committed entries in one slot, or a committed suffix undone). As
+    /// [`LogStore::contradicted_commit`], only for a vote at least the one held.
+    #[must_use]
+    pub fn snapshot_contradicting_commit(
+        &self,
+        vote: &Vote,
+        last: Option<&LogId>,
+    ) -> Option<(LogId, LogId)> {
+        let view = self.view();
+        let (committed, last) = (view.committed?, *last?);
+        if view.vote.as_ref().is_some_and(|held| vote < held) {
+            return None;
+        }
+        (last > committed && last.index() <= committed.index()).then_some((committed, last))
+    }
+
     fn view(&self) -> MutexGuard<'_, View> {
         self.inner.view.lock().expect("log view lock poisoned")
     }

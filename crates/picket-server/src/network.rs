@@ -11,7 +11,7 @@ use crate::clock::Clock;
 use crate::framing;
 use crate::log_store::LogStore;
 use crate::node::Node;
-use crate::raft_types::{Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use crate::raft_types::{LogId, Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::tls::Caller;
 use contacts::Contacts;
 use openraft::RaftNetworkV2;
@@ -388,20 +388,36 @@ impl RaftService {
     /// this node would go on from a state the cluster no longer has.
     fn check_committed_agree(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), Status> {
         let sent = rpc.prev_log_id.iter().chain(rpc.entries.iter().map(|entry| &entry.log_id));
-        let Some((held, sent)) = self.log.contradicted_commit(&rpc.vote, sent) else {
-            return Ok(());
-        };
+        match self.log.contradicted_commit(&rpc.vote, sent) {
+            Some((held, sent)) => Err(self.halt_on_lost_commit(&rpc.vote, held, sent, "")),
+            None => Ok(()),
+        }
+    }
+
+    /// The same for a snapshot: one that ends after the entry this node holds committed (by log
+    /// id order) but not at a greater index contradicts it. openraft asserts that it never
+    /// happens, in release builds too, so the node would stop with a panic instead.
+    fn check_snapshot_agrees(&self, vote: &Vote, last: Option<&LogId>) -> Result<(), Status> {
+        match self.log.snapshot_contradicting_commit(vote, last) {
+            Some((held, sent)) => {
+                Err(self.halt_on_lost_commit(vote, held, sent, "a snapshot ending "))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Halts this node because the leader of `vote` sent `sent` where it committed `held`.
+    fn halt_on_lost_commit(&self, vote: &Vote, held: LogId, sent: LogId, what: &str) -> Status {
         let reason = format!(
-            "{COMMITTED_ENTRY_LOST}: this node committed entry {held}, and the leader (vote {}) \
-             sends {sent} at its index. A majority of the cluster lost entries it had \
+            "{COMMITTED_ENTRY_LOST}: this node committed entry {held}, and the leader (vote {vote}) \
+             sends {what}{sent} at its index. A majority of the cluster lost entries it had \
              acknowledged (disks that dropped synced writes, or data directories restored by \
              hand). Stopping rather than go on from a history the cluster no longer has: check \
-             the members' disks, then wipe this node's data directory and join it again",
-            rpc.vote
+             the members' disks, then wipe this node's data directory and join it again"
         );
         tracing::error!(%held, %sent, "{reason}");
         self.node.halt(reason.clone());
-        Err(Status::failed_precondition(reason))
+        Status::failed_precondition(reason)
     }
 
     /// The tonic service, with message size bounds. In a TLS cluster, a request from a
@@ -476,6 +492,7 @@ impl raft_server::Raft for RaftService {
         self.check_target(&request)?;
         let (vote, snapshot) =
             decode_snapshot(&request.into_inner().data).map_err(Status::invalid_argument)?;
+        self.check_snapshot_agrees(&vote, snapshot.meta.last_log_id.as_ref())?;
         // A snapshot whose state does not decode is refused here: handed to openraft, the
         // failure to install it would be a storage error, which stops this node's Raft.
         crate::state_machine::restore_machine(&snapshot.snapshot).map_err(|error| {

@@ -327,3 +327,38 @@ fn a_leader_contradicting_a_committed_entry_is_found_and_nothing_else_is() {
         assert_eq!(store.contradicted_commit(&newer, &[other_term(4)]), None);
     });
 }
+
+/// The same for a snapshot (review of issue 16's halt): one that ends after the committed entry
+/// in log id order but not at a greater index contradicts it; one ending further on, or at or
+/// before it, does not (openraft skips the latter).
+#[test]
+fn a_snapshot_contradicting_a_committed_entry_is_found_and_nothing_else_is() {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut store = LogStore::open(dir.path(), 1 << 20, None).expect("opens");
+        let entries: Vec<Entry> =
+            (1..=6).map(|index| blank_ent::<TypeConfig>(2, 1, index)).collect();
+        let held: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
+        let (done, flushed) = TypeConfig::oneshot();
+        store.append(entries, IOFlushed::signal(done)).await.expect("appends");
+        flushed.await.expect("completes").expect("durable");
+        store.save_vote(&Vote::new_committed(2, 1)).await.expect("saves");
+        let newer = Vote::new_committed(3, 2);
+        let at = |index| blank_ent::<TypeConfig>(3, 2, index).log_id;
+        assert_eq!(store.snapshot_contradicting_commit(&newer, Some(&at(2))), None, "none yet");
+        store.save_committed(Some(held[3])).await.expect("saves");
+        assert_eq!(
+            store.snapshot_contradicting_commit(&newer, Some(&at(4))),
+            Some((held[3], at(4)))
+        );
+        assert_eq!(
+            store.snapshot_contradicting_commit(&newer, Some(&at(3))),
+            Some((held[3], at(3)))
+        );
+        assert_eq!(store.snapshot_contradicting_commit(&newer, Some(&at(5))), None);
+        assert_eq!(store.snapshot_contradicting_commit(&newer, Some(&held[2])), None);
+        assert_eq!(store.snapshot_contradicting_commit(&newer, None), None);
+    });
+}

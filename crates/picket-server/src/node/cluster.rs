@@ -181,10 +181,11 @@ impl Node {
             tokio::time::timeout(LEARNER_CATCH_UP, self.raft.add_learner(node_id, member, true));
         let Ok(added) = caught_up.await else {
             return Err(ServiceError::OutcomeUnknown(format!(
-                "node {node_id} was added as a learner but has not caught up with the log within \
-                 {} s (peers reach it at {peers}): it counts for no quorum yet. Check that it runs \
-                 with --join and is reachable there, then add it again to make it a voter, or \
-                 remove it",
+                "node {node_id} has not joined as a caught-up learner within {} s (peers reach it \
+                 at {peers}): either its learner entry has not committed (no quorum) or it has \
+                 not caught up with the log; it counts for no quorum. Check that it runs with \
+                 --join and is reachable there, then add it again to make it a voter, or remove \
+                 it",
                 LEARNER_CATCH_UP.as_secs()
             )));
         };
