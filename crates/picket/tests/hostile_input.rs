@@ -95,6 +95,13 @@ async fn refused_commands_never_enter_the_raft_log() {
         let busy = post(&addr, "/v1/locks/acquire", &acquire("jobs/held", session, Some(0)));
         assert_refused(&busy, "lock_busy");
     }
+    // A retry (attempt above 0) whose earlier attempts are all applied is answered from the
+    // state too; only one whose earlier attempt may still be on its way goes to the log.
+    for attempt in 1..=20 {
+        let retry = json!({ "name": "jobs/held", "session_id": session, "wait_ms": 0,
+                            "request_id": 900 + attempt, "attempt": attempt });
+        assert_refused(&post(&addr, "/v1/locks/acquire", &retry), "lock_busy");
+    }
     let release = json!({ "name": "jobs/held", "session_id": session, "token": held_token });
     assert_refused(&post(&addr, "/v1/locks/release", &release), "not_held");
     let release = json!({ "name": "jobs/held", "session_id": other, "token": held_token + 1 });
@@ -114,6 +121,15 @@ async fn refused_commands_never_enter_the_raft_log() {
         let refused = grpc.acquire(request).await.expect_err("refused");
         assert_eq!(grpc_code(&refused), "invalid_name");
     }
+    let retry = v1::AcquireRequest {
+        name: "jobs/held".to_owned(),
+        session_id: session,
+        wait_ms: Some(0),
+        request_id: Some(950),
+        attempt: 2,
+    };
+    let refused = grpc.acquire(retry).await.expect_err("refused");
+    assert_eq!(grpc_code(&refused), "lock_busy");
     let refused = grpc
         .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0 })
         .await

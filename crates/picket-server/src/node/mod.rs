@@ -8,6 +8,7 @@
 
 mod acquire;
 mod cluster;
+mod in_flight;
 mod reads;
 mod sessions;
 mod watch;
@@ -59,6 +60,10 @@ pub struct Node {
     /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
     /// has committed and applied an entry of its own term.
     refreshed_term: std::sync::atomic::AtomicU64,
+    /// Woken when `refreshed_term` changes.
+    settled: tokio::sync::Notify,
+    /// Acquire requests handed to Raft and not yet seen applied.
+    in_flight: in_flight::InFlight,
     /// How long a leader may go without hearing from a quorum before it is not ready.
     leader_lease: std::time::Duration,
     /// TLS for this node's calls to its peers, when the cluster runs TLS.
@@ -72,6 +77,10 @@ pub struct Node {
     /// Held through a membership change, so that its checks and the change are one step.
     membership_changes: tokio::sync::Mutex<()>,
 }
+
+/// Longest a refusal on a leader elected a moment ago waits for the leader's `Refresh` before
+/// it goes to the log instead (one commit round, normally).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Most committed entries a node may have left to apply and still count as caught up.
 const MAX_READY_APPLY_LAG: u64 = 1_000;
@@ -155,6 +164,8 @@ impl Node {
             ),
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
+            settled: tokio::sync::Notify::new(),
+            in_flight: in_flight::InFlight::default(),
             leader_lease,
             to_peers: None,
             signer: None,
@@ -316,6 +327,7 @@ impl Node {
     /// Records that this node, leading in `term`, had its `Refresh` applied.
     pub(crate) fn mark_refreshed(&self, term: u64) {
         self.refreshed_term.store(term, std::sync::atomic::Ordering::Release);
+        self.settled.notify_waiters();
     }
 
     /// Whether this node can serve now: a leader is known, and this node has applied what it
@@ -402,11 +414,21 @@ impl Node {
     }
 
     async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
-        if let Some(refusal) = self.refusal_before_log(&input).await {
+        let request = match &input.command {
+            Command::Acquire { session, request, .. } => Some((*session, *request)),
+            _ => None,
+        };
+        let (earlier_in_flight, mut proposal) = self.in_flight.begin(request);
+        if let Some(refusal) = self.refusal_before_log(&input, earlier_in_flight).await {
             self.metrics().refused(refusal.code(), "before_log");
             return Err(ServiceError::Command(refusal));
         }
-        match self.raft.client_write(input).await {
+        proposal.handed_over();
+        let written = self.raft.client_write(input).await;
+        if written.is_ok() {
+            proposal.applied();
+        }
+        match written {
             Ok(response) => match response.data {
                 EntryReply::Applied(applied) => Ok(applied),
                 EntryReply::None => {
@@ -435,9 +457,16 @@ impl Node {
     /// so far: every outcome any node told a client (a proposal's reply, a waiting acquire's
     /// grant, a watch event) was committed before, so the refusal is a linearizable answer.
     /// Never refused early: `Abandon`, which must follow the acquire it undoes even while that
-    /// acquire is in flight; a retried acquire (attempt above 0), whose first attempt may be in
-    /// flight and grant it; and the leader's own ticks.
-    async fn refusal_before_log(&self, input: &Input) -> Option<CommandError> {
+    /// acquire is in flight; a retried acquire (attempt above 0) while an earlier proposal of
+    /// its request may still be on its way to the log (`earlier_in_flight`, see
+    /// [`in_flight`]), which could grant it; and the leader's own ticks. A leader elected a
+    /// moment ago first waits (briefly) for its `Refresh`, which applies everything its
+    /// predecessors committed.
+    async fn refusal_before_log(
+        &self,
+        input: &Input,
+        earlier_in_flight: bool,
+    ) -> Option<CommandError> {
         let (command, rules) = (&input.command, input.rules);
         let (refusal, lasts) = self.read_local(|state| {
             let refusal = state.machine.validate_under(command, rules).err()?;
@@ -449,17 +478,41 @@ impl Node {
         }
         let ordered =
             matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh)
-                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0);
-        let term = self.settled_term();
-        if ordered || term.is_none() {
+                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0)
+                    && earlier_in_flight;
+        if ordered {
             return None;
         }
+        let term = match self.settled_term() {
+            Some(term) => term,
+            None => self.settle().await?,
+        };
         // LeaseRead confirms leadership and waits until this node applied every entry committed
         // before the call; decide again on that state, in the same term.
         self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
         let refusal =
             self.read_local(|state| state.machine.validate_under(command, rules).err())?;
-        (self.settled_term() == term).then_some(refusal)
+        (self.settled_term() == Some(term)).then_some(refusal)
+    }
+
+    /// Waits, at most [`SETTLE_WAIT`], for this node to settle as leader (have its own term's
+    /// `Refresh` applied); returns the term it settled in, or `None` if it is no leader or did
+    /// not settle in time.
+    async fn settle(&self) -> Option<u64> {
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            // Registered before the look, so a `Refresh` applied between the two still wakes it.
+            settled.as_mut().enable();
+            if let Some(term) = self.settled_term() {
+                return Some(term);
+            }
+            if self.raft.metrics().borrow_watched().state != ServerState::Leader {
+                return None;
+            }
+            tokio::time::timeout_at(deadline, settled).await.ok()?;
+        }
     }
 
     /// The term in which this node leads and has applied its own `Refresh`, if it does.
