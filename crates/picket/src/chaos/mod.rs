@@ -8,6 +8,7 @@ mod delay;
 mod disk;
 mod harness;
 mod history;
+mod holder;
 mod linearizable;
 mod nemesis;
 mod network;
@@ -83,9 +84,9 @@ struct RunArgs {
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     fault_gap: Duration,
     /// The faults to draw from, comma-separated: leader_kill_quick, leader_kill_long,
-    /// follower_kill, client_pause, leader_pause, leader_clock_jump, leader_clock_rate,
-    /// partition_leader, partition_split, partition_one_way, partition_bridge,
-    /// client_isolate, cluster_restart, store_restart, power_loss, cluster_power_loss,
+    /// follower_kill, client_pause, holder_pause, holder_pause_failover, leader_pause,
+    /// leader_clock_jump, leader_clock_rate, partition_leader, partition_split,
+    /// partition_one_way, partition_bridge, client_isolate, cluster_restart, store_restart, power_loss, cluster_power_loss,
     /// disk_full, fsync_failure. The partitions need root, nftables and cgroup v2; disk_full
     /// needs root (each node's data is a tmpfs of its own); the power losses and fsync_failure
     /// need a test build (below).

@@ -3,6 +3,7 @@
 
 use super::disk::Disks;
 use super::history::{Event, Op, Phase};
+use super::holder::{Clients, holder_fault};
 use super::network::Cut;
 use super::plan::{FaultKind, RunPlan};
 use super::processes::{Cluster, Node, Store, client_member, node_member, signal};
@@ -69,6 +70,11 @@ pub(super) async fn run_nemesis(
                     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                     signal(pid, nix::sys::signal::Signal::SIGCONT);
                 }));
+            }
+            FaultKind::HolderPause | FaultKind::HolderPauseFailover => {
+                let holders = Clients { pids: clients, history, paused: &paused };
+                let timing = (election_ms, ttl_ms);
+                holder_fault(kind, &holders, cluster, &mut rng, &record, timing).await?;
             }
             FaultKind::StoreRestart => {
                 record("store_restart".to_owned());
@@ -217,6 +223,8 @@ pub(super) async fn node_fault(
         kind if matches!(
             kind,
             FaultKind::ClientPause
+                | FaultKind::HolderPause
+                | FaultKind::HolderPauseFailover
                 | FaultKind::StoreRestart
                 | FaultKind::ClusterRestart
                 | FaultKind::ClusterPowerLoss

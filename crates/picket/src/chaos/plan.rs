@@ -16,6 +16,17 @@ pub enum FaultKind {
     /// SIGSTOP a client for half to twice its session TTL, then SIGCONT: its session expires
     /// and it wakes up writing with a superseded token.
     ClientPause,
+    /// Waits (up to ten seconds) for a client holding the lock between its read and its write,
+    /// and SIGSTOPs it for one and a half to three session TTLs: its session surely expires,
+    /// the lock moves on, and it wakes up writing with a superseded token. Where
+    /// [`FaultKind::ClientPause`] takes its chances, this one makes the stale write happen.
+    HolderPause,
+    /// Waits for a holder between its read and its write as [`FaultKind::HolderPause`] does,
+    /// SIGSTOPs it, kills the leader for two to six election timeouts, restarts it, and wakes
+    /// the holder two election timeouts after a leader is back: the holder's pause spans a
+    /// failover, which must not cost it its session while its lease runs (a new leader gives
+    /// every session a full TTL).
+    HolderPauseFailover,
     /// SIGSTOP the leader for one to four election timeouts, then SIGCONT: it wakes up deposed
     /// or, if it was quick, still leading after a gap in its clock.
     LeaderPause,
@@ -130,11 +141,13 @@ impl Mutation {
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 22] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
         Self::ClientPause,
+        Self::HolderPause,
+        Self::HolderPauseFailover,
         Self::LeaderPause,
         Self::LeaderClockJump,
         Self::LeaderClockRate,
@@ -161,6 +174,8 @@ impl FaultKind {
             Self::LeaderKillLong => "leader_kill_long",
             Self::FollowerKill => "follower_kill",
             Self::ClientPause => "client_pause",
+            Self::HolderPause => "holder_pause",
+            Self::HolderPauseFailover => "holder_pause_failover",
             Self::LeaderPause => "leader_pause",
             Self::LeaderClockJump => "leader_clock_jump",
             Self::LeaderClockRate => "leader_clock_rate",
