@@ -5,8 +5,9 @@
 //! For a retried acquire (attempt above 0) that entry is an earlier attempt of the same request:
 //! a retry refused as `lock_busy` while its first attempt is about to be granted would tell the
 //! caller it holds nothing, and leave the grant to nobody. So the leader keeps, per session and
-//! request, the proposals it has not seen applied, and sends a retry to the log only while one
-//! of them may still be ahead of it there.
+//! request, the proposals it has not seen applied; a retry waits (briefly) until every earlier
+//! one is applied and then is decided on the state like any command, and goes to the log
+//! undecided only if one may still be ahead of it there when the wait ends.
 //!
 //! A proposal whose caller went away before the answer (its connection broke, which is exactly
 //! when clients retry) may or may not be in the log; its Raft message, if sent, was sent before
@@ -16,8 +17,10 @@
 //! handed to Raft, and the registry remembers the highest number seen applied.
 
 use picket_core::{RequestId, SessionId};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::Notify;
 
 /// An acquire request: the session that sent it and the request's id within the session.
 pub(crate) type RequestKey = (SessionId, RequestId);
@@ -30,6 +33,8 @@ const MAX_UNSURE: usize = 10_000;
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     state: Mutex<State>,
+    /// Woken whenever a proposal ends.
+    ended: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -38,8 +43,11 @@ struct State {
     last_write: u64,
     /// The highest number of a write seen applied (0: none yet; numbers start at 1).
     applied_write: u64,
-    /// Proposals whose caller is still waiting for their answer, by request.
-    proposing: HashMap<RequestKey, usize>,
+    /// The number the last proposal begun took.
+    last_begun: u64,
+    /// Proposals whose caller is still waiting for their answer, by request, each by the
+    /// number it took when it began.
+    proposing: HashMap<RequestKey, BTreeSet<u64>>,
     /// Proposals handed over whose caller went away or got an error: each with the number the
     /// next write took when it went away. Each is settled once a write numbered at least that
     /// is applied.
@@ -51,10 +59,14 @@ struct State {
 }
 
 impl State {
-    fn maybe_in_flight(&self, key: RequestKey) -> bool {
+    /// Whether a proposal of `key` begun before number `begun` may still be in flight.
+    fn earlier_in_flight(&self, key: RequestKey, begun: u64) -> bool {
         self.all_unsure_until.is_some()
-            || self.proposing.contains_key(&key)
             || self.unsure_by_key.contains_key(&key)
+            || self
+                .proposing
+                .get(&key)
+                .is_some_and(|numbers| numbers.range(..begun).next().is_some())
     }
 
     fn settle(&mut self) {
@@ -102,13 +114,15 @@ impl InFlight {
     /// and the proposal's record, which must see [`Proposal::handed_over`] before the write and
     /// [`Proposal::applied`] once it is applied; dropped otherwise, it counts as unsure.
     pub(crate) fn begin(&self, key: Option<RequestKey>) -> (bool, Proposal<'_>) {
+        let mut begun = 0;
         let earlier = key.is_some_and(|key| {
             let mut state = self.lock();
-            let earlier = state.maybe_in_flight(key);
-            *state.proposing.entry(key).or_default() += 1;
-            earlier
+            state.last_begun += 1;
+            begun = state.last_begun;
+            state.proposing.entry(key).or_default().insert(begun);
+            state.earlier_in_flight(key, begun)
         });
-        (earlier, Proposal { registry: self, key, number: None, applied: false })
+        (earlier, Proposal { registry: self, key, begun, number: None, applied: false })
     }
 }
 
@@ -117,11 +131,33 @@ impl InFlight {
 pub(crate) struct Proposal<'a> {
     registry: &'a InFlight,
     key: Option<RequestKey>,
+    /// The number it took when it began (acquires only).
+    begun: u64,
     number: Option<u64>,
     applied: bool,
 }
 
 impl Proposal<'_> {
+    /// Waits, at most `timeout`, until no proposal of the same request begun before this one
+    /// may still be in flight; returns whether none may. Proposals begun after this one are not
+    /// waited for, so two retries never wait for each other.
+    pub(crate) async fn wait_for_earlier(&self, timeout: Duration) -> bool {
+        let Some(key) = self.key else { return true };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let ended = self.registry.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the look, so an end between the two still wakes it.
+            ended.as_mut().enable();
+            if !self.registry.lock().earlier_in_flight(key, self.begun) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     /// Numbers the write: called just before it is handed to Raft.
     pub(crate) fn handed_over(&mut self) {
         let mut state = self.registry.lock();
@@ -139,7 +175,12 @@ impl Drop for Proposal<'_> {
     fn drop(&mut self) {
         let mut state = self.registry.lock();
         if let Some(key) = self.key {
-            decrement(&mut state.proposing, key);
+            if let Some(numbers) = state.proposing.get_mut(&key) {
+                numbers.remove(&self.begun);
+                if numbers.is_empty() {
+                    state.proposing.remove(&key);
+                }
+            }
             // A proposal never handed over is not in the log.
             if !self.applied && self.number.is_some() {
                 state.make_unsure(key);
@@ -149,6 +190,8 @@ impl Drop for Proposal<'_> {
             state.applied_write = state.applied_write.max(number);
         }
         state.settle();
+        drop(state);
+        self.registry.ended.notify_waiters();
     }
 }
 
@@ -201,6 +244,41 @@ mod tests {
         assert!(registry.begin(Some(KEY)).0);
         applied_write(&registry, Some(OTHER));
         assert!(!registry.begin(Some(KEY)).0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_waits_for_an_earlier_attempt_never_for_a_later_one() {
+        let registry = InFlight::default();
+        let (_, mut first) = registry.begin(Some(KEY));
+        first.handed_over();
+        let (earlier, retry) = registry.begin(Some(KEY));
+        assert!(earlier);
+        let (_, later) = registry.begin(Some(KEY));
+        let waited = async { retry.wait_for_earlier(Duration::from_secs(1)).await };
+        let applies = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            first.applied();
+        };
+        let (clear, ()) = tokio::join!(waited, applies);
+        assert!(clear, "the first attempt applied; the later one, still open, is not waited for");
+        drop(later);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_for_an_attempt_whose_caller_went_away_ends_by_its_timeout_or_a_later_write() {
+        let registry = InFlight::default();
+        let (_, mut gone) = registry.begin(Some(KEY));
+        gone.handed_over();
+        drop(gone);
+        let (_, retry) = registry.begin(Some(KEY));
+        assert!(!retry.wait_for_earlier(Duration::from_millis(100)).await, "nothing was written");
+        let waited = async { retry.wait_for_earlier(Duration::from_secs(1)).await };
+        let written = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            applied_write(&registry, None);
+        };
+        let (clear, ()) = tokio::join!(waited, written);
+        assert!(clear, "a write numbered after it went away was applied");
     }
 
     #[test]

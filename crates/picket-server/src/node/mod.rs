@@ -414,11 +414,17 @@ impl Node {
     }
 
     async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
-        let request = match &input.command {
-            Command::Acquire { session, request, .. } => Some((*session, *request)),
-            _ => None,
+        let (request, retry) = match &input.command {
+            Command::Acquire { session, request, attempt, .. } => {
+                (Some((*session, *request)), *attempt > 0)
+            }
+            _ => (None, false),
         };
-        let (earlier_in_flight, mut proposal) = self.in_flight.begin(request);
+        let (mut earlier_in_flight, mut proposal) = self.in_flight.begin(request);
+        if earlier_in_flight && retry {
+            // Its answer depends on the earlier attempt: once that is applied, the state has it.
+            earlier_in_flight = !proposal.wait_for_earlier(SETTLE_WAIT).await;
+        }
         if let Some(refusal) = self.refusal_before_log(&input, earlier_in_flight).await {
             self.metrics().refused(refusal.code(), "before_log");
             return Err(ServiceError::Command(refusal));
@@ -459,7 +465,8 @@ impl Node {
     /// Never refused early: `Abandon`, which must follow the acquire it undoes even while that
     /// acquire is in flight; a retried acquire (attempt above 0) while an earlier proposal of
     /// its request may still be on its way to the log (`earlier_in_flight`, see
-    /// [`in_flight`]), which could grant it; and the leader's own ticks. A leader elected a
+    /// [`in_flight`]; `submit` first waits up to a second for it), which could grant it; and
+    /// the leader's own ticks. A leader elected a
     /// moment ago first waits (briefly) for its `Refresh`, which applies everything its
     /// predecessors committed.
     async fn refusal_before_log(
