@@ -225,6 +225,9 @@ pub enum CommandError {
         request: RequestId,
         /// How the wait ended.
         cause: CancelCause,
+        /// The token of the lock's current grant, if it is held: what the wait's own answer
+        /// said when it timed out.
+        holder_token: Option<u64>,
     },
     /// An abandon found nothing of its request: no wait and no grant. Only entries written
     /// under apply rules 0 are refused so; later ones are accepted and remembered.

@@ -1088,6 +1088,12 @@ fn a_retry_gets_the_answer_its_wait_ended_with_not_a_second_wait() {
     );
     assert_eq!(error_of(&timed_out).code(), ErrorCode::WaitTimedOut);
     assert_eq!(error_of(&cancelled).code(), ErrorCode::WaitEnded);
+    // The same answer includes the holder's token, as the wait's own timeout said it.
+    assert!(
+        matches!(error_of(&timed_out), CommandError::WaitEnded { holder_token: Some(3), .. }),
+        "{:?}",
+        error_of(&timed_out)
+    );
 }
 
 /// The same entries written under apply rules 2 replay as they were applied then: the retry

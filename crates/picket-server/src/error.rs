@@ -190,6 +190,7 @@ impl ServiceError {
         match self {
             Self::Command(CommandError::LockBusy { holder_token, .. }) => Some(*holder_token),
             Self::Command(CommandError::NotHeld { holder_token, .. }) => *holder_token,
+            Self::Command(CommandError::WaitEnded { holder_token, .. }) => *holder_token,
             Self::Command(CommandError::TokenMismatch { current_token, .. }) => {
                 Some(*current_token)
             }

@@ -318,6 +318,7 @@ fn a_retry_of_a_timed_out_wait_gets_the_same_answer_not_a_second_wait() {
     assert_eq!(retry.status, 409, "{}", retry.text);
     assert_eq!(retry.body["code"], "wait_timed_out", "{}", retry.text);
     assert_eq!(retry.body["outcome"], "not_applied", "{}", retry.text);
+    assert_eq!(retry.body["holder_token"], first.body["holder_token"], "{}", retry.text);
     let fresh = attempt(0, 6);
     assert_eq!(fresh.status, 200, "a new request gets the free lock: {}", fresh.text);
 }

@@ -65,7 +65,14 @@ impl StateMachine {
             && let Some(cause) = session_record.ended_wait(request)
         {
             // A retry after its answer was lost: it gets that answer, not a second wait.
-            return Err(CommandError::WaitEnded { name: name.to_owned(), session, request, cause });
+            let holder_token = self.locks.get(name).and_then(|lock| lock.holder).map(|h| h.token);
+            return Err(CommandError::WaitEnded {
+                name: name.to_owned(),
+                session,
+                request,
+                cause,
+                holder_token,
+            });
         }
         self.check_session_room(session)?;
         if free {
