@@ -114,21 +114,47 @@ pub async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitC
         return Ok(ExitCode::SUCCESS);
     }
     let session = client.session(args.ttl).await?;
-    let guard = match wait_ms {
-        Some(0) => session.try_lock(&args.name).await?,
-        Some(wait_ms) => session.lock_timeout(&args.name, Duration::from_millis(wait_ms)).await?,
-        None => session.lock(&args.name).await?,
+    // Every way out closes the session: a session left open would hold or wait for the lock
+    // until its TTL ran out.
+    let mut interrupts = crate::lock_cmd::Interrupts::listen()?;
+    let outcome = acquire_and_hold(&session, &args, wait_ms, &mut interrupts).await;
+    let session_id = session.id();
+    if let Err(error) = session.close().await {
+        eprintln!(
+            "picket: could not close session {session_id} ({error}); it expires after its TTL"
+        );
+    }
+    outcome
+}
+
+/// `picket acquire` in a session of its own: acquires, holds until a signal, then releases.
+async fn acquire_and_hold(
+    session: &picket_client::Session,
+    args: &AcquireArgs,
+    wait_ms: Option<u64>,
+    interrupts: &mut crate::lock_cmd::Interrupts,
+) -> anyhow::Result<ExitCode> {
+    let acquiring = async {
+        match wait_ms {
+            Some(0) => session.try_lock(&args.name).await,
+            Some(wait_ms) => session.lock_timeout(&args.name, Duration::from_millis(wait_ms)).await,
+            None => session.lock(&args.name).await,
+        }
+    };
+    let guard = tokio::select! {
+        acquired = acquiring => acquired?,
+        signal = interrupts.next() => {
+            eprintln!("picket: {signal} while waiting for lock {:?}", args.name);
+            return Ok(ExitCode::from(crate::lock_cmd::exit_code_of_signal(signal)));
+        }
     };
     print_grant(args.json, &args.name, session.id(), guard.token(), &guard.sequencer().to_string());
     eprintln!("picket: holding {:?}; press Ctrl-C to release", args.name);
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
+        _ = interrupts.next() => {}
         reason = guard.lost() => bail!("lost lock {:?}: {reason:?}", args.name),
     }
     guard.release().await?;
-    session.close().await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -97,6 +97,39 @@ fn not_acquired(name: &str, error: &ClientError) -> String {
     }
 }
 
+/// The signals that end `picket lock`: SIGINT, SIGTERM and SIGHUP.
+pub(crate) struct Interrupts {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    /// Starts listening: from now on these signals no longer end the process.
+    pub(crate) fn listen() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next one to arrive.
+    pub(crate) async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// The exit code of a process that a signal ended: 128 plus its number, as shells report it.
+pub(crate) fn exit_code_of_signal(signal: Signal) -> u8 {
+    u8::try_from(128 + signal as i32).unwrap_or(1)
+}
+
 fn signal_group(group: Pid, signal: Signal) {
     // The group may be gone already; that is the goal.
     let _ = killpg(group, signal);
@@ -232,7 +265,10 @@ pub async fn run(args: LockArgs, connect: &crate::connect::Connect) -> anyhow::R
     let client = connect.connect().await?;
     let session = client.session_with_lock_delay(args.ttl, args.lock_delay).await?;
     let session_id = session.id();
-    let outcome = hold_and_run(&session, &args).await;
+    // Listened to from before the lock is asked for: a signal while waiting for it must end
+    // the wait and close the session too, not the process with its session open.
+    let mut interrupts = Interrupts::listen()?;
+    let outcome = hold_and_run(&session, &args, &mut interrupts).await;
     // Every way out ends here: the session is closed, so it does not linger for its TTL (a
     // session dropped as the process exits never gets to close). Closing also releases
     // anything still held, without lock-delay.
@@ -245,8 +281,22 @@ pub async fn run(args: LockArgs, connect: &crate::connect::Connect) -> anyhow::R
 }
 
 /// Acquires the lock, registers it with the fences, and runs the command under it.
-async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<ExitCode> {
-    let guard = match acquire(session, &args.name, args.wait, args.try_only).await {
+async fn hold_and_run(
+    session: &Session,
+    args: &LockArgs,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<ExitCode> {
+    let acquired = tokio::select! {
+        acquired = acquire(session, &args.name, args.wait, args.try_only) => acquired,
+        signal = interrupts.next() => {
+            eprintln!(
+                "picket: {signal} while waiting for lock {:?}; not running the command",
+                args.name
+            );
+            return Ok(ExitCode::from(exit_code_of_signal(signal)));
+        }
+    };
+    let guard = match acquired {
         Ok(guard) => guard,
         Err(error) => {
             eprintln!("picket: {}", not_acquired(&args.name, &error));
@@ -298,17 +348,11 @@ async fn hold_and_run(session: &Session, args: &LockArgs) -> anyhow::Result<Exit
             None => std::future::pending::<std::convert::Infallible>().await,
         }
     };
-    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-
     let outcome = tokio::select! {
         status = child.wait() => Outcome::Exited(status?),
         reason = guard.lost() => Outcome::Lost(reason),
         () = lease_running_short(session, kill_grace) => Outcome::LeaseShort,
-        _ = interrupt.recv() => Outcome::Interrupted,
-        _ = terminate.recv() => Outcome::Interrupted,
-        _ = hangup.recv() => Outcome::Interrupted,
+        _ = interrupts.next() => Outcome::Interrupted,
         never = follow_stops => match never {},
     };
     // The terminal goes back to picket's group now, not after the release: the command's

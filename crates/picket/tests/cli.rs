@@ -106,6 +106,53 @@ fn lock_that_misses_or_ends_closes_its_session() {
     }
 }
 
+/// Issue 13, point 5, the paths left: a signal while `picket lock` or `picket acquire` waits
+/// for the lock ended the process with its session open (the handlers were set only once the
+/// lock was held), and `picket acquire` that missed returned before closing its session. Now
+/// each closes its session however it ends; a signal gives the shell's 128 + its number.
+#[test]
+fn lock_and_acquire_close_their_session_when_signalled_while_waiting_or_missing() {
+    let (_dir, server) = start();
+    let (holder, _) = hold(&server.addr, "busy");
+    let waits: [(&[&str], nix::sys::signal::Signal); 3] = [
+        (
+            &["lock", "--ttl", "30s", "--wait", "30s", "busy", "--", "true"],
+            nix::sys::signal::Signal::SIGINT,
+        ),
+        (&["lock", "--ttl", "30s", "busy", "--", "true"], nix::sys::signal::Signal::SIGTERM),
+        (&["acquire", "--ttl", "30s", "busy"], nix::sys::signal::Signal::SIGHUP),
+    ];
+    for (args, signal) in waits {
+        let waiting = Command::new(PICKET)
+            .arg("--endpoints")
+            .arg(&server.addr)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run picket");
+        wait_until("it to wait for the lock", Duration::from_secs(20), || {
+            let lock = http::get(&server.addr, "/v1/locks/busy");
+            (lock.body["waiters"].as_array()?.len() == 1).then_some(())
+        });
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(waiting.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("signalled");
+        let output = waiting.wait_with_output().expect("it exits");
+        assert_eq!(
+            output.status.code(),
+            Some(128 + signal as i32),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(session_ids(&server.addr), vec![holder], "{args:?} left its session open");
+        let lock = http::get(&server.addr, "/v1/locks/busy");
+        assert_eq!(lock.body["waiters"], json!([]), "{args:?}: {}", lock.text);
+    }
+    let missed = picket(&server.addr, &["acquire", "--ttl", "30s", "--try", "busy"]);
+    assert_ne!(missed.status.code(), Some(0), "{}", stderr(&missed));
+    assert_eq!(session_ids(&server.addr), vec![holder], "picket acquire --try left its session");
+}
+
 /// Fence on acquire that fails (nothing listens at the fence's address) never runs the
 /// command, says which resource failed, and releases the lock and closes the session: the
 /// resource would still take the previous holder's writes.
