@@ -254,6 +254,60 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     let refused = alice.add_member(9, "127.0.0.1:1", None).await.unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
+
+    // An unknown token over gRPC is no principal either.
+    let guessed = setup.grpc(Some("pkt_guess"), false).await.unwrap_err();
+    assert_eq!(guessed.code(), Some(ErrorCode::Unauthenticated), "{guessed}");
+
+    // The reader watches what it reads, and sees the worker's grants there; not elsewhere.
+    let mut watch = reader_client.watch(WatchTarget::Prefix("jobs/".into())).await.unwrap();
+    let watched = worker_client.session(Duration::from_secs(30)).await.unwrap();
+    let seen = watched.try_lock("jobs/watched").await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match watch.next().await.expect("the stream goes on") {
+                Some(picket_client::Watched::Event {
+                    event: picket_core::Event::Granted { name, token, .. },
+                    ..
+                }) if name == "jobs/watched" => break token,
+                Some(_) => {}
+                None => panic!("the reader's watch ended"),
+            }
+        }
+    });
+    assert_eq!(granted.await.expect("the reader saw the grant"), seen.token());
+    let refused = reader_client.watch(WatchTarget::Prefix("billing/".into())).await;
+    let refused = match refused {
+        Err(error) => error,
+        Ok(mut stream) => stream.next().await.expect_err("a watch it may not read is refused"),
+    };
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
+
+    // Membership and backups are the admin's: a follower removed and added back, a backup
+    // taken; the same calls refused to the worker.
+    let view = admin_client.cluster().await.unwrap();
+    let follower = view
+        .members
+        .iter()
+        .find(|member| member.node_id != view.leader_id)
+        .expect("a follower")
+        .clone();
+    let refused = worker_client.remove_member(follower.node_id).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
+    let refused = worker_client.add_member(follower.node_id, &follower.addr, None).await;
+    assert_eq!(refused.unwrap_err().code(), Some(ErrorCode::PermissionDenied));
+    let removed = admin_client.remove_member(follower.node_id).await.unwrap();
+    assert!(!removed.members.iter().any(|member| member.node_id == follower.node_id));
+    let peer_addr = (!follower.peer_addr.is_empty()).then_some(follower.peer_addr.as_str());
+    let added = admin_client.add_member(follower.node_id, &follower.addr, peer_addr).await.unwrap();
+    assert!(
+        added.members.iter().any(|member| member.node_id == follower.node_id && member.voter),
+        "{added:?}"
+    );
+    assert!(!admin_client.backup().await.unwrap().is_empty(), "an admin's backup has bytes");
+    let refused = worker_client.backup().await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
+    assert_refused(&setup.http(worker, "GET", "/v1/backup", None), 403, "permission_denied");
 }
 
 #[tokio::test]
