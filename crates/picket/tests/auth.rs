@@ -254,6 +254,25 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     let refused = alice.add_member(9, "127.0.0.1:1", None).await.unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
+    // Her certificate is a client's, not a member's: no Raft message from it is read.
+    let view = admin_client.cluster().await.unwrap();
+    let identity = Some((setup.pki.client.cert.as_path(), setup.pki.client.key.as_path()));
+    let tls = ClientTls::from_files(&setup.pki.peer_ca, identity).unwrap();
+    let connection = picket_proto::connection::Connection::open(
+        &view.leader_addr,
+        Duration::from_secs(2),
+        64 << 20,
+        Some(&tls),
+    )
+    .await
+    .unwrap();
+    let origin = connection.origin();
+    let mut raft = picket_proto::v1::raft_client::RaftClient::with_origin(connection, origin);
+    let payload = picket_proto::v1::RaftPayload { data: b"{}".to_vec(), error: String::new() };
+    let mut vote = tonic::Request::new(payload);
+    vote.metadata_mut().insert("picket-target-node", view.leader_id.to_string().parse().unwrap());
+    let status = raft.vote(vote).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 
     // An unknown token over gRPC is no principal either.
     let guessed = setup.grpc(Some("pkt_guess"), false).await.unwrap_err();
