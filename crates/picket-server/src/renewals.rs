@@ -274,8 +274,12 @@ mod tests {
         assert_eq!(batch.sessions, vec![SessionId(1)]);
     }
 
+    /// Issue 13, point 4: a refused tick dropped the keepalives it carried (the driver's
+    /// proposal returned Ok whatever the state machine said), so sessions whose keepalives were
+    /// acknowledged expired at the next tick. The driver now gives a batch back unless its tick
+    /// was applied and accepted (`driver::write`), and the next tick carries it.
     #[tokio::test]
-    async fn a_failed_batch_is_given_back_and_waiters_hear_only_a_written_one() {
+    async fn a_refused_or_failed_tick_keeps_its_keepalives_for_the_next_one() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
         renewals.note(&clock, &[SessionId(7)], |_| vec![lease(u64::MAX)]);
