@@ -13,7 +13,8 @@
 //!   session for that lock still in progress, and every waiter is such a request;
 //! - every guard whose grant ended other than by its own release has fired `lost()`.
 //!
-//! At the end of each case everything is released or dropped, and both locks are free.
+//! At the end of each case every guard is released and every request given up, and both locks
+//! are free while the sessions still live.
 
 use picket_client::{Client, ClientError, Guard, Session};
 use picket_testkit::ServerProcess;
@@ -179,7 +180,7 @@ fn draw(rng: &mut picket_sim::Rng) -> Step {
     }
 }
 
-async fn take(slots: &mut [Slot], step: Step) {
+async fn take(observer: &Client, slots: &mut [Slot], step: Step) {
     match step {
         Step::Ask { slot, lock, wait_ms } => {
             let slot = &mut slots[slot];
@@ -211,9 +212,21 @@ async fn take(slots: &mut [Slot], step: Step) {
             slots[slot].guards.get_mut(&lock).and_then(Vec::pop);
         }
         Step::CutOffPastTtl { slot } => {
-            slots[slot].proxy.block(true);
-            tokio::time::sleep(TTL + TTL / 2).await;
-            slots[slot].proxy.block(false);
+            let slot = &mut slots[slot];
+            slot.proxy.block(true);
+            // Until the server has expired the session (TTL, its grace and a tick): the client
+            // must have marked it lost by then, by its own clock.
+            let session = slot.session.id();
+            let deadline = tokio::time::Instant::now() + SETTLE;
+            while observer
+                .sessions(1_000)
+                .await
+                .is_ok_and(|sessions| sessions.iter().any(|info| info.session_id == session))
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            slot.proxy.block(false);
         }
         Step::Pause { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
     }
@@ -301,7 +314,8 @@ async fn settle(observer: &Client, slots: &mut [Slot], log: &str) {
     }
 }
 
-/// Releases and drops everything, and waits for both locks to be free.
+/// Releases every guard and gives up every request, then waits for both locks to be free while
+/// the sessions still live (closing them would free any ghost and hide it), then closes them.
 async fn wind_down(observer: &Client, slots: &mut Vec<Slot>, log: &str) {
     for slot in slots.iter_mut() {
         for (_, request) in std::mem::take(&mut slot.requests).into_values() {
@@ -311,7 +325,6 @@ async fn wind_down(observer: &Client, slots: &mut Vec<Slot>, log: &str) {
             let _ = tokio::time::timeout(SETTLE, guard.release()).await;
         }
     }
-    slots.clear();
     let deadline = tokio::time::Instant::now() + SETTLE;
     for name in LOCKS {
         loop {
@@ -327,6 +340,7 @@ async fn wind_down(observer: &Client, slots: &mut Vec<Slot>, log: &str) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    slots.clear();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,7 +358,7 @@ async fn random_interleavings_leave_no_ghost_holder_and_every_lost_grant_is_told
         for _ in 0..STEPS {
             let step = draw(&mut rng);
             let _ = writeln!(log, "{step:?}");
-            take(&mut slots, step).await;
+            take(&observer, &mut slots, step).await;
             settle(&observer, &mut slots, &log).await;
         }
         wind_down(&observer, &mut slots, &log).await;

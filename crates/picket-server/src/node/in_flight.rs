@@ -51,8 +51,9 @@ struct State {
     /// Proposals handed over whose caller went away or got an error: each with the number the
     /// next write took when it went away. Each is settled once a write numbered at least that
     /// is applied.
-    unsure: VecDeque<(u64, RequestKey)>,
-    unsure_by_key: HashMap<RequestKey, usize>,
+    unsure: VecDeque<(u64, RequestKey, u64)>,
+    /// The same, by request, each by the number it took when it began.
+    unsure_by_key: HashMap<RequestKey, BTreeSet<u64>>,
     /// Past [`MAX_UNSURE`]: every request counts as unsure until a write numbered at least this
     /// is applied.
     all_unsure_until: Option<u64>,
@@ -61,12 +62,10 @@ struct State {
 impl State {
     /// Whether a proposal of `key` begun before number `begun` may still be in flight.
     fn earlier_in_flight(&self, key: RequestKey, begun: u64) -> bool {
+        let before = |numbers: &BTreeSet<u64>| numbers.range(..begun).next().is_some();
         self.all_unsure_until.is_some()
-            || self.unsure_by_key.contains_key(&key)
-            || self
-                .proposing
-                .get(&key)
-                .is_some_and(|numbers| numbers.range(..begun).next().is_some())
+            || self.unsure_by_key.get(&key).is_some_and(before)
+            || self.proposing.get(&key).is_some_and(before)
     }
 
     fn settle(&mut self) {
@@ -74,32 +73,32 @@ impl State {
         if self.all_unsure_until.is_some_and(|until| until <= applied) {
             self.all_unsure_until = None;
         }
-        while let Some(&(mark, key)) = self.unsure.front() {
+        while let Some(&(mark, key, begun)) = self.unsure.front() {
             if mark > applied {
                 break;
             }
             self.unsure.pop_front();
-            decrement(&mut self.unsure_by_key, key);
+            remove(&mut self.unsure_by_key, key, begun);
         }
     }
 
-    fn make_unsure(&mut self, key: RequestKey) {
+    fn make_unsure(&mut self, key: RequestKey, begun: u64) {
         // Only a write numbered after this moment is known to follow it in the log.
         let mark = self.last_write + 1;
         if self.unsure.len() >= MAX_UNSURE {
             self.all_unsure_until = Some(mark);
             return;
         }
-        self.unsure.push_back((mark, key));
-        *self.unsure_by_key.entry(key).or_default() += 1;
+        self.unsure.push_back((mark, key, begun));
+        self.unsure_by_key.entry(key).or_default().insert(begun);
     }
 }
 
-fn decrement(counts: &mut HashMap<RequestKey, usize>, key: RequestKey) {
-    if let Some(count) = counts.get_mut(&key) {
-        *count -= 1;
-        if *count == 0 {
-            counts.remove(&key);
+fn remove(numbers_by_key: &mut HashMap<RequestKey, BTreeSet<u64>>, key: RequestKey, begun: u64) {
+    if let Some(numbers) = numbers_by_key.get_mut(&key) {
+        numbers.remove(&begun);
+        if numbers.is_empty() {
+            numbers_by_key.remove(&key);
         }
     }
 }
@@ -165,9 +164,16 @@ impl Proposal<'_> {
         self.number = Some(state.last_write);
     }
 
-    /// Records that the write was applied: every write handed over before it was too.
+    /// Records that the write was applied. (So was every write that reached Raft's channel
+    /// before it: those numbered at or after an unsure proposal's mark did.)
     pub(crate) fn applied(mut self) {
         self.applied = true;
+    }
+
+    /// Records that Raft refused the write without appending it (this node does not lead): it
+    /// is not in the log, so it leaves nothing unsure.
+    pub(crate) fn not_appended(mut self) {
+        self.number = None;
     }
 }
 
@@ -175,15 +181,10 @@ impl Drop for Proposal<'_> {
     fn drop(&mut self) {
         let mut state = self.registry.lock();
         if let Some(key) = self.key {
-            if let Some(numbers) = state.proposing.get_mut(&key) {
-                numbers.remove(&self.begun);
-                if numbers.is_empty() {
-                    state.proposing.remove(&key);
-                }
-            }
+            remove(&mut state.proposing, key, self.begun);
             // A proposal never handed over is not in the log.
             if !self.applied && self.number.is_some() {
-                state.make_unsure(key);
+                state.make_unsure(key, self.begun);
             }
         }
         if let (true, Some(number)) = (self.applied, self.number) {
@@ -262,6 +263,20 @@ mod tests {
         let (clear, ()) = tokio::join!(waited, applies);
         assert!(clear, "the first attempt applied; the later one, still open, is not waited for");
         drop(later);
+    }
+
+    #[test]
+    fn a_later_attempt_whose_caller_went_away_does_not_hold_up_an_earlier_one() {
+        let registry = InFlight::default();
+        let (_, earlier) = registry.begin(Some(KEY));
+        let (_, mut later) = registry.begin(Some(KEY));
+        later.handed_over();
+        drop(later);
+        assert!(!registry.lock().earlier_in_flight(KEY, earlier.begun));
+        let (_, mut refused) = registry.begin(Some(OTHER));
+        refused.handed_over();
+        refused.not_appended();
+        assert!(!registry.begin(Some(OTHER)).0, "a write Raft refused to append is not unsure");
     }
 
     #[tokio::test(start_paused = true)]

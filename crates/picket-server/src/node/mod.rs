@@ -421,8 +421,13 @@ impl Node {
             _ => (None, false),
         };
         let (mut earlier_in_flight, mut proposal) = self.in_flight.begin(request);
-        if earlier_in_flight && retry {
+        let refused_now = || {
+            self.read_local(|state| state.machine.validate_under(&input.command, input.rules))
+                .is_err()
+        };
+        if earlier_in_flight && retry && refused_now() {
             // Its answer depends on the earlier attempt: once that is applied, the state has it.
+            // (A retry the state accepts goes to the log at once.)
             earlier_in_flight = !proposal.wait_for_earlier(SETTLE_WAIT).await;
         }
         if let Some(refusal) = self.refusal_before_log(&input, earlier_in_flight).await {
@@ -431,8 +436,13 @@ impl Node {
         }
         proposal.handed_over();
         let written = self.raft.client_write(input).await;
-        if written.is_ok() {
-            proposal.applied();
+        match &written {
+            Ok(_) => proposal.applied(),
+            // Refused before it was appended: not in the log, so not unsure.
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                proposal.not_appended();
+            }
+            Err(_) => {}
         }
         match written {
             Ok(response) => match response.data {

@@ -36,7 +36,13 @@ pub(super) async fn run_nemesis(
     let mut deck: Vec<FaultKind> = Vec::new();
     // Clients frozen by a client pause, until when: no second fault picks them meanwhile.
     let mut paused: BTreeMap<usize, Instant> = BTreeMap::new();
-    while started.elapsed() < plan.duration {
+    // Decks dealt so far. The first is dealt whole even past the run's time, so every kind the
+    // run asked for fires at least once, however long the faults before it took.
+    let mut decks = 0_u32;
+    let first_deck_dealt = |decks: u32, deck: &[FaultKind]| {
+        plan.faults.is_empty() || decks >= 2 || (decks == 1 && deck.is_empty())
+    };
+    while started.elapsed() < plan.duration || !first_deck_dealt(decks, &deck) {
         tokio::time::sleep(Duration::from_millis(rng.range(gap_ms / 2, gap_ms))).await;
         cluster.reap_unexpected_exits(&record)?;
         paused.retain(|_, until| *until > Instant::now());
@@ -46,6 +52,7 @@ pub(super) async fn run_nemesis(
         // Faults are dealt from a shuffled deck of the kinds, so every kind fires once in each
         // round of as many faults as there are kinds, whatever the seed.
         if deck.is_empty() {
+            decks += 1;
             deck = plan.faults.clone();
             for index in (1..deck.len()).rev() {
                 let other = usize::try_from(rng.range(0, index as u64 + 1)).unwrap_or(0);
