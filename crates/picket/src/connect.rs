@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use picket_client::{Client, ClientConfig, ClientTls};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The options every client command shares.
 #[derive(Clone, Debug, Args)]
@@ -92,11 +93,45 @@ impl Connect {
     /// # Errors
     /// When the TLS or token files are unusable or no endpoint answers.
     pub async fn connect(&self) -> anyhow::Result<Client> {
-        let config = ClientConfig {
-            tls: self.tls()?,
-            bearer_token: self.bearer_token()?,
-            ..ClientConfig::default()
-        };
+        self.connect_with(ClientConfig::default()).await
+    }
+
+    /// Connects for a session of `ttl`: a single request (a keepalive, a release) gives up
+    /// after a third of the TTL (at most the default 5 s), so a node that stopped answering is
+    /// left for another while the lease still runs, instead of after it ended.
+    ///
+    /// # Errors
+    /// As [`Connect::connect`].
+    pub async fn connect_for_ttl(&self, ttl: Duration) -> anyhow::Result<Client> {
+        let defaults = ClientConfig::default();
+        let request_timeout = request_timeout_for(ttl, defaults.request_timeout);
+        self.connect_with(ClientConfig { request_timeout, ..defaults }).await
+    }
+
+    async fn connect_with(&self, config: ClientConfig) -> anyhow::Result<Client> {
+        let config =
+            ClientConfig { tls: self.tls()?, bearer_token: self.bearer_token()?, ..config };
         Ok(Client::connect_with(self.endpoints.clone(), config).await?)
+    }
+}
+
+/// A third of `ttl`, between [`MIN_REQUEST_TIMEOUT`] and `default`.
+fn request_timeout_for(ttl: Duration, default: Duration) -> Duration {
+    (ttl / 3).clamp(MIN_REQUEST_TIMEOUT, default.max(MIN_REQUEST_TIMEOUT))
+}
+
+/// The shortest request timeout a TTL scales to: a loaded node answers within it.
+const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_request_timeout_follows_the_ttl_within_bounds() {
+        let default = Duration::from_secs(5);
+        assert_eq!(request_timeout_for(Duration::from_secs(6), default), Duration::from_secs(2));
+        assert_eq!(request_timeout_for(Duration::from_secs(60), default), default);
+        assert_eq!(request_timeout_for(Duration::from_secs(2), default), MIN_REQUEST_TIMEOUT);
     }
 }

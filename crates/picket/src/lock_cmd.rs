@@ -262,7 +262,7 @@ impl Drop for Watchdog {
 
 /// Runs `picket lock`.
 pub async fn run(args: LockArgs, connect: &crate::connect::Connect) -> anyhow::Result<ExitCode> {
-    let client = connect.connect().await?;
+    let client = connect.connect_for_ttl(args.ttl).await?;
     let session = client.session_with_lock_delay(args.ttl, args.lock_delay).await?;
     let session_id = session.id();
     // Listened to from before the lock is asked for: a signal while waiting for it must end
