@@ -167,6 +167,13 @@ fn append_records(entries: &[Entry]) -> Vec<Vec<u8>> {
 }
 
 impl View {
+    /// The committed entry, for a message of `vote` when that is at least the vote held (an
+    /// older vote's message is openraft's to refuse); `None` otherwise or when none is.
+    fn committed_under(&self, vote: &Vote) -> Option<LogId> {
+        let older = self.vote.as_ref().is_some_and(|held| vote < held);
+        if older { None } else { self.committed }
+    }
+
     /// The whole view as WAL records: a checkpoint record with the first run of entries, then
     /// the rest of them as appends.
     fn checkpoint(&self) -> Vec<Vec<u8>> {
@@ -316,10 +323,7 @@ impl LogStore {
         sent: impl IntoIterator<Item = &'a LogId>,
     ) -> Option<(LogId, LogId)> {
         let view = self.view();
-        let committed = view.committed?;
-        if view.vote.as_ref().is_some_and(|held| vote < held) {
-            return None;
-        }
+        let committed = view.committed_under(vote)?;
         sent.into_iter().filter(|sent| sent.index() <= committed.index()).find_map(|sent| {
             let held = view.entries.get(&sent.index())?.log_id;
             (held != *sent).then_some((held, *sent))
@@ -336,11 +340,7 @@ impl LogStore {
         vote: &Vote,
         last: Option<&LogId>,
     ) -> Option<(LogId, LogId)> {
-        let view = self.view();
-        let (committed, last) = (view.committed?, *last?);
-        if view.vote.as_ref().is_some_and(|held| vote < held) {
-            return None;
-        }
+        let (committed, last) = (self.view().committed_under(vote)?, *last?);
         (last > committed && last.index() <= committed.index()).then_some((committed, last))
     }
 

@@ -289,6 +289,19 @@ mod fuzz {
     }
 }
 
+/// A log in `dir` holding entries 1 to 6 of term 2 (leader 1) under that leader's vote, and
+/// their ids.
+async fn six_entries_of_term_2(dir: &std::path::Path) -> (LogStore, Vec<LogId>) {
+    let mut store = LogStore::open(dir, 1 << 20, None).expect("opens");
+    let entries: Vec<Entry> = (1..=6).map(|index| blank_ent::<TypeConfig>(2, 1, index)).collect();
+    let held: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
+    let (done, flushed) = TypeConfig::oneshot();
+    store.append(entries, IOFlushed::signal(done)).await.expect("appends");
+    flushed.await.expect("completes").expect("durable");
+    store.save_vote(&Vote::new_committed(2, 1)).await.expect("saves");
+    (store, held)
+}
+
 /// Regression (issue 16): after a power cut lost a majority's unsynced tail, a new leader
 /// sent a follower entries at indexes it had committed, with other terms. openraft's debug
 /// assertion stopped that follower with a panic (a release build would take them as agreeing
@@ -299,14 +312,7 @@ fn a_leader_contradicting_a_committed_entry_is_found_and_nothing_else_is() {
         tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut store = LogStore::open(dir.path(), 1 << 20, None).expect("opens");
-        let entries: Vec<Entry> =
-            (1..=6).map(|index| blank_ent::<TypeConfig>(2, 1, index)).collect();
-        let held: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
-        let (done, flushed) = TypeConfig::oneshot();
-        store.append(entries, IOFlushed::signal(done)).await.expect("appends");
-        flushed.await.expect("completes").expect("durable");
-        store.save_vote(&Vote::new_committed(2, 1)).await.expect("saves");
+        let (mut store, held) = six_entries_of_term_2(dir.path()).await;
         let other_term = |index| blank_ent::<TypeConfig>(3, 2, index).log_id;
         let newer = Vote::new_committed(3, 2);
 
@@ -337,14 +343,7 @@ fn a_snapshot_contradicting_a_committed_entry_is_found_and_nothing_else_is() {
         tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut store = LogStore::open(dir.path(), 1 << 20, None).expect("opens");
-        let entries: Vec<Entry> =
-            (1..=6).map(|index| blank_ent::<TypeConfig>(2, 1, index)).collect();
-        let held: Vec<LogId> = entries.iter().map(|entry| entry.log_id).collect();
-        let (done, flushed) = TypeConfig::oneshot();
-        store.append(entries, IOFlushed::signal(done)).await.expect("appends");
-        flushed.await.expect("completes").expect("durable");
-        store.save_vote(&Vote::new_committed(2, 1)).await.expect("saves");
+        let (mut store, held) = six_entries_of_term_2(dir.path()).await;
         let newer = Vote::new_committed(3, 2);
         let at = |index| blank_ent::<TypeConfig>(3, 2, index).log_id;
         assert_eq!(store.snapshot_contradicting_commit(&newer, Some(&at(2))), None, "none yet");

@@ -203,6 +203,12 @@ mod tests {
     const KEY: RequestKey = (SessionId(7), RequestId(3));
     const OTHER: RequestKey = (SessionId(7), RequestId(4));
 
+    /// A proposal of `key` handed to Raft whose caller went away (or whose write failed).
+    fn handed_over_and_dropped(registry: &InFlight, key: RequestKey) {
+        let (_, mut proposal) = registry.begin(Some(key));
+        proposal.handed_over();
+    }
+
     fn applied_write(registry: &InFlight, key: Option<RequestKey>) {
         let (_, mut proposal) = registry.begin(key);
         proposal.handed_over();
@@ -239,9 +245,7 @@ mod tests {
     #[test]
     fn a_write_that_failed_leaves_its_request_unsure_too() {
         let registry = InFlight::default();
-        let (_, mut failed) = registry.begin(Some(KEY));
-        failed.handed_over();
-        drop(failed);
+        handed_over_and_dropped(&registry, KEY);
         assert!(registry.begin(Some(KEY)).0);
         applied_write(&registry, Some(OTHER));
         assert!(!registry.begin(Some(KEY)).0);
@@ -269,9 +273,7 @@ mod tests {
     fn a_later_attempt_whose_caller_went_away_does_not_hold_up_an_earlier_one() {
         let registry = InFlight::default();
         let (_, earlier) = registry.begin(Some(KEY));
-        let (_, mut later) = registry.begin(Some(KEY));
-        later.handed_over();
-        drop(later);
+        handed_over_and_dropped(&registry, KEY);
         assert!(!registry.lock().earlier_in_flight(KEY, earlier.begun));
         let (_, mut refused) = registry.begin(Some(OTHER));
         refused.handed_over();
@@ -282,9 +284,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_wait_for_an_attempt_whose_caller_went_away_ends_by_its_timeout_or_a_later_write() {
         let registry = InFlight::default();
-        let (_, mut gone) = registry.begin(Some(KEY));
-        gone.handed_over();
-        drop(gone);
+        handed_over_and_dropped(&registry, KEY);
         let (_, retry) = registry.begin(Some(KEY));
         assert!(!retry.wait_for_earlier(Duration::from_millis(100)).await, "nothing was written");
         let waited = async { retry.wait_for_earlier(Duration::from_secs(1)).await };
@@ -300,8 +300,7 @@ mod tests {
     fn past_the_bound_every_request_is_unsure_until_the_next_write_is_applied() {
         let registry = InFlight::default();
         for request in 0..=MAX_UNSURE as u64 {
-            let (_, mut gone) = registry.begin(Some((SessionId(1), RequestId(request))));
-            gone.handed_over();
+            handed_over_and_dropped(&registry, (SessionId(1), RequestId(request)));
         }
         assert_eq!(registry.lock().unsure.len(), MAX_UNSURE, "the list stays bounded");
         assert!(registry.begin(Some(OTHER)).0, "past the bound no request can be told apart");
