@@ -6,6 +6,7 @@ use crate::keepalive::KeepAlives;
 use crate::session::Session;
 use crate::transport::{ClientConfig, Retry, Transport};
 use crate::watcher::{self, SessionWatcher};
+use picket_core::Wait;
 use picket_proto::v1;
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,8 +216,8 @@ impl Client {
             .await
     }
 
-    /// Acquires `name` in an existing session that its owner keeps alive. `wait_ms`: `None`
-    /// waits until granted, `Some(0)` tries once, `Some(n)` waits at most n ms. Prefer
+    /// Acquires `name` in an existing session that its owner keeps alive, waiting as `wait`
+    /// says. Prefer
     /// [`Client::session`] and [`Session`] unless another process owns the session.
     ///
     /// # Errors
@@ -226,9 +227,9 @@ impl Client {
         &self,
         session_id: u64,
         name: &str,
-        wait_ms: Option<u64>,
+        wait: Wait,
     ) -> Result<v1::AcquireResponse, ClientError> {
-        self.transport.acquire(session_id, name, wait_ms).await
+        self.transport.acquire(session_id, name, wait).await
     }
 
     /// Releases the grant `token` of `name` held by `session_id`: [`Released::Now`], or

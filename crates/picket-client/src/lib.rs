@@ -40,7 +40,7 @@ mod watcher;
 pub use client::Client;
 pub use error::{ClientError, ErrorCode, LostReason};
 pub use guard::{FenceRegistration, Guard, RegistrationError, Released};
-pub use picket_core::Sequencer;
+pub use picket_core::{Sequencer, Wait};
 pub use picket_proto::tls::{ClientTls, TlsError};
 pub use picket_proto::v1::watch_request::Target as WatchTarget;
 pub use picket_proto::v1::{ClusterInfo, LockInfo, SessionInfo, WatchEvent};

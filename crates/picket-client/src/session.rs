@@ -7,6 +7,7 @@ use crate::keepalive::KeepAlives;
 use crate::lease_clock::{self, LeaseEnd};
 use crate::state::SessionState;
 use crate::transport::{Retry, Transport};
+use picket_core::Wait;
 use picket_proto::v1;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -108,10 +109,10 @@ impl Session {
         }
     }
 
-    async fn acquire(&self, name: &str, wait_ms: Option<u64>) -> Result<Guard, ClientError> {
+    async fn acquire(&self, name: &str, wait: Wait) -> Result<Guard, ClientError> {
         self.check_alive()?;
         let session_id = self.shared.id;
-        let granted = self.shared.transport.acquire(session_id, name, wait_ms).await?;
+        let granted = self.shared.transport.acquire(session_id, name, wait).await?;
         // A loss either shows in the state the signal starts from or finds the guard: see
         // `register_grant`. (Created outside the grants lock, a loss between the read and the
         // insert reached neither, and the guard never heard of it.)
@@ -131,7 +132,7 @@ impl Session {
     /// # Errors
     /// The session being lost; refusals; the cluster being unreachable.
     pub async fn lock(&self, name: &str) -> Result<Guard, ClientError> {
-        self.acquire(name, None).await
+        self.acquire(name, Wait::Forever).await
     }
 
     /// Acquires `name` only if it is free now; otherwise fails with code `lock_busy` and the
@@ -140,7 +141,7 @@ impl Session {
     /// # Errors
     /// `lock_busy` or `lock_delayed` when taken; as [`Session::lock`] otherwise.
     pub async fn try_lock(&self, name: &str) -> Result<Guard, ClientError> {
-        self.acquire(name, Some(0)).await
+        self.acquire(name, Wait::Try).await
     }
 
     /// Acquires `name`, waiting at most `wait`; fails with code `wait_timed_out` after that.
@@ -149,7 +150,7 @@ impl Session {
     /// `wait_timed_out`; as [`Session::lock`] otherwise.
     pub async fn lock_timeout(&self, name: &str, wait: Duration) -> Result<Guard, ClientError> {
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
-        self.acquire(name, Some(wait_ms)).await
+        self.acquire(name, Wait::For { wait_ms }).await
     }
 
     /// Acquires `name`, then registers the new token with every fenced resource in `fences`

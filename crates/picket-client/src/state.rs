@@ -185,6 +185,10 @@ pub(crate) async fn recheck(shared: &SessionState) {
 /// Applies one of the session's events: a revocation, an expiry or a grant ended elsewhere is
 /// known as soon as the service applies it.
 pub(crate) fn dispatch(shared: &SessionState, event: &Event) {
+    // The core says what is a loss; this only says which reason a holder is given.
+    if !event.is_loss() {
+        return;
+    }
     match event {
         Event::SessionEnded { cause, .. } => {
             let reason = match cause {
@@ -197,8 +201,6 @@ pub(crate) fn dispatch(shared: &SessionState, event: &Event) {
         }
         Event::Released { name, token, cause, .. } => {
             let reason = match cause {
-                // The holder's own release is not a loss.
-                ReleaseCause::Released => return,
                 ReleaseCause::SessionRevoked => LostReason::Revoked,
                 ReleaseCause::SessionExpired => LostReason::Expired,
                 ReleaseCause::SessionClosed => LostReason::Closed,

@@ -3,6 +3,7 @@
 //! the session watcher, [`crate::Client`]) calls the cluster through a [`Transport`].
 
 use crate::error::{ClientError, ErrorCode, Failure, classify};
+use picket_core::Wait;
 use picket_proto::connection::Connection;
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::{self, picket_client::PicketClient};
@@ -347,8 +348,7 @@ impl Transport {
         .await
     }
 
-    /// Acquires `name` in session `session_id`: `wait_ms` `None` waits until granted, `Some(0)`
-    /// tries once, `Some(n)` waits at most n ms. A waiting acquire is not cut off by the request
+    /// Acquires `name` in session `session_id`, waiting as `wait` says. A waiting acquire is not cut off by the request
     /// timeout (the server ends the wait). Every attempt carries the same request id, so a
     /// retry after a broken connection joins the first attempt's wait or gets its grant: it is
     /// safe to retry.
@@ -356,9 +356,10 @@ impl Transport {
         &self,
         session_id: u64,
         name: &str,
-        wait_ms: Option<u64>,
+        wait: Wait,
     ) -> Result<v1::AcquireResponse, ClientError> {
         let request_timeout = self.inner.config.request_timeout;
+        let wait_ms = wait.wait_ms();
         let timeout = wait_ms.map(|wait_ms| request_timeout + Duration::from_millis(wait_ms));
         self.abandon_done(session_id, name).await;
         let request_id = fresh_request_id();

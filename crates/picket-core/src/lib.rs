@@ -57,7 +57,7 @@ pub use limits::{
 };
 pub use machine::{BrokenInvariant, RESTORE_EPOCH_SHIFT, RestoreError, StateMachine};
 pub use name::validate_name;
-pub use outcome::{Applied, Event, Response};
+pub use outcome::{Applied, Event, Response, WaitEnd};
 pub use query::{
     CheckOutcome, HolderInfo, LockInfo, Occupancy, QueueSummary, SessionInfo, SessionLease,
 };

@@ -82,6 +82,23 @@ pub enum Response {
     Refreshed,
 }
 
+/// How a session's wait in a lock's queue ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum WaitEnd {
+    /// The waiter now holds the lock.
+    Granted {
+        /// The grant's token.
+        token: u64,
+    },
+    /// The waiter left the queue without a grant.
+    Cancelled {
+        /// Why.
+        cause: CancelCause,
+    },
+}
+
 /// A change a watcher can see.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -171,6 +188,35 @@ impl Event {
         }
     }
 
+    /// Whether this event takes from its session something it had, without the session asking:
+    /// a grant ended by anything but the holder's own release (an expiry, a revocation, a close,
+    /// an abandoned request), or the session itself ending. A client tells its holders of
+    /// exactly these; grants, queueing and cancelled waits answer the session's own requests,
+    /// and a wait cancelled because its session ended comes with that session's end.
+    #[must_use]
+    pub fn is_loss(&self) -> bool {
+        match self {
+            Self::Released { cause, .. } => *cause != ReleaseCause::Released,
+            Self::SessionEnded { .. } => true,
+            Self::Granted { .. } | Self::Queued { .. } | Self::Cancelled { .. } => false,
+        }
+    }
+
+    /// How a wait ended, when this event ends one: the waiting session and lock, and the grant
+    /// or the cancellation.
+    #[must_use]
+    pub fn wait_end(&self) -> Option<(SessionId, &str, WaitEnd)> {
+        match self {
+            Self::Granted { name, session, token } => {
+                Some((*session, name, WaitEnd::Granted { token: *token }))
+            }
+            Self::Cancelled { name, session, cause } => {
+                Some((*session, name, WaitEnd::Cancelled { cause: *cause }))
+            }
+            Self::Released { .. } | Self::Queued { .. } | Self::SessionEnded { .. } => None,
+        }
+    }
+
     /// The session this event is about.
     #[must_use]
     pub fn session(&self) -> SessionId {
@@ -181,5 +227,34 @@ impl Event {
             | Self::Cancelled { session, .. }
             | Self::SessionEnded { session, .. } => *session,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one rule every client follows to tell a holder it lost its lock: only the holder's
+    /// own release is not a loss; every other end of a grant, and every end of a session, is.
+    #[test]
+    fn a_loss_is_any_end_of_a_grant_or_session_but_the_holders_own_release() {
+        let session = SessionId(1);
+        for cause in ReleaseCause::ALL {
+            let released = Event::Released { name: "x".into(), session, token: 3, cause };
+            assert_eq!(released.is_loss(), cause != ReleaseCause::Released, "{cause:?}");
+            assert_eq!(released.wait_end(), None);
+        }
+        for cause in SessionEnd::ALL {
+            assert!(Event::SessionEnded { session, cause }.is_loss(), "{cause:?}");
+        }
+        for cause in CancelCause::ALL {
+            let cancelled = Event::Cancelled { name: "x".into(), session, cause };
+            assert!(!cancelled.is_loss(), "a wait's end answers the waiting request: {cause:?}");
+            assert_eq!(cancelled.wait_end(), Some((session, "x", WaitEnd::Cancelled { cause })));
+        }
+        let granted = Event::Granted { name: "x".into(), session, token: 4 };
+        assert!(!granted.is_loss());
+        assert_eq!(granted.wait_end(), Some((session, "x", WaitEnd::Granted { token: 4 })));
+        assert!(!Event::Queued { name: "x".into(), session, position: 0 }.is_loss());
     }
 }

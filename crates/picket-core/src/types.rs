@@ -46,6 +46,32 @@ pub enum Wait {
     Forever,
 }
 
+impl Wait {
+    /// The wait a request's `wait_ms` field asks for: absent waits until granted, a number
+    /// waits at most that many milliseconds, and 0 only tries (waiting no time is trying).
+    #[must_use]
+    pub fn from_wait_ms(wait_ms: Option<u64>) -> Self {
+        wait_ms.map_or(Self::Forever, |wait_ms| Self::For { wait_ms }).normalized()
+    }
+
+    /// The `wait_ms` field that asks for this wait: the inverse of [`Wait::from_wait_ms`].
+    #[must_use]
+    pub fn wait_ms(self) -> Option<u64> {
+        match self.normalized() {
+            Self::Try => Some(0),
+            Self::For { wait_ms } => Some(wait_ms),
+            Self::Forever => None,
+        }
+    }
+
+    /// The same wait with waiting zero milliseconds written as trying, the one form the state
+    /// machine decides on.
+    #[must_use]
+    pub fn normalized(self) -> Self {
+        if self == (Self::For { wait_ms: 0 }) { Self::Try } else { self }
+    }
+}
+
 /// Why a holder's grant ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -180,6 +206,22 @@ impl SessionEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wire's `wait_ms` and the core's `Wait` say the same thing both ways: absent waits
+    /// for ever, 0 tries, anything else waits that long.
+    #[test]
+    fn a_wait_goes_to_the_wire_and_back_unchanged() {
+        assert_eq!(Wait::from_wait_ms(None), Wait::Forever);
+        assert_eq!(Wait::from_wait_ms(Some(0)), Wait::Try);
+        assert_eq!(Wait::from_wait_ms(Some(250)), Wait::For { wait_ms: 250 });
+        for wait in
+            [Wait::Try, Wait::Forever, Wait::For { wait_ms: 1 }, Wait::For { wait_ms: u64::MAX }]
+        {
+            assert_eq!(Wait::from_wait_ms(wait.wait_ms()), wait);
+        }
+        assert_eq!(Wait::For { wait_ms: 0 }.wait_ms(), Some(0));
+        assert_eq!(Wait::For { wait_ms: 0 }.normalized(), Wait::Try);
+    }
 
     /// The wire names are the JSON names, so the HTTP and gRPC watches and a stored event
     /// spell a cause alike.

@@ -2,8 +2,9 @@
 //! with the expected transcript, line by line, so a reader sees the whole behaviour at once.
 
 use picket_core::{
-    APPLY_RULES, Applied, CheckOutcome, Command, CommandError, ErrorCode, Event, Input, Limits,
-    MAX_OWNER_BYTES, NameError, RequestId, Response, Sequencer, SessionId, StateMachine, Wait,
+    APPLY_RULES, Applied, CancelCause, CheckOutcome, Command, CommandError, ErrorCode, Event,
+    Input, Limits, MAX_OWNER_BYTES, NameError, RequestId, Response, Sequencer, SessionId,
+    StateMachine, Wait, WaitEnd,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -1159,4 +1160,48 @@ fn a_live_wait_wins_over_a_remembered_end_of_the_same_request() {
     story.rules = APPLY_RULES;
     let joined = story.acquire_attempt(800, "B", "x", Wait::Forever, (7, 3));
     assert!(matches!(joined.result, Ok(Response::Queued { .. })), "{:?}", joined.result);
+}
+
+/// `wait_end` tells a request how its wait stands as a retry of it would be told, so a shell
+/// that lost the events in between (a snapshot replaced its state) answers each waiting request
+/// with its own outcome, not its lock's latest. Before, the shell looked only at the lock: a
+/// request whose wait had been cancelled while a newer request of the same session waited for
+/// the same lock stayed waiting for ever.
+#[test]
+fn wait_end_answers_each_request_as_a_retry_of_it_would_be() {
+    let mut story = Story::new();
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    let (a, b) = (story.id("A"), story.id("B"));
+    story.acquire(0, "A", "x", Wait::Forever);
+    story.acquire_as(1, "B", "x", Wait::Forever, 7);
+    assert_eq!(story.machine.wait_end(b, "x", RequestId(7)), None, "request 7 still waits");
+    story.run(2, Command::Cancel { session: b, name: "x".into() });
+    story.acquire_as(3, "B", "x", Wait::Forever, 8);
+    let ended = Some(WaitEnd::Cancelled { cause: CancelCause::Requested });
+    assert_eq!(story.machine.wait_end(b, "x", RequestId(7)), ended, "7's wait was cancelled");
+    assert_eq!(story.machine.wait_end(b, "x", RequestId(8)), None, "8 waits in its place");
+    let retry = story.acquire_attempt(4, "B", "x", Wait::Forever, (7, 1));
+    assert_eq!(error_of(&retry).code(), ErrorCode::AlreadyWaiting, "a retry of 7 is refused");
+
+    let token = story.machine.lock("x").unwrap().holder.unwrap().token;
+    story.release(5, "A", "x", token);
+    let granted = story.machine.lock("x").unwrap().holder.unwrap();
+    assert_eq!(granted.session, b);
+    assert_eq!(
+        story.machine.wait_end(b, "x", RequestId(8)),
+        Some(WaitEnd::Granted { token: granted.token }),
+        "8 was granted"
+    );
+    // A session that ended took its waits with it.
+    story.run(6, Command::CloseSession { session: b });
+    assert_eq!(
+        story.machine.wait_end(b, "x", RequestId(8)),
+        Some(WaitEnd::Cancelled { cause: CancelCause::SessionExpired })
+    );
+    assert_eq!(
+        story.machine.wait_end(a, "x", RequestId(0)),
+        Some(WaitEnd::Cancelled { cause: CancelCause::TimedOut }),
+        "a request whose grant ended long ago left no trace: it does not hold the lock"
+    );
 }

@@ -65,14 +65,6 @@ fn respond<T>(result: Result<T, ServiceError>) -> RpcResult<T> {
     result.map(Response::new).map_err(|error| status(&error))
 }
 
-fn wait_from(wait_ms: Option<u64>) -> Wait {
-    match wait_ms {
-        None => Wait::Forever,
-        Some(0) => Wait::Try,
-        Some(wait_ms) => Wait::For { wait_ms },
-    }
-}
-
 fn limit_from(limit: u32) -> usize {
     if limit == 0 { usize::MAX } else { limit as usize }
 }
@@ -294,7 +286,7 @@ impl picket_server::Picket for ClientService {
     ) -> RpcResult<v1::AcquireResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
-        let wait = wait_from(request.wait_ms);
+        let wait = Wait::from_wait_ms(request.wait_ms);
         let asked = AcquireRequest {
             wait,
             request: request.request_id.map(RequestId),

@@ -8,26 +8,11 @@
 //! wake every watch on every command. Delivery never blocks the apply path: a watcher whose
 //! buffer is full is cut off and told it fell behind.
 
-use picket_core::{CancelCause, Event, RequestId, SessionId, StateMachine};
+use picket_core::{Event, RequestId, SessionId, StateMachine, WaitEnd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
-
-/// How a wait ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitOutcome {
-    /// The waiter now holds the lock.
-    Granted {
-        /// The grant's token.
-        token: u64,
-    },
-    /// The waiter left the queue without a grant.
-    Cancelled {
-        /// Why.
-        cause: CancelCause,
-    },
-}
 
 /// What a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,21 +25,8 @@ pub enum Watched {
     Session(SessionId),
     /// Everything that happens to any of these sessions, in one stream.
     Sessions(Vec<SessionId>),
-    /// Only the losses of these sessions (see [`is_loss`]), in one stream.
+    /// Only the losses of these sessions (see [`Event::is_loss`]), in one stream.
     SessionLosses(Vec<SessionId>),
-}
-
-/// Whether an event ends something its session had without the session asking: a grant ended
-/// by anything but the holder's release, or the session itself ending.
-#[must_use]
-pub fn is_loss(event: &Event) -> bool {
-    match event {
-        Event::Released { cause, .. } => *cause != picket_core::ReleaseCause::Released,
-        Event::SessionEnded { .. } => true,
-        // Grants, queueing and cancelled waits answer the session's own requests; a wait
-        // cancelled because the session ended comes with that session's end.
-        _ => false,
-    }
 }
 
 /// An item delivered to a watcher.
@@ -111,7 +83,7 @@ impl Watcher {
         // Checked before the delivery is copied: most events skip a losses-only watcher.
         if self.losses_only
             && let Delivery::Event { event, .. } = delivery
-            && !is_loss(event)
+            && !event.is_loss()
         {
             return !self.sender.is_closed();
         }
@@ -233,13 +205,13 @@ type WaiterKey = (SessionId, String);
 struct Registration {
     id: u64,
     request: RequestId,
-    sender: oneshot::Sender<WaitOutcome>,
+    sender: oneshot::Sender<WaitEnd>,
     /// The revision at which this request's acquire was queued, once known. Only an outcome
     /// applied after it ends this request's wait: an earlier one ended an earlier wait of the
     /// same session for the same lock.
     queued_at: Option<u64>,
     /// Outcomes applied before the request knew where its acquire landed, kept until it does.
-    early: Vec<(u64, WaitOutcome)>,
+    early: Vec<(u64, WaitEnd)>,
 }
 
 /// Most outcomes a registration keeps before its acquire is applied. A session has one wait
@@ -249,7 +221,7 @@ const MAX_EARLY_OUTCOMES: usize = 8;
 impl Registration {
     /// Offers the outcome applied at `revision`; gives the registration back unless it was
     /// delivered.
-    fn offer(mut self, revision: u64, outcome: WaitOutcome) -> Option<Self> {
+    fn offer(mut self, revision: u64, outcome: WaitEnd) -> Option<Self> {
         match self.queued_at {
             Some(queued_at) if revision > queued_at => {
                 let _ = self.sender.send(outcome);
@@ -277,11 +249,21 @@ struct Waiters {
 }
 
 impl Waiters {
-    fn offer(&mut self, key: &WaiterKey, revision: u64, outcome: WaitOutcome) {
+    /// Offers each registration under `key` the outcome `end_of` gives for its request, as
+    /// applied at `revision`; `None` leaves it waiting.
+    fn offer(
+        &mut self,
+        key: &WaiterKey,
+        revision: u64,
+        end_of: impl Fn(RequestId) -> Option<WaitEnd>,
+    ) {
         let Some(registrations) = self.by_key.remove(key) else { return };
         let kept: Vec<Registration> = registrations
             .into_iter()
-            .filter_map(|registration| registration.offer(revision, outcome))
+            .filter_map(|registration| match end_of(registration.request) {
+                Some(end) => registration.offer(revision, end),
+                None => Some(registration),
+            })
             .collect();
         if !kept.is_empty() {
             self.by_key.insert(key.clone(), kept);
@@ -312,7 +294,7 @@ pub struct WaiterRegistration {
     /// Identifies the registration for [`Hub::forget_waiter`].
     pub id: u64,
     /// How the wait ended.
-    pub outcome: oneshot::Receiver<WaitOutcome>,
+    pub outcome: oneshot::Receiver<WaitEnd>,
 }
 
 impl Hub {
@@ -416,17 +398,8 @@ impl Hub {
     pub fn publish(&self, revision: u64, events: &[Event]) {
         if !events.is_empty() {
             let mut waiters = lock(&self.waiters);
-            for event in events {
-                let (key, outcome) = match event {
-                    Event::Granted { name, session, token } => {
-                        ((*session, name.clone()), WaitOutcome::Granted { token: *token })
-                    }
-                    Event::Cancelled { name, session, cause } => {
-                        ((*session, name.clone()), WaitOutcome::Cancelled { cause: *cause })
-                    }
-                    _ => continue,
-                };
-                waiters.offer(&key, revision, outcome);
+            for (session, name, end) in events.iter().filter_map(Event::wait_end) {
+                waiters.offer(&(session, name.to_owned()), revision, |_| Some(end));
             }
             drop(waiters);
             let mut watchers = lock(&self.watchers);
@@ -441,21 +414,12 @@ impl Hub {
     pub fn resync(&self, machine: &StateMachine) {
         let mut waiters = lock(&self.waiters);
         let keys: Vec<WaiterKey> = waiters.by_key.keys().cloned().collect();
-        for (session, name) in keys {
-            let holder = machine.lock(&name).and_then(|lock| lock.holder);
-            let still_waiting =
-                machine.lock(&name).is_some_and(|lock| lock.waiters.contains(&session));
-            let outcome = match holder {
-                Some(holder) if holder.session == session => {
-                    WaitOutcome::Granted { token: holder.token }
-                }
-                _ if still_waiting => continue,
-                _ if machine.session(session).is_none() => {
-                    WaitOutcome::Cancelled { cause: CancelCause::SessionExpired }
-                }
-                _ => WaitOutcome::Cancelled { cause: CancelCause::TimedOut },
-            };
-            waiters.offer(&(session, name), machine.revision(), outcome);
+        for key in keys {
+            // Each request hears how its own wait stands: the core answers as it would answer
+            // a retry of that request.
+            waiters.offer(&key, machine.revision(), |request| {
+                machine.wait_end(key.0, &key.1, request)
+            });
         }
         drop(waiters);
         let revision = machine.revision();

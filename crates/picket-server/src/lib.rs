@@ -63,7 +63,6 @@ pub fn erase_unsynced_log_writes(
 
 pub use error::ServiceError;
 pub use guarded::Guarded;
-pub use hub::WaitOutcome;
 pub use limits::{ServerLimit, ServerLimits};
 pub use log_store::{StoredEntry, WriterStats, read_entries};
 pub use network::COMMITTED_ENTRY_LOST;

@@ -14,7 +14,7 @@
 //! path segment; at most [`MAX_PREFIX_LABELS`] distinct values, the rest count as `other`.
 
 use crate::wal::WriterStats;
-use picket_core::{Applied, CancelCause, Event, QueueSummary, ReleaseCause, SessionEnd};
+use picket_core::{Applied, Event, QueueSummary, ReleaseCause};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -395,7 +395,7 @@ impl Metrics {
             }
             Event::Released { name, cause, .. } => {
                 let prefix = self.prefixes.label(name);
-                let labels = PrefixCauseLabels { prefix, cause: release_cause(*cause).to_owned() };
+                let labels = PrefixCauseLabels { prefix, cause: cause.as_str().to_owned() };
                 self.releases.get_or_create(&labels).inc();
                 let lock = state.occupancy(name).unwrap_or_default();
                 let ended_by_loss =
@@ -412,14 +412,14 @@ impl Metrics {
             }
             Event::Cancelled { name, cause, .. } => {
                 let prefix = self.prefixes.label(name);
-                let labels = PrefixCauseLabels { prefix, cause: cancel_cause(*cause).to_owned() };
+                let labels = PrefixCauseLabels { prefix, cause: cause.as_str().to_owned() };
                 self.waits_cancelled.get_or_create(&labels).inc();
                 if state.occupancy(name).is_none_or(|lock| lock.waiters == 0) {
                     self.released_at().remove(name);
                 }
             }
             Event::SessionEnded { cause, .. } => {
-                let labels = CauseLabels { cause: session_end(*cause).to_owned() };
+                let labels = CauseLabels { cause: cause.as_str().to_owned() };
                 self.sessions_ended.get_or_create(&labels).inc();
             }
             // Queueing shows in the queue gauges.
@@ -508,35 +508,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String does not fail");
         text
-    }
-}
-
-fn release_cause(cause: ReleaseCause) -> &'static str {
-    match cause {
-        ReleaseCause::Released => "released",
-        ReleaseCause::SessionClosed => "session_closed",
-        ReleaseCause::SessionExpired => "session_expired",
-        ReleaseCause::SessionRevoked => "session_revoked",
-        ReleaseCause::Abandoned => "abandoned",
-    }
-}
-
-fn cancel_cause(cause: CancelCause) -> &'static str {
-    match cause {
-        CancelCause::Requested => "requested",
-        CancelCause::TimedOut => "timed_out",
-        CancelCause::SessionClosed => "session_closed",
-        CancelCause::SessionExpired => "session_expired",
-        CancelCause::SessionRevoked => "session_revoked",
-        CancelCause::Abandoned => "abandoned",
-    }
-}
-
-fn session_end(cause: SessionEnd) -> &'static str {
-    match cause {
-        SessionEnd::Closed => "closed",
-        SessionEnd::Expired => "expired",
-        SessionEnd::Revoked => "revoked",
     }
 }
 

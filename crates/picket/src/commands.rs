@@ -6,7 +6,7 @@ use crate::duration::parse_duration;
 use anyhow::bail;
 use clap::{Args, Subcommand};
 use picket_client::{Client, LockInfo, WatchTarget, Watched};
-use picket_core::Event;
+use picket_core::{Event, Wait};
 use serde_json::{Value, json};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -87,11 +87,15 @@ pub struct AcquireArgs {
     json: bool,
 }
 
-fn wait_ms(wait: Option<Duration>, try_only: bool) -> Option<u64> {
-    if try_only {
-        return Some(0);
+fn wait_of(wait: Option<Duration>, try_only: bool) -> Wait {
+    match wait {
+        _ if try_only => Wait::Try,
+        // A wait shorter than a millisecond still waits, rather than only trying.
+        Some(wait) => {
+            Wait::For { wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1) }
+        }
+        None => Wait::Forever,
     }
-    wait.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
 }
 
 fn print_grant(json: bool, name: &str, session: u64, token: u64, sequencer: &str) {
@@ -107,9 +111,9 @@ fn print_grant(json: bool, name: &str, session: u64, token: u64, sequencer: &str
 
 /// Runs `picket acquire`.
 pub async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitCode> {
-    let wait_ms = wait_ms(args.wait, args.try_only);
+    let wait = wait_of(args.wait, args.try_only);
     if let Some(session) = args.session {
-        let granted = client.acquire_in(session, &args.name, wait_ms).await?;
+        let granted = client.acquire_in(session, &args.name, wait).await?;
         print_grant(args.json, &args.name, session, granted.token, &granted.sequencer);
         return Ok(ExitCode::SUCCESS);
     }
@@ -117,7 +121,7 @@ pub async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitC
     // Every way out closes the session: a session left open would hold or wait for the lock
     // until its TTL ran out.
     let mut interrupts = crate::lock_cmd::Interrupts::listen()?;
-    let outcome = acquire_and_hold(&session, &args, wait_ms, &mut interrupts).await;
+    let outcome = acquire_and_hold(&session, &args, wait, &mut interrupts).await;
     let session_id = session.id();
     if let Err(error) = session.close().await {
         eprintln!(
@@ -131,14 +135,16 @@ pub async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitC
 async fn acquire_and_hold(
     session: &picket_client::Session,
     args: &AcquireArgs,
-    wait_ms: Option<u64>,
+    wait: Wait,
     interrupts: &mut crate::lock_cmd::Interrupts,
 ) -> anyhow::Result<ExitCode> {
     let acquiring = async {
-        match wait_ms {
-            Some(0) => session.try_lock(&args.name).await,
-            Some(wait_ms) => session.lock_timeout(&args.name, Duration::from_millis(wait_ms)).await,
-            None => session.lock(&args.name).await,
+        match wait {
+            Wait::Try => session.try_lock(&args.name).await,
+            Wait::For { wait_ms } => {
+                session.lock_timeout(&args.name, Duration::from_millis(wait_ms)).await
+            }
+            Wait::Forever => session.lock(&args.name).await,
         }
     };
     let guard = tokio::select! {

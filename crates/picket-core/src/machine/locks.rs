@@ -19,8 +19,7 @@ impl StateMachine {
         rules: u32,
     ) -> Result<AcquirePlan, CommandError> {
         validate_name(name, &self.limits).map_err(CommandError::InvalidName)?;
-        // Waiting zero milliseconds is trying.
-        let wait = if wait == (Wait::For { wait_ms: 0 }) { Wait::Try } else { wait };
+        let wait = wait.normalized();
         let wait_ms = self.validate_wait(wait)?;
         let session_record = self.session_record(session)?;
         if rules >= 1 && session_record.abandoned(request, attempt) {

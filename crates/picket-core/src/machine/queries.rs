@@ -1,12 +1,13 @@
 //! What the state machine answers without changing: locks, sessions, checks and counts.
 
 use super::StateMachine;
+use crate::outcome::WaitEnd;
 use crate::query::{
     CheckOutcome, HolderInfo, LockInfo, Occupancy, QueueSummary, SessionInfo, SessionLease,
 };
 use crate::record::{LockRecord, SessionRecord};
 use crate::sequencer::Sequencer;
-use crate::types::SessionId;
+use crate::types::{CancelCause, RequestId, SessionId};
 
 /// Queries. They read the state as of the last applied command.
 impl StateMachine {
@@ -70,6 +71,33 @@ impl StateMachine {
             .take(limit)
             .map(|(name, lock)| lock_info(name, lock))
             .collect()
+    }
+
+    /// How the wait of acquire `request`, by `session` for `name`, stands in this state: `None`
+    /// while it still waits, otherwise how it ended, as a retry of that request would be
+    /// answered. For a shell that lost the events in between (a snapshot replaced the state)
+    /// and must still tell the request's caller.
+    #[must_use]
+    pub fn wait_end(&self, session: SessionId, name: &str, request: RequestId) -> Option<WaitEnd> {
+        let holder = self.locks.get(name).and_then(|lock| lock.holder);
+        if let Some(holder) = holder.filter(|holder| holder.session == session) {
+            // A retry is told it already holds the lock, whichever request produced the grant.
+            return Some(WaitEnd::Granted { token: holder.token });
+        }
+        let Some(record) = self.sessions.get(&session) else {
+            // The session's end took its wait with it; how it ended is no longer kept, and
+            // every retry of the request is refused as an unknown session.
+            return Some(WaitEnd::Cancelled { cause: CancelCause::SessionExpired });
+        };
+        if record.waiting.contains(name) && self.waiter(name, session).request == request {
+            return None;
+        }
+        // Not holding and not waiting under this request: its wait ended. The state remembers
+        // how for the session's last few cancelled waits. An older one, or a grant that has
+        // ended since, left no trace: it is reported as timed out, which is true in the one way
+        // that matters to the caller: the session does not hold the lock.
+        let cause = record.ended_wait(request).unwrap_or(CancelCause::TimedOut);
+        Some(WaitEnd::Cancelled { cause })
     }
 
     /// One session.

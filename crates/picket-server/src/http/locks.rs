@@ -50,13 +50,8 @@ pub(super) async fn acquire(
     Who(who): Who,
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<Granted> {
-    let wait = match body.wait_ms {
-        None => Wait::Forever,
-        Some(0) => Wait::Try,
-        Some(wait_ms) => Wait::For { wait_ms },
-    };
     let asked = AcquireRequest {
-        wait,
+        wait: Wait::from_wait_ms(body.wait_ms),
         request: body.request_id.map(RequestId),
         attempt: body.attempt,
         principal: None,

@@ -1,4 +1,5 @@
 use super::*;
+use picket_core::CancelCause;
 
 fn granted(name: &str, session: u64, token: u64) -> Event {
     Event::Granted { name: name.into(), session: SessionId(session), token }
@@ -112,7 +113,7 @@ fn an_outcome_applied_before_the_acquire_was_queued_is_not_the_requests() {
     hub.queued(SessionId(1), "x", registration.id, 11);
     assert!(registration.outcome.try_recv().is_err(), "the earlier wait's end is not ours");
     hub.publish(12, &[granted("x", 1, 12)]);
-    assert_eq!(registration.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 12 }));
+    assert_eq!(registration.outcome.try_recv(), Ok(WaitEnd::Granted { token: 12 }));
     assert_eq!(hub.waiting_acquires(), 0);
 }
 
@@ -124,7 +125,7 @@ fn an_outcome_that_arrives_before_the_queue_position_is_kept_for_the_request() {
     let mut registration = hub.register_waiter(SessionId(1), "x", RequestId(7));
     hub.publish(12, &[granted("x", 1, 12)]);
     hub.queued(SessionId(1), "x", registration.id, 11);
-    assert_eq!(registration.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 12 }));
+    assert_eq!(registration.outcome.try_recv(), Ok(WaitEnd::Granted { token: 12 }));
     assert_eq!(hub.waiting_acquires(), 0);
 }
 
@@ -140,11 +141,47 @@ fn every_registration_of_a_wait_hears_its_end() {
     hub.queued(SessionId(1), "x", retry.id, 6);
     assert!(!hub.forget_waiter(SessionId(1), "x", RequestId(8), other.id));
     hub.publish(9, &[granted("x", 1, 9)]);
-    assert_eq!(first.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 9 }));
-    assert_eq!(retry.outcome.try_recv(), Ok(WaitOutcome::Granted { token: 9 }));
+    assert_eq!(first.outcome.try_recv(), Ok(WaitEnd::Granted { token: 9 }));
+    assert_eq!(retry.outcome.try_recv(), Ok(WaitEnd::Granted { token: 9 }));
     let mut left = hub.register_waiter(SessionId(1), "y", RequestId(3));
     let again = hub.register_waiter(SessionId(1), "y", RequestId(3));
     assert!(hub.forget_waiter(SessionId(1), "y", RequestId(3), again.id), "the first remains");
     assert!(!hub.forget_waiter(SessionId(1), "y", RequestId(3), left.id));
     assert!(left.outcome.try_recv().is_err());
+}
+
+/// After a snapshot each waiting request hears how its own wait stands. Before, the hub asked
+/// only whether the session still waited for the lock: a request whose wait had been cancelled
+/// while a newer request of the same session waited for the same lock was never answered.
+#[test]
+fn a_resync_answers_each_waiting_request_with_its_own_wait() {
+    use picket_core::{Command, Input, Limits, Response, Wait};
+    let mut machine = StateMachine::new(Limits::default());
+    let mut apply = |command| machine.apply(&Input::new(0, command));
+    let open = || Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None };
+    let Ok(Response::SessionOpened { session: a, .. }) = apply(open()).result else { panic!() };
+    let Ok(Response::SessionOpened { session: b, .. }) = apply(open()).result else { panic!() };
+    let acquire = |session, request| Command::Acquire {
+        session,
+        name: "x".into(),
+        wait: Wait::Forever,
+        request: RequestId(request),
+        attempt: 0,
+    };
+    apply(acquire(a, 1));
+    let hub = Hub::default();
+    let mut first = hub.register_waiter(b, "x", RequestId(7));
+    let queued = apply(acquire(b, 7)).revision;
+    hub.queued(b, "x", first.id, queued);
+    // The events from here on are missed (a snapshot will carry the state past them).
+    apply(Command::Cancel { session: b, name: "x".into() });
+    let mut second = hub.register_waiter(b, "x", RequestId(8));
+    let queued = apply(acquire(b, 8)).revision;
+    hub.queued(b, "x", second.id, queued);
+
+    hub.resync(&machine);
+    let cancelled = WaitEnd::Cancelled { cause: CancelCause::Requested };
+    assert_eq!(first.outcome.try_recv(), Ok(cancelled), "request 7's wait was cancelled");
+    assert!(second.outcome.try_recv().is_err(), "request 8 still waits");
+    assert_eq!(hub.waiting_acquires(), 1);
 }

@@ -3,9 +3,9 @@
 
 use super::{Node, unexpected};
 use crate::error::ServiceError;
-use crate::hub::{WaitOutcome, WaiterRegistration};
+use crate::hub::WaiterRegistration;
 use picket_core::{
-    CancelCause, Command, CommandError, ErrorCode, RequestId, Response, SessionId, Wait,
+    CancelCause, Command, CommandError, ErrorCode, RequestId, Response, SessionId, Wait, WaitEnd,
 };
 use picket_proto::tls::ClientTls;
 use std::sync::Arc;
@@ -126,12 +126,12 @@ impl Node {
         // Only what happens after this acquire was queued ends its wait.
         self.hub().queued(session, name, registration.id, applied.revision);
         match registration.outcome.await {
-            Ok(WaitOutcome::Granted { token }) => {
+            Ok(WaitEnd::Granted { token }) => {
                 self.metrics().acquire_waited(arrived.elapsed());
                 let sequencer = self.sequencer(name, token, session);
                 Ok(Grant { name: name.to_owned(), token, already_held: false, sequencer })
             }
-            Ok(WaitOutcome::Cancelled { cause: CancelCause::TimedOut }) => {
+            Ok(WaitEnd::Cancelled { cause: CancelCause::TimedOut }) => {
                 Err(ServiceError::WaitTimedOut {
                     name: name.to_owned(),
                     holder_token: self.read_local(|state| {
@@ -143,10 +143,12 @@ impl Node {
                     }),
                 })
             }
-            Ok(WaitOutcome::Cancelled { cause }) => {
+            Ok(WaitEnd::Cancelled { cause }) => {
                 Err(ServiceError::WaitEnded { name: name.to_owned(), cause })
             }
-            Err(_) => Err(ServiceError::WaitUntracked { name: name.to_owned() }),
+            // An ending of a newer core than this shell knows, or the hub gone: either way this
+            // request cannot say how its wait ended.
+            Ok(_) | Err(_) => Err(ServiceError::WaitUntracked { name: name.to_owned() }),
         }
     }
 
