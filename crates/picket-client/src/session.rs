@@ -224,6 +224,21 @@ fn lease_after_send(ttl: Duration) -> Duration {
 /// gone, or when no keepalive was confirmed within its lease (the TTL less a drift margin) of
 /// the last confirmed one being sent.
 async fn keep_alive(shared: Arc<SessionState>, opened_at: Instant) {
+    let sender = shared.clone();
+    keep_alive_with(shared, opened_at, move || {
+        let sender = sender.clone();
+        async move { sender.keep_alive().await }
+    })
+    .await;
+}
+
+/// [`keep_alive`]'s loop, with the keepalive call given (tests answer it themselves on tokio's
+/// paused clock).
+async fn keep_alive_with<Send, Sent>(shared: Arc<SessionState>, opened_at: Instant, mut send: Send)
+where
+    Send: FnMut() -> Sent,
+    Sent: std::future::Future<Output = Result<u64, ClientError>>,
+{
     let mut stop = shared.stop.subscribe();
     let mut confirmed_sent_at = opened_at;
     let period = shared.ttl / 3;
@@ -247,7 +262,7 @@ async fn keep_alive(shared: Arc<SessionState>, opened_at: Instant) {
         }
         let sent_at = Instant::now();
         let sent_at_lease_clock = lease_clock::now();
-        let attempt = shared.keep_alive();
+        let attempt = send();
         let result = tokio::select! {
             result = attempt => result,
             () = tokio::time::sleep_until(deadline) => {
@@ -282,6 +297,105 @@ async fn keep_alive(shared: Arc<SessionState>, opened_at: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// Runs the keepalive loop of a fresh session on tokio's paused clock, each keepalive
+    /// answered by `answer(n)` for the n-th call (from 0); returns the session, the times the
+    /// keepalives went out, and the loop's task.
+    fn run_keepalives<Answer, Answered>(
+        mut answer: Answer,
+    ) -> (Arc<SessionState>, Arc<Mutex<Vec<Duration>>>, tokio::task::JoinHandle<()>)
+    where
+        Answer: FnMut(usize) -> Answered + std::marker::Send + 'static,
+        Answered:
+            std::future::Future<Output = Result<u64, ClientError>> + std::marker::Send + 'static,
+    {
+        let shared = Arc::new(SessionState::for_tests(TTL));
+        let opened_at = Instant::now();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let send = {
+            let sent = sent.clone();
+            move || {
+                let mut sent = sent.lock().unwrap();
+                sent.push(opened_at.elapsed());
+                answer(sent.len() - 1)
+            }
+        };
+        let task = tokio::spawn(keep_alive_with(shared.clone(), opened_at, send));
+        (shared, sent, task)
+    }
+
+    fn unavailable() -> ClientError {
+        ClientError::Unreachable { endpoints: "test".into(), detail: "cut".into() }
+    }
+
+    /// Waits for `signal` to be marked; returns the reason and when, from the start.
+    async fn lost_at(
+        signal: &crate::state::LostSender,
+        started: Instant,
+    ) -> (LostReason, Duration) {
+        let reason = signal.subscribe().wait_for(Option::is_some).await.unwrap().unwrap();
+        (reason, started.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn confirmed_keepalives_go_out_every_third_of_the_ttl_and_keep_the_session() {
+        let (shared, sent, task) = run_keepalives(|_| async { Ok(3_000) });
+        tokio::time::sleep(TTL * 10 + TTL / 6).await;
+        assert_eq!(shared.lost_reason(), None);
+        let expected: Vec<Duration> = (1..=30).map(|n| TTL / 3 * n).collect();
+        assert_eq!(*sent.lock().unwrap(), expected);
+        shared.stop.send_replace(true);
+        task.await.unwrap();
+        assert_eq!(shared.lost_reason(), None, "stopping is not a loss");
+    }
+
+    /// The client's promise: it counts on its session for the TTL less the drift margin from
+    /// the sending of the last confirmed keepalive, and not a moment longer, however many
+    /// failed keepalives it retried in between.
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_at_the_lease_end_of_the_last_confirmed_keepalive() {
+        let started = Instant::now();
+        let (shared, sent, task) =
+            run_keepalives(|n| async move { if n < 2 { Ok(3_000) } else { Err(unavailable()) } });
+        let guard = shared.register_grant("jobs", 4);
+        let (reason, at) = lost_at(&guard, started).await;
+        assert_eq!(reason, LostReason::Unconfirmed);
+        // The second keepalive, confirmed, went out at 2 s: 2 s + 97 % of 3 s.
+        assert_eq!(at, TTL / 3 * 2 + lease_after_send(TTL));
+        assert_eq!(shared.lost_reason(), Some(LostReason::Unconfirmed));
+        task.await.unwrap();
+        let retries = sent.lock().unwrap().len() - 2;
+        assert!(retries > 5, "failed keepalives are retried, {retries} times here");
+    }
+
+    /// A keepalive that never answers (a server stopped, a connection that hangs) does not
+    /// stretch the lease: the session is lost at its lease end all the same.
+    #[tokio::test(start_paused = true)]
+    async fn a_keepalive_that_never_answers_loses_the_session_at_its_lease_end() {
+        let started = Instant::now();
+        let (shared, sent, task) = run_keepalives(|_| std::future::pending());
+        let (reason, at) = lost_at(&shared.lost, started).await;
+        assert_eq!((reason, at), (LostReason::Unconfirmed, lease_after_send(TTL)));
+        task.await.unwrap();
+        assert_eq!(*sent.lock().unwrap(), vec![TTL / 3], "one keepalive, still out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_the_service_does_not_know_is_lost_as_expired_at_once() {
+        let started = Instant::now();
+        let (shared, _sent, task) = run_keepalives(|_| async {
+            Err(ClientError::Service {
+                code: ErrorCode::UnknownSession,
+                message: "no such session".into(),
+                holder_token: None,
+            })
+        });
+        let guard = shared.register_grant("jobs", 4);
+        assert_eq!(lost_at(&guard, started).await, (LostReason::Expired, TTL / 3));
+        task.await.unwrap();
+    }
 
     #[test]
     fn the_client_counts_on_its_session_for_the_ttl_less_three_percent() {

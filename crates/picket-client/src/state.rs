@@ -143,6 +143,26 @@ impl SessionState {
     }
 }
 
+#[cfg(test)]
+impl SessionState {
+    /// A session of `ttl` on a transport to nowhere, for tests that drive its state directly.
+    /// Its lease clock runs out in an hour, so only the loss under test marks it lost.
+    pub(crate) fn for_tests(ttl: Duration) -> Self {
+        use crate::transport::ClientConfig;
+        Self {
+            transport: Transport::new(["127.0.0.1:1"], ClientConfig::default()).expect("valid"),
+            keepalives: Arc::new(KeepAlives::default()),
+            id: 7,
+            ttl,
+            lost: watch::channel(None).0,
+            lease_end: LeaseEnd::new(lease_clock::now() + Duration::from_secs(3_600)),
+            grants: Mutex::new(HashMap::new()),
+            ended_grants: Mutex::new(HashMap::new()),
+            stop: watch::channel(false).0,
+        }
+    }
+}
+
 /// Asks the service what the session's events may have said while nobody listened (the watch
 /// stream broke, or the service answered `resync` after installing a snapshot): whether the
 /// session still lives, and whether each of its grants is still held with its token. Marks
@@ -225,20 +245,9 @@ async fn lock_info(transport: &Transport, name: &str) -> Result<v1::LockInfo, Cl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::ClientConfig;
 
     fn session_state() -> SessionState {
-        SessionState {
-            transport: Transport::new(["127.0.0.1:1"], ClientConfig::default()).expect("valid"),
-            keepalives: Arc::new(KeepAlives::default()),
-            id: 7,
-            ttl: Duration::from_secs(10),
-            lost: watch::channel(None).0,
-            lease_end: LeaseEnd::new(Duration::from_secs(3_600)),
-            grants: Mutex::new(HashMap::new()),
-            ended_grants: Mutex::new(HashMap::new()),
-            stop: watch::channel(false).0,
-        }
+        SessionState::for_tests(Duration::from_secs(10))
     }
 
     /// Found by `picket-core/tests/no_ghost_holders.rs`: the answer to an acquire (an

@@ -505,7 +505,8 @@ fn watch_prints_a_locks_events_as_json_lines() {
 #[test]
 fn no_server_is_explained() {
     let port = picket_testkit::free_port();
-    let started = Instant::now();
+    // That it answers at once, not after its retry window, is `client.rs`'s
+    // `connecting_to_nothing_says_so_at_once_not_after_the_retry_window`.
     let output = Command::new(PICKET)
         .args(["--endpoints", &format!("127.0.0.1:{port}"), "status", "x"])
         .output()
@@ -518,7 +519,6 @@ fn no_server_is_explained() {
         )),
         "{message}"
     );
-    assert!(started.elapsed() < Duration::from_secs(30));
 }
 
 /// Every command has complete help that parses.

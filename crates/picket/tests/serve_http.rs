@@ -353,6 +353,54 @@ fn a_late_abandon_leaves_the_grant_to_the_request_told_it_is_already_held() {
     assert_eq!(last.body["released_token"], first.body["token"], "{}", last.text);
 }
 
+/// Issue 14, point 2: a waiting acquire whose first attempt's caller went away, retried and
+/// answered `already_held`, used to lose its grant to the first attempt's abandon (the shell
+/// released every grant newer than the wait's start), with cause `released`, which a
+/// losses-only watch skips: the retrying client held a guard of a lock the next waiter then
+/// got. Now the abandon of an attempt leaves a grant a later attempt was told of, and a grant
+/// that an abandon does end is a loss the session's watch shows.
+#[test]
+fn point_2_a_retry_told_already_held_keeps_its_grant_and_hears_when_an_abandon_ends_it() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let holder = open_session(&addr, 10_000, 0);
+    let token = token_of(&acquire(&addr, "p2", holder, Some(0)));
+    let waiter = open_session(&addr, 10_000, 0);
+    let mut losses =
+        http::events(&addr, &format!("/v1/watch?session_id={waiter}&losses_only=true"));
+    let attempt = |attempt: u32| json!({ "name": "p2", "session_id": waiter, "request_id": 5, "attempt": attempt });
+    let first = {
+        let (addr, body) = (addr.clone(), attempt(0));
+        std::thread::spawn(move || http::post(&addr, "/v1/locks/acquire", &body))
+    };
+    wait_until("the first attempt to queue", Duration::from_secs(5), || {
+        (http::get(&addr, "/v1/locks/p2").body["waiters"] == json!([waiter])).then_some(())
+    });
+    assert_eq!(release(&addr, "p2", holder, token).status, 200);
+    // The first attempt's answer is lost on its way (its caller went away); the retry hears.
+    let granted = token_of(&first.join().unwrap());
+    let retry = http::post(&addr, "/v1/locks/acquire", &attempt(1));
+    assert_eq!((token_of(&retry), &retry.body["already_held"]), (granted, &json!(true)));
+    // The shell abandons the attempt whose caller went away: the retry's grant stays.
+    let abandon = |attempt: u32| {
+        let body =
+            json!({ "name": "p2", "session_id": waiter, "request_id": 5, "attempt": attempt });
+        http::post(&addr, "/v1/locks/abandon", &body)
+    };
+    let late = abandon(0);
+    assert_eq!(late.body["released_token"], Value::Null, "{}", late.text);
+    let lock = http::get(&addr, "/v1/locks/p2");
+    assert_eq!(lock.body["holder"]["token"], granted, "still held: {}", lock.text);
+    // The client gives up on the retry after all: that abandon ends the grant, as a loss.
+    assert_eq!(abandon(1).body["released_token"], granted);
+    let lost = losses.next_json();
+    assert_eq!(
+        (lost["kind"].as_str(), lost["cause"].as_str(), lost["token"].as_u64()),
+        (Some("released"), Some("abandoned"), Some(granted)),
+        "{lost}"
+    );
+}
+
 /// Watching a lock over server-sent events shows its grants and releases as they happen.
 #[test]
 fn watch_streams_grants_and_releases() {
