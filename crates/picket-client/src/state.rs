@@ -127,6 +127,8 @@ impl SessionState {
             .filter(|(newest_ended, _)| token <= *newest_ended)
             .map(|(_, reason)| *reason);
         let signal = Arc::new(watch::channel(self.lost.borrow().or(ended_reason)).0);
+        #[cfg(test)]
+        tests::BETWEEN_SIGNAL_AND_INSERT.with(|hook| hook.borrow().as_ref().map(|hook| hook()));
         grants.entry(name.to_owned()).or_default().push((token, signal.clone()));
         signal
     }
@@ -260,6 +262,46 @@ mod tests {
         assert_eq!(*state.register_grant("jobs", 5).borrow(), Some(LostReason::GrantEnded));
         assert_eq!(*state.register_grant("jobs", 6).borrow(), None, "another grant is not lost");
         assert_eq!(*state.register_grant("other", 5).borrow(), None, "nor another lock's");
+    }
+
+    thread_local! {
+        /// Run by `register_grant` between creating a guard's signal and registering it, on
+        /// the thread that set it: where a test puts a loss that races the registration.
+        pub(super) static BETWEEN_SIGNAL_AND_INSERT: std::cell::RefCell<Option<Box<dyn Fn()>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// Issue 14, point 3: a guard's signal was created before it was registered, outside the
+    /// grants lock, so a session marked lost in between reached neither (the signal read "not
+    /// lost", and `mark_lost` did not find it): `lost()` never fired. Here the session is
+    /// marked lost on another thread at exactly that moment; the registration holds the grants
+    /// lock there now, so `mark_lost` finds the guard once it is registered.
+    #[test]
+    fn point_3_a_session_marked_lost_while_a_guard_registers_reaches_the_guard() {
+        let state = Arc::new(session_state());
+        let marking: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::default();
+        BETWEEN_SIGNAL_AND_INSERT.with(|hook| {
+            let (state, marking) = (state.clone(), marking.clone());
+            *hook.borrow_mut() = Some(Box::new(move || {
+                let lost = state.clone();
+                let thread = std::thread::spawn(move || lost.mark_lost(LostReason::Revoked));
+                // `mark_lost` marks the session first, then looks for guards: let it finish
+                // (it does at once when nothing holds the grants lock, as before the fix), or
+                // give it a moment to reach the lock this registration holds (and wait there).
+                let deadline = std::time::Instant::now() + Duration::from_millis(200);
+                while !(state.is_lost() && thread.is_finished())
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::yield_now();
+                }
+                assert!(state.is_lost(), "mark_lost marks the session before it looks for guards");
+                *marking.lock().unwrap() = Some(thread);
+            }));
+        });
+        let signal = state.register_grant("jobs", 5);
+        BETWEEN_SIGNAL_AND_INSERT.with(|hook| hook.borrow_mut().take());
+        marking.lock().unwrap().take().expect("the hook ran").join().unwrap();
+        assert_eq!(*signal.borrow(), Some(LostReason::Revoked));
     }
 
     #[test]

@@ -7,10 +7,14 @@
 //! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
 //! - [`fuzz_cases`]: how many cases a fuzz target runs.
 //! - [`pki`]: CA and certificate files for tests of a TLS cluster.
+//! - [`TcpProxy`]: a proxy in front of a server whose connections a test cuts.
 
 pub mod cluster;
 pub mod http;
 pub mod pki;
+mod proxy;
+
+pub use proxy::TcpProxy;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};

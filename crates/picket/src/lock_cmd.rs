@@ -352,7 +352,7 @@ async fn hold_and_run(
         status = child.wait() => Outcome::Exited(status?),
         reason = guard.lost() => Outcome::Lost(reason),
         () = lease_running_short(session, kill_grace) => Outcome::LeaseShort,
-        _ = interrupts.next() => Outcome::Interrupted,
+        signal = interrupts.next() => Outcome::Interrupted(signal),
         never = follow_stops => match never {},
     };
     // The terminal goes back to picket's group now, not after the release: the command's
@@ -393,8 +393,10 @@ async fn hold_and_run(
             );
             EXIT_LOCK_LOST
         }
-        Outcome::Interrupted => {
-            signal_group(group, Signal::SIGTERM);
+        Outcome::Interrupted(signal) => {
+            // Passed on as it came: a command may treat a hangup or an interrupt apart from
+            // a request to terminate.
+            signal_group(group, signal);
             let status = match tokio::time::timeout(kill_grace, child.wait()).await {
                 Ok(status) => status?,
                 Err(_) => {
@@ -443,7 +445,9 @@ enum Outcome {
     Lost(LostReason),
     /// The lease is about to run out without a confirmed keepalive.
     LeaseShort,
-    Interrupted,
+    /// `picket lock` got SIGINT, SIGTERM or SIGHUP: passed on to the command's group, whose end is
+    /// waited for (SIGKILL after the grace) before the lock is released.
+    Interrupted(Signal),
 }
 
 fn describe(reason: LostReason) -> &'static str {

@@ -308,6 +308,36 @@ fn lock_stops_the_command_before_its_lease_can_end() {
     assert!(stderr(&output).contains("no keepalive was confirmed in time"), "{}", stderr(&output));
 }
 
+/// Issue 14, point 4: SIGINT, SIGTERM and SIGHUP sent to `picket lock` while its command runs
+/// reach the command as themselves (each used to become SIGTERM), the lock is released and the
+/// session closed once the command ended, and `picket lock` exits with the command's own code.
+#[test]
+fn lock_passes_sigint_sigterm_and_sighup_on_to_its_command_and_then_releases() {
+    let (dir, server) = start();
+    for (signal, code) in [("INT", 102), ("TERM", 115), ("HUP", 101)] {
+        let got = dir.path().join("got");
+        let _ = std::fs::remove_file(dir.path().join("pid"));
+        // The command says which signal it got, and exits with a code of its own for each.
+        let prelude = [("INT", 102), ("TERM", 115), ("HUP", 101)]
+            .iter()
+            .map(|(name, code)| {
+                format!("trap 'echo {name} > {}; exit {code}' {name}; ", got.display())
+            })
+            .collect::<String>();
+        let (running, _command) = lock_a_loop(&dir, &server, &["signalled"], &prelude);
+        let lock = http::get(&server.addr, "/v1/locks/signalled");
+        let session = lock.body["holder"]["session_id"].as_u64().expect("held");
+        let sent = Command::new("kill").args(["-s", signal, &running.id().to_string()]).status();
+        assert!(sent.unwrap().success());
+        let output = running.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(code), "SIG{signal}: {}", stderr(&output));
+        assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), signal);
+        let lock = http::get(&server.addr, "/v1/locks/signalled");
+        assert_eq!(lock.body["holder"], Value::Null, "released after SIG{signal}: {}", lock.text);
+        assert!(!session_ids(&server.addr).contains(&session), "the session is closed");
+    }
+}
+
 /// Issue 14, point 4: when `picket lock` itself was killed, its command ran on without a lock
 /// (its session expires and the lock goes to the next holder). Now its watchdog stops the
 /// command's process group.

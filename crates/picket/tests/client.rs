@@ -76,6 +76,29 @@ async fn lost_fires_when_the_session_is_revoked() {
     );
 }
 
+/// Issue 14, point 3: the client's watch stream broke, and the session was revoked before it
+/// reconnected: the revocation's event went by unseen. Reconnecting, the watcher asks whether
+/// each of its sessions lives and each grant is still held, and marks what is gone, so
+/// `lost()` fires at the reconnect, not at the next keepalive (40 s away with this TTL). Before
+/// e628ef5 the watcher only subscribed again and the holder learnt at the keepalive.
+#[tokio::test]
+async fn point_3_a_loss_missed_while_the_watch_was_cut_is_found_on_reconnect() {
+    let (_dir, server, direct) = start().await;
+    let proxy = picket_testkit::TcpProxy::start(server.addr.clone()).await;
+    let client = Client::connect([proxy.addr.clone()]).await.unwrap();
+    // A session is returned once the client's watch stream covers it.
+    let session = client.session(Duration::from_secs(120)).await.unwrap();
+    let guard = session.lock("missed").await.unwrap();
+    proxy.block(true);
+    direct.revoke_session(session.id()).await.unwrap();
+    proxy.block(false);
+    let reason = tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("lost() fired at the reconnect, before the first keepalive");
+    // The recheck learns only that the session is gone, not how.
+    assert_eq!(reason, LostReason::Expired);
+}
+
 /// A server that stops answering (SIGSTOP) for longer than the TTL: the client cannot confirm
 /// its session and `lost()` fires by its own clock, within the TTL of the last confirmed
 /// keepalive.

@@ -17,15 +17,13 @@
 //! are free while the sessions still live.
 
 use picket_client::{Client, ClientError, Guard, Session};
-use picket_testkit::ServerProcess;
+use picket_testkit::{ServerProcess, TcpProxy};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::JoinHandle;
 
 const CLIENTS: usize = 3;
 const LOCKS: [&str; 2] = ["ghost/a", "ghost/b"];
@@ -34,71 +32,9 @@ const STEPS: usize = 40;
 /// How long the server and the clients may take to agree after a step.
 const SETTLE: Duration = Duration::from_secs(15);
 
-/// A TCP proxy in front of the server for one client. `cut` drops every open connection at
-/// once (requests in flight break, and the client retries them); while `blocked`, connections
-/// are refused (keepalives fail, and the session expires).
-struct Proxy {
-    addr: String,
-    connections: Arc<Mutex<Vec<AbortHandle>>>,
-    blocked: Arc<AtomicBool>,
-    accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
-        let addr = listener.local_addr().expect("an address").to_string();
-        let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-        let blocked = Arc::new(AtomicBool::new(false));
-        let accept = tokio::spawn({
-            let (connections, blocked) = (connections.clone(), blocked.clone());
-            async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    if blocked.load(Ordering::SeqCst) {
-                        continue;
-                    }
-                    let upstream = upstream.clone();
-                    let forward = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(&upstream).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                    });
-                    lock(&connections).push(forward.abort_handle());
-                }
-            }
-        });
-        Self { addr, connections, blocked, accept }
-    }
-
-    fn cut(&self) {
-        for connection in lock(&self.connections).drain(..) {
-            connection.abort();
-        }
-    }
-
-    fn block(&self, blocked: bool) {
-        self.blocked.store(blocked, Ordering::SeqCst);
-        if blocked {
-            self.cut();
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self.accept.abort();
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// One client: its proxy, its current session, its guards and its requests in progress.
 struct Slot {
-    proxy: Proxy,
+    proxy: TcpProxy,
     client: Client,
     session: Arc<Session>,
     /// Guards by lock, with the session they belong to (an expired session's guards stay until
@@ -110,7 +46,7 @@ struct Slot {
 
 impl Slot {
     async fn open(upstream: &str) -> Self {
-        let proxy = Proxy::start(upstream.to_owned()).await;
+        let proxy = TcpProxy::start(upstream.to_owned()).await;
         let client = Client::connect([proxy.addr.clone()]).await.expect("connects");
         let session = Arc::new(client.session(TTL).await.expect("a session"));
         Self { proxy, client, session, guards: BTreeMap::new(), requests: BTreeMap::new() }
