@@ -1,5 +1,6 @@
 //! What can be applied to the state machine.
 
+use crate::limits::Limits;
 use crate::types::{RequestId, SessionId, Wait};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -46,10 +47,12 @@ pub struct Input {
 ///   before it started a second wait; each session remembers its last eight such requests. A
 ///   retry of a request that still waits joins that wait with its deadline unchanged, where
 ///   before it restarted the wait in full.
+/// - 4: [`Command::SetLimits`] exists: the leader writes the limits its operator configured
+///   into the state, so every replica enforces them from the same entry on.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.
-pub const APPLY_RULES: u32 = 3;
+pub const APPLY_RULES: u32 = 4;
 
 impl Input {
     /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular
@@ -85,6 +88,17 @@ impl Command {
             | Self::Cancel { session, .. }
             | Self::Release { session, .. } => Some(*session),
             _ => None,
+        }
+    }
+
+    /// The oldest apply rules an entry of this command may be written under: a leader whose
+    /// members do not all know them yet must not write it (an older build could not even read
+    /// it), and the state machine refuses it under older rules.
+    #[must_use]
+    pub fn oldest_rules(&self) -> u32 {
+        match self {
+            Self::SetLimits { .. } => 4,
+            _ => 0,
         }
     }
 }
@@ -191,6 +205,16 @@ pub enum Command {
     /// A new leader proposes this first, so no session can expire early because the new leader's
     /// clock reads differently from the old one's.
     Refresh,
+    /// Replaces the limits every replica enforces (apply rules 4). The limits are part of the
+    /// replicated state, so a node's limit flags reach it only through this command, written by
+    /// the leader; every replica then refuses exactly the same commands. Refused when the limits
+    /// contradict themselves, or when the state already holds more than they allow (more
+    /// sessions, lock records, locks of one session or waiters of one lock): what exists stays,
+    /// and the leader asks again once enough of it has gone.
+    SetLimits {
+        /// The new limits.
+        limits: Limits,
+    },
 }
 
 impl fmt::Display for Command {
@@ -218,6 +242,7 @@ impl fmt::Display for Command {
             }
             Self::Tick { renew } => write!(f, "tick(renew={})", renew.len()),
             Self::Refresh => write!(f, "refresh"),
+            Self::SetLimits { .. } => write!(f, "set_limits"),
         }
     }
 }

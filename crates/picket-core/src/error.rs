@@ -270,6 +270,15 @@ pub enum CommandError {
         /// The limit.
         max: usize,
     },
+    /// New limits were refused: they contradict themselves, or the state holds more than they
+    /// allow.
+    #[error(
+        "the new limits were refused ({reason}); the state keeps enforcing its current limits: fix the limit flags, or wait until enough has ended and the leader tries again"
+    )]
+    LimitsRefused {
+        /// Which rule they break, or what in the state exceeds them.
+        reason: String,
+    },
 }
 
 fn holder_suffix(holder_token: Option<u64>) -> String {
@@ -308,6 +317,7 @@ impl CommandError {
             Self::UnknownApplyRules { .. } => ErrorCode::UnknownApplyRules,
             Self::TooManyRenewals { .. } => ErrorCode::TooManyRenewals,
             Self::RevisionsExhausted { .. } => ErrorCode::RevisionsExhausted,
+            Self::LimitsRefused { .. } => ErrorCode::LimitsRefused,
         }
     }
 }

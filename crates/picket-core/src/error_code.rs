@@ -58,6 +58,8 @@ pub enum ErrorCode {
     TooManyRenewals,
     /// Every revision has been used (a damaged snapshot): the state accepts no command.
     RevisionsExhausted,
+    /// The leader's new limits were refused (never sent to clients: the leader only logs it).
+    LimitsRefused,
     // Refusals of the node.
     /// This node does not lead; the leader's address comes with it when known.
     NotLeader,
@@ -125,6 +127,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::UnknownApplyRules, "unknown_apply_rules"),
     (ErrorCode::TooManyRenewals, "too_many_renewals"),
     (ErrorCode::RevisionsExhausted, "revisions_exhausted"),
+    (ErrorCode::LimitsRefused, "limits_refused"),
     (ErrorCode::NotLeader, "not_leader"),
     (ErrorCode::WaitTimedOut, "wait_timed_out"),
     (ErrorCode::WaitEnded, "wait_ended"),

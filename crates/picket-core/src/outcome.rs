@@ -80,6 +80,8 @@ pub enum Response {
     Ticked,
     /// Every session, wait and lock-delay got its full duration again.
     Refreshed,
+    /// The state enforces new limits from now on.
+    LimitsSet,
 }
 
 /// How a session's wait in a lock's queue ended.

@@ -1205,3 +1205,41 @@ fn wait_end_answers_each_request_as_a_retry_of_it_would_be() {
         "a request whose grant ended long ago left no trace: it does not hold the lock"
     );
 }
+
+/// Limits reach the replicated state only through `SetLimits`, so every replica refuses the
+/// same commands from the same entry on. New limits are refused when they contradict
+/// themselves or when the state already holds more than they allow (nothing is ended for a
+/// limit), and under apply rules older than 4; they travel in snapshots.
+#[test]
+fn set_limits_changes_what_is_refused_from_its_entry_on_and_never_ends_what_exists() {
+    let mut story = Story::new();
+    let set = |story: &mut Story, limits: Limits| story.run(1, Command::SetLimits { limits });
+    let at_most = |max_sessions| Limits { max_sessions, ..Limits::default() };
+    story.open(0, "A", 10_000, 0);
+    story.open(0, "B", 10_000, 0);
+    assert_eq!(set(&mut story, at_most(2)).result, Ok(Response::LimitsSet));
+    assert_eq!(story.machine.limits().max_sessions, 2);
+    let third =
+        story.run(2, Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None });
+    assert_eq!(error_of(&third).code(), ErrorCode::TooManySessions);
+
+    let below = set(&mut story, at_most(1));
+    assert_eq!(error_of(&below).code(), ErrorCode::LimitsRefused);
+    assert!(
+        error_of(&below).to_string().contains("2 sessions are open, more than max_sessions = 1")
+    );
+    assert_eq!(story.machine.session_count(), 2, "nothing is ended for a limit");
+    let contradictory = Limits { max_renewals_per_tick: 1, ..at_most(2) };
+    assert!(
+        error_of(&set(&mut story, contradictory)).to_string().contains("max_renewals_per_tick")
+    );
+
+    story.run(3, Command::CloseSession { session: story.id("B") });
+    assert_eq!(set(&mut story, at_most(1)).result, Ok(Response::LimitsSet));
+    let restored = StateMachine::restore(&story.machine.snapshot()).expect("restores");
+    assert_eq!(restored.limits(), &at_most(1), "the limits travel in the snapshot");
+
+    story.rules = 3;
+    let older = set(&mut story, at_most(5));
+    assert!(error_of(&older).to_string().contains("setting limits needs 4"), "{older:?}");
+}

@@ -12,6 +12,10 @@
 //! A leader that lost time (its process stalled, or its clock jumped or raced ahead, see
 //! [`crate::clock`]) cannot tell which clients tried to reach it meanwhile: keepalives may still
 //! sit unread in its sockets. Its next tick is then a `Refresh` again instead of an expiry.
+//!
+//! A leader also writes its configured limits into the state (`SetLimits`) when they differ
+//! from the state's, once every member knows the apply rules that carry them; refused (the
+//! state holds more than they allow), it says why and asks again every [`LIMITS_RETRY`].
 
 use crate::node::Node;
 use crate::raft_types::{TypeConfig, Vote};
@@ -32,6 +36,8 @@ const MAX_SLEEP: Duration = Duration::from_millis(500);
 const MIN_TICK_GAP: Duration = Duration::from_millis(10);
 /// Pause before retrying a failed proposal.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// How long a leader waits before asking again for limits the state refused.
+const LIMITS_RETRY: Duration = Duration::from_secs(10);
 
 /// Runs until `shutdown` turns true.
 pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
@@ -92,7 +98,9 @@ async fn tick_while_leader(
     metrics: &mut ServerMetrics,
     shutdown: &mut watch::Receiver<bool>,
 ) -> bool {
+    let mut limits_refused_at = None;
     loop {
+        set_limits_if_needed(node, &mut limits_refused_at).await;
         let next_deadline_ms = next_due_ms(node);
         let now_ms = node.clock().now_ms();
         let sleep = next_deadline_ms
@@ -131,6 +139,44 @@ async fn tick_while_leader(
                 tracing::debug!(%error, "tick failed");
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
+        }
+    }
+}
+
+/// Writes the node's configured limits into the state when they differ from the state's and
+/// every member can read the entry; after a refusal or a failure, not again for
+/// [`LIMITS_RETRY`].
+async fn set_limits_if_needed(node: &Node, refused_at: &mut Option<tokio::time::Instant>) {
+    let wanted = node.replicated_limits();
+    if refused_at.is_some_and(|at| at.elapsed() < LIMITS_RETRY)
+        || node.read_local(|state| state.machine.limits() == wanted)
+    {
+        return;
+    }
+    let command = Command::SetLimits { limits: wanted.clone() };
+    let rules = node.writing_rules();
+    if rules < command.oldest_rules() {
+        // A member runs an older build, or has not said which rules it knows yet.
+        return;
+    }
+    // Decided here first, so a refusal costs no log entry (apply decides again).
+    let decided = node.read_local(|state| state.machine.validate_under(&command, rules));
+    let result = match decided {
+        Ok(()) => node.propose(command).await.map(|applied| applied.result),
+        Err(refusal) => Ok(Err(refusal)),
+    };
+    match result {
+        Ok(Ok(_)) => {
+            tracing::info!(node = node.id(), limits = ?wanted, "the state enforces this node's limits now");
+            *refused_at = None;
+        }
+        Ok(Err(refusal)) => {
+            tracing::warn!(node = node.id(), %refusal, "the state keeps its limits for now");
+            *refused_at = Some(tokio::time::Instant::now());
+        }
+        Err(error) => {
+            tracing::debug!(%error, "setting the limits failed; trying again later");
+            *refused_at = Some(tokio::time::Instant::now());
         }
     }
 }

@@ -33,6 +33,12 @@ pub struct ServerLimits {
     /// How long a connection may stay open with no request or stream open (default 5 min);
     /// then it is closed gracefully. Bounds in time the place an idle connection holds.
     pub idle_connection_timeout: Duration,
+    /// The limits of the lock state (sessions, lock records, locks per session, waiters per
+    /// lock, renewals per tick, ...; `picket_core::Limits::default()` by default). Unlike the
+    /// bounds above they are replicated: this node writes them into the state (a `SetLimits`
+    /// entry) while it leads, and every replica enforces what the state holds. Give every node
+    /// the same ones, or the limits change with the leader.
+    pub replicated: picket_core::Limits,
 }
 
 impl ServerLimits {
@@ -52,6 +58,7 @@ impl Default for ServerLimits {
             max_connections_per_ip: 1_000,
             max_peer_connections: 256,
             idle_connection_timeout: Duration::from_secs(300),
+            replicated: picket_core::Limits::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, bail};
 use clap::Args;
+use picket_core::Limits;
 use picket_server::clock::ClockSource;
 use picket_server::tls::TlsFiles;
 use picket_server::{DEFAULT_PORT, Member, NodeId, RaftTuning, ServerConfig, ServerLimits};
@@ -106,6 +107,27 @@ pub struct ServeArgs {
     /// closes it (gracefully: an HTTP/2 client connects again on its next call), in ms.
     #[arg(long, env = "PICKET_IDLE_CONNECTION_TIMEOUT_MS", default_value_t = idle_connection_timeout_ms_default(), value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(100..=86_400_000))]
     idle_connection_timeout_ms: u64,
+    /// Most sessions open at once in the cluster; more get 429 `too_many_sessions`. This and
+    /// the four limits below are the lock state's: the leader writes its own into the state,
+    /// and every node enforces what the state holds, so give every node the same. Lowered
+    /// below what is in use, they wait until enough has ended.
+    #[arg(long, env = "PICKET_MAX_SESSIONS", default_value_t = Limits::default().max_sessions, value_parser = at_least_one())]
+    max_sessions: usize,
+    /// Most locks held, awaited or in lock-delay at once in the cluster; more get 429
+    /// `too_many_locks`.
+    #[arg(long, env = "PICKET_MAX_LOCKS", default_value_t = Limits::default().max_locks, value_parser = at_least_one())]
+    max_locks: usize,
+    /// Most locks one session may hold or wait for at once; more get 429
+    /// `too_many_locks_for_session`.
+    #[arg(long, env = "PICKET_MAX_LOCKS_PER_SESSION", default_value_t = Limits::default().max_locks_per_session, value_parser = at_least_one())]
+    max_locks_per_session: usize,
+    /// Most sessions waiting for one lock; more get 429 `too_many_waiters`.
+    #[arg(long, env = "PICKET_MAX_WAITERS_PER_LOCK", default_value_t = Limits::default().max_waiters_per_lock, value_parser = at_least_one())]
+    max_waiters_per_lock: usize,
+    /// Most sessions one tick of the leader renews (at least --max-sessions, so every session
+    /// can be renewed at once; at most 1,000,000).
+    #[arg(long, env = "PICKET_MAX_RENEWALS_PER_TICK", default_value_t = Limits::default().max_renewals_per_tick, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=picket_core::MAX_RENEWALS_PER_TICK_CAP as u64))]
+    max_renewals_per_tick: usize,
     /// Serve TLS with this certificate chain (PEM), signed by --peer-ca. It must name the host
     /// clients and peers use to reach this node and allow both server and client use: the node
     /// presents it to its peers too. Reloaded without a restart when the file changes.
@@ -170,6 +192,11 @@ enum RestoreSessions {
     End,
     /// Sessions, grants and waits come back.
     Keep,
+}
+
+/// A count limit's parser: at least one, and within what a `usize` holds.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
 fn idle_connection_timeout_ms_default() -> u64 {
@@ -241,6 +268,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_connections_per_ip: args.max_connections_per_ip,
             max_peer_connections: args.max_peer_connections,
             idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
+            replicated: Limits {
+                max_sessions: args.max_sessions,
+                max_locks: args.max_locks,
+                max_locks_per_session: args.max_locks_per_session,
+                max_waiters_per_lock: args.max_waiters_per_lock,
+                max_renewals_per_tick: args.max_renewals_per_tick,
+                ..Limits::default()
+            },
         },
         tuning,
         tls: args.tls_cert.zip(args.tls_key).zip(args.peer_ca).map(|((cert, key), peer_ca)| {

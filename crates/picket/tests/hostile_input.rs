@@ -261,3 +261,90 @@ async fn watch_streams_on_one_connection_are_bounded() {
     let opened = tokio::time::timeout(Duration::from_secs(10), waiting).await;
     assert!(opened.is_ok(), "the waiting stream opened once another ended");
 }
+
+fn max_sessions(addr: &str) -> Option<u64> {
+    get(addr, "/v1/cluster").body["limits"]["max_sessions"].as_u64()
+}
+
+/// Issue 13: the lock state's limits have flags. They are replicated, so the leader writes its
+/// flags into the state (`SetLimits`) and the state refuses by them; limits lowered below what
+/// is in use wait until enough has ended (the leader asks again every 10 s), and a restart with
+/// other flags changes them.
+#[test]
+fn the_lock_states_limits_follow_the_leaders_flags_and_wait_for_what_is_in_use() {
+    let dir = picket_testkit::temp_dir();
+    let data = dir.path().join("data");
+    let listen = format!("127.0.0.1:{}", picket_testkit::free_port()).parse().expect("an address");
+    let flags = |max: &str| vec!["--max-sessions".to_owned(), max.to_owned()];
+    let mut server = ServerProcess::start(picket_binary(), &data, listen, &flags("2"));
+    let addr = server.addr.clone();
+    wait_until("the leader's limits in the state", Duration::from_secs(10), || {
+        (max_sessions(&addr) == Some(2)).then_some(())
+    });
+    let open = || post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+    let first = open().body["session_id"].as_u64().expect("a session");
+    assert_eq!(open().status, 200);
+    let third = open();
+    assert_eq!(third.status, 429, "{}", third.text);
+    assert_refused(&third, "too_many_sessions");
+
+    server.kill();
+    let server = ServerProcess::start(picket_binary(), &data, listen, &flags("1"));
+    wait_until("the node to be ready", Duration::from_secs(10), || {
+        (get(&addr, "/readyz").status == 200).then_some(())
+    });
+    // Two sessions live: a limit of one is refused for now, whenever the leader asks.
+    assert_eq!(max_sessions(&addr), Some(2), "nothing is ended for a limit");
+    let closed =
+        picket_testkit::http::request(&addr, "DELETE", &format!("/v1/sessions/{first}"), None);
+    assert_eq!(closed.status, 200, "{}", closed.text);
+    wait_until("the lower limit once one session ended", Duration::from_secs(30), || {
+        (max_sessions(&addr) == Some(1)).then_some(())
+    });
+    assert_refused(&open(), "too_many_sessions");
+    drop(server);
+
+    // Flags that contradict each other are refused at start, saying which.
+    let mut refused = std::process::Command::new(picket_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .args(["--max-sessions", "10", "--max-renewals-per-tick", "5"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = refused.try_wait().expect("waits") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = refused.kill();
+            panic!("serve did not refuse contradictory limits");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut message = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().expect("piped"), &mut message)
+        .expect("reads");
+    assert!(!status.success(), "{message}");
+    assert!(
+        message.contains("max_renewals_per_tick must allow renewing every session"),
+        "{message}"
+    );
+}
+
+/// The limits a leader writes reach every replica, so a follower that becomes leader refuses
+/// by the same limits.
+#[test]
+fn every_replica_enforces_the_limits_the_leader_wrote() {
+    let extra =
+        ["--max-sessions".to_owned(), "3".to_owned(), "--max-locks".to_owned(), "7".to_owned()];
+    let cluster = picket_testkit::cluster::Cluster::start(picket_binary(), 3, &extra);
+    for index in 0..3 {
+        wait_until("the limits on every node", Duration::from_secs(20), || {
+            let limits = &cluster.view(index)["limits"];
+            (limits["max_sessions"] == 3 && limits["max_locks"] == 7).then_some(())
+        });
+    }
+}

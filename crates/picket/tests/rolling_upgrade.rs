@@ -1,7 +1,9 @@
 //! A rolling upgrade: while one voter runs an older build (here this build told to act as one
 //! that knows fewer apply rules, `--test-apply-rules`, test builds only), the leader keeps writing the rules that voter
 //! knows, so it applies every entry instead of stopping; once it runs the new build, the
-//! leader writes the new rules.
+//! leader writes the new rules. The same holds for a command only newer rules know: the
+//! leader writes the limits of its flags (`SetLimits`, apply rules 4) only once every voter
+//! can read that entry.
 
 use picket_testkit::cluster::{Cluster, send};
 use picket_testkit::{ServerProcess, wait_until};
@@ -13,7 +15,8 @@ fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_picket"))
 }
 
-const TIMING: [&str; 4] = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+const TIMING: [&str; 6] =
+    ["--heartbeat-ms", "50", "--election-timeout-ms", "300", "--max-sessions", "3"];
 
 /// Opens a session, takes and releases a lock: entries the leader writes under its rules.
 fn write_some(addrs: &[String], name: &str) {
@@ -71,6 +74,8 @@ fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is
     assert_eq!(held_back(&addrs[leader]), Some(1), "the leader says it is held back");
     let old = cluster.view(2);
     assert_eq!(old["newest_applied_rules"], 0, "{old}");
+    let default_sessions = picket_core::Limits::default().max_sessions;
+    assert_eq!(leader_view["limits"]["max_sessions"], default_sessions, "no SetLimits yet");
     // It converged with the others above: it applied every entry instead of stopping.
     assert!(old["applied_log_index"].as_u64().is_some_and(|index| index > 0), "{old}");
 
@@ -100,5 +105,8 @@ fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is
             picket_core::APPLY_RULES,
             "every node applied entries under the new rules: {view}"
         );
+        wait_until("the flags' limits on every node", Duration::from_secs(20), || {
+            (cluster.view(index)["limits"]["max_sessions"] == 3).then_some(())
+        });
     }
 }

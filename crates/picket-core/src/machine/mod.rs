@@ -434,6 +434,52 @@ impl StateMachine {
             }
             Command::Tick { renew } => self.plan_tick(renew).map(|()| Plan::Simple),
             Command::Refresh => Ok(Plan::Simple),
+            Command::SetLimits { limits } => {
+                if rules < command.oldest_rules() {
+                    return Err(CommandError::LimitsRefused {
+                        reason: format!(
+                            "written under apply rules {rules}; setting limits needs {}",
+                            command.oldest_rules()
+                        ),
+                    });
+                }
+                self.plan_set_limits(limits).map(|()| Plan::Simple)
+            }
+        }
+    }
+
+    /// Decides whether the state can take `limits`: they must make sense, and nothing the state
+    /// holds may exceed them (what exists is never ended for a limit, and the invariants hold
+    /// every count within its limit).
+    fn plan_set_limits(&self, limits: &Limits) -> Result<(), CommandError> {
+        let refused = |reason: String| Err(CommandError::LimitsRefused { reason });
+        if let Err(invalid) = limits.validate() {
+            return refused(invalid.rule.to_owned());
+        }
+        let most_locks_of_a_session =
+            self.sessions.values().map(SessionRecord::lock_count).max().unwrap_or(0);
+        let longest_queue = self.locks.values().map(|lock| lock.waiters.len()).max().unwrap_or(0);
+        let in_use = [
+            ("max_sessions", "sessions are open", self.sessions.len(), limits.max_sessions),
+            ("max_locks", "locks have records", self.locks.len(), limits.max_locks),
+            (
+                "max_locks_per_session",
+                "locks are held or awaited by one session",
+                most_locks_of_a_session,
+                limits.max_locks_per_session,
+            ),
+            (
+                "max_waiters_per_lock",
+                "sessions wait for one lock",
+                longest_queue,
+                limits.max_waiters_per_lock,
+            ),
+        ];
+        match in_use.iter().find(|(_, _, count, max)| count > max) {
+            Some((limit, what, count, max)) => {
+                refused(format!("{count} {what}, more than {limit} = {max}"))
+            }
+            None => Ok(()),
         }
     }
 
@@ -467,6 +513,10 @@ impl StateMachine {
             (Command::Release { session, name, .. }, _) => self.release(*session, name, step),
             (Command::Tick { renew }, _) => self.tick(renew, step),
             (Command::Refresh, _) => self.refresh(step),
+            (Command::SetLimits { limits }, _) => {
+                self.limits = limits.clone();
+                Response::LimitsSet
+            }
             (command, plan) => unreachable!("{command} was planned as {plan:?}"),
         })
     }

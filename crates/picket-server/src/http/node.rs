@@ -122,6 +122,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "peer_clock_rates": view.peer_clock_rates,
         "apply_rules": view.apply_rules,
         "newest_applied_rules": view.newest_applied_rules,
+        "limits": view.limits,
     })
 }
 

@@ -61,6 +61,9 @@ pub struct ClusterView {
     pub apply_rules: u32,
     /// The newest apply rules of any entry this node's state has accepted.
     pub newest_applied_rules: u32,
+    /// The limits this node's state enforces: the last ones a leader wrote into it
+    /// ([`crate::ServerLimits::replicated`]), or the defaults.
+    pub limits: picket_core::Limits,
 }
 
 /// Most members (voters and learners) a cluster may have.
@@ -89,10 +92,12 @@ impl Node {
             .current_leader
             .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
         let role = role_name(metrics.state);
-        let (applied_revision, applied_log_index, newest_applied_rules) =
+        let (applied_revision, applied_log_index, newest_applied_rules, limits) =
             self.read_local(|state| {
                 let applied_log_index = state.last_applied.map_or(0, |log_id| log_id.index());
-                (state.machine.revision(), applied_log_index, state.machine.newest_apply_rules())
+                let machine = &state.machine;
+                let limits = machine.limits().clone();
+                (machine.revision(), applied_log_index, machine.newest_apply_rules(), limits)
             });
         ClusterView {
             members,
@@ -115,6 +120,7 @@ impl Node {
                 .unwrap_or_default(),
             apply_rules: self.writing_rules(),
             newest_applied_rules,
+            limits,
         }
     }
 

@@ -76,6 +76,8 @@ pub struct Node {
     halted: tokio::sync::watch::Sender<Option<String>>,
     /// Held through a membership change, so that its checks and the change are one step.
     membership_changes: tokio::sync::Mutex<()>,
+    /// The limits this node writes into the state while it leads ([`ServerLimits::replicated`]).
+    replicated_limits: picket_core::Limits,
 }
 
 /// Longest a refusal on a leader elected a moment ago waits for the leader's `Refresh` before
@@ -162,6 +164,7 @@ impl Node {
                 ServerLimit::PendingAcquires,
                 limits.max_pending_acquires,
             ),
+            replicated_limits: limits.replicated.clone(),
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             settled: tokio::sync::Notify::new(),
@@ -308,6 +311,11 @@ impl Node {
     }
 
     /// The keepalives waiting for the next tick.
+    /// The limits this node writes into the state while it leads.
+    pub(crate) fn replicated_limits(&self) -> &picket_core::Limits {
+        &self.replicated_limits
+    }
+
     pub(crate) fn renewals(&self) -> &Renewals {
         &self.renewals
     }

@@ -212,6 +212,11 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         Some(path) => Some(Arc::new(load_signer(path, &config.cluster_id)?)),
         None => None,
     };
+    config.limits.replicated.validate().map_err(|invalid| {
+        StartError::Config(format!(
+            "{invalid}: choose limit flags that agree (--max-renewals-per-tick at least --max-sessions)"
+        ))
+    })?;
     check_data_dir(&config)?;
     let listener = TcpListener::bind(config.listen)
         .await
