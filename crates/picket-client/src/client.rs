@@ -2,11 +2,12 @@
 //! it (the transport, the keepalive batcher, sessions and the session watcher).
 
 use crate::error::{ClientError, ErrorCode};
+use crate::info::{Grant, LockState, SessionSummary};
 use crate::keepalive::KeepAlives;
 use crate::session::Session;
 use crate::transport::{ClientConfig, Retry, Transport};
 use crate::watcher::{self, SessionWatcher};
-use picket_core::Wait;
+use picket_core::{CheckOutcome, Wait};
 use picket_proto::v1;
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,7 +160,7 @@ impl Client {
     ///
     /// # Errors
     /// An invalid name; the cluster being unreachable.
-    pub async fn lock_info(&self, name: &str) -> Result<v1::LockInfo, ClientError> {
+    pub async fn lock_info(&self, name: &str) -> Result<LockState, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         self.transport
             .call(Retry::Safe, timeout, |mut client| {
@@ -167,13 +168,14 @@ impl Client {
                 async move { client.get_lock(request).await }
             })
             .await
+            .map(LockState::from)
     }
 
     /// Locks whose names start with `prefix`, at most `limit` (0 for the server's maximum).
     ///
     /// # Errors
     /// The cluster being unreachable.
-    pub async fn locks(&self, prefix: &str, limit: u32) -> Result<Vec<v1::LockInfo>, ClientError> {
+    pub async fn locks(&self, prefix: &str, limit: u32) -> Result<Vec<LockState>, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         let response = self
             .transport
@@ -183,14 +185,14 @@ impl Client {
                 async move { client.list_locks(request).await }
             })
             .await?;
-        Ok(response.locks)
+        Ok(response.locks.into_iter().map(LockState::from).collect())
     }
 
     /// Live sessions, at most `limit` (0 for the server's maximum).
     ///
     /// # Errors
     /// The cluster being unreachable.
-    pub async fn sessions(&self, limit: u32) -> Result<Vec<v1::SessionInfo>, ClientError> {
+    pub async fn sessions(&self, limit: u32) -> Result<Vec<SessionSummary>, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         let response = self
             .transport
@@ -198,27 +200,29 @@ impl Client {
                 client.list_sessions(v1::ListSessionsRequest { after: 0, limit }).await
             })
             .await?;
-        Ok(response.sessions)
+        Ok(response.sessions.into_iter().map(SessionSummary::from).collect())
     }
 
-    /// Whether `sequencer` is its lock's current grant: `("current" | "superseded" |
-    /// "unknown_lock", current token or 0)`.
+    /// Whether `sequencer` is its lock's current grant, was superseded (with the current
+    /// grant's token, if anyone holds the lock), or names no grant ever made.
     ///
     /// # Errors
-    /// A malformed sequencer; the cluster being unreachable.
-    pub async fn check(&self, sequencer: &str) -> Result<v1::CheckResponse, ClientError> {
+    /// A malformed or forged sequencer; the cluster being unreachable.
+    pub async fn check(&self, sequencer: &str) -> Result<CheckOutcome, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
-        self.transport
+        let answer = self
+            .transport
             .call(Retry::Safe, timeout, |mut client| {
                 let request = v1::CheckRequest { sequencer: sequencer.to_owned() };
                 async move { client.check(request).await }
             })
-            .await
+            .await?;
+        crate::info::check_outcome(&answer)
     }
 
     /// Acquires `name` in an existing session that its owner keeps alive, waiting as `wait`
-    /// says. Prefer
-    /// [`Client::session`] and [`Session`] unless another process owns the session.
+    /// says. Prefer [`Client::session`] and [`Session`] unless another process owns the
+    /// session.
     ///
     /// # Errors
     /// Refusals (`lock_busy`, `wait_timed_out`, `unknown_session`, ...); the cluster being
@@ -228,8 +232,9 @@ impl Client {
         session_id: u64,
         name: &str,
         wait: Wait,
-    ) -> Result<v1::AcquireResponse, ClientError> {
-        self.transport.acquire(session_id, name, wait).await
+    ) -> Result<Grant, ClientError> {
+        let granted = self.transport.acquire(session_id, name, wait).await?;
+        Ok(Grant::of(name, &granted))
     }
 
     /// Releases the grant `token` of `name` held by `session_id`: [`Released::Now`], or

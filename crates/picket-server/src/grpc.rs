@@ -361,7 +361,17 @@ impl picket_server::Picket for ClientService {
         let outcome = self.node.as_caller(who).check(&request.into_inner().sequencer).await;
         respond(outcome.map(|(outcome, presented_token)| {
             let (status, current_token) = check_fields(outcome, presented_token);
-            v1::CheckResponse { status: status.to_owned(), current_token }
+            let (check_status, holder_session_id) = match outcome {
+                CheckOutcome::Current { session } => (v1::CheckStatus::Current, session.0),
+                CheckOutcome::Superseded { .. } => (v1::CheckStatus::Superseded, 0),
+                CheckOutcome::UnknownLock => (v1::CheckStatus::UnknownLock, 0),
+            };
+            v1::CheckResponse {
+                status: status.to_owned(),
+                current_token,
+                holder_session_id,
+                check_status: check_status.into(),
+            }
         }))
     }
 

@@ -5,7 +5,7 @@
 use crate::duration::parse_duration;
 use anyhow::bail;
 use clap::{Args, Subcommand};
-use picket_client::{Client, LockInfo, WatchTarget, Watched};
+use picket_client::{CheckOutcome, Client, LockState, Sequencer, WatchTarget, Watched};
 use picket_core::{Event, Wait};
 use serde_json::{Value, json};
 use std::process::ExitCode;
@@ -30,34 +30,32 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     lines.join("\n")
 }
 
-fn lock_json(info: &LockInfo) -> Value {
-    let holder = (info.holder_session_id != 0).then(|| {
+fn lock_json(info: &LockState) -> Value {
+    let holder = info.holder.as_ref().map(|holder| {
         json!({
-            "session_id": info.holder_session_id,
-            "token": info.token,
-            "sequencer": &info.sequencer,
+            "session_id": holder.session.0,
+            "token": holder.token,
+            "sequencer": holder.sequencer.to_string(),
         })
     });
-    json!({ "name": info.name, "holder": holder, "waiters": info.waiters, "delayed": info.delayed })
+    let waiters: Vec<u64> = info.waiters.iter().map(|session| session.0).collect();
+    json!({ "name": info.name, "holder": holder, "waiters": waiters, "delayed": info.delayed })
 }
 
-fn lock_row(info: &LockInfo) -> Vec<String> {
-    let (session, token) = if info.holder_session_id == 0 {
-        ("-".to_owned(), "-".to_owned())
-    } else {
-        (info.holder_session_id.to_string(), info.token.to_string())
+fn lock_row(info: &LockState) -> Vec<String> {
+    let (session, token) = match &info.holder {
+        None => ("-".to_owned(), "-".to_owned()),
+        Some(holder) => (holder.session.to_string(), holder.token.to_string()),
     };
     let waiters = if info.waiters.is_empty() {
         "-".to_owned()
     } else {
-        info.waiters.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        info.waiters.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
     };
-    let state = if info.delayed {
-        "lock-delay"
-    } else if info.holder_session_id == 0 {
-        "free"
-    } else {
-        "held"
+    let state = match (&info.holder, info.delayed) {
+        (_, true) => "lock-delay",
+        (None, false) => "free",
+        (Some(_), false) => "held",
     };
     vec![info.name.clone(), state.to_owned(), session, token, waiters]
 }
@@ -114,7 +112,7 @@ pub async fn acquire(args: AcquireArgs, client: &Client) -> anyhow::Result<ExitC
     let wait = wait_of(args.wait, args.try_only);
     if let Some(session) = args.session {
         let granted = client.acquire_in(session, &args.name, wait).await?;
-        print_grant(args.json, &args.name, session, granted.token, &granted.sequencer);
+        print_grant(args.json, &args.name, session, granted.token, &granted.sequencer.to_string());
         return Ok(ExitCode::SUCCESS);
     }
     let session = client.session(args.ttl).await?;
@@ -262,7 +260,7 @@ pub async fn sessions(args: SessionsArgs, client: &Client) -> anyhow::Result<Exi
     if args.json {
         let values: Vec<Value> = sessions
             .iter()
-            .map(|s| json!({ "session_id": s.session_id, "ttl_ms": s.ttl_ms, "lock_delay_ms": s.lock_delay_ms, "held": s.held, "waiting": s.waiting }))
+            .map(|s| json!({ "session_id": s.session.0, "ttl_ms": s.ttl_ms, "lock_delay_ms": s.lock_delay_ms, "held": s.held, "waiting": s.waiting }))
             .collect();
         println!("{}", Value::Array(values));
     } else {
@@ -273,7 +271,7 @@ pub async fn sessions(args: SessionsArgs, client: &Client) -> anyhow::Result<Exi
                     if names.is_empty() { "-".to_owned() } else { names.join(",") }
                 };
                 vec![
-                    s.session_id.to_string(),
+                    s.session.to_string(),
                     format!("{}ms", s.ttl_ms),
                     format!("{}ms", s.lock_delay_ms),
                     list(&s.held),
@@ -552,18 +550,23 @@ pub struct CheckArgs {
 /// Runs `picket check`: exit code 0 when the sequencer is the current grant, 1 otherwise.
 pub async fn check(args: CheckArgs, client: &Client) -> anyhow::Result<ExitCode> {
     let outcome = client.check(&args.sequencer).await?;
-    let current_token = (outcome.current_token > 0).then_some(outcome.current_token);
+    let (status, current_token) = match outcome {
+        // The sequencer's own token is the current one.
+        CheckOutcome::Current { .. } => {
+            ("current", Sequencer::parse(&args.sequencer).ok().map(|s| s.token))
+        }
+        CheckOutcome::Superseded { current_token } => ("superseded", current_token),
+        CheckOutcome::UnknownLock => ("unknown_lock", None),
+    };
     if args.json {
-        println!("{}", json!({ "status": outcome.status, "current_token": current_token }));
+        println!("{}", json!({ "status": status, "current_token": current_token }));
     } else {
         match current_token {
-            Some(token) if outcome.status != "current" => {
-                println!("{} (current token {token})", outcome.status)
-            }
-            _ => println!("{}", outcome.status),
+            Some(token) if status != "current" => println!("{status} (current token {token})"),
+            _ => println!("{status}"),
         }
     }
-    Ok(if outcome.status == "current" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if status == "current" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use futures_util::future::BoxFuture;
 use percent_encoding::utf8_percent_encode;
 use picket_client::Client;
-use picket_core::{CheckOutcome, NAME_ESCAPES, Sequencer, SequencerKeys, SessionId};
+use picket_core::{CheckOutcome, NAME_ESCAPES, Sequencer, SequencerKeys};
 use picket_fence::Policy;
 use picket_fence::http::{
     CheckError, GrantChecker, IDEMPOTENCY_HEADER, SEQ_HEADER, SEQUENCER_HEADER,
@@ -169,16 +169,10 @@ impl GrantChecker for PicketChecker {
                 .get_or_try_init(|| self.connect.connect())
                 .await
                 .map_err(|error| CheckError::Unreachable(error.into()))?;
-            let answer = client
+            client
                 .check(&sequencer.to_string())
                 .await
-                .map_err(|error| CheckError::Unreachable(error.into()))?;
-            let current_token = (answer.current_token > 0).then_some(answer.current_token);
-            match answer.status.as_str() {
-                "current" => Ok(CheckOutcome::Current { session: SessionId(0) }),
-                "superseded" => Ok(CheckOutcome::Superseded { current_token }),
-                _ => Ok(CheckOutcome::UnknownLock),
-            }
+                .map_err(|error| CheckError::Unreachable(error.into()))
         })
     }
 }

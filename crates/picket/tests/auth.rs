@@ -218,7 +218,7 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
         Some(ErrorCode::PermissionDenied)
     );
     let reader_client = setup.grpc(reader, false).await.unwrap();
-    assert_eq!(reader_client.lock_info("jobs/b").await.unwrap().token, guard.token());
+    assert_eq!(reader_client.lock_info("jobs/b").await.unwrap().token(), Some(guard.token()));
     let refused = reader_client.session(Duration::from_secs(30)).await.unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     let anonymous = setup.grpc(None, false).await.unwrap_err();
@@ -228,7 +228,7 @@ async fn each_role_may_do_what_it_covers_over_http_and_grpc() {
     let admin_client = setup.grpc(Some(ADMIN), false).await.unwrap();
     assert!(admin_client.sessions(100).await.unwrap().len() >= 2);
     let own = worker_client.sessions(100).await.unwrap();
-    let mut own: Vec<u64> = own.iter().map(|info| info.session_id).collect();
+    let mut own: Vec<u64> = own.iter().map(|info| info.session.0).collect();
     own.sort_unstable();
     assert_eq!(
         own,
@@ -374,7 +374,10 @@ async fn one_principal_cannot_touch_another_principals_session() {
     let refused = other_client.release_in(id, "jobs/mine", guard.token()).await.unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::PermissionDenied), "{refused}");
     // Still held, by its owner.
-    assert_eq!(other_client.lock_info("jobs/mine").await.unwrap().holder_session_id, id);
+    assert_eq!(
+        other_client.lock_info("jobs/mine").await.unwrap().holder_session().map(|s| s.0),
+        Some(id)
+    );
     guard.release().await.unwrap();
 }
 

@@ -2,7 +2,7 @@
 //! revocation and on a server that stops answering for longer than the TTL, release on drop,
 //! and FIFO across three clients.
 
-use picket_client::{Client, ErrorCode, LostReason, Released};
+use picket_client::{Client, ErrorCode, LostReason, Released, SessionId};
 use picket_testkit::ServerProcess;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ async fn tokens_grow_across_holders_and_drop_releases() {
         drop(guard);
         // Dropping released it: the next holder can take it with a try.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while client.lock_info("shared").await.unwrap().holder_session_id != 0 {
+        while client.lock_info("shared").await.unwrap().holder.is_some() {
             assert!(Instant::now() < deadline, "the dropped guard was not released");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -309,7 +309,9 @@ async fn an_abandon_outlasts_an_outage_longer_than_its_retries() {
     proxy.drop_replies();
     let cut_once_granted = async {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while direct.lock_info("outlasted").await.unwrap().holder_session_id != session.id() {
+        while direct.lock_info("outlasted").await.unwrap().holder_session()
+            != Some(SessionId(session.id()))
+        {
             assert!(Instant::now() < deadline, "the acquire never reached the node");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -320,13 +322,13 @@ async fn an_abandon_outlasts_an_outage_longer_than_its_retries() {
     // The outage: three times the client's retry budget, so the abandon's first round fails.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        direct.lock_info("outlasted").await.unwrap().holder_session_id,
-        session.id(),
+        direct.lock_info("outlasted").await.unwrap().holder_session(),
+        Some(SessionId(session.id())),
         "nothing reached the node during the outage"
     );
     proxy.cut(false);
     let deadline = Instant::now() + Duration::from_secs(15);
-    while direct.lock_info("outlasted").await.unwrap().holder_session_id != 0 {
+    while direct.lock_info("outlasted").await.unwrap().holder.is_some() {
         assert!(Instant::now() < deadline, "the given-up acquire's grant is still held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -349,12 +351,12 @@ async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
     proxy.drop_replies();
     let given_up = session.try_lock("unanswered").await.expect_err("no answer arrives");
     // The node granted it: the request arrived, only the answers were lost.
-    let held_by = direct.lock_info("unanswered").await.unwrap().holder_session_id;
-    assert!(held_by == session.id() || held_by == 0, "held by {held_by}: {given_up}");
+    let held_by = direct.lock_info("unanswered").await.unwrap().holder_session();
+    assert!(held_by.is_none_or(|held_by| held_by.0 == session.id()), "{held_by:?}: {given_up}");
     // The client's abandon reaches the node (requests still do) and frees the lock, long
     // before the session's 60 s TTL could.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while direct.lock_info("unanswered").await.unwrap().holder_session_id != 0 {
+    while direct.lock_info("unanswered").await.unwrap().holder.is_some() {
         assert!(Instant::now() < deadline, "the given-up acquire's grant is still held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -157,7 +157,7 @@ async fn take(observer: &Client, slots: &mut [Slot], step: Step) {
             while observer
                 .sessions(1_000)
                 .await
-                .is_ok_and(|sessions| sessions.iter().any(|info| info.session_id == session))
+                .is_ok_and(|sessions| sessions.iter().any(|info| info.session.0 == session))
                 && tokio::time::Instant::now() < deadline
             {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -179,43 +179,45 @@ async fn disagreements(observer: &Client, slots: &[Slot]) -> Vec<String> {
                 continue;
             }
         };
+        // Session 0 is never a session: "nobody" in what follows.
+        let (holder, token) = info.holder.as_ref().map_or((0, 0), |h| (h.session.0, h.token));
         let asking = |session: u64| {
             slots.iter().any(|slot| {
                 slot.requests.get(&index).is_some_and(|(asked_in, _)| *asked_in == session)
             })
         };
-        if info.holder_session_id != 0 {
+        if holder != 0 {
             let guarded = slots.iter().any(|slot| {
                 slot.guards.get(&index).is_some_and(|guards| {
                     guards.iter().any(|(session, guard)| {
-                        *session == info.holder_session_id
-                            && guard.token() == info.token
+                        *session == holder
+                            && guard.token() == token
                             && guard.lost_reason().is_none()
                     })
                 })
             });
-            if !guarded && !asking(info.holder_session_id) {
+            if !guarded && !asking(holder) {
                 wrong.push(format!(
                     "{name}: session {} holds token {} and no guard or request knows it",
-                    info.holder_session_id, info.token
+                    holder, token
                 ));
             }
         }
         for waiter in &info.waiters {
-            if !asking(*waiter) {
+            if !asking(waiter.0) {
                 wrong.push(format!("{name}: session {waiter} waits and no request knows it"));
             }
         }
         for slot in slots {
             for (session, guard) in slot.guards.get(&index).into_iter().flatten() {
-                let holds = info.holder_session_id == *session && info.token == guard.token();
+                let holds = holder == *session && token == guard.token();
                 if !holds && guard.lost_reason().is_none() {
                     wrong.push(format!(
                         "{name}: the guard of session {session} with token {} was not told its \
                          grant ended (the lock: session {} token {})",
                         guard.token(),
-                        info.holder_session_id,
-                        info.token
+                        holder,
+                        token
                     ));
                 }
             }
@@ -265,7 +267,7 @@ async fn wind_down(observer: &Client, slots: &mut Vec<Slot>, log: &str) {
     for name in LOCKS {
         loop {
             let info = observer.lock_info(name).await.expect("the lock can be read");
-            if info.holder_session_id == 0 && info.waiters.is_empty() {
+            if info.holder.is_none() && info.waiters.is_empty() {
                 break;
             }
             assert!(

@@ -3,7 +3,7 @@
 //! before any other rule: a forged or altered sequencer is refused with `bad_signature`, also
 //! while the lock service is down, and real ones are admitted.
 
-use picket_core::{ErrorCode, Sequencer, SequencerSigner};
+use picket_core::{ErrorCode, Sequencer, SequencerSigner, SessionId};
 use picket_testkit::http::{self, As, Reply};
 use picket_testkit::pki::signing_key;
 use picket_testkit::{ServerProcess, temp_dir, wait_until};
@@ -132,9 +132,10 @@ async fn the_rust_client_carries_the_signed_sequencer() {
     let keys = picket_core::SequencerKeys::from_spki(CLUSTER, spki.iter().map(Vec::as_slice));
     assert_eq!(keys.unwrap().verify(guard.sequencer()), Ok(()));
     let info = client.lock_info("jobs/signed").await.unwrap();
-    assert_eq!(info.sequencer, guard.sequencer().to_string());
+    assert_eq!(&info.holder.expect("held").sequencer, guard.sequencer());
     // `check` judges a signed sequencer by its signature as well as its lock and token.
-    assert_eq!(client.check(&guard.sequencer().to_string()).await.unwrap().status, "current");
+    let current = picket_client::CheckOutcome::Current { session: SessionId(session.id()) };
+    assert_eq!(client.check(&guard.sequencer().to_string()).await.unwrap(), current);
     let mut altered = guard.sequencer().clone();
     altered.seal.as_mut().unwrap().session += 1;
     let refused = client.check(&altered.to_string()).await.unwrap_err();

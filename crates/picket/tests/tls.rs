@@ -73,12 +73,15 @@ async fn a_tls_cluster_serves_clients_that_trust_its_ca_and_no_others() {
     // A grant commits only once a majority has it: the peers replicate over TLS.
     let session = client.session(Duration::from_secs(10)).await.unwrap();
     let guard = session.try_lock("jobs/report").await.unwrap();
-    assert_eq!(client.lock_info("jobs/report").await.unwrap().token, guard.token());
+    assert_eq!(client.lock_info("jobs/report").await.unwrap().token(), Some(guard.token()));
 
     // A client certificate from the client CA is accepted too.
     let with_certificate =
         connect(cluster.addrs(), trusting(&pki.peer_ca, Some(&pki.client))).await.unwrap();
-    assert_eq!(with_certificate.lock_info("jobs/report").await.unwrap().token, guard.token());
+    assert_eq!(
+        with_certificate.lock_info("jobs/report").await.unwrap().token(),
+        Some(guard.token())
+    );
 
     // The CLI speaks TLS with --ca.
     let output = Command::new(binary())
@@ -125,7 +128,7 @@ async fn a_tls_cluster_with_peer_ports_replicates_over_them_and_admits_only_memb
     // A grant commits only once a majority has it: the peers replicate over their TLS ports.
     let session = client.session(Duration::from_secs(10)).await.unwrap();
     let guard = session.try_lock("jobs/peer-port").await.unwrap();
-    assert_eq!(client.lock_info("jobs/peer-port").await.unwrap().token, guard.token());
+    assert_eq!(client.lock_info("jobs/peer-port").await.unwrap().token(), Some(guard.token()));
     let index = usize::try_from(leader_id).unwrap() - 1;
     let peer_addr = cluster.peer_addrs()[index].clone().expect("a peer port");
     let empty = || RaftPayload { data: b"{}".to_vec(), error: String::new() };
