@@ -234,9 +234,12 @@ async fn keep_alive(shared: Arc<SessionState>, opened_at: Instant) {
 
 /// [`keep_alive`]'s loop, with the keepalive call given (tests answer it themselves on tokio's
 /// paused clock).
-async fn keep_alive_with<Send, Sent>(shared: Arc<SessionState>, opened_at: Instant, mut send: Send)
-where
-    Send: FnMut() -> Sent,
+async fn keep_alive_with<Sender, Sent>(
+    shared: Arc<SessionState>,
+    opened_at: Instant,
+    mut send: Sender,
+) where
+    Sender: FnMut() -> Sent,
     Sent: std::future::Future<Output = Result<u64, ClientError>>,
 {
     let mut stop = shared.stop.subscribe();
@@ -307,9 +310,8 @@ mod tests {
         mut answer: Answer,
     ) -> (Arc<SessionState>, Arc<Mutex<Vec<Duration>>>, tokio::task::JoinHandle<()>)
     where
-        Answer: FnMut(usize) -> Answered + std::marker::Send + 'static,
-        Answered:
-            std::future::Future<Output = Result<u64, ClientError>> + std::marker::Send + 'static,
+        Answer: FnMut(usize) -> Answered + Send + 'static,
+        Answered: std::future::Future<Output = Result<u64, ClientError>> + Send + 'static,
     {
         let shared = Arc::new(SessionState::for_tests(TTL));
         let opened_at = Instant::now();

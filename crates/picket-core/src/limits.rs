@@ -1,8 +1,10 @@
 //! Bounds on every input the state machine accepts.
 //!
 //! The limits are part of the replicated state: every replica must refuse exactly the same
-//! commands, so a node cannot take its limits from its own configuration file. They are fixed
-//! when the state is created (at cluster bootstrap) and travel inside every snapshot.
+//! commands, so a node cannot take its limits from its own configuration file. A new state
+//! starts with the defaults; they change only by [`crate::Command::SetLimits`], an entry of
+//! the log like any other (a leader writes it from its flags), and travel inside every
+//! snapshot.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

@@ -1193,6 +1193,9 @@ fn wait_end_answers_each_request_as_a_retry_of_it_would_be() {
         Some(WaitEnd::Granted { token: granted.token }),
         "8 was granted"
     );
+    // Found in review: 7 was told "granted" too, where the events had said "cancelled", and
+    // its caller could then release the grant 8's caller relies on.
+    assert_eq!(story.machine.wait_end(b, "x", RequestId(7)), ended, "8's grant is not 7's");
     // A session that ended took its waits with it.
     story.run(6, Command::CloseSession { session: b });
     assert_eq!(
@@ -1238,6 +1241,24 @@ fn set_limits_changes_what_is_refused_from_its_entry_on_and_never_ends_what_exis
     assert_eq!(set(&mut story, at_most(1)).result, Ok(Response::LimitsSet));
     let restored = StateMachine::restore(&story.machine.snapshot()).expect("restores");
     assert_eq!(restored.limits(), &at_most(1), "the limits travel in the snapshot");
+
+    // Every count a limit bounds is checked against what is in use, and so are the names.
+    story.acquire(4, "A", "jobs/a", Wait::Try);
+    story.acquire(4, "A", "jobs/b", Wait::Try);
+    let per_session = Limits { max_locks_per_session: 1, ..at_most(1) };
+    assert!(error_of(&set(&mut story, per_session)).to_string().contains("max_locks_per_session"));
+    let locks = Limits { max_locks: 1, ..at_most(1) };
+    assert!(error_of(&set(&mut story, locks)).to_string().contains("more than max_locks = 1"));
+    let names = Limits { max_name_bytes: 5, ..at_most(1) };
+    assert!(error_of(&set(&mut story, names)).to_string().contains("max_name_bytes"));
+    assert_eq!(set(&mut story, at_most(3)).result, Ok(Response::LimitsSet));
+    for who in ["V", "W"] {
+        story.open(5, who, 10_000, 0);
+        story.acquire(5, who, "jobs/a", Wait::Forever);
+    }
+    let waiters = Limits { max_waiters_per_lock: 1, ..at_most(3) };
+    let refused = error_of(&set(&mut story, waiters)).to_string();
+    assert!(refused.contains("2 sessions wait for one lock, more than max_waiters_per_lock = 1"));
 
     story.rules = 3;
     let older = set(&mut story, at_most(5));

@@ -37,7 +37,7 @@ const MIN_TICK_GAP: Duration = Duration::from_millis(10);
 /// Pause before retrying a failed proposal.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// How long a leader waits before asking again for limits the state refused.
-const LIMITS_RETRY: Duration = Duration::from_secs(10);
+const LIMITS_RETRY: Duration = Duration::from_secs(5);
 
 /// Runs until `shutdown` turns true.
 pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
@@ -98,9 +98,9 @@ async fn tick_while_leader(
     metrics: &mut ServerMetrics,
     shutdown: &mut watch::Receiver<bool>,
 ) -> bool {
-    let mut limits_refused_at = None;
+    let mut limits_tried_at = None;
     loop {
-        set_limits_if_needed(node, &mut limits_refused_at).await;
+        set_limits_if_needed(node, &mut limits_tried_at).await;
         let next_deadline_ms = next_due_ms(node);
         let now_ms = node.clock().now_ms();
         let sleep = next_deadline_ms
@@ -143,14 +143,20 @@ async fn tick_while_leader(
     }
 }
 
-/// Writes the node's configured limits into the state when they differ from the state's and
-/// every member can read the entry; after a refusal or a failure, not again for
-/// [`LIMITS_RETRY`].
-async fn set_limits_if_needed(node: &Node, refused_at: &mut Option<tokio::time::Instant>) {
-    let wanted = node.replicated_limits();
-    if refused_at.is_some_and(|at| at.elapsed() < LIMITS_RETRY)
-        || node.read_local(|state| state.machine.limits() == wanted)
-    {
+/// Writes the limits the node's flags set into the state when the state's differ and every
+/// member can read the entry. A refusal (the state holds more than they allow) is decided on
+/// the applied state first, so it costs no log entry; it is logged when its reason changes, shown
+/// in `cluster()`, and asked again after [`LIMITS_RETRY`], as is a failed write.
+async fn set_limits_if_needed(node: &Node, tried_at: &mut Option<tokio::time::Instant>) {
+    if tried_at.is_some_and(|at| at.elapsed() < LIMITS_RETRY) {
+        return;
+    }
+    let (current, wanted) = node.read_local(|state| {
+        let current = state.machine.limits();
+        (current.clone(), node.limit_overrides().applied_to(current))
+    });
+    if current == wanted {
+        node.note_limits_refused(None);
         return;
     }
     let command = Command::SetLimits { limits: wanted.clone() };
@@ -159,7 +165,7 @@ async fn set_limits_if_needed(node: &Node, refused_at: &mut Option<tokio::time::
         // A member runs an older build, or has not said which rules it knows yet.
         return;
     }
-    // Decided here first, so a refusal costs no log entry (apply decides again).
+    *tried_at = Some(tokio::time::Instant::now());
     let decided = node.read_local(|state| state.machine.validate_under(&command, rules));
     let result = match decided {
         Ok(()) => node.propose(command).await.map(|applied| applied.result),
@@ -167,16 +173,18 @@ async fn set_limits_if_needed(node: &Node, refused_at: &mut Option<tokio::time::
     };
     match result {
         Ok(Ok(_)) => {
+            node.note_limits_refused(None);
+            *tried_at = None;
             tracing::info!(node = node.id(), limits = ?wanted, "the state enforces this node's limits now");
-            *refused_at = None;
         }
         Ok(Err(refusal)) => {
-            tracing::warn!(node = node.id(), %refusal, "the state keeps its limits for now");
-            *refused_at = Some(tokio::time::Instant::now());
+            node.metrics().limits_refused();
+            if node.note_limits_refused(Some(refusal.to_string())) {
+                tracing::warn!(node = node.id(), %refusal, "the state keeps its limits for now");
+            }
         }
         Err(error) => {
             tracing::debug!(%error, "setting the limits failed; trying again later");
-            *refused_at = Some(tokio::time::Instant::now());
         }
     }
 }

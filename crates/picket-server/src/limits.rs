@@ -33,12 +33,43 @@ pub struct ServerLimits {
     /// How long a connection may stay open with no request or stream open (default 5 min);
     /// then it is closed gracefully. Bounds in time the place an idle connection holds.
     pub idle_connection_timeout: Duration,
-    /// The limits of the lock state (sessions, lock records, locks per session, waiters per
-    /// lock, renewals per tick, ...; `picket_core::Limits::default()` by default). Unlike the
-    /// bounds above they are replicated: this node writes them into the state (a `SetLimits`
-    /// entry) while it leads, and every replica enforces what the state holds. Give every node
-    /// the same ones, or the limits change with the leader.
-    pub replicated: picket_core::Limits,
+    /// The limits of the lock state this node sets (none by default). Unlike the bounds above
+    /// they are replicated: while it leads, this node writes them into the state (a
+    /// `SetLimits` entry), and every replica enforces what the state holds. A node that sets
+    /// none leaves the state's limits as they are; nodes that set different ones change them
+    /// with every change of leader, so give every node the same.
+    pub replicated: LimitOverrides,
+}
+
+/// The lock state's limits a node sets; `None` leaves the state's own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitOverrides {
+    /// `Limits::max_sessions`.
+    pub max_sessions: Option<usize>,
+    /// `Limits::max_locks`.
+    pub max_locks: Option<usize>,
+    /// `Limits::max_locks_per_session`.
+    pub max_locks_per_session: Option<usize>,
+    /// `Limits::max_waiters_per_lock`.
+    pub max_waiters_per_lock: Option<usize>,
+    /// `Limits::max_renewals_per_tick`.
+    pub max_renewals_per_tick: Option<usize>,
+}
+
+impl LimitOverrides {
+    /// `limits` with the ones set here replaced.
+    #[must_use]
+    pub fn applied_to(&self, limits: &picket_core::Limits) -> picket_core::Limits {
+        let or = |set: Option<usize>, current: usize| set.unwrap_or(current);
+        picket_core::Limits {
+            max_sessions: or(self.max_sessions, limits.max_sessions),
+            max_locks: or(self.max_locks, limits.max_locks),
+            max_locks_per_session: or(self.max_locks_per_session, limits.max_locks_per_session),
+            max_waiters_per_lock: or(self.max_waiters_per_lock, limits.max_waiters_per_lock),
+            max_renewals_per_tick: or(self.max_renewals_per_tick, limits.max_renewals_per_tick),
+            ..limits.clone()
+        }
+    }
 }
 
 impl ServerLimits {
@@ -58,7 +89,7 @@ impl Default for ServerLimits {
             max_connections_per_ip: 1_000,
             max_peer_connections: 256,
             idle_connection_timeout: Duration::from_secs(300),
-            replicated: picket_core::Limits::default(),
+            replicated: LimitOverrides::default(),
         }
     }
 }

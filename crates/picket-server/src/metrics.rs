@@ -153,6 +153,7 @@ pub struct Metrics {
     snapshot_bytes: Gauge,
     snapshot_build_seconds: Histogram,
     leader_changes: Counter,
+    limits_refused: Counter,
     sessions: Gauge,
     locks_held: Gauge,
     lock_waiters: Gauge,
@@ -208,6 +209,7 @@ impl Metrics {
             snapshot_bytes: Gauge::default(),
             snapshot_build_seconds: latency_histogram(),
             leader_changes: Counter::default(),
+            limits_refused: Counter::default(),
             sessions: Gauge::default(),
             locks_held: Gauge::default(),
             lock_waiters: Gauge::default(),
@@ -293,6 +295,11 @@ impl Metrics {
             "leader_changes",
             "Changes of the leader this node saw",
             self.leader_changes.clone(),
+        );
+        registry.register(
+            "limits_refused",
+            "Times the state refused the limits this node's flags set, as leader",
+            self.limits_refused.clone(),
         );
         registry.register("wal_syncs", "Batches written and synced to the WAL", wal.syncs.clone());
         registry.register("wal_entries", "Raft entries appended to the WAL", wal.entries.clone());
@@ -478,6 +485,11 @@ impl Metrics {
     /// Counts a change of leader.
     pub fn leader_changed(&self) {
         self.leader_changes.inc();
+    }
+
+    /// Counts a refusal of this node's limits by the state.
+    pub fn limits_refused(&self) {
+        self.limits_refused.inc();
     }
 
     /// The text exposition of every metric, with the gauges set from `scrape`.

@@ -395,9 +395,18 @@ async fn hold_and_run(
         }
         Outcome::Interrupted(signal) => {
             // Passed on as it came: a command may treat a hangup or an interrupt apart from
-            // a request to terminate.
+            // a request to terminate. One that goes on (it reloads on SIGHUP, or ignores
+            // SIGINT as a shell's background job does) gets SIGTERM halfway through the grace,
+            // and SIGKILL at its end.
             signal_group(group, signal);
-            let status = match tokio::time::timeout(kill_grace, child.wait()).await {
+            let terminated = signal == Signal::SIGTERM;
+            let first_wait = if terminated { kill_grace } else { kill_grace / 2 };
+            let mut ended = tokio::time::timeout(first_wait, child.wait()).await;
+            if ended.is_err() && !terminated {
+                signal_group(group, Signal::SIGTERM);
+                ended = tokio::time::timeout(kill_grace - first_wait, child.wait()).await;
+            }
+            let status = match ended {
                 Ok(status) => status?,
                 Err(_) => {
                     signal_group(group, Signal::SIGKILL);
@@ -446,7 +455,8 @@ enum Outcome {
     /// The lease is about to run out without a confirmed keepalive.
     LeaseShort,
     /// `picket lock` got SIGINT, SIGTERM or SIGHUP: passed on to the command's group, whose end is
-    /// waited for (SIGKILL after the grace) before the lock is released.
+    /// waited for (SIGTERM halfway through the grace, SIGKILL at its end) before the lock is
+    /// released.
     Interrupted(Signal),
 }
 

@@ -2,8 +2,8 @@
 
 use anyhow::{Context, bail};
 use clap::Args;
-use picket_core::Limits;
 use picket_server::clock::ClockSource;
+use picket_server::limits::LimitOverrides;
 use picket_server::tls::TlsFiles;
 use picket_server::{DEFAULT_PORT, Member, NodeId, RaftTuning, ServerConfig, ServerLimits};
 use std::collections::BTreeMap;
@@ -107,27 +107,29 @@ pub struct ServeArgs {
     /// closes it (gracefully: an HTTP/2 client connects again on its next call), in ms.
     #[arg(long, env = "PICKET_IDLE_CONNECTION_TIMEOUT_MS", default_value_t = idle_connection_timeout_ms_default(), value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(100..=86_400_000))]
     idle_connection_timeout_ms: u64,
-    /// Most sessions open at once in the cluster; more get 429 `too_many_sessions`. This and
-    /// the four limits below are the lock state's: the leader writes its own into the state,
-    /// and every node enforces what the state holds, so give every node the same. Lowered
-    /// below what is in use, they wait until enough has ended.
-    #[arg(long, env = "PICKET_MAX_SESSIONS", default_value_t = Limits::default().max_sessions, value_parser = at_least_one())]
-    max_sessions: usize,
+    /// Most sessions open at once in the cluster; more get 429 `too_many_sessions` (200,000 in
+    /// a new cluster). This and the four limits below are the lock state's: while it leads, a
+    /// node writes the ones it is given into the state, and every node enforces what the state
+    /// holds; a node given none leaves them as they are. Give every node the same. Lowered
+    /// below what is in use, a limit waits until enough has ended.
+    #[arg(long, env = "PICKET_MAX_SESSIONS", value_parser = at_least_one())]
+    max_sessions: Option<usize>,
     /// Most locks held, awaited or in lock-delay at once in the cluster; more get 429
-    /// `too_many_locks`.
-    #[arg(long, env = "PICKET_MAX_LOCKS", default_value_t = Limits::default().max_locks, value_parser = at_least_one())]
-    max_locks: usize,
+    /// `too_many_locks` (1,000,000 in a new cluster).
+    #[arg(long, env = "PICKET_MAX_LOCKS", value_parser = at_least_one())]
+    max_locks: Option<usize>,
     /// Most locks one session may hold or wait for at once; more get 429
-    /// `too_many_locks_for_session`.
-    #[arg(long, env = "PICKET_MAX_LOCKS_PER_SESSION", default_value_t = Limits::default().max_locks_per_session, value_parser = at_least_one())]
-    max_locks_per_session: usize,
-    /// Most sessions waiting for one lock; more get 429 `too_many_waiters`.
-    #[arg(long, env = "PICKET_MAX_WAITERS_PER_LOCK", default_value_t = Limits::default().max_waiters_per_lock, value_parser = at_least_one())]
-    max_waiters_per_lock: usize,
-    /// Most sessions one tick of the leader renews (at least --max-sessions, so every session
-    /// can be renewed at once; at most 1,000,000).
-    #[arg(long, env = "PICKET_MAX_RENEWALS_PER_TICK", default_value_t = Limits::default().max_renewals_per_tick, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=picket_core::MAX_RENEWALS_PER_TICK_CAP as u64))]
-    max_renewals_per_tick: usize,
+    /// `too_many_locks_for_session` (1,000 in a new cluster).
+    #[arg(long, env = "PICKET_MAX_LOCKS_PER_SESSION", value_parser = at_least_one())]
+    max_locks_per_session: Option<usize>,
+    /// Most sessions waiting for one lock; more get 429 `too_many_waiters` (10,000 in a new
+    /// cluster).
+    #[arg(long, env = "PICKET_MAX_WAITERS_PER_LOCK", value_parser = at_least_one())]
+    max_waiters_per_lock: Option<usize>,
+    /// Most sessions one tick of the leader renews: at least the sessions limit, so every
+    /// session can be renewed at once, and at most 1,000,000 (200,000 in a new cluster).
+    #[arg(long, env = "PICKET_MAX_RENEWALS_PER_TICK", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=picket_core::MAX_RENEWALS_PER_TICK_CAP as u64))]
+    max_renewals_per_tick: Option<usize>,
     /// Serve TLS with this certificate chain (PEM), signed by --peer-ca. It must name the host
     /// clients and peers use to reach this node and allow both server and client use: the node
     /// presents it to its peers too. Reloaded without a restart when the file changes.
@@ -268,13 +270,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_connections_per_ip: args.max_connections_per_ip,
             max_peer_connections: args.max_peer_connections,
             idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
-            replicated: Limits {
+            replicated: LimitOverrides {
                 max_sessions: args.max_sessions,
                 max_locks: args.max_locks,
                 max_locks_per_session: args.max_locks_per_session,
                 max_waiters_per_lock: args.max_waiters_per_lock,
                 max_renewals_per_tick: args.max_renewals_per_tick,
-                ..Limits::default()
             },
         },
         tuning,

@@ -338,6 +338,25 @@ fn lock_passes_sigint_sigterm_and_sighup_on_to_its_command_and_then_releases() {
     }
 }
 
+/// A command that goes on after the signal passed on (it reloads on SIGHUP) gets SIGTERM
+/// halfway through `--kill-grace`, before SIGKILL at its end: it may still stop cleanly.
+#[test]
+fn lock_gives_a_command_that_goes_on_after_sighup_a_sigterm_before_sigkill() {
+    let (dir, server) = start();
+    let got = dir.path().join("got");
+    let prelude = format!(
+        "trap 'echo HUP >> {got}' HUP; trap 'echo TERM >> {got}; exit 115' TERM; ",
+        got = got.display()
+    );
+    let (running, _command) =
+        lock_a_loop(&dir, &server, &["--ttl", "20s", "--kill-grace", "2s", "reloads"], &prelude);
+    let sent = Command::new("kill").args(["-s", "HUP", &running.id().to_string()]).status();
+    assert!(sent.unwrap().success());
+    let output = running.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(115), "{}", stderr(&output));
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "HUP\nTERM\n");
+}
+
 /// Issue 14, point 4: when `picket lock` itself was killed, its command ran on without a lock
 /// (its session expires and the lock goes to the next holder). Now its watchdog stops the
 /// command's process group.

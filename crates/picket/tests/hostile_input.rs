@@ -262,6 +262,14 @@ async fn watch_streams_on_one_connection_are_bounded() {
     assert!(opened.is_ok(), "the waiting stream opened once another ended");
 }
 
+/// The value of an unlabelled metric of `addr`'s `/metrics`, 0 when absent.
+fn metric(addr: &str, name: &str) -> u64 {
+    let text = get(addr, "/metrics").text;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn max_sessions(addr: &str) -> Option<u64> {
     get(addr, "/v1/cluster").body["limits"]["max_sessions"].as_u64()
 }
@@ -289,12 +297,20 @@ fn the_lock_states_limits_follow_the_leaders_flags_and_wait_for_what_is_in_use()
     assert_refused(&third, "too_many_sessions");
 
     server.kill();
-    let server = ServerProcess::start(picket_binary(), &data, listen, &flags("1"));
-    wait_until("the node to be ready", Duration::from_secs(10), || {
-        (get(&addr, "/readyz").status == 200).then_some(())
+    let mut server = ServerProcess::start(picket_binary(), &data, listen, &flags("1"));
+    // Two sessions live: a limit of one is refused, says why, and writes nothing to the log,
+    // however often the leader asks again.
+    let reason = wait_until("the leader's refused limits", Duration::from_secs(10), || {
+        get(&addr, "/v1/cluster").body["limits_refused"].as_str().map(str::to_owned)
     });
-    // Two sessions live: a limit of one is refused for now, whenever the leader asks.
+    assert!(reason.contains("2 sessions are open, more than max_sessions = 1"), "{reason}");
     assert_eq!(max_sessions(&addr), Some(2), "nothing is ended for a limit");
+    let refusals = || metric(&addr, "picket_limits_refused_total");
+    let (before, index) = (refusals(), applied_log_index(&addr));
+    wait_until("the leader to ask again", Duration::from_secs(20), || {
+        (refusals() > before).then_some(())
+    });
+    assert_eq!(applied_log_index(&addr), index, "a refused SetLimits reached the log");
     let closed =
         picket_testkit::http::request(&addr, "DELETE", &format!("/v1/sessions/{first}"), None);
     assert_eq!(closed.status, 200, "{}", closed.text);
@@ -302,6 +318,13 @@ fn the_lock_states_limits_follow_the_leaders_flags_and_wait_for_what_is_in_use()
         (max_sessions(&addr) == Some(1)).then_some(())
     });
     assert_refused(&open(), "too_many_sessions");
+    // A node given no limit flags leaves the state's as they are.
+    server.kill();
+    let server = ServerProcess::start(picket_binary(), &data, listen, &[]);
+    wait_until("the node to be ready", Duration::from_secs(10), || {
+        (get(&addr, "/readyz").status == 200).then_some(())
+    });
+    assert_eq!(max_sessions(&addr), Some(1));
     drop(server);
 
     // Flags that contradict each other are refused at start, saying which.

@@ -358,7 +358,10 @@ fn a_late_abandon_leaves_the_grant_to_the_request_told_it_is_already_held() {
 /// released every grant newer than the wait's start), with cause `released`, which a
 /// losses-only watch skips: the retrying client held a guard of a lock the next waiter then
 /// got. Now the abandon of an attempt leaves a grant a later attempt was told of, and a grant
-/// that an abandon does end is a loss the session's watch shows.
+/// that an abandon does end is a loss the session's watch shows. The abandon the shell sends
+/// when an attempt's caller went away is sent here directly, at the moment the race puts it
+/// (after the retry was answered); `no_ghost_holders.rs` drives the shell's own through cut
+/// connections.
 #[test]
 fn point_2_a_retry_told_already_held_keeps_its_grant_and_hears_when_an_abandon_ends_it() {
     let (_dir, server) = start();

@@ -475,12 +475,21 @@ impl StateMachine {
                 limits.max_waiters_per_lock,
             ),
         ];
-        match in_use.iter().find(|(_, _, count, max)| count > max) {
-            Some((limit, what, count, max)) => {
-                refused(format!("{count} {what}, more than {limit} = {max}"))
-            }
-            None => Ok(()),
+        if let Some((limit, what, count, max)) =
+            in_use.iter().find(|(_, _, count, max)| count > max)
+        {
+            return refused(format!("{count} {what}, more than {limit} = {max}"));
         }
+        // Releasing, cancelling and abandoning check the name: a lock whose name a lower bound
+        // refuses could not be let go.
+        let longest_name = self.locks.keys().map(String::len).max().unwrap_or(0);
+        if longest_name > limits.max_name_bytes {
+            return refused(format!(
+                "a lock named with {longest_name} bytes exists, more than max_name_bytes = {}",
+                limits.max_name_bytes
+            ));
+        }
+        Ok(())
     }
 
     fn dispatch(&mut self, input: &Input, step: &mut Step) -> Result<Response, CommandError> {

@@ -74,15 +74,21 @@ impl StateMachine {
     }
 
     /// How the wait of acquire `request`, by `session` for `name`, stands in this state: `None`
-    /// while it still waits, otherwise how it ended, as a retry of that request would be
-    /// answered. For a shell that lost the events in between (a snapshot replaced the state)
-    /// and must still tell the request's caller.
+    /// while it still waits, otherwise how it ended, as the events the shell missed would have
+    /// told it. For a shell that lost those events (a snapshot replaced the state) and must
+    /// still answer the request's caller.
     #[must_use]
     pub fn wait_end(&self, session: SessionId, name: &str, request: RequestId) -> Option<WaitEnd> {
-        let holder = self.locks.get(name).and_then(|lock| lock.holder);
-        if let Some(holder) = holder.filter(|holder| holder.session == session) {
-            // A retry is told it already holds the lock, whichever request produced the grant.
-            return Some(WaitEnd::Granted { token: holder.token });
+        let lock = self.locks.get(name);
+        let holder = lock.and_then(|lock| lock.holder).filter(|holder| holder.session == session);
+        if let (Some(lock), Some(holder)) = (lock, holder) {
+            // Only the grant this request produced or was told of is its own: a grant to
+            // another request of the session came after this one's wait ended, and telling
+            // this caller it holds the lock would give it a grant another caller relies on.
+            let told = lock.also_told.iter().any(|told| told.request == request);
+            if holder.request == request || told {
+                return Some(WaitEnd::Granted { token: holder.token });
+            }
         }
         let Some(record) = self.sessions.get(&session) else {
             // The session's end took its wait with it; how it ended is no longer kept, and
@@ -93,9 +99,9 @@ impl StateMachine {
             return None;
         }
         // Not holding and not waiting under this request: its wait ended. The state remembers
-        // how for the session's last few cancelled waits. An older one, or a grant that has
-        // ended since, left no trace: it is reported as timed out, which is true in the one way
-        // that matters to the caller: the session does not hold the lock.
+        // how for the session's last few cancelled waits. An older one, or a grant of this
+        // request that has ended since, left no trace: it is reported as timed out, which is
+        // true in the one way that matters to the caller: it holds no grant.
         let cause = record.ended_wait(request).unwrap_or(CancelCause::TimedOut);
         Some(WaitEnd::Cancelled { cause })
     }

@@ -123,6 +123,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "apply_rules": view.apply_rules,
         "newest_applied_rules": view.newest_applied_rules,
         "limits": view.limits,
+        "limits_refused": view.limits_refused,
     })
 }
 

@@ -152,7 +152,9 @@ fn every_registration_of_a_wait_hears_its_end() {
 
 /// After a snapshot each waiting request hears how its own wait stands. Before, the hub asked
 /// only whether the session still waited for the lock: a request whose wait had been cancelled
-/// while a newer request of the same session waited for the same lock was never answered.
+/// while a newer request of the same session waited for the same lock was never answered, and
+/// (found in review) once the newer one was granted, the cancelled one was told it held the
+/// lock too.
 #[test]
 fn a_resync_answers_each_waiting_request_with_its_own_wait() {
     use picket_core::{Command, Input, Limits, Response, Wait};
@@ -168,7 +170,7 @@ fn a_resync_answers_each_waiting_request_with_its_own_wait() {
         request: RequestId(request),
         attempt: 0,
     };
-    apply(acquire(a, 1));
+    let Ok(Response::Granted { token, .. }) = apply(acquire(a, 1)).result else { panic!() };
     let hub = Hub::default();
     let mut first = hub.register_waiter(b, "x", RequestId(7));
     let queued = apply(acquire(b, 7)).revision;
@@ -178,10 +180,12 @@ fn a_resync_answers_each_waiting_request_with_its_own_wait() {
     let mut second = hub.register_waiter(b, "x", RequestId(8));
     let queued = apply(acquire(b, 8)).revision;
     hub.queued(b, "x", second.id, queued);
+    apply(Command::Release { session: a, name: "x".into(), token });
 
     hub.resync(&machine);
     let cancelled = WaitEnd::Cancelled { cause: CancelCause::Requested };
     assert_eq!(first.outcome.try_recv(), Ok(cancelled), "request 7's wait was cancelled");
-    assert!(second.outcome.try_recv().is_err(), "request 8 still waits");
-    assert_eq!(hub.waiting_acquires(), 1);
+    let granted = machine.lock("x").and_then(|lock| lock.holder).expect("granted to 8");
+    assert_eq!(second.outcome.try_recv(), Ok(WaitEnd::Granted { token: granted.token }));
+    assert_eq!(hub.waiting_acquires(), 0);
 }

@@ -64,6 +64,9 @@ pub struct ClusterView {
     /// The limits this node's state enforces: the last ones a leader wrote into it
     /// ([`crate::ServerLimits::replicated`]), or the defaults.
     pub limits: picket_core::Limits,
+    /// As leader, why the state refuses the limits this node's flags set, while it does (it
+    /// holds more than they allow); the leader asks again every few seconds.
+    pub limits_refused: Option<String>,
 }
 
 /// Most members (voters and learners) a cluster may have.
@@ -121,6 +124,7 @@ impl Node {
             apply_rules: self.writing_rules(),
             newest_applied_rules,
             limits,
+            limits_refused: (role == "leader").then(|| self.limits_refused()).flatten(),
         }
     }
 

@@ -76,8 +76,10 @@ pub struct Node {
     halted: tokio::sync::watch::Sender<Option<String>>,
     /// Held through a membership change, so that its checks and the change are one step.
     membership_changes: tokio::sync::Mutex<()>,
-    /// The limits this node writes into the state while it leads ([`ServerLimits::replicated`]).
-    replicated_limits: picket_core::Limits,
+    /// The limits this node sets in the state while it leads ([`ServerLimits::replicated`]).
+    limit_overrides: crate::limits::LimitOverrides,
+    /// Why the state last refused this node's limits, while it does (shown in `cluster()`).
+    limits_refused: std::sync::Mutex<Option<String>>,
 }
 
 /// Longest a refusal on a leader elected a moment ago waits for the leader's `Refresh` before
@@ -164,7 +166,8 @@ impl Node {
                 ServerLimit::PendingAcquires,
                 limits.max_pending_acquires,
             ),
-            replicated_limits: limits.replicated.clone(),
+            limit_overrides: limits.replicated.clone(),
+            limits_refused: std::sync::Mutex::default(),
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
             settled: tokio::sync::Notify::new(),
@@ -310,12 +313,27 @@ impl Node {
         &self.gaps
     }
 
-    /// The keepalives waiting for the next tick.
-    /// The limits this node writes into the state while it leads.
-    pub(crate) fn replicated_limits(&self) -> &picket_core::Limits {
-        &self.replicated_limits
+    /// The limits this node sets in the state while it leads.
+    pub(crate) fn limit_overrides(&self) -> &crate::limits::LimitOverrides {
+        &self.limit_overrides
     }
 
+    /// Records why the state refused this node's limits (`None` once it took them, or there
+    /// was nothing to set); returns whether the reason changed.
+    pub(crate) fn note_limits_refused(&self, reason: Option<String>) -> bool {
+        let mut refused =
+            self.limits_refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = *refused != reason;
+        *refused = reason;
+        changed
+    }
+
+    /// Why the state refuses this node's limits now, if it does.
+    pub(crate) fn limits_refused(&self) -> Option<String> {
+        self.limits_refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The keepalives waiting for the next tick.
     pub(crate) fn renewals(&self) -> &Renewals {
         &self.renewals
     }
@@ -422,6 +440,16 @@ impl Node {
     }
 
     async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {
+        if input.rules < input.command.oldest_rules() {
+            // The members' rules dropped since the caller looked: an entry an older build may
+            // not even read never goes to the log.
+            let refusal = self.read_local(|state| {
+                state.machine.validate_under(&input.command, input.rules).err()
+            });
+            if let Some(refusal) = refusal {
+                return Err(ServiceError::Command(refusal));
+            }
+        }
         let (request, retry) = match &input.command {
             Command::Acquire { session, request, attempt, .. } => {
                 (Some((*session, *request)), *attempt > 0)

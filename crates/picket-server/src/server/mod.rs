@@ -212,7 +212,9 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         Some(path) => Some(Arc::new(load_signer(path, &config.cluster_id)?)),
         None => None,
     };
-    config.limits.replicated.validate().map_err(|invalid| {
+    // Checked against a new cluster's limits: a state whose own differ is checked again by
+    // the leader, which says why it keeps them.
+    config.limits.replicated.applied_to(&Limits::default()).validate().map_err(|invalid| {
         StartError::Config(format!(
             "{invalid}: choose limit flags that agree (--max-renewals-per-tick at least --max-sessions)"
         ))
