@@ -348,8 +348,8 @@ impl Transport {
         .await
     }
 
-    /// Acquires `name` in session `session_id`, waiting as `wait` says. A waiting acquire is not cut off by the request
-    /// timeout (the server ends the wait). Every attempt carries the same request id, so a
+    /// Acquires `name` in session `session_id`, waiting as `wait` says. A waiting acquire is
+    /// not cut off by the request timeout (the server ends the wait). Every attempt carries the same request id, so a
     /// retry after a broken connection joins the first attempt's wait or gets its grant: it is
     /// safe to retry.
     pub(crate) async fn acquire(

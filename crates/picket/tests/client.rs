@@ -99,6 +99,63 @@ async fn point_3_a_loss_missed_while_the_watch_was_cut_is_found_on_reconnect() {
     assert_eq!(reason, LostReason::Expired);
 }
 
+/// Issue 14, point 3: a node that installs a snapshot cannot replay the events the snapshot
+/// skipped, and tells its watch streams `resync`; the client's watcher dropped that message, so
+/// a revocation inside the snapshot reached the holder only at its next keepalive. Here the
+/// client watches through the leader, which is stopped while the others elect a new leader,
+/// revoke the session and compact their logs past it; resumed, it installs a snapshot, and
+/// `lost()` fires at the resync, long before the first keepalive (40 s with this TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_3_a_loss_inside_an_installed_snapshot_is_found_on_resync() {
+    let args: Vec<String> =
+        ["--heartbeat-ms", "50", "--election-timeout-ms", "300", "--snapshot-every", "50"]
+            .iter()
+            .chain(&["--keep-entries", "5"])
+            .map(|arg| (*arg).to_owned())
+            .collect();
+    let cluster =
+        picket_testkit::cluster::Cluster::start(Path::new(env!("CARGO_BIN_EXE_picket")), 3, &args);
+    let addrs = cluster.addrs();
+    let old = cluster.leader(Duration::from_secs(20));
+    let client = Client::connect([addrs[old].clone()]).await.unwrap();
+    let session = client.session(Duration::from_secs(120)).await.unwrap();
+    let guard = session.lock("resync").await.unwrap();
+    let index_at_stop = cluster.applied_log_index(old);
+    cluster.nodes[old].signal("-STOP");
+    let others: Vec<String> =
+        (0..3).filter(|index| *index != old).map(|index| addrs[index].clone()).collect();
+    // To whichever of the two leads now, never to the stopped node they may still name.
+    let send = |method: &str, path: &str, body: Option<&serde_json::Value>| {
+        let what = format!("{method} {path} on the new leader");
+        picket_testkit::wait_until(&what, Duration::from_secs(20), || {
+            others.iter().find_map(|addr| {
+                let reply = picket_testkit::http::try_request(addr, method, path, body).ok()?;
+                (reply.body["code"] != "not_leader" && reply.status != 503).then_some(reply)
+            })
+        })
+    };
+    let revoked = send("POST", &format!("/v1/sessions/{}/revoke", session.id()), None);
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    // Enough entries for the new leader to snapshot and purge past the stopped node.
+    let new = (0..3).find(|index| *index != old && cluster.view(*index)["role"] == "leader");
+    let new = new.expect("a new leader");
+    while cluster.view(new)["purged_log_index"].as_u64().unwrap_or(0) <= index_at_stop + 50 {
+        let opened = send("POST", "/v1/sessions", Some(&serde_json::json!({ "ttl_ms": 60_000 })));
+        let id = opened.body["session_id"].as_u64().expect("a session");
+        send("DELETE", &format!("/v1/sessions/{id}"), None);
+    }
+    cluster.nodes[old].signal("-CONT");
+    let reason = tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("lost() fired at the resync, before the first keepalive");
+    // The recheck learns only that the session is gone, not how.
+    assert_eq!(reason, LostReason::Expired);
+    assert!(
+        cluster.view(old)["snapshot_log_index"].as_u64().unwrap_or(0) > index_at_stop,
+        "the old leader caught up through a snapshot"
+    );
+}
+
 /// A server that stops answering (SIGSTOP) for longer than the TTL: the client cannot confirm
 /// its session and `lost()` fires by its own clock, within the TTL of the last confirmed
 /// keepalive.
