@@ -141,7 +141,10 @@ fn transport_failure(status: &Status) -> Failure {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// The service expired it: it was not kept alive in time.
+    /// The service ended it without being asked: it expired (it was not kept alive in time),
+    /// or it ended while no event could reach the client, which then learns only that the
+    /// service no longer knows it (a keepalive refused, or the recheck after a broken watch
+    /// stream or a resync).
     Expired,
     /// An operator revoked it.
     Revoked,
