@@ -18,9 +18,6 @@ use std::sync::Arc;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-/// Largest client request, in bytes.
-pub const MAX_REQUEST_BYTES: usize = 128 * 1024;
-
 /// Serves [`picket_server::Picket`] from a node.
 #[derive(Clone, Debug)]
 pub struct ClientService {
@@ -36,10 +33,11 @@ impl ClientService {
         authenticate(self.node.auth(), caller, authorization).map_err(|error| status(&error))
     }
 
-    /// The tonic service for `node`.
+    /// The tonic service for `node`, decoding requests of at most `max_message_bytes`
+    /// ([`crate::ServerLimits::max_grpc_message_bytes`]).
     #[must_use]
-    pub fn server(node: Arc<Node>) -> picket_server::PicketServer<Self> {
-        picket_server::PicketServer::new(Self { node }).max_decoding_message_size(MAX_REQUEST_BYTES)
+    pub fn server(node: Arc<Node>, max_message_bytes: usize) -> picket_server::PicketServer<Self> {
+        picket_server::PicketServer::new(Self { node }).max_decoding_message_size(max_message_bytes)
     }
 }
 

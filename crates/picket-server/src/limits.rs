@@ -33,6 +33,15 @@ pub struct ServerLimits {
     /// How long a connection may stay open with no request or stream open (default 5 min);
     /// then it is closed gracefully. Bounds in time the place an idle connection holds.
     pub idle_connection_timeout: Duration,
+    /// Largest HTTP request body this node reads (default 64 KiB); a larger one gets 413
+    /// `body_too_large`.
+    pub max_http_body_bytes: usize,
+    /// Largest gRPC request message this node decodes (default 128 KiB); a larger one gets
+    /// `RESOURCE_EXHAUSTED`.
+    pub max_grpc_message_bytes: usize,
+    /// Most streams (requests and watch streams) open at once on one HTTP/2 connection
+    /// (default 200); a client past it waits for one to end.
+    pub max_streams_per_connection: u32,
     /// The limits of the lock state this node sets (none by default). Unlike the bounds above
     /// they are replicated: while it leads, this node writes them into the state (a
     /// `SetLimits` entry), and every replica enforces what the state holds. A node that sets
@@ -78,6 +87,14 @@ impl ServerLimits {
     pub const MOST_CONNECTIONS: usize = 1 << 20;
     /// [`Self::MOST_CONNECTIONS`] for a flag's parser.
     pub const MOST_CONNECTIONS_BOUND: u64 = 1 << 20;
+    /// The smallest request bound a node takes: every request the API defines with a name of
+    /// the default length fits well within it.
+    pub const LEAST_REQUEST_BYTES: u64 = 4 * 1024;
+    /// The largest request bound a node takes (the log's entries stay far below their own
+    /// bound whatever a request holds, since the limits bound every command).
+    pub const MOST_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
+    /// The most streams per connection a node takes.
+    pub const MOST_STREAMS_PER_CONNECTION: u64 = 10_000;
 }
 
 impl Default for ServerLimits {
@@ -89,6 +106,9 @@ impl Default for ServerLimits {
             max_connections_per_ip: 1_000,
             max_peer_connections: 256,
             idle_connection_timeout: Duration::from_secs(300),
+            max_http_body_bytes: 64 * 1024,
+            max_grpc_message_bytes: 128 * 1024,
+            max_streams_per_connection: 200,
             replicated: LimitOverrides::default(),
         }
     }

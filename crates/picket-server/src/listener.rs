@@ -38,10 +38,6 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// How long a ping may go unanswered before the connection is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most streams (requests, watch streams among them) open at once on one HTTP/2 connection;
-/// an HTTP/1 connection carries one request at a time. A client past it waits for a stream to
-/// end (the Rust client's session watcher shares 5,000 sessions per stream).
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 200;
 /// How long a stopping node waits for open connections to finish (watch streams never do).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long to wait before accepting again after accepting failed (out of file descriptors).
@@ -297,6 +293,10 @@ pub struct ConnectionLimits {
     pub max_connections_per_ip: usize,
     /// How long a connection may stay open with no request or stream open.
     pub idle_timeout: Duration,
+    /// Most streams (requests, watch streams among them) open at once on one HTTP/2
+    /// connection; an HTTP/1 connection carries one request at a time. A client past it waits
+    /// for a stream to end (the Rust client's session watcher shares 5,000 sessions per stream).
+    pub max_streams_per_connection: u32,
 }
 
 /// Serves `app` on `listener` (over TLS when `tls` is given) within `limits` until `stop`
@@ -326,7 +326,7 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(KEEPALIVE_INTERVAL))
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+        .max_concurrent_streams(limits.max_streams_per_connection);
     let serving = Serving { app, builder, idle_timeout: limits.idle_timeout, phase: watching };
     let per_ip = Arc::new(PerIp::default());
     let mut stop = std::pin::pin!(stop);

@@ -107,6 +107,18 @@ pub struct ServeArgs {
     /// closes it (gracefully: an HTTP/2 client connects again on its next call), in ms.
     #[arg(long, env = "PICKET_IDLE_CONNECTION_TIMEOUT_MS", default_value_t = idle_connection_timeout_ms_default(), value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(100..=86_400_000))]
     idle_connection_timeout_ms: u64,
+    /// Largest HTTP request body this node reads, in bytes; a larger one gets 413
+    /// `body_too_large`.
+    #[arg(long, env = "PICKET_MAX_HTTP_BODY_BYTES", default_value_t = ServerLimits::default().max_http_body_bytes, value_parser = request_bytes())]
+    max_http_body_bytes: usize,
+    /// Largest gRPC request message this node decodes, in bytes; a larger one gets
+    /// `RESOURCE_EXHAUSTED`.
+    #[arg(long, env = "PICKET_MAX_GRPC_MESSAGE_BYTES", default_value_t = ServerLimits::default().max_grpc_message_bytes, value_parser = request_bytes())]
+    max_grpc_message_bytes: usize,
+    /// Most streams (requests and watch streams) open at once on one HTTP/2 connection; a
+    /// client past it waits for one to end.
+    #[arg(long, env = "PICKET_MAX_STREAMS_PER_CONNECTION", default_value_t = ServerLimits::default().max_streams_per_connection, value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=ServerLimits::MOST_STREAMS_PER_CONNECTION))]
+    max_streams_per_connection: u32,
     /// Most sessions open at once in the cluster; more get 429 `too_many_sessions` (200,000 in
     /// a new cluster). This and the four limits below are the lock state's: while it leads, a
     /// node writes the ones it is given into the state, and every node enforces what the state
@@ -196,6 +208,12 @@ enum RestoreSessions {
     Keep,
 }
 
+/// A request bound's parser: from 4 KiB to 16 MiB.
+fn request_bytes() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new()
+        .range(ServerLimits::LEAST_REQUEST_BYTES..=ServerLimits::MOST_REQUEST_BYTES)
+}
+
 /// A count limit's parser: at least one, and within what a `usize` holds.
 fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
@@ -270,6 +288,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_connections_per_ip: args.max_connections_per_ip,
             max_peer_connections: args.max_peer_connections,
             idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
+            max_http_body_bytes: args.max_http_body_bytes,
+            max_grpc_message_bytes: args.max_grpc_message_bytes,
+            max_streams_per_connection: args.max_streams_per_connection,
             replicated: LimitOverrides {
                 max_sessions: args.max_sessions,
                 max_locks: args.max_locks,

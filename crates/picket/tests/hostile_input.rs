@@ -371,3 +371,37 @@ fn every_replica_enforces_the_limits_the_leader_wrote() {
         });
     }
 }
+
+/// Issue 13: the request bounds have flags. A node started with 4 KiB bounds refuses a 5 KiB
+/// HTTP body (413 `body_too_large`) and a 5 KiB gRPC message, and reads one under the bound
+/// (refused then for its name, which is over the name bound).
+#[tokio::test]
+async fn request_bounds_follow_their_flags() {
+    let (_dir, server) = ServerProcess::start_ready(
+        picket_binary(),
+        &["--max-http-body-bytes", "4096", "--max-grpc-message-bytes", "4096"],
+    );
+    let addr = server.addr.clone();
+    let opened = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+    let session = opened.body["session_id"].as_u64().expect("a session");
+    let over = post(&addr, "/v1/locks/acquire", &acquire(&"x".repeat(5_000), session, Some(0)));
+    assert_eq!(over.status, 413, "{}", over.text);
+    assert_refused(&over, "body_too_large");
+    let under = post(&addr, "/v1/locks/acquire", &acquire(&"x".repeat(3_000), session, Some(0)));
+    assert_refused(&under, "invalid_name");
+
+    let mut grpc = PicketClient::connect(format!("http://{addr}")).await.expect("connects");
+    let named = |length: usize| v1::AcquireRequest {
+        name: "x".repeat(length),
+        session_id: session,
+        wait_ms: Some(0),
+        ..v1::AcquireRequest::default()
+    };
+    let refused = grpc.acquire(named(5_000)).await.expect_err("over the bound");
+    assert!(
+        matches!(refused.code(), tonic::Code::OutOfRange | tonic::Code::ResourceExhausted),
+        "{refused:?}"
+    );
+    let read = grpc.acquire(named(3_000)).await.expect_err("over the name bound");
+    assert_eq!(grpc_code(&read), "invalid_name");
+}

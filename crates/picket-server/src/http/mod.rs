@@ -43,11 +43,9 @@ use std::sync::Arc;
 /// `Location` on the leader for the same path.
 pub const LEADER_HEADER: &str = "picket-leader";
 
-/// Largest request body, in bytes.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-
-/// The HTTP routes of a node.
-pub fn router(node: Arc<Node>) -> Router {
+/// The HTTP routes of a node, reading request bodies of at most `max_body_bytes`
+/// ([`crate::ServerLimits::max_http_body_bytes`]).
+pub fn router(node: Arc<Node>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -74,7 +72,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(locate_leader))
         .layer(axum::middleware::from_fn(refuse_cross_site))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(node)
 }
 
@@ -203,7 +201,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let bytes = axum::body::Bytes::from_request(request, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                let advice = format!("the body is over {MAX_BODY_BYTES} bytes");
+                let advice = "the body is over this node's bound (--max-http-body-bytes, 64 KiB \
+                              by default): send less"
+                    .to_owned();
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge, advice)
             } else {
                 ApiError::new(rejection.status(), ErrorCode::BadRequest, rejection.body_text())

@@ -33,8 +33,12 @@ async fn listen() -> Listening {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().expect("bound").to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let limits =
-        ConnectionLimits { max_connections: 8, max_connections_per_ip: 4, idle_timeout: IDLE };
+    let limits = ConnectionLimits {
+        max_connections: 8,
+        max_connections_per_ip: 4,
+        idle_timeout: IDLE,
+        max_streams_per_connection: 200,
+    };
     let serving = tokio::spawn(serve(listener, app, limits, None, async move {
         let _ = stopped.await;
     }));

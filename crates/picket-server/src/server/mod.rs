@@ -331,7 +331,10 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
     let raft_service =
         RaftService::new(node.clone(), log_handle, clock, tls.is_some()).into_server();
-    let mut grpc = tonic::service::Routes::new(ClientService::server(node.clone()));
+    let mut grpc = tonic::service::Routes::new(ClientService::server(
+        node.clone(),
+        config.limits.max_grpc_message_bytes,
+    ));
     let peer_app = match peer_addr {
         Some(_) => Some(
             tonic::service::Routes::new(raft_service)
@@ -345,7 +348,9 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     };
     // tonic's router brings a fallback for unknown gRPC methods; ours answers unknown paths in
     // the HTTP API's JSON error format instead.
-    let mut app = grpc.into_axum_router().merge(http::router(node.clone()));
+    let mut app = grpc
+        .into_axum_router()
+        .merge(http::router(node.clone(), config.limits.max_http_body_bytes));
     if let Some(peer_advertise) = &peer_advertise {
         app = app.merge(crate::network::raft_served_elsewhere(peer_advertise.clone()));
     }
@@ -372,6 +377,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             // theirs alone.
             max_connections_per_ip: config.limits.max_peer_connections,
             idle_timeout,
+            max_streams_per_connection: config.limits.max_streams_per_connection,
         };
         tokio::spawn(serve(listener, peer_app, limits, tls.clone(), shutdown_signal.clone()))
     });
@@ -379,6 +385,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         max_connections: config.limits.max_connections,
         max_connections_per_ip: config.limits.max_connections_per_ip,
         idle_timeout,
+        max_streams_per_connection: config.limits.max_streams_per_connection,
     };
     let serving = tokio::spawn(serve(listener, app, limits, tls, shutdown_signal));
     tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");
