@@ -63,19 +63,40 @@ pub struct LimitOverrides {
     pub max_waiters_per_lock: Option<usize>,
     /// `Limits::max_renewals_per_tick`.
     pub max_renewals_per_tick: Option<usize>,
+    /// `Limits::max_name_bytes`.
+    pub max_name_bytes: Option<usize>,
+    /// `Limits::min_ttl_ms`.
+    pub min_ttl_ms: Option<u64>,
+    /// `Limits::max_ttl_ms`.
+    pub max_ttl_ms: Option<u64>,
+    /// `Limits::max_lock_delay_ms`.
+    pub max_lock_delay_ms: Option<u64>,
+    /// `Limits::max_wait_ms`.
+    pub max_wait_ms: Option<u64>,
+    /// `Limits::max_list`.
+    pub max_list: Option<usize>,
 }
 
 impl LimitOverrides {
     /// `limits` with the ones set here replaced.
     #[must_use]
     pub fn applied_to(&self, limits: &picket_core::Limits) -> picket_core::Limits {
-        let or = |set: Option<usize>, current: usize| set.unwrap_or(current);
         picket_core::Limits {
-            max_sessions: or(self.max_sessions, limits.max_sessions),
-            max_locks: or(self.max_locks, limits.max_locks),
-            max_locks_per_session: or(self.max_locks_per_session, limits.max_locks_per_session),
-            max_waiters_per_lock: or(self.max_waiters_per_lock, limits.max_waiters_per_lock),
-            max_renewals_per_tick: or(self.max_renewals_per_tick, limits.max_renewals_per_tick),
+            max_sessions: self.max_sessions.unwrap_or(limits.max_sessions),
+            max_locks: self.max_locks.unwrap_or(limits.max_locks),
+            max_locks_per_session: self
+                .max_locks_per_session
+                .unwrap_or(limits.max_locks_per_session),
+            max_waiters_per_lock: self.max_waiters_per_lock.unwrap_or(limits.max_waiters_per_lock),
+            max_renewals_per_tick: self
+                .max_renewals_per_tick
+                .unwrap_or(limits.max_renewals_per_tick),
+            max_name_bytes: self.max_name_bytes.unwrap_or(limits.max_name_bytes),
+            min_ttl_ms: self.min_ttl_ms.unwrap_or(limits.min_ttl_ms),
+            max_ttl_ms: self.max_ttl_ms.unwrap_or(limits.max_ttl_ms),
+            max_lock_delay_ms: self.max_lock_delay_ms.unwrap_or(limits.max_lock_delay_ms),
+            max_wait_ms: self.max_wait_ms.unwrap_or(limits.max_wait_ms),
+            max_list: self.max_list.unwrap_or(limits.max_list),
             ..limits.clone()
         }
     }

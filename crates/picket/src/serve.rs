@@ -120,7 +120,7 @@ pub struct ServeArgs {
     #[arg(long, env = "PICKET_MAX_STREAMS_PER_CONNECTION", default_value_t = ServerLimits::default().max_streams_per_connection, value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=ServerLimits::MOST_STREAMS_PER_CONNECTION))]
     max_streams_per_connection: u32,
     /// Most sessions open at once in the cluster; more get 429 `too_many_sessions` (200,000 in
-    /// a new cluster). This and the four limits below are the lock state's: while it leads, a
+    /// a new cluster). This and the ten limits below are the lock state's: while it leads, a
     /// node writes the ones it is given into the state, and every node enforces what the state
     /// holds; a node given none leaves them as they are. Give every node the same. Lowered
     /// below what is in use, a limit waits until enough has ended.
@@ -142,6 +142,26 @@ pub struct ServeArgs {
     /// session can be renewed at once, and at most 1,000,000 (200,000 in a new cluster).
     #[arg(long, env = "PICKET_MAX_RENEWALS_PER_TICK", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=picket_core::MAX_RENEWALS_PER_TICK_CAP as u64))]
     max_renewals_per_tick: Option<usize>,
+    /// Longest lock name, in bytes, at most 65,536 (256 in a new cluster). Raising it far may
+    /// call for a larger --max-http-body-bytes and --max-grpc-message-bytes too.
+    #[arg(long, env = "PICKET_MAX_NAME_BYTES", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=picket_core::MAX_NAME_BYTES_CAP as u64))]
+    max_name_bytes: Option<usize>,
+    /// Shortest session TTL a client may ask for, in ms (1,000 in a new cluster; at least the
+    /// 500 ms expiry grace).
+    #[arg(long, env = "PICKET_MIN_TTL_MS", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    min_ttl_ms: Option<u64>,
+    /// Longest session TTL a client may ask for, in ms (one hour in a new cluster).
+    #[arg(long, env = "PICKET_MAX_TTL_MS", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    max_ttl_ms: Option<u64>,
+    /// Longest lock-delay a session may ask for, in ms (60 s in a new cluster).
+    #[arg(long, env = "PICKET_MAX_LOCK_DELAY_MS")]
+    max_lock_delay_ms: Option<u64>,
+    /// Longest bounded wait of an acquire, in ms (one hour in a new cluster).
+    #[arg(long, env = "PICKET_MAX_WAIT_MS")]
+    max_wait_ms: Option<u64>,
+    /// Most entries one listing returns (1,000 in a new cluster).
+    #[arg(long, env = "PICKET_MAX_LIST", value_parser = at_least_one())]
+    max_list: Option<usize>,
     /// Serve TLS with this certificate chain (PEM), signed by --peer-ca. It must name the host
     /// clients and peers use to reach this node and allow both server and client use: the node
     /// presents it to its peers too. Reloaded without a restart when the file changes.
@@ -297,6 +317,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 max_locks_per_session: args.max_locks_per_session,
                 max_waiters_per_lock: args.max_waiters_per_lock,
                 max_renewals_per_tick: args.max_renewals_per_tick,
+                max_name_bytes: args.max_name_bytes,
+                min_ttl_ms: args.min_ttl_ms,
+                max_ttl_ms: args.max_ttl_ms,
+                max_lock_delay_ms: args.max_lock_delay_ms,
+                max_wait_ms: args.max_wait_ms,
+                max_list: args.max_list,
             },
         },
         tuning,

@@ -358,18 +358,41 @@ fn the_lock_states_limits_follow_the_leaders_flags_and_wait_for_what_is_in_use()
 }
 
 /// The limits a leader writes reach every replica, so a follower that becomes leader refuses
-/// by the same limits.
+/// by the same limits; every limit of the lock state has its flag.
 #[test]
 fn every_replica_enforces_the_limits_the_leader_wrote() {
-    let extra =
-        ["--max-sessions".to_owned(), "3".to_owned(), "--max-locks".to_owned(), "7".to_owned()];
+    let flags = [
+        ("--max-sessions", "max_sessions", 3),
+        ("--max-locks", "max_locks", 7),
+        ("--max-locks-per-session", "max_locks_per_session", 5),
+        ("--max-waiters-per-lock", "max_waiters_per_lock", 4),
+        ("--max-renewals-per-tick", "max_renewals_per_tick", 9),
+        ("--max-name-bytes", "max_name_bytes", 32),
+        ("--min-ttl-ms", "min_ttl_ms", 2_000),
+        ("--max-ttl-ms", "max_ttl_ms", 20_000),
+        ("--max-lock-delay-ms", "max_lock_delay_ms", 1_000),
+        ("--max-wait-ms", "max_wait_ms", 9_000),
+        ("--max-list", "max_list", 11),
+    ];
+    let extra: Vec<String> =
+        flags.iter().flat_map(|(flag, _, value)| [(*flag).to_owned(), value.to_string()]).collect();
     let cluster = picket_testkit::cluster::Cluster::start(picket_binary(), 3, &extra);
     for index in 0..3 {
         wait_until("the limits on every node", Duration::from_secs(20), || {
             let limits = &cluster.view(index)["limits"];
-            (limits["max_sessions"] == 3 && limits["max_locks"] == 7).then_some(())
+            flags.iter().all(|(_, field, value)| limits[*field] == *value).then_some(())
         });
     }
+    let addrs = cluster.addrs();
+    let send = |path: &str, body: Value| {
+        picket_testkit::cluster::send(&addrs, "POST", path, Some(&body), Duration::from_secs(20))
+            .expect("the cluster answers")
+    };
+    assert_refused(&send("/v1/sessions", json!({ "ttl_ms": 30_000 })), "ttl_out_of_range");
+    let opened = send("/v1/sessions", json!({ "ttl_ms": 10_000 }));
+    let session = opened.body["session_id"].as_u64().expect("a session");
+    let long = send("/v1/locks/acquire", acquire(&"x".repeat(33), session, Some(0)));
+    assert_refused(&long, "invalid_name");
 }
 
 /// Issue 13: the request bounds have flags. A node started with 4 KiB bounds refuses a 5 KiB
