@@ -166,9 +166,15 @@ async fn set_limits_if_needed(node: &Node, tried_at: &mut Option<tokio::time::In
         return;
     }
     *tried_at = Some(tokio::time::Instant::now());
+    // Decided on the applied state before the log (`propose` does so too, after its lease
+    // check): a refusal costs no entry.
     let decided = node.read_local(|state| state.machine.validate_under(&command, rules));
     let result = match decided {
-        Ok(()) => node.propose(command).await.map(|applied| applied.result),
+        Ok(()) => match node.propose(command).await {
+            Ok(applied) => Ok(applied.result),
+            Err(crate::error::ServiceError::Command(refusal)) => Ok(Err(refusal)),
+            Err(error) => Err(error),
+        },
         Err(refusal) => Ok(Err(refusal)),
     };
     match result {

@@ -34,7 +34,7 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, ForwardToLeader, LinearizableReadError, RaftError};
 use openraft::{ReadPolicy, ServerState};
 use picket_core::SequencerSigner;
-use picket_core::{Command, CommandError, Input, Response, Sequencer, SessionId};
+use picket_core::{Command, Input, Response, Sequencer, SessionId};
 use picket_proto::tls::ClientTls;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -467,8 +467,10 @@ impl Node {
             earlier_in_flight = !proposal.wait_for_earlier(SETTLE_WAIT).await;
         }
         if let Some(refusal) = self.refusal_before_log(&input, earlier_in_flight).await {
-            self.metrics().refused(refusal.code(), "before_log");
-            return Err(ServiceError::Command(refusal));
+            if let ServiceError::Command(refused) = &refusal {
+                self.metrics().refused(refused.code(), "before_log");
+            }
+            return Err(refusal);
         }
         proposal.handed_over();
         let written = self.raft.client_write(input).await;
@@ -501,25 +503,29 @@ impl Node {
         }
     }
 
-    /// The refusal of `command` to answer without writing it to the log, if any.
+    /// The answer to give instead of writing `command` to the log, if any: a refusal, or, when
+    /// the state refuses it now but an entry still on its way could change that, a request to
+    /// retry shortly. A command its state refuses never goes to the log.
     ///
     /// Any node refuses what no later entry could overturn (bad input, a session that ended for
     /// good). A settled leader (it applied its own term's `Refresh`) refuses anything else its
     /// state refuses once its lease check has also waited until it applied everything committed
     /// so far: every outcome any node told a client (a proposal's reply, a waiting acquire's
     /// grant, a watch event) was committed before, so the refusal is a linearizable answer.
-    /// Never refused early: `Abandon`, which must follow the acquire it undoes even while that
-    /// acquire is in flight; a retried acquire (attempt above 0) while an earlier proposal of
-    /// its request may still be on its way to the log (`earlier_in_flight`, see
-    /// [`in_flight`]; `submit` first waits up to a second for it), which could grant it; and
-    /// the leader's own ticks. A leader elected a
-    /// moment ago first waits (briefly) for its `Refresh`, which applies everything its
-    /// predecessors committed.
+    /// Not decided early: `Abandon`, which must follow the acquire it undoes even while that
+    /// acquire is in flight (and which the state accepts even when it finds nothing), and the
+    /// leader's own entries. A retried acquire (attempt above 0) while an earlier proposal of
+    /// its request may still be on its way to the log (`earlier_in_flight`, see [`in_flight`];
+    /// `submit` first waits up to a second for it), which could grant it, is answered
+    /// `unavailable`: the caller retries, and by then the state has the earlier attempt. A
+    /// leader elected a moment ago first waits (up to a second) for its `Refresh`, which
+    /// applies everything its predecessors committed, and answers `unavailable` if it has not
+    /// settled by then.
     async fn refusal_before_log(
         &self,
         input: &Input,
         earlier_in_flight: bool,
-    ) -> Option<CommandError> {
+    ) -> Option<ServiceError> {
         let (command, rules) = (&input.command, input.rules);
         let (refusal, lasts) = self.read_local(|state| {
             let refusal = state.machine.validate_under(command, rules).err()?;
@@ -527,25 +533,50 @@ impl Node {
             Some((refusal, lasts))
         })?;
         if lasts {
-            return Some(refusal);
+            return Some(ServiceError::Command(refusal));
         }
-        let ordered =
-            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh)
-                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0)
-                    && earlier_in_flight;
-        if ordered {
+        if matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh) {
             return None;
+        }
+        if matches!(command, Command::Acquire { attempt, .. } if *attempt > 0) && earlier_in_flight
+        {
+            return Some(ServiceError::Unavailable(
+                "an earlier attempt of this acquire request may still be on its way to the log, \
+                 and its outcome decides this one's: send it again (same request id, next \
+                 attempt)"
+                    .into(),
+            ));
         }
         let term = match self.settled_term() {
             Some(term) => term,
-            None => self.settle().await?,
+            None => match self.settle().await {
+                Some(term) => term,
+                // Not leading: the write goes on to Raft, which names the leader.
+                None if !self.is_leader() => return None,
+                None => {
+                    return Some(ServiceError::Unavailable(
+                        "this node was elected leader a moment ago and has not applied what \
+                         its predecessors committed yet"
+                            .into(),
+                    ));
+                }
+            },
         };
         // LeaseRead confirms leadership and waits until this node applied every entry committed
         // before the call; decide again on that state, in the same term.
         self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
         let refusal =
             self.read_local(|state| state.machine.validate_under(command, rules).err())?;
-        (self.settled_term() == Some(term)).then_some(refusal)
+        Some(if self.settled_term() == Some(term) {
+            ServiceError::Command(refusal)
+        } else {
+            ServiceError::Unavailable("leadership changed while the request was decided".into())
+        })
+    }
+
+    /// Whether this node leads now (by its Raft metrics).
+    fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow_watched().state == ServerState::Leader
     }
 
     /// Waits, at most [`SETTLE_WAIT`], for this node to settle as leader (have its own term's
