@@ -6,9 +6,10 @@
 //! a retry refused as `lock_busy` while its first attempt is about to be granted would tell the
 //! caller it holds nothing, and leave the grant to nobody. So the leader keeps, per session and
 //! request, the proposals it has not seen applied; a retry waits (briefly) until every earlier
-//! one is applied and then is decided on the state like any command, and is answered
-//! `unavailable` (its caller sends the next attempt) if one may still be ahead of it in the log
-//! when the wait ends.
+//! one is applied and then is decided on the state like any command, and goes to the log
+//! undecided only if one may still be ahead of it there when the wait ends. (Unsure proposals
+//! settle on writes proposed on this node, so on a node that stopped leading they stay unsure;
+//! such a node passes every write on to Raft, which names the leader.)
 //!
 //! A proposal whose caller went away before the answer (its connection broke, which is exactly
 //! when clients retry) may or may not be in the log; its Raft message, if sent, was sent before

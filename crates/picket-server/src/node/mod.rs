@@ -467,9 +467,7 @@ impl Node {
             earlier_in_flight = !proposal.wait_for_earlier(SETTLE_WAIT).await;
         }
         if let Some(refusal) = self.refusal_before_log(&input, earlier_in_flight).await {
-            if let ServiceError::Command(refused) = &refusal {
-                self.metrics().refused(refused.code(), "before_log");
-            }
+            self.metrics().refused(refusal.code(), "before_log");
             return Err(refusal);
         }
         proposal.handed_over();
@@ -504,23 +502,25 @@ impl Node {
     }
 
     /// The answer to give instead of writing `command` to the log, if any: a refusal, or, when
-    /// the state refuses it now but an entry still on its way could change that, a request to
-    /// retry shortly. A command its state refuses never goes to the log.
+    /// a leader not yet settled cannot decide, a request to retry shortly.
     ///
     /// Any node refuses what no later entry could overturn (bad input, a session that ended for
     /// good). A settled leader (it applied its own term's `Refresh`) refuses anything else its
     /// state refuses once its lease check has also waited until it applied everything committed
     /// so far: every outcome any node told a client (a proposal's reply, a waiting acquire's
     /// grant, a watch event) was committed before, so the refusal is a linearizable answer.
-    /// Not decided early: `Abandon`, which must follow the acquire it undoes even while that
-    /// acquire is in flight (and which the state accepts even when it finds nothing), and the
-    /// leader's own entries. A retried acquire (attempt above 0) while an earlier proposal of
-    /// its request may still be on its way to the log (`earlier_in_flight`, see [`in_flight`];
-    /// `submit` first waits up to a second for it), which could grant it, is answered
-    /// `unavailable`: the caller retries, and by then the state has the earlier attempt. A
-    /// leader elected a moment ago first waits (up to a second) for its `Refresh`, which
-    /// applies everything its predecessors committed, and answers `unavailable` if it has not
-    /// settled by then.
+    /// Not decided early, so written undecided: `Abandon`, which must follow the acquire it
+    /// undoes even while that acquire is in flight (and which the state accepts even when it
+    /// finds nothing); the leader's `Tick` and `Refresh`; and a retried acquire (attempt above
+    /// 0) while an earlier proposal of its request may still be on its way to the log
+    /// (`earlier_in_flight`, see [`in_flight`]; `submit` first waits up to a second for it),
+    /// which could grant it. That retry must be written: it is what settles the order (on a
+    /// quiet leader no other write may come), and answering it `unavailable` instead left a
+    /// retrying client without the earlier attempt's grant. A leader elected a moment ago
+    /// first waits (up to a second) for its `Refresh`, which applies everything its
+    /// predecessors committed, and answers `unavailable` if it has not settled by then; as
+    /// does a leader whose lease check finds no quorum, or whose term changed while deciding.
+    /// A node that does not lead passes the command on to Raft, which names the leader.
     async fn refusal_before_log(
         &self,
         input: &Input,
@@ -535,17 +535,12 @@ impl Node {
         if lasts {
             return Some(ServiceError::Command(refusal));
         }
-        if matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh) {
+        let ordered =
+            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh)
+                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0)
+                    && earlier_in_flight;
+        if ordered {
             return None;
-        }
-        if matches!(command, Command::Acquire { attempt, .. } if *attempt > 0) && earlier_in_flight
-        {
-            return Some(ServiceError::Unavailable(
-                "an earlier attempt of this acquire request may still be on its way to the log, \
-                 and its outcome decides this one's: send it again (same request id, next \
-                 attempt)"
-                    .into(),
-            ));
         }
         let term = match self.settled_term() {
             Some(term) => term,
@@ -555,8 +550,8 @@ impl Node {
                 None if !self.is_leader() => return None,
                 None => {
                     return Some(ServiceError::Unavailable(
-                        "this node was elected leader a moment ago and has not applied what \
-                         its predecessors committed yet"
+                        "this node was elected leader a moment ago and has not yet applied \
+                         what its predecessors committed"
                             .into(),
                     ));
                 }
@@ -564,14 +559,20 @@ impl Node {
         };
         // LeaseRead confirms leadership and waits until this node applied every entry committed
         // before the call; decide again on that state, in the same term.
-        self.ensure_leader(ReadPolicy::LeaseRead).await.ok()?;
+        match self.ensure_leader(ReadPolicy::LeaseRead).await {
+            Ok(()) => {}
+            Err(ServiceError::NotLeader { .. }) => return None,
+            Err(error) => return Some(error),
+        }
         let refusal =
             self.read_local(|state| state.machine.validate_under(command, rules).err())?;
-        Some(if self.settled_term() == Some(term) {
-            ServiceError::Command(refusal)
+        if self.settled_term() == Some(term) {
+            Some(ServiceError::Command(refusal))
+        } else if self.is_leader() {
+            Some(ServiceError::Unavailable("leadership changed while deciding".into()))
         } else {
-            ServiceError::Unavailable("leadership changed while the request was decided".into())
-        })
+            None
+        }
     }
 
     /// Whether this node leads now (by its Raft metrics).
