@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from typing import List, Tuple
@@ -117,3 +119,65 @@ def test_fence_on_acquire_and_the_sequencer_on_http_writes(server: Server, kv: "
             assert stale.status_code == 409
             assert stale.json()["code"] == "stale_token"
             assert stale.json()["highest_token"] == grant.token
+
+
+class AnswerSwallowingProxy:
+    """A TCP proxy to the server that, once ``swallow`` is set, forwards every request and drops
+    every answer. The server sees no broken connection while it answers, so it undoes nothing
+    itself: what a client gave up on stays done unless the client undoes it."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.swallow = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: List[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inbound, _ = self.listener.accept()
+            except OSError:
+                return
+            outbound = socket.create_connection(self.upstream)
+            self.sockets += [inbound, outbound]
+            threading.Thread(target=self._pump, args=(inbound, outbound, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(outbound, inbound, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, answers: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if not (answers and self.swallow.is_set()):
+                    target.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(server: Server) -> None:
+    """The node grants the acquire, but no answer reaches the client, which gives up after its
+    retries (``OutcomeUnknown``). The session lives on (its keepalives still reach the node), so
+    the grant would stay with it, known to nobody, until it ends. The client abandons the request
+    it gave up on, and the lock is free again."""
+    proxy = AnswerSwallowingProxy(server.addr)
+    try:
+        with picket.Client([proxy.addr], timeout=0.3) as client:
+            session = client.session(ttl=60)
+            proxy.swallow.set()
+            with pytest.raises(picket.OutcomeUnknown):
+                session.try_lock("unanswered")
+            wait_until("the given-up grant to be abandoned", 10, lambda: holder(server, "unanswered") is None)
+            proxy.swallow.clear()
+    finally:
+        proxy.close()

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import urllib.parse
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import httpx
 
@@ -106,6 +106,8 @@ class AsyncSession:
         self._confirmed_at = opened_at
         self._watching = asyncio.Event()
         self._tasks: List["asyncio.Task[Any]"] = []
+        # Abandons in flight, held so that they run to their end.
+        self._abandons: Set["asyncio.Future[None]"] = set()
         self._tasks.append(asyncio.ensure_future(self._keep_alive()))
         self._tasks.append(asyncio.ensure_future(self._watch()))
 
@@ -158,14 +160,37 @@ class AsyncSession:
                 )
             except OutcomeUnknown:
                 if attempt == MAX_ACQUIRE_RETRIES:
+                    self._abandon(name, request_id, attempt)
                     raise
                 continue
+            except PicketError:
+                raise
+            except BaseException:
+                # The caller gave up (cancelled) while this attempt's answer may be on its way.
+                self._abandon(name, request_id, attempt)
+                raise
             grant = AsyncGrant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
             self._grants[name] = grant
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
             return grant
         raise AssertionError("unreachable")
+
+    def _abandon(self, name: str, request_id: int, attempt: int) -> None:
+        """Undoes, on a task of its own, what an acquire given up on may have done: its wait, or
+        a grant nobody here knows of (which would otherwise stay with the session while it
+        lives). Attempts up to ``attempt`` are covered, and one arriving later is refused."""
+        body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
+
+        async def send() -> None:
+            try:
+                await self.client.transport.call("POST", "/v1/locks/abandon", body, safe=True)
+            except Exception as error:  # noqa: BLE001 - the session's end undoes it anyway
+                _log.warning("could not abandon acquire %s of %r: %s", request_id, name, error)
+
+        task = asyncio.ensure_future(send())
+        self._abandons.add(task)
+        task.add_done_callback(self._abandons.discard)
 
     def _forget(self, grant: AsyncGrant) -> None:
         if self._grants.get(grant.name) is grant:

@@ -160,8 +160,15 @@ class Session:
             except OutcomeUnknown:
                 # The same request id under the next attempt: the service applies it once.
                 if attempt == MAX_ACQUIRE_RETRIES:
+                    self._abandon(name, request_id, attempt)
                     raise
                 continue
+            except PicketError:
+                raise
+            except BaseException:
+                # The caller gave up (an interrupt) while this attempt's answer may be on its way.
+                self._abandon(name, request_id, attempt)
+                raise
             grant = Grant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
             with self._guard:
                 self._grants[name] = grant
@@ -169,6 +176,20 @@ class Session:
                 grant._mark_lost(self.lost_reason or "session_lost")
             return grant
         raise AssertionError("unreachable")
+
+    def _abandon(self, name: str, request_id: int, attempt: int) -> None:
+        """Undoes, in the background, what an acquire given up on may have done: its wait, or a
+        grant nobody here knows of (which would otherwise stay with the session while it lives).
+        Attempts up to ``attempt`` are covered, and one arriving later is refused."""
+        body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
+
+        def send() -> None:
+            try:
+                self.client.transport.call("POST", "/v1/locks/abandon", body, safe=True)
+            except Exception as error:  # noqa: BLE001 - the session's end undoes it anyway
+                _log.warning("could not abandon acquire %s of %r: %s", request_id, name, error)
+
+        threading.Thread(target=send, name=f"picket-abandon-{self.id}", daemon=True).start()
 
     def _forget(self, grant: Grant) -> None:
         with self._guard:
