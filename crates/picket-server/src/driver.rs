@@ -145,7 +145,7 @@ async fn tick_while_leader(
 
 /// Writes the limits the node's flags set into the state when the state's differ and every
 /// member can read the entry. A refusal (the state holds more than they allow) is decided on
-/// the applied state first, so it costs no log entry; it is logged when its reason changes, shown
+/// the applied state before the log, so it costs no entry; it is logged when its reason changes, shown
 /// in `cluster()`, and asked again after [`LIMITS_RETRY`], as is a failed write.
 async fn set_limits_if_needed(node: &Node, tried_at: &mut Option<tokio::time::Instant>) {
     if tried_at.is_some_and(|at| at.elapsed() < LIMITS_RETRY) {
@@ -166,16 +166,12 @@ async fn set_limits_if_needed(node: &Node, tried_at: &mut Option<tokio::time::In
         return;
     }
     *tried_at = Some(tokio::time::Instant::now());
-    // Decided on the applied state before the log (`propose` does so too, after its lease
-    // check): a refusal costs no entry.
-    let decided = node.read_local(|state| state.machine.validate_under(&command, rules));
-    let result = match decided {
-        Ok(()) => match node.propose(command).await {
-            Ok(applied) => Ok(applied.result),
-            Err(crate::error::ServiceError::Command(refusal)) => Ok(Err(refusal)),
-            Err(error) => Err(error),
-        },
-        Err(refusal) => Ok(Err(refusal)),
+    // `propose` decides a refusal on the applied state, after its lease check, before the log:
+    // a refusal costs no entry.
+    let result = match node.propose(command).await {
+        Ok(applied) => Ok(applied.result),
+        Err(crate::error::ServiceError::Command(refusal)) => Ok(Err(refusal)),
+        Err(error) => Err(error),
     };
     match result {
         Ok(Ok(_)) => {
