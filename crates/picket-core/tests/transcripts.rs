@@ -1162,13 +1162,13 @@ fn a_live_wait_wins_over_a_remembered_end_of_the_same_request() {
     assert!(matches!(joined.result, Ok(Response::Queued { .. })), "{:?}", joined.result);
 }
 
-/// `wait_end` tells a request how its wait stands as a retry of it would be told, so a shell
+/// `wait_end` tells a request how its own wait stands, as the events would have, so a shell
 /// that lost the events in between (a snapshot replaced its state) answers each waiting request
 /// with its own outcome, not its lock's latest. Before, the shell looked only at the lock: a
 /// request whose wait had been cancelled while a newer request of the same session waited for
 /// the same lock stayed waiting for ever.
 #[test]
-fn wait_end_answers_each_request_as_a_retry_of_it_would_be() {
+fn wait_end_answers_each_request_with_its_own_wait() {
     let mut story = Story::new();
     story.open(0, "A", 10_000, 0);
     story.open(0, "B", 10_000, 0);
