@@ -32,6 +32,12 @@ fi
 echo "== cargo test --workspace"
 cargo test --workspace
 
+# The Rust client and the CLI speak the wire protocol by default; their suites run again over
+# gRPC, which every other client uses and which the client falls back to.
+echo "== the Rust client's and the CLI's suites again over gRPC (PICKET_PROTOCOL=grpc)"
+PICKET_PROTOCOL=grpc cargo test -p picket --test client --test no_ghost_holders --test tls \
+  --test auth --test cli
+
 echo "== the Python client: mypy --strict and pytest (against target/debug/picket)"
 venv=target/python-venv
 if [ ! -x "$venv/bin/pip" ]; then python3 -m venv "$venv"; fi

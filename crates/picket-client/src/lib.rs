@@ -43,6 +43,7 @@ pub use error::{ClientError, ErrorCode, LostReason};
 pub use guard::{FenceRegistration, Guard, RegistrationError, Released};
 pub use info::{Grant, Holder, LockState, SessionSummary};
 pub use picket_core::{CheckOutcome, Sequencer, SessionId, Wait};
+pub use picket_proto::connection::Protocol;
 pub use picket_proto::tls::{ClientTls, TlsError};
 pub use picket_proto::v1::watch_request::Target as WatchTarget;
 pub use picket_proto::v1::{ClusterInfo, WatchEvent};

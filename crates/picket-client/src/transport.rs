@@ -4,7 +4,7 @@
 
 use crate::error::{ClientError, ErrorCode, Failure, classify};
 use picket_core::Wait;
-use picket_proto::connection::Connection;
+use picket_proto::connection::{Connection, Protocol};
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::{self, picket_client::PicketClient};
 use std::collections::HashMap;
@@ -35,6 +35,12 @@ pub struct ClientConfig {
     /// A bearer token sent with every request, for a cluster that authenticates its clients
     /// (the secret itself; the cluster's auth file keeps only its SHA-256).
     pub bearer_token: Option<String>,
+    /// How calls are framed: [`Protocol::Wire`] (the default, Picket's own framing of the
+    /// same calls, cheaper on both ends) or [`Protocol::Grpc`] (gRPC over HTTP/2, for a path
+    /// that passes only HTTP). Watch streams and every other call travel the same way. A node
+    /// that does not speak the wire protocol (an older build) is spoken to in gRPC. The default
+    /// is what the environment variable `PICKET_PROTOCOL` names (`wire` or `grpc`), if it does.
+    pub protocol: Protocol,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -48,6 +54,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("max_backoff", &self.max_backoff)
             .field("tls", &self.tls.is_some())
             .field("bearer_token", &self.bearer_token.as_ref().map(|_| "<redacted>"))
+            .field("protocol", &self.protocol)
             .finish()
     }
 }
@@ -62,6 +69,7 @@ impl Default for ClientConfig {
             max_backoff: Duration::from_millis(500),
             tls: None,
             bearer_token: None,
+            protocol: Protocol::from_env(),
         }
     }
 }
@@ -193,11 +201,12 @@ impl Transport {
         let connection = match cached {
             Some(connection) => connection,
             None => {
-                let opened = Connection::open(
+                let opened = Connection::open_with(
                     endpoint,
                     self.inner.config.connect_timeout,
                     MAX_REQUEST_BYTES,
                     self.inner.config.tls.as_ref(),
+                    self.inner.config.protocol,
                 )
                 .await?;
                 let opened = match &self.inner.config.bearer_token {

@@ -18,6 +18,7 @@ use tonic::Status;
 use tonic::body::Body;
 
 use crate::tls::ClientTls;
+use crate::wire_client::{WireBody, WireConnection};
 
 /// Marks a request that certainly never left this process (no connection, or one that closed
 /// before the request was written): it may be sent again even when it is not idempotent. It is
@@ -46,14 +47,54 @@ pub fn was_not_sent(status: &Status) -> bool {
 const STREAM_WINDOW_BYTES: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW_BYTES: u32 = 5 * 1024 * 1024;
 
-/// An open HTTP/2 connection. Cheap to clone; clones multiplex on the same connection.
+/// Which framing a connection speaks: gRPC over HTTP/2, or Picket's own ([`crate::wire`]),
+/// which carries the same calls for less work on both ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// gRPC over HTTP/2, which every node and every gRPC client speaks.
+    Grpc,
+    /// Picket's wire protocol; a node that does not speak it (an older build) is spoken to
+    /// in gRPC instead.
+    #[default]
+    Wire,
+}
+
+impl Protocol {
+    /// The protocol named by the environment variable `PICKET_PROTOCOL` (`wire` or `grpc`),
+    /// else the default: the one every client of a process speaks unless told otherwise.
+    #[must_use]
+    pub fn from_env() -> Self {
+        std::env::var("PICKET_PROTOCOL").ok().and_then(|name| name.parse().ok()).unwrap_or_default()
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "wire" => Ok(Self::Wire),
+            "grpc" => Ok(Self::Grpc),
+            other => Err(format!("{other:?} is not a protocol: say wire or grpc")),
+        }
+    }
+}
+
+/// An open connection to one node. Cheap to clone; clones multiplex on the same connection.
 #[derive(Clone, Debug)]
 pub struct Connection {
-    send: h2::client::SendRequest<Bytes>,
+    link: Link,
     max_request_bytes: usize,
     origin: http::Uri,
     /// Sent as the `authorization` header of every request.
     authorization: Option<http::HeaderValue>,
+}
+
+#[derive(Clone, Debug)]
+enum Link {
+    H2(h2::client::SendRequest<Bytes>),
+    Wire(WireConnection),
 }
 
 impl Connection {
@@ -72,6 +113,21 @@ impl Connection {
         max_request_bytes: usize,
         tls: Option<&ClientTls>,
     ) -> Result<Self, Status> {
+        Self::open_with(endpoint, connect_timeout, max_request_bytes, tls, Protocol::Grpc).await
+    }
+
+    /// [`Connection::open`], speaking `protocol`. A node asked for [`Protocol::Wire`] that
+    /// does not speak it is connected to again, in gRPC, within the same `connect_timeout`.
+    ///
+    /// # Errors
+    /// As [`Connection::open`].
+    pub async fn open_with(
+        endpoint: &str,
+        connect_timeout: Duration,
+        max_request_bytes: usize,
+        tls: Option<&ClientTls>,
+        protocol: Protocol,
+    ) -> Result<Self, Status> {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let origin = format!("{scheme}://{endpoint}").parse().map_err(|error| {
             Status::invalid_argument(format!("{endpoint:?} is not host:port ({error})"))
@@ -81,26 +137,25 @@ impl Connection {
             None => None,
         };
         let connecting = async {
-            let stream = tokio::net::TcpStream::connect(endpoint).await?;
-            // Without TCP_NODELAY, HTTP/2's small frames wait for delayed ACKs.
-            stream.set_nodelay(true)?;
-            match (tls, server_name) {
-                (Some(tls), Some(server_name)) => {
-                    let connector = tokio_rustls::TlsConnector::from(tls.current());
-                    let stream = connector.connect(server_name, stream).await.map_err(|error| {
-                        std::io::Error::other(format!(
-                            "the TLS handshake failed: {error}; check that the CA given \
-                             (--ca) signed the node's certificate and that the certificate \
-                             names this host"
-                        ))
-                    })?;
-                    handshake(stream).await
+            if protocol == Protocol::Wire {
+                let stream = connect(endpoint, tls, server_name.clone()).await?;
+                let started = match stream {
+                    Stream::Plain(stream) => WireConnection::start(stream, connect_timeout).await?,
+                    Stream::Tls(stream) => WireConnection::start(stream, connect_timeout).await?,
+                };
+                if let Some(wire) = started {
+                    return Ok(Link::Wire(wire));
                 }
-                _ => handshake(stream).await,
+                tracing::debug!(%endpoint, "the node does not speak the wire protocol; using gRPC");
             }
+            let send = match connect(endpoint, tls, server_name).await? {
+                Stream::Plain(stream) => handshake(stream).await?,
+                Stream::Tls(stream) => handshake(stream).await?,
+            };
+            Ok::<_, std::io::Error>(Link::H2(send))
         };
         match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(send)) => Ok(Self { send, max_request_bytes, origin, authorization: None }),
+            Ok(Ok(link)) => Ok(Self { link, max_request_bytes, origin, authorization: None }),
             Ok(Err(error)) => {
                 Err(not_sent_status(&format!("cannot connect to {endpoint}: {error}")))
             }
@@ -119,6 +174,9 @@ impl Connection {
             Status::invalid_argument("the bearer token holds a character a header cannot carry")
         })?;
         value.set_sensitive(true);
+        if let Link::Wire(wire) = &self.link {
+            wire.authorize(Bytes::copy_from_slice(value.as_bytes()));
+        }
         self.authorization = Some(value);
         Ok(self)
     }
@@ -133,12 +191,53 @@ impl Connection {
     /// before the next call.
     #[must_use]
     pub fn is_closed(&self) -> bool {
+        let send = match &self.link {
+            Link::H2(send) => send,
+            Link::Wire(wire) => return wire.is_closed(),
+        };
         // `poll_ready` on a clone answers at once: ready, an error once the connection has
         // gone, or pending while the server's stream limit is reached (which is not closed).
-        let mut probe = self.send.clone();
+        let mut probe = send.clone();
         let waker = std::task::Waker::noop();
         matches!(probe.poll_ready(&mut Context::from_waker(waker)), Poll::Ready(Err(_)))
     }
+
+    /// Which protocol the connection speaks.
+    #[must_use]
+    pub fn protocol(&self) -> Protocol {
+        match self.link {
+            Link::H2(_) => Protocol::Grpc,
+            Link::Wire(_) => Protocol::Wire,
+        }
+    }
+}
+
+/// A connected stream, plain or under TLS.
+enum Stream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// Connects to `endpoint` with `TCP_NODELAY`, and performs the TLS handshake when `tls` is given.
+async fn connect(
+    endpoint: &str,
+    tls: Option<&ClientTls>,
+    server_name: Option<rustls::pki_types::ServerName<'static>>,
+) -> std::io::Result<Stream> {
+    let stream = tokio::net::TcpStream::connect(endpoint).await?;
+    // Without TCP_NODELAY, small frames wait for delayed ACKs.
+    stream.set_nodelay(true)?;
+    let (Some(tls), Some(server_name)) = (tls, server_name) else {
+        return Ok(Stream::Plain(stream));
+    };
+    let connector = tokio_rustls::TlsConnector::from(tls.current());
+    let stream = connector.connect(server_name, stream).await.map_err(|error| {
+        std::io::Error::other(format!(
+            "the TLS handshake failed: {error}; check that the CA given (--ca) signed the \
+             node's certificate and that the certificate names this host"
+        ))
+    })?;
+    Ok(Stream::Tls(Box::new(stream)))
 }
 
 /// The HTTP/2 handshake over an open stream; the connection is driven by a task of its own.
@@ -184,12 +283,19 @@ async fn read_body(mut body: Body, max_bytes: usize) -> Result<Bytes, Status> {
 }
 
 async fn send(
-    sender: h2::client::SendRequest<Bytes>,
+    link: Link,
     max_request_bytes: usize,
     request: http::Request<Body>,
 ) -> Result<http::Response<ResponseBody>, Status> {
     let (parts, body) = request.into_parts();
     let body = read_body(body, max_request_bytes).await?;
+    let sender = match link {
+        Link::H2(sender) => sender,
+        Link::Wire(wire) => {
+            let response = wire.call(parts.uri.path(), parts.headers, body).await?;
+            return Ok(response.map(|body| ResponseBody { inner: Inner::Wire(body) }));
+        }
+    };
     // Waits while the server's limit of concurrent streams is reached.
     let mut sender = sender
         .ready()
@@ -202,7 +308,7 @@ async fn send(
     // Past this point the request may have reached the server.
     stream.send_data(body, true).map_err(from_h2)?;
     let response = response.await.map_err(from_h2)?;
-    Ok(response.map(|body| ResponseBody { body, trailers_due: true }))
+    Ok(response.map(|body| ResponseBody { inner: Inner::H2 { body, trailers_due: true } }))
 }
 
 /// A failed stream as a gRPC status; tonic reads an `h2::Error` (a reset stream, a protocol
@@ -222,19 +328,25 @@ impl tower_service::Service<http::Request<Body>> for Connection {
     }
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        if let Some(authorization) = &self.authorization {
+        // The wire connection sent its authorization once, when it was set.
+        if let (Some(authorization), Link::H2(_)) = (&self.authorization, &self.link) {
             request.headers_mut().insert(http::header::AUTHORIZATION, authorization.clone());
         }
-        Box::pin(send(self.send.clone(), self.max_request_bytes, request))
+        Box::pin(send(self.link.clone(), self.max_request_bytes, request))
     }
 }
 
-/// A response body read straight from its HTTP/2 stream: the data frames, then the trailers
-/// that carry the gRPC status.
+/// A response body read straight from its HTTP/2 stream or its wire call: the data frames,
+/// then the trailers that carry the gRPC status.
 #[derive(Debug)]
 pub struct ResponseBody {
-    body: h2::RecvStream,
-    trailers_due: bool,
+    inner: Inner,
+}
+
+#[derive(Debug)]
+enum Inner {
+    H2 { body: h2::RecvStream, trailers_due: bool },
+    Wire(WireBody),
 }
 
 impl HttpBody for ResponseBody {
@@ -245,36 +357,50 @@ impl HttpBody for ResponseBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        match self.body.poll_data(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(data))) => {
-                // Hand the window back at once: the bytes are the caller's now.
-                let _ = self.body.flow_control().release_capacity(data.len());
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
-            Poll::Ready(Some(Err(error))) => {
-                return Poll::Ready(Some(Err(from_h2(error))));
-            }
-            Poll::Ready(None) => {}
-        }
-        if !self.trailers_due {
-            return Poll::Ready(None);
-        }
-        match self.body.poll_trailers(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(trailers)) => {
-                self.trailers_due = false;
-                Poll::Ready(trailers.map(|trailers| Ok(Frame::trailers(trailers))))
-            }
-            Poll::Ready(Err(error)) => {
-                self.trailers_due = false;
-                Poll::Ready(Some(Err(from_h2(error))))
-            }
+        match &mut self.inner {
+            Inner::H2 { body, trailers_due } => poll_h2(body, trailers_due, cx),
+            Inner::Wire(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        !self.trailers_due && self.body.is_end_stream()
+        match &self.inner {
+            Inner::H2 { body, trailers_due } => !trailers_due && body.is_end_stream(),
+            Inner::Wire(body) => body.is_end_stream(),
+        }
+    }
+}
+
+fn poll_h2(
+    body: &mut h2::RecvStream,
+    trailers_due: &mut bool,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    match body.poll_data(cx) {
+        Poll::Pending => return Poll::Pending,
+        Poll::Ready(Some(Ok(data))) => {
+            // Hand the window back at once: the bytes are the caller's now.
+            let _ = body.flow_control().release_capacity(data.len());
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(Some(Err(error))) => {
+            return Poll::Ready(Some(Err(from_h2(error))));
+        }
+        Poll::Ready(None) => {}
+    }
+    if !*trailers_due {
+        return Poll::Ready(None);
+    }
+    match body.poll_trailers(cx) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(Ok(trailers)) => {
+            *trailers_due = false;
+            Poll::Ready(trailers.map(|trailers| Ok(Frame::trailers(trailers))))
+        }
+        Poll::Ready(Err(error)) => {
+            *trailers_due = false;
+            Poll::Ready(Some(Err(from_h2(error))))
+        }
     }
 }
 

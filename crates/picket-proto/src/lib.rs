@@ -5,7 +5,8 @@
 //! - [`v1::raft_client`] / [`v1::raft_server`]: node-to-node Raft traffic. Its messages carry
 //!   openraft's own serialized requests, so the transport never has to mirror openraft's types.
 //!
-//! Beside them: [`connection`], the HTTP/2 connection the Rust client and the peers use;
+//! Beside them: [`connection`], the connection the Rust client and the peers use (HTTP/2, or
+//! the same calls in Picket's own framing, [`wire`]);
 //! [`http1`], the HTTP/1.1 client for the JSON API and fenced resources; [`tls`].
 //!
 //! Errors travel as a gRPC status whose message is meant for people, plus metadata for programs:
@@ -15,6 +16,8 @@
 pub mod connection;
 pub mod http1;
 pub mod tls;
+pub mod wire;
+mod wire_client;
 
 /// The generated types of package `picket.v1`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -30,6 +30,10 @@ use tower::ServiceExt as _;
 
 use crate::ServerLimits;
 use crate::tls::{Caller, ServerTls};
+use tokio::io::AsyncReadExt as _;
+use wire::Opening;
+
+mod wire;
 
 /// How long an HTTP/1 client has to send a request's headers (and how long an HTTP/1
 /// connection may sit idle between requests).
@@ -46,23 +50,24 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// The longest opening an HTTP/2 client sends before anything else (its connection preface).
 const PREFACE_BYTES: usize = 24;
 
-/// Whether the connection sends, within [`HEADER_READ_TIMEOUT`], enough to tell its protocol:
-/// the whole HTTP/2 preface, or an HTTP/1 request line.
-async fn opens_in_time(stream: &tokio::net::TcpStream) -> bool {
+/// What the connection asks for, if it sends, within [`HEADER_READ_TIMEOUT`], enough to tell
+/// its protocol: the whole HTTP/2 preface, an HTTP/1 request line, or the wire protocol's
+/// opening (which ends a line too).
+async fn opens_in_time(stream: &tokio::net::TcpStream) -> Option<Opening> {
     let opening = async {
         let mut buffer = [0_u8; PREFACE_BYTES];
         loop {
             match stream.peek(&mut buffer).await {
-                Ok(0) | Err(_) => return false,
+                Ok(0) | Err(_) => return None,
                 Ok(read) if read == PREFACE_BYTES || buffer[..read].contains(&b'\n') => {
-                    return true;
+                    return Some(Opening::of(&buffer[..read]).unwrap_or(Opening::Http));
                 }
                 // A partial opening: wait for more (peek returns at once while bytes wait).
                 Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         }
     };
-    tokio::time::timeout(HEADER_READ_TIMEOUT, opening).await.unwrap_or(false)
+    tokio::time::timeout(HEADER_READ_TIMEOUT, opening).await.ok().flatten()
 }
 
 /// A stream whose first read must bring data within [`HEADER_READ_TIMEOUT`]: a TLS client that
@@ -224,6 +229,10 @@ struct Serving {
     builder: Builder<TokioExecutor>,
     idle_timeout: Duration,
     phase: tokio::sync::watch::Receiver<Phase>,
+    /// Most calls open at once on one wire connection (`max_streams_per_connection`).
+    max_calls: usize,
+    /// Largest request message a wire call may carry.
+    max_message_bytes: usize,
 }
 
 /// Serves one connection until it ends, it has been idle for the idle timeout, or the node
@@ -233,7 +242,7 @@ async fn serve_one<Io>(io: Io, serving: Serving, caller: Caller, tls: Option<Arc
 where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let Serving { app, builder, idle_timeout, mut phase } = serving;
+    let Serving { app, builder, idle_timeout, mut phase, .. } = serving;
     let activity = Activity::new();
     let tracking = activity.clone();
     let caller = Arc::new(std::sync::Mutex::new(caller));
@@ -297,6 +306,9 @@ pub struct ConnectionLimits {
     /// connection; an HTTP/1 connection carries one request at a time. A client past it waits
     /// for a stream to end (the Rust client's session watcher shares 5,000 sessions per stream).
     pub max_streams_per_connection: u32,
+    /// Largest request message a call in the wire protocol may carry (the gRPC bound,
+    /// [`ServerLimits::max_grpc_message_bytes`]).
+    pub max_message_bytes: usize,
 }
 
 /// Serves `app` on `listener` (over TLS when `tls` is given) within `limits` until `stop`
@@ -327,7 +339,14 @@ pub async fn serve(
         .keep_alive_interval(Some(KEEPALIVE_INTERVAL))
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .max_concurrent_streams(limits.max_streams_per_connection);
-    let serving = Serving { app, builder, idle_timeout: limits.idle_timeout, phase: watching };
+    let serving = Serving {
+        app,
+        builder,
+        idle_timeout: limits.idle_timeout,
+        phase: watching,
+        max_calls: limits.max_streams_per_connection as usize,
+        max_message_bytes: limits.max_message_bytes,
+    };
     let per_ip = Arc::new(PerIp::default());
     let mut stop = std::pin::pin!(stop);
     loop {
@@ -448,11 +467,20 @@ async fn accept_one(
         // connection that sends nothing, or a few bytes and then nothing, is closed here.
         let opened = tokio::select! {
             opened = opens_in_time(&stream) => opened,
-            () = draining(serving.phase.clone()) => false,
+            () = draining(serving.phase.clone()) => None,
         };
-        if opened {
-            let caller = Caller { remote: Some(remote), ..Caller::default() };
-            serve_one(stream, serving, caller, None).await;
+        let caller = Caller { remote: Some(remote), ..Caller::default() };
+        match opened {
+            Some(Opening::Http) => serve_one(stream, serving, caller, None).await,
+            Some(Opening::Wire) => {
+                let mut stream = stream;
+                // Peeked whole already: the read returns at once.
+                let mut opening = [0_u8; picket_proto::wire::MAGIC.len()];
+                if stream.read_exact(&mut opening).await.is_ok() {
+                    wire::serve_wire(stream, serving, caller, None).await;
+                }
+            }
+            None => {}
         }
         return;
     };
@@ -468,7 +496,23 @@ async fn accept_one(
             let caller = loaded.caller(remote, certificates);
             // Past the handshake the opening is encrypted, so it cannot be peeked at: the
             // first read carries the deadline instead.
-            serve_one(OpensInTime::new(stream), serving, caller, Some(tls)).await;
+            let mut stream = OpensInTime::new(stream);
+            let opened = tokio::select! {
+                opened = wire::sniff(&mut stream) => opened,
+                () = draining(serving.phase.clone()) => return,
+            };
+            match opened {
+                Ok((Opening::Wire, _)) => {
+                    wire::serve_wire(stream, serving, caller, Some(tls)).await
+                }
+                Ok((Opening::Http, first)) => {
+                    // hyper reads the opening's bytes again, before the rest of the stream.
+                    let (read, write) = tokio::io::split(stream);
+                    let read = std::io::Cursor::new(first).chain(read);
+                    serve_one(tokio::io::join(read, write), serving, caller, Some(tls)).await;
+                }
+                Err(error) => tracing::debug!(%error, "a TLS connection sent no opening in time"),
+            }
         }
         Ok(Err(error)) => {
             tracing::info!(

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use picket_client::{Client, ClientConfig, ClientTls};
+use picket_client::{Client, ClientConfig, ClientTls, Protocol};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -54,13 +54,32 @@ pub struct Connect {
         env = "PICKET_AUTH_TOKEN_FILE"
     )]
     pub auth_token_file: Option<PathBuf>,
+    /// How calls are framed: `wire` (Picket's own framing of the gRPC calls, cheaper on both
+    /// ends; a node of an older build is spoken to in gRPC) or `grpc` (gRPC over HTTP/2, for a
+    /// proxy that passes only HTTP).
+    #[arg(
+        long,
+        id = "connect_protocol",
+        value_name = "PROTOCOL",
+        global = true,
+        env = "PICKET_PROTOCOL",
+        default_value = "wire"
+    )]
+    pub protocol: Protocol,
 }
 
 impl Connect {
     /// Plaintext to `endpoints` (a local cluster the command started itself).
     #[must_use]
     pub fn plaintext(endpoints: Vec<String>) -> Self {
-        Self { endpoints, ca: None, cert: None, key: None, auth_token_file: None }
+        Self {
+            endpoints,
+            ca: None,
+            cert: None,
+            key: None,
+            auth_token_file: None,
+            protocol: Protocol::Wire,
+        }
     }
 
     /// TLS as configured, or `None` for plaintext.
@@ -109,8 +128,12 @@ impl Connect {
     }
 
     async fn connect_with(&self, config: ClientConfig) -> anyhow::Result<Client> {
-        let config =
-            ClientConfig { tls: self.tls()?, bearer_token: self.bearer_token()?, ..config };
+        let config = ClientConfig {
+            tls: self.tls()?,
+            bearer_token: self.bearer_token()?,
+            protocol: self.protocol,
+            ..config
+        };
         Ok(Client::connect_with(self.endpoints.clone(), config).await?)
     }
 }

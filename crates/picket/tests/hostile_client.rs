@@ -251,6 +251,19 @@ fn slow_connection(addr: &str) -> TcpStream {
     stream
 }
 
+/// Opens a wire-protocol connection (the node answers its opening) and sends `then`.
+fn wire_connection(addr: &str, then: &[u8]) -> TcpStream {
+    use picket_proto::wire::MAGIC;
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("a timeout");
+    stream.write_all(MAGIC).expect("send");
+    let mut answer = [0_u8; MAGIC.len()];
+    stream.read_exact(&mut answer).expect("the node's opening");
+    assert_eq!(&answer, MAGIC);
+    stream.write_all(then).expect("send");
+    stream
+}
+
 fn open_watch(addr: &str) -> (u16, TcpStream) {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("a timeout");
@@ -291,6 +304,23 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
     let idle: Vec<TcpStream> =
         (0..100).map(|_| TcpStream::connect(&addr).expect("connect")).collect();
     let slow: Vec<TcpStream> = (0..50).map(|_| slow_connection(&addr)).collect();
+    // Wire-protocol connections that open and send nothing, or half a frame: closed once idle
+    // for --idle-connection-timeout-ms, as an idle HTTP/2 connection is.
+    let half_frame = [0x40_u8, 0, 0, 0, 1, 7];
+    let idle_wire: Vec<TcpStream> = (0..20)
+        .map(|i| wire_connection(&addr, if i % 2 == 0 { &[] } else { &half_frame }))
+        .collect();
+    // A frame longer than any request the node takes (its prefix says 1 GiB), and a frame of a
+    // kind no client sends: each closes its connection at once, before anything is buffered.
+    let oversized_frame = (1_u32 << 30).to_le_bytes();
+    let unknown_kind = [1_u8, 0, 0, 0, 99];
+    for frame in [&oversized_frame[..], &unknown_kind[..]] {
+        assert_closed_within(
+            wire_connection(&addr, frame),
+            Duration::from_secs(2),
+            "a wire connection that broke the protocol",
+        );
+    }
     let watches: Vec<(u16, TcpStream)> =
         (0..MAX_WATCH_STREAMS + 20).map(|_| open_watch(&addr)).collect();
     let refused_watches = watches.iter().filter(|(status, _)| *status == 429).count();
@@ -334,6 +364,9 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
     }
     // HTTP/2 connections that answer pings but open no stream are closed once idle for
     // --idle-connection-timeout-ms.
+    for stream in idle_wire {
+        assert_closed_within(stream, IDLE_CONNECTION_TIMEOUT * 3, "an idle wire connection");
+    }
     let closed_http2 = idle_http2.join().expect("the idle HTTP/2 client does not panic");
     assert_eq!(closed_http2, IDLE_HTTP2_CONNECTIONS, "idle HTTP/2 connections were left open");
     drop(watches);

@@ -5,7 +5,7 @@
 //! loopback unless told to.
 
 use picket_client::{Client, ClientConfig, ClientTls, ErrorCode};
-use picket_proto::connection::Connection;
+use picket_proto::connection::{Connection, Protocol};
 use picket_proto::v1::RaftPayload;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_testkit::cluster::Cluster;
@@ -160,7 +160,19 @@ fn snapshot_message(vote: &serde_json::Value, meta: &serde_json::Value, state: &
 }
 
 async fn raft_client(addr: &str, tls: &ClientTls) -> Result<RaftClient<Connection>, tonic::Status> {
-    let connection = Connection::open(addr, Duration::from_secs(2), 64 << 20, Some(tls)).await?;
+    raft_client_with(addr, tls, Protocol::Grpc).await
+}
+
+/// The Raft service as a client may call it: in gRPC, or in the wire protocol, which serves
+/// the same router on the client port.
+async fn raft_client_with(
+    addr: &str,
+    tls: &ClientTls,
+    protocol: Protocol,
+) -> Result<RaftClient<Connection>, tonic::Status> {
+    let timeout = Duration::from_secs(2);
+    let connection = Connection::open_with(addr, timeout, 64 << 20, Some(tls), protocol).await?;
+    assert_eq!(connection.protocol(), protocol);
     let origin = connection.origin();
     Ok(RaftClient::with_origin(connection, origin))
 }
@@ -205,15 +217,19 @@ async fn a_forged_snapshot_from_a_client_is_refused_and_changes_nothing() {
     let vote = serde_json::json!({ "leader_id": { "term": term, "node_id": leader_id }, "committed": true });
     let forged = snapshot_message(&vote, &meta, &state);
 
-    for (who, tls, code) in [
+    let callers = [
         (
             "a client certificate",
             trusting(&pki.peer_ca, Some(&pki.client)),
             tonic::Code::PermissionDenied,
         ),
         ("no certificate", trusting(&pki.peer_ca, None), tonic::Code::Unauthenticated),
-    ] {
-        let mut raft = raft_client(&leader_addr, &tls).await.unwrap();
+    ];
+    for ((who, tls, code), protocol) in
+        callers.iter().flat_map(|caller| [(caller, Protocol::Grpc), (caller, Protocol::Wire)])
+    {
+        let (who, code) = (format!("{who} in {protocol:?}"), *code);
+        let mut raft = raft_client_with(&leader_addr, tls, protocol).await.unwrap();
         let payload = RaftPayload { data: forged.clone(), error: String::new() };
         let status = raft.install_snapshot(addressed_to(leader_id, payload)).await.unwrap_err();
         assert_eq!(status.code(), code, "{who}: {status:?}");
@@ -239,11 +255,14 @@ async fn a_forged_snapshot_from_a_client_is_refused_and_changes_nothing() {
     }
     // The gate lets a member's certificate through (this message is for another node id, so
     // it is refused after the gate, for that reason).
+    // The wire protocol carries the target node's metadata as gRPC does.
     let member = trusting(&pki.peer_ca, Some(&pki.node));
-    let mut raft = raft_client(&leader_addr, &member).await.unwrap();
-    let payload = RaftPayload { data: b"{}".to_vec(), error: String::new() };
-    let status = raft.vote(addressed_to(leader_id + 100, payload)).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let mut raft = raft_client_with(&leader_addr, &member, protocol).await.unwrap();
+        let payload = RaftPayload { data: b"{}".to_vec(), error: String::new() };
+        let status = raft.vote(addressed_to(leader_id + 100, payload)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{protocol:?}: {status:?}");
+    }
 
     // Nothing changed: the revision did not go back, the leader is the same, and the next
     // grant's token is above every earlier one.

@@ -1,6 +1,7 @@
 use super::*;
-use axum::routing::get;
-use picket_proto::connection::Connection;
+use axum::routing::any;
+use picket_proto::connection::{Connection, Protocol};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 const IDLE: Duration = Duration::from_millis(300);
@@ -26,10 +27,35 @@ struct Listening {
     serving: tokio::task::JoinHandle<()>,
 }
 
+/// Calls open at once on `/count` now, and the most ever seen.
+#[derive(Default)]
+struct Concurrency {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
 async fn listen() -> Listening {
+    listen_with(200, Arc::default()).await
+}
+
+/// Serves `/hello`, `/stream`, and `/count`, which takes 100 ms and counts into `concurrency`;
+/// each connection carries at most `max_streams` requests at once. Every route takes any method:
+/// HTTP/2 requests here are `GET`s, wire calls are `POST`s, as gRPC's are.
+async fn listen_with(max_streams: u32, concurrency: Arc<Concurrency>) -> Listening {
+    let count = move |_request: String| {
+        let concurrency = concurrency.clone();
+        async move {
+            let now = concurrency.now.fetch_add(1, Ordering::SeqCst) + 1;
+            concurrency.most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            concurrency.now.fetch_sub(1, Ordering::SeqCst);
+            "counted"
+        }
+    };
     let app = axum::Router::new()
-        .route("/hello", get(|_request: String| async { "hello" }))
-        .route("/stream", get(slow_stream));
+        .route("/hello", any(|_request: String| async { "hello" }))
+        .route("/stream", any(slow_stream))
+        .route("/count", any(count));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().expect("bound").to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -37,7 +63,8 @@ async fn listen() -> Listening {
         max_connections: 8,
         max_connections_per_ip: 4,
         idle_timeout: IDLE,
-        max_streams_per_connection: 200,
+        max_streams_per_connection: max_streams,
+        max_message_bytes: 1 << 16,
     };
     let serving = tokio::spawn(serve(listener, app, limits, None, async move {
         let _ = stopped.await;
@@ -57,10 +84,18 @@ async fn stop(listening: &mut Listening) -> Duration {
 }
 
 async fn connect(addr: &str) -> Connection {
-    Connection::open(addr, Duration::from_secs(5), 1 << 16, None).await.expect("connected")
+    connect_with(addr, Protocol::Grpc).await
 }
 
-/// Sends GET `path` on `connection` and reads the whole body.
+async fn connect_with(addr: &str, protocol: Protocol) -> Connection {
+    let connection = Connection::open_with(addr, Duration::from_secs(5), 1 << 16, None, protocol)
+        .await
+        .expect("connected");
+    assert_eq!(connection.protocol(), protocol, "the listener speaks both");
+    connection
+}
+
+/// Sends GET `path` on `connection` (a wire call: POST) and reads the whole body.
 async fn fetch(connection: &Connection, path: &str) -> String {
     let origin = connection.origin();
     let uri = format!("http://{}{path}", origin.authority().expect("host:port"));
@@ -98,47 +133,73 @@ async fn wait_closed(connection: &Connection, within: Duration) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_with_no_request_for_the_idle_timeout_is_closed() {
-    let listening = listen().await;
-    let connection = connect(&listening.addr).await;
-    assert_eq!(fetch(&connection, "/hello").await, "hello");
-    assert!(!connection.is_closed(), "open right after a request");
-    let waited = wait_closed(&connection, Duration::from_secs(10)).await;
-    assert!(waited >= IDLE / 2, "closed after {waited:?}, before it was idle long enough");
-    // The client connects again and is served.
-    assert_eq!(fetch(&connect(&listening.addr).await, "/hello").await, "hello");
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let listening = listen().await;
+        let connection = connect_with(&listening.addr, protocol).await;
+        assert_eq!(fetch(&connection, "/hello").await, "hello");
+        assert!(!connection.is_closed(), "open right after a request");
+        let waited = wait_closed(&connection, Duration::from_secs(10)).await;
+        assert!(waited >= IDLE / 2, "closed after {waited:?}, before it was idle long enough");
+        // The client connects again and is served.
+        assert_eq!(fetch(&connect_with(&listening.addr, protocol).await, "/hello").await, "hello");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_open_longer_than_the_idle_timeout_keeps_its_connection() {
-    let listening = listen().await;
-    let connection = connect(&listening.addr).await;
-    let body = fetch(&connection, "/stream").await;
-    assert_eq!(body.lines().count(), 8, "the whole stream arrived: {body:?}");
-    assert!(!connection.is_closed(), "the connection was busy until the stream ended");
-    wait_closed(&connection, Duration::from_secs(10)).await;
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let listening = listen().await;
+        let connection = connect_with(&listening.addr, protocol).await;
+        let body = fetch(&connection, "/stream").await;
+        assert_eq!(body.lines().count(), 8, "the whole stream arrived: {body:?}");
+        assert!(!connection.is_closed(), "the connection was busy until the stream ended");
+        wait_closed(&connection, Duration::from_secs(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_closes_open_connections_and_ends_the_listener_before_the_drain_timeout() {
     let mut listening = listen().await;
     let connection = connect(&listening.addr).await;
+    let wire = connect_with(&listening.addr, Protocol::Wire).await;
     assert_eq!(fetch(&connection, "/hello").await, "hello");
+    assert_eq!(fetch(&wire, "/hello").await, "hello");
     let took = stop(&mut listening).await;
     assert!(took < DRAIN_TIMEOUT);
     wait_closed(&connection, Duration::from_secs(1)).await;
+    wait_closed(&wire, Duration::from_secs(1)).await;
+}
+
+/// A connection carries at most `max_streams_per_connection` requests at once
+/// (`--max-streams-per-connection`): further ones wait for a place and are then served, in
+/// HTTP/2 (its `SETTINGS_MAX_CONCURRENT_STREAMS`) and in the wire protocol (the node stops
+/// reading until a call ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_carries_at_most_its_streams_at_once() {
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let concurrency = Arc::new(Concurrency::default());
+        let listening = listen_with(2, concurrency.clone()).await;
+        let connection = connect_with(&listening.addr, protocol).await;
+        let calls = (0..6).map(|_| fetch(&connection, "/count"));
+        let answers = futures_util::future::join_all(calls).await;
+        assert!(answers.iter().all(|answer| answer == "counted"), "{answers:?}");
+        assert_eq!(concurrency.most.load(Ordering::SeqCst), 2, "{protocol:?}");
+    }
 }
 
 /// Found in review: a request that started and ended between two looks of the idle timer did
 /// not restart it, so a connection busy with quick requests was closed as idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_requests_more_often_than_the_idle_timeout_keep_their_connection() {
-    let listening = listen().await;
-    let connection = connect(&listening.addr).await;
-    let start = Instant::now();
-    while start.elapsed() < IDLE * 3 {
-        assert_eq!(fetch(&connection, "/hello").await, "hello");
-        assert!(!connection.is_closed(), "closed after {:?} of requests", start.elapsed());
-        tokio::time::sleep(IDLE / 4).await;
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let listening = listen().await;
+        let connection = connect_with(&listening.addr, protocol).await;
+        let start = Instant::now();
+        while start.elapsed() < IDLE * 3 {
+            assert_eq!(fetch(&connection, "/hello").await, "hello");
+            assert!(!connection.is_closed(), "closed after {:?} of requests", start.elapsed());
+            tokio::time::sleep(IDLE / 4).await;
+        }
     }
 }
 

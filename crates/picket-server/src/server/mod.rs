@@ -378,6 +378,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             max_connections_per_ip: config.limits.max_peer_connections,
             idle_timeout,
             max_streams_per_connection: config.limits.max_streams_per_connection,
+            max_message_bytes: config.limits.max_grpc_message_bytes,
         };
         tokio::spawn(serve(listener, peer_app, limits, tls.clone(), shutdown_signal.clone()))
     });
@@ -386,6 +387,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         max_connections_per_ip: config.limits.max_connections_per_ip,
         idle_timeout,
         max_streams_per_connection: config.limits.max_streams_per_connection,
+        max_message_bytes: config.limits.max_grpc_message_bytes,
     };
     let serving = tokio::spawn(serve(listener, app, limits, tls, shutdown_signal));
     tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");

@@ -110,7 +110,8 @@ pub fn run(mut args: BenchArgs, connect: &Connect) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let (cluster, connect) = if args.cluster {
         let cluster = start_local_cluster(&runtime, &mut args)?;
-        let connect = Connect::plaintext(cluster.endpoints.clone());
+        let connect =
+            Connect { protocol: connect.protocol, ..Connect::plaintext(cluster.endpoints.clone()) };
         (Some(cluster), connect)
     } else {
         (None, connect.clone())

@@ -1,0 +1,543 @@
+//! The client end of [`crate::wire`]: one connection to one node, its calls multiplexed by id.
+//!
+//! A writer task sends the calls' frames in the order their ids were given; a reader task hands
+//! each answer's frames to the call waiting for them. A call that may be sent again after a
+//! failure is told so the same way as on HTTP/2 ([`crate::connection::NotSent`]): when the
+//! connection broke before its frame was written, or the node said it never read it
+//! ([`Frame::GoAway`]).
+
+use crate::connection::not_sent_status;
+use crate::wire::{Frame, MAGIC};
+use bytes::{Bytes, BytesMut};
+use http_body::Frame as BodyFrame;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Frames of one answer the reader may hold before the call reads them; past it, the reader
+/// waits (a watch stream nobody reads slows its connection, as HTTP/2's windows would).
+const ANSWER_FRAMES: usize = 64;
+/// Longest frame accepted from a node: a watch event or a backup chunk is far smaller.
+const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// How many bytes of queued frames the writer gathers into one write.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
+
+type Answer = Result<Frame, Status>;
+
+/// An open wire connection. Cheap to clone; clones share it, and it closes when the last
+/// clone (or the last call's body) is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct WireConnection {
+    owner: Arc<Owner>,
+}
+
+/// Held by every handle and none of the tasks: dropped, it closes the connection.
+#[derive(Debug)]
+struct Owner {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        // The writer's queue ends, so it shuts the socket's sending side; the node then closes.
+        let mut calls = self.shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        calls.outgoing = None;
+        calls.closed.get_or_insert_with(|| "the connection was dropped".to_owned());
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    calls: Mutex<Calls>,
+    /// Every call with an id at or below this was written whole to the socket.
+    written_through: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Calls {
+    next_id: u64,
+    waiting: HashMap<u64, mpsc::Sender<Answer>>,
+    /// The writer's queue; `None` once the connection can take no more calls.
+    outgoing: Option<mpsc::UnboundedSender<(u64, Bytes)>>,
+    /// Why the connection takes no more calls.
+    closed: Option<String>,
+}
+
+impl WireConnection {
+    /// Opens the protocol on `io` (connected, TLS done): sends the opening and waits for the
+    /// node's, within `timeout`. `Ok(None)` when the node answers something else or closes the
+    /// connection: it does not speak the protocol (a node of an older build).
+    pub(crate) async fn start<Io>(mut io: Io, timeout: Duration) -> std::io::Result<Option<Self>>
+    where
+        Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let opening = async {
+            io.write_all(MAGIC).await?;
+            io.flush().await?;
+            let mut answer = [0_u8; MAGIC.len()];
+            match io.read_exact(&mut answer).await {
+                Ok(_) => Ok(answer == *MAGIC),
+                Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+                Err(error) => Err(error),
+            }
+        };
+        let spoken = tokio::time::timeout(timeout, opening).await.map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "the node did not answer in time")
+        })??;
+        if !spoken {
+            return Ok(None);
+        }
+        let (outgoing, queue) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            calls: Mutex::new(Calls {
+                next_id: 1,
+                waiting: HashMap::new(),
+                outgoing: Some(outgoing),
+                closed: None,
+            }),
+            written_through: AtomicU64::new(0),
+        });
+        let (reader, writer) = tokio::io::split(io);
+        tokio::spawn(write(writer, queue, shared.clone()));
+        tokio::spawn(read(reader, shared.clone()));
+        Ok(Some(Self { owner: Arc::new(Owner { shared }) }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Calls> {
+        self.owner.shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends `value` as the `authorization` header of every later call.
+    pub(crate) fn authorize(&self, value: Bytes) {
+        let calls = self.lock();
+        if let Some(outgoing) = &calls.outgoing {
+            let _ = outgoing.send((0, Frame::Authorization { value }.to_bytes()));
+        }
+    }
+
+    /// Whether the connection takes no more calls; such a connection is replaced.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed.is_some()
+    }
+
+    /// Calls `path` with `headers` (those every call carries the same are left out) and `body`,
+    /// and waits for the answer's headers; its body follows.
+    pub(crate) async fn call(
+        &self,
+        path: &str,
+        mut headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<http::Response<WireBody>, Status> {
+        for same_on_every_call in
+            [http::header::CONTENT_TYPE, http::header::TE, http::header::USER_AGENT]
+        {
+            headers.remove(same_on_every_call);
+        }
+        let (answers, mut answer) = mpsc::channel(ANSWER_FRAMES);
+        let id = {
+            let mut calls = self.lock();
+            if let Some(reason) = &calls.closed {
+                return Err(not_sent_status(reason));
+            }
+            let id = calls.next_id;
+            calls.next_id += 1;
+            let request = Frame::Request { id, path: path.to_owned(), headers, body }.to_bytes();
+            // Queued under the lock, so the writer sends calls in the order of their ids.
+            let queued = calls.outgoing.as_ref().is_some_and(|out| out.send((id, request)).is_ok());
+            if !queued {
+                return Err(not_sent_status("the connection closed; connect again"));
+            }
+            calls.waiting.insert(id, answers);
+            id
+        };
+        let mut pending = Pending { connection: self.clone(), id, done: false };
+        let head = match answer.recv().await {
+            Some(Ok(Frame::Head { headers, .. })) => headers,
+            Some(Ok(_)) => return Err(Status::internal("the node answered without headers")),
+            Some(Err(status)) => {
+                pending.done = true;
+                return Err(status);
+            }
+            None => return Err(Status::unavailable("the connection closed during the call")),
+        };
+        let mut response = http::Response::new(WireBody { answer, pending, ended: false });
+        *response.headers_mut() = head;
+        Ok(response)
+    }
+}
+
+/// A call not yet answered whole; dropped before that, it tells the node to stop serving it.
+#[derive(Debug)]
+struct Pending {
+    connection: WireConnection,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut calls = self.connection.lock();
+        if calls.waiting.remove(&self.id).is_some()
+            && !self.done
+            && let Some(outgoing) = &calls.outgoing
+        {
+            let _ = outgoing.send((0, Frame::Cancel { id: self.id }.to_bytes()));
+        }
+    }
+}
+
+/// A response body read from the wire: data frames, then the trailers that carry the status.
+#[derive(Debug)]
+pub struct WireBody {
+    answer: mpsc::Receiver<Answer>,
+    pending: Pending,
+    ended: bool,
+}
+
+impl http_body::Body for WireBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, Status>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let next = match self.answer.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(next) => next,
+        };
+        let frame = match next {
+            Some(Ok(Frame::Data { data, .. })) => {
+                return Poll::Ready(Some(Ok(BodyFrame::data(data))));
+            }
+            Some(Ok(Frame::Trailers { trailers, .. })) => Ok(BodyFrame::trailers(trailers)),
+            Some(Ok(_)) => Err(Status::internal("the node sent a frame out of order")),
+            Some(Err(status)) => Err(status),
+            None => Err(Status::unavailable("the connection closed during the call")),
+        };
+        self.ended = true;
+        self.pending.done = true;
+        Poll::Ready(Some(frame))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+}
+
+/// Sends queued frames, several per write when they queue faster than the socket takes them.
+async fn write<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut queue: mpsc::UnboundedReceiver<(u64, Bytes)>,
+    shared: Arc<Shared>,
+) {
+    let mut batch = BytesMut::new();
+    while let Some((id, frame)) = queue.recv().await {
+        let mut last_id = id;
+        batch.extend_from_slice(&frame);
+        while batch.len() < WRITE_BATCH_BYTES
+            && let Ok((id, frame)) = queue.try_recv()
+        {
+            last_id = last_id.max(id);
+            batch.extend_from_slice(&frame);
+        }
+        let written = async {
+            writer.write_all(&batch).await?;
+            writer.flush().await
+        };
+        if let Err(error) = written.await {
+            close(&shared, &format!("writing to the node failed: {error}"));
+            return;
+        }
+        batch.clear();
+        shared.written_through.fetch_max(last_id, Ordering::Release);
+    }
+    let _ = writer.shutdown().await;
+}
+
+/// Hands every answer frame to its call until the connection ends.
+async fn read<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>) {
+    let mut buffer = BytesMut::with_capacity(16 * 1024);
+    let reason = loop {
+        let frame = match Frame::decode(&mut buffer, MAX_FRAME_BYTES) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => match reader.read_buf(&mut buffer).await {
+                Ok(0) => break "the node closed the connection".to_owned(),
+                Ok(_) => continue,
+                Err(error) => break format!("reading from the node failed: {error}"),
+            },
+            Err(error) => break format!("the node sent {error}"),
+        };
+        let id = match &frame {
+            Frame::Head { id, .. }
+            | Frame::Data { id, .. }
+            | Frame::Trailers { id, .. }
+            | Frame::Reset { id, .. } => *id,
+            Frame::GoAway { last_id } => {
+                go_away(&shared, *last_id);
+                continue;
+            }
+            _ => break "the node sent a client's frame".to_owned(),
+        };
+        let answer = match frame {
+            Frame::Reset { message, .. } => {
+                Err(Status::internal(format!("the node ended the call: {message}")))
+            }
+            frame => Ok(frame),
+        };
+        let waiting = shared
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .waiting
+            .get(&id)
+            .cloned();
+        // A call given up on has no one waiting: its late frames are dropped.
+        if let Some(waiting) = waiting {
+            let _ = waiting.send(answer).await;
+        }
+    };
+    close(&shared, &reason);
+}
+
+/// The node read nothing after `last_id`: later calls were never read and may be sent again.
+fn go_away(shared: &Shared, last_id: u64) {
+    let mut calls = shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    calls.closed.get_or_insert_with(|| "the node is closing the connection".to_owned());
+    calls.outgoing = None;
+    let unread: Vec<u64> = calls.waiting.keys().copied().filter(|id| *id > last_id).collect();
+    for id in unread {
+        if let Some(waiting) = calls.waiting.remove(&id) {
+            let _ = waiting.try_send(Err(not_sent_status(
+                "the node closed the connection before reading the call; connect again",
+            )));
+        }
+    }
+}
+
+/// Ends the connection: every call still waiting fails, as not sent when its frame was never
+/// written whole.
+fn close(shared: &Shared, reason: &str) {
+    let mut calls = shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    calls.closed.get_or_insert_with(|| reason.to_owned());
+    calls.outgoing = None;
+    let written_through = shared.written_through.load(Ordering::Acquire);
+    for (id, waiting) in calls.waiting.drain() {
+        let failure = if id > written_through {
+            not_sent_status(&format!("{reason}; connect again"))
+        } else {
+            Status::unavailable(format!("{reason} during the call"))
+        };
+        let _ = waiting.try_send(Err(failure));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connection::{Connection, Protocol, was_not_sent};
+    use http::HeaderMap;
+    use http_body::Body as _;
+    use tokio::net::{TcpListener, TcpStream};
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// A node's end of a wire connection, driven by the test.
+    struct Node {
+        stream: TcpStream,
+        buffer: BytesMut,
+    }
+
+    impl Node {
+        async fn accept(listener: &TcpListener) -> Self {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut opening = [0_u8; MAGIC.len()];
+            stream.read_exact(&mut opening).await.unwrap();
+            assert_eq!(&opening, MAGIC);
+            stream.write_all(MAGIC).await.unwrap();
+            Self { stream, buffer: BytesMut::new() }
+        }
+
+        async fn next(&mut self) -> Option<Frame> {
+            loop {
+                if let Some(frame) = Frame::decode(&mut self.buffer, 1 << 20).unwrap() {
+                    return Some(frame);
+                }
+                if self.stream.read_buf(&mut self.buffer).await.unwrap() == 0 {
+                    return None;
+                }
+            }
+        }
+
+        async fn send(&mut self, frame: Frame) {
+            self.stream.write_all(&frame.to_bytes()).await.unwrap();
+        }
+    }
+
+    async fn listener() -> (TcpListener, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        (listener, addr)
+    }
+
+    async fn open(addr: &str) -> WireConnection {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        WireConnection::start(stream, TIMEOUT).await.unwrap().expect("the node speaks it")
+    }
+
+    async fn next_frame(body: &mut WireBody) -> Option<Result<BodyFrame<Bytes>, Status>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+    }
+
+    /// A call's request reaches the node whole, and its answer comes back as headers, data
+    /// and trailers, whatever order the node answers concurrent calls in.
+    #[tokio::test]
+    async fn calls_are_answered_by_id_in_any_order() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            let mut requests = Vec::new();
+            while requests.len() < 2 {
+                match node.next().await.unwrap() {
+                    Frame::Request { id, path, body, .. } => requests.push((id, path, body)),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            // The later call is answered first.
+            for (id, path, body) in requests.into_iter().rev() {
+                let mut headers = HeaderMap::new();
+                headers.insert("content-type", "application/grpc".parse().unwrap());
+                node.send(Frame::Head { id, headers }).await;
+                node.send(Frame::Data { id, data: Bytes::from(format!("{path}:{body:?}")) }).await;
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", "0".parse().unwrap());
+                node.send(Frame::Trailers { id, trailers }).await;
+            }
+            node
+        });
+        let connection = open(&addr).await;
+        let (first, second) = tokio::join!(
+            connection.call("/a", HeaderMap::new(), Bytes::from_static(b"one")),
+            connection.call("/b", HeaderMap::new(), Bytes::from_static(b"two")),
+        );
+        for (response, expected) in [(first, "/a:b\"one\""), (second, "/b:b\"two\"")] {
+            let response = response.unwrap();
+            assert_eq!(response.headers()["content-type"], "application/grpc");
+            let mut body = response.into_body();
+            let data = next_frame(&mut body).await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(data, expected.as_bytes());
+            let trailers = next_frame(&mut body).await.unwrap().unwrap().into_trailers().unwrap();
+            assert_eq!(trailers["grpc-status"], "0");
+            assert!(next_frame(&mut body).await.is_none());
+            assert!(body.is_end_stream());
+        }
+        node.await.unwrap();
+    }
+
+    /// A call the node says it never read (`GoAway` below its id) may be sent again: it fails
+    /// marked not sent, while a call the node read and then lost with the connection does not.
+    #[tokio::test]
+    async fn a_call_past_a_go_away_is_not_sent_and_one_before_it_is_unknown() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            let mut ids = Vec::new();
+            while ids.len() < 2 {
+                if let Some(Frame::Request { id, .. }) = node.next().await {
+                    ids.push(id);
+                }
+            }
+            node.send(Frame::GoAway { last_id: ids[0] }).await;
+            // The first call was read; the connection then breaks before its answer.
+            drop(node);
+            ids
+        });
+        let connection = open(&addr).await;
+        let (read, unread) = tokio::join!(
+            connection.call("/read", HeaderMap::new(), Bytes::new()),
+            connection.call("/unread", HeaderMap::new(), Bytes::new()),
+        );
+        let (read, unread) = (read.unwrap_err(), unread.unwrap_err());
+        assert!(!was_not_sent(&read), "{read:?}");
+        assert!(was_not_sent(&unread), "{unread:?}");
+        assert!(connection.is_closed());
+        let late = connection.call("/late", HeaderMap::new(), Bytes::new()).await.unwrap_err();
+        assert!(was_not_sent(&late), "a closed connection sends nothing: {late:?}");
+        assert_eq!(node.await.unwrap().len(), 2);
+    }
+
+    /// A call given up on (its future or body dropped) is cancelled at the node, as an HTTP/2
+    /// stream reset would; one answered whole is not.
+    #[tokio::test]
+    async fn a_dropped_call_is_cancelled_at_the_node() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            let mut seen = Vec::new();
+            while let Some(frame) = node.next().await {
+                seen.push(frame);
+                if matches!(seen.last(), Some(Frame::Cancel { .. })) {
+                    break;
+                }
+            }
+            seen
+        });
+        let connection = open(&addr).await;
+        let waiting = tokio::time::timeout(
+            Duration::from_millis(50),
+            connection.call("/wait", HeaderMap::new(), Bytes::new()),
+        )
+        .await;
+        assert!(waiting.is_err(), "the node never answers");
+        let seen = node.await.unwrap();
+        assert!(matches!(&seen[0], Frame::Request { id: 1, path, .. } if path == "/wait"));
+        assert_eq!(seen.last(), Some(&Frame::Cancel { id: 1 }));
+    }
+
+    /// A node that does not speak the protocol (an older build, which reads the opening as a
+    /// bad HTTP/1 request and closes) is connected to again in gRPC.
+    #[tokio::test]
+    async fn a_node_without_the_protocol_is_spoken_to_in_grpc() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let (mut old, _) = listener.accept().await.unwrap();
+            let mut opening = [0_u8; MAGIC.len()];
+            old.read_exact(&mut opening).await.unwrap();
+            old.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+            drop(old);
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut connection = h2::server::handshake(stream).await.unwrap();
+            while let Some(Ok(_)) = connection.accept().await {}
+        });
+        let connection =
+            Connection::open_with(&addr, TIMEOUT, 1024, None, Protocol::Wire).await.unwrap();
+        assert_eq!(connection.protocol(), Protocol::Grpc);
+        drop(connection);
+        node.await.unwrap();
+    }
+
+    /// Dropping every handle closes the connection: the node reads its end.
+    #[tokio::test]
+    async fn dropping_the_last_handle_closes_the_connection() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            node.next().await
+        });
+        let connection = open(&addr).await;
+        let clone = connection.clone();
+        drop(connection);
+        drop(clone);
+        let last = tokio::time::timeout(TIMEOUT, node).await.expect("closed").unwrap();
+        assert_eq!(last, None);
+    }
+}

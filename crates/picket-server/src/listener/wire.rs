@@ -1,0 +1,323 @@
+//! Serving [`picket_proto::wire`]: the gRPC API's calls in Picket's own framing, on the client
+//! port beside HTTP/1 and HTTP/2.
+//!
+//! Each call is handed to the same router as a gRPC call over HTTP/2 (the same handlers,
+//! authentication, limits and errors), built from its frame instead of from HTTP/2 streams. A
+//! connection is served by one task: it reads frames, runs its calls' futures itself (at most
+//! `max_streams_per_connection` at once; past that it stops reading, and the client waits), and
+//! writes their answers, several per write when they come together. A call the client cancels,
+//! or every call of a connection that breaks, is dropped, as an HTTP/2 stream reset drops it.
+
+use super::{Phase, Serving};
+use crate::tls::{Caller, ServerTls};
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt as _, StreamExt as _};
+use http::{HeaderMap, HeaderValue};
+use http_body_util::BodyExt as _;
+use picket_proto::wire::{Frame, MAGIC};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::sync::mpsc;
+use tower::ServiceExt as _;
+
+/// Answer frames queued for the writer before a call waits for it to catch up.
+const QUEUED_ANSWERS: usize = 256;
+/// How many bytes of answers one write gathers at most.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
+/// A frame's bytes beside its request body: its kind, id and path.
+const FRAME_OVERHEAD_BYTES: usize = 1024;
+
+/// What a connection's first bytes ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Opening {
+    /// HTTP/1 or HTTP/2, for hyper.
+    Http,
+    /// The wire protocol: the connection opened with [`MAGIC`].
+    Wire,
+}
+
+impl Opening {
+    /// What `first` (a connection's first bytes, as many as have arrived) asks for, or `None`
+    /// while too few have arrived to tell.
+    pub(super) fn of(first: &[u8]) -> Option<Self> {
+        if *first.first()? != MAGIC[0] {
+            return Some(Self::Http);
+        }
+        let known = first.len().min(MAGIC.len());
+        if first[..known] != MAGIC[..known] {
+            // A zero byte that is not the opening: not HTTP either, which hyper then refuses.
+            return Some(Self::Http);
+        }
+        (known == MAGIC.len()).then_some(Self::Wire)
+    }
+}
+
+/// Reads a TLS connection's opening (the first read carries the opening's deadline, see
+/// `OpensInTime`): `Wire` with the opening consumed, or `Http` with the bytes read so far, which
+/// hyper must still see.
+pub(super) async fn sniff<Io: AsyncRead + Unpin>(
+    io: &mut Io,
+) -> std::io::Result<(Opening, Vec<u8>)> {
+    let mut first = Vec::with_capacity(MAGIC.len());
+    let mut byte = [0_u8; 1];
+    loop {
+        // A byte at a time, so that nothing past the opening is taken from the stream.
+        if io.read(&mut byte).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        first.push(byte[0]);
+        match Opening::of(&first) {
+            None => {}
+            Some(Opening::Wire) => return Ok((Opening::Wire, Vec::new())),
+            Some(Opening::Http) => return Ok((Opening::Http, first)),
+        }
+    }
+}
+
+/// What one wire connection knows of its caller.
+struct Callers {
+    caller: Caller,
+    tls: Option<Arc<ServerTls>>,
+    /// Set by the client's [`Frame::Authorization`]; sent with each later call.
+    authorization: Option<HeaderValue>,
+}
+
+impl Callers {
+    /// Call `path` with `metadata` and `body` as the router takes it, `None` when the path is
+    /// not one.
+    fn request(
+        &mut self,
+        path: &str,
+        metadata: HeaderMap,
+        body: Bytes,
+    ) -> Option<http::Request<Body>> {
+        let uri = http::Uri::try_from(path).ok().filter(|uri| uri.path() == path)?;
+        let mut request = http::Request::new(Body::from(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = uri;
+        *request.version_mut() = http::Version::HTTP_2;
+        *request.headers_mut() = metadata;
+        let headers = request.headers_mut();
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        if let Some(authorization) = &self.authorization {
+            headers.insert(http::header::AUTHORIZATION, authorization.clone());
+        }
+        if let Some(tls) = &self.tls {
+            tls.judge_again(&mut self.caller);
+        }
+        request.extensions_mut().insert(self.caller.clone());
+        Some(request)
+    }
+}
+
+/// Serves one wire connection, its opening already read, until the client closes it, it is idle
+/// for the idle timeout, or the node drains.
+pub(super) async fn serve_wire<Io>(
+    io: Io,
+    serving: Serving,
+    caller: Caller,
+    tls: Option<Arc<ServerTls>>,
+) where
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Serving { app, idle_timeout, mut phase, max_calls, max_message_bytes, .. } = serving;
+    let max_frame_bytes = max_message_bytes + FRAME_OVERHEAD_BYTES;
+    let (mut reader, mut writer) = tokio::io::split(io);
+    if writer.write_all(MAGIC).await.is_err() || writer.flush().await.is_err() {
+        return;
+    }
+    let mut callers = Callers { caller, tls, authorization: None };
+    let (answers, mut queue) = mpsc::channel::<Bytes>(QUEUED_ANSWERS);
+    let mut calls = FuturesUnordered::new();
+    let mut aborts: HashMap<u64, AbortHandle> = HashMap::new();
+    let mut buffer = BytesMut::with_capacity(8 * 1024);
+    let mut out = BytesMut::new();
+    let mut last_id = 0_u64;
+    let mut reading = true;
+    let idle = tokio::time::sleep(idle_timeout);
+    let mut idle = std::pin::pin!(idle);
+    loop {
+        tokio::select! {
+            biased;
+            Some(answer) = queue.recv() => {
+                out.extend_from_slice(&answer);
+                while out.len() < WRITE_BATCH_BYTES && let Ok(answer) = queue.try_recv() {
+                    out.extend_from_slice(&answer);
+                }
+                if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
+                    return;
+                }
+                out.clear();
+            }
+            Some(ended) = calls.next(), if !calls.is_empty() => {
+                if let Ok(id) = ended {
+                    aborts.remove(&id);
+                }
+                if calls.is_empty() {
+                    idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
+                }
+            }
+            read = reader.read_buf(&mut buffer), if reading && calls.len() < max_calls => {
+                // The client closed the connection, or it broke: nobody is left to answer, so
+                // its calls are dropped, as HTTP/2 drops a closed connection's streams.
+                if !matches!(read, Ok(read) if read > 0) {
+                    return;
+                }
+            }
+            () = &mut idle, if reading && calls.is_empty() => {
+                tracing::debug!(?idle_timeout, "closing a wire connection idle for the idle timeout");
+                reading = false;
+                if go_away(&mut writer, last_id).await.is_err() {
+                    return;
+                }
+            }
+            gone = phase_reached(&mut phase, if reading { Phase::Draining } else { Phase::Closed }) => {
+                if !reading || gone {
+                    return;
+                }
+                reading = false;
+                if go_away(&mut writer, last_id).await.is_err() {
+                    return;
+                }
+            }
+        }
+        // The frames read so far, up to the bound on calls at once: the rest wait in the
+        // buffer until a call ends.
+        while reading && calls.len() < max_calls {
+            let frame = match Frame::decode(&mut buffer, max_frame_bytes) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(%error, "closing a wire connection that broke the protocol");
+                    return;
+                }
+            };
+            match frame {
+                Frame::Request { id, path, headers, body } if id > last_id => {
+                    last_id = id;
+                    let Some(request) = callers.request(&path, headers, body) else {
+                        let message = format!("{path:?} is not a call path");
+                        if writer.write_all(&Frame::Reset { id, message }.to_bytes()).await.is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    };
+                    let (abort, registration) = AbortHandle::new_pair();
+                    let call = serve_call(app.clone(), request, id, answers.clone());
+                    calls.push(Abortable::new(call, registration));
+                    aborts.insert(id, abort);
+                }
+                Frame::Cancel { id } => {
+                    if let Some(abort) = aborts.remove(&id) {
+                        abort.abort();
+                    }
+                }
+                Frame::Authorization { value } => {
+                    let Ok(mut value) = HeaderValue::from_maybe_shared(value) else {
+                        tracing::debug!(
+                            "closing a wire connection whose authorization is not a header value"
+                        );
+                        return;
+                    };
+                    value.set_sensitive(true);
+                    callers.authorization = Some(value);
+                }
+                _ => {
+                    tracing::debug!(
+                        "closing a wire connection that sent a node's frame or reused a call id"
+                    );
+                    return;
+                }
+            }
+        }
+        if !reading && calls.is_empty() && queue.is_empty() {
+            let _ = writer.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Resolves once the listener's phase reaches `phase`: `true` if the listener is gone.
+async fn phase_reached(watching: &mut tokio::sync::watch::Receiver<Phase>, phase: Phase) -> bool {
+    watching.wait_for(|now| *now >= phase).await.is_err()
+}
+
+/// Tells the client that nothing after call `last_id` was read, nor will be.
+async fn go_away<W: AsyncWrite + Unpin>(writer: &mut W, last_id: u64) -> std::io::Result<()> {
+    writer.write_all(&Frame::GoAway { last_id }.to_bytes()).await?;
+    writer.flush().await
+}
+
+/// Runs one call and queues its answer's frames: headers, data, trailers (a `Reset` when its
+/// body fails). Frames ready together are queued as one.
+async fn serve_call(
+    app: axum::Router,
+    request: http::Request<Body>,
+    id: u64,
+    answers: mpsc::Sender<Bytes>,
+) -> u64 {
+    let response = match app.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    let (parts, mut body) = response.into_parts();
+    let mut out = BytesMut::new();
+    Frame::Head { id, headers: parts.headers }.encode(&mut out);
+    loop {
+        let next = match body.frame().now_or_never() {
+            Some(next) => next,
+            None => {
+                // Nothing more yet (a watch stream between events): send what is ready.
+                if !out.is_empty() && answers.send(out.split().freeze()).await.is_err() {
+                    return id;
+                }
+                body.frame().await
+            }
+        };
+        match next {
+            None => {
+                Frame::Trailers { id, trailers: HeaderMap::new() }.encode(&mut out);
+                break;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => Frame::Data { id, data }.encode(&mut out),
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        Frame::Trailers { id, trailers }.encode(&mut out);
+                        break;
+                    }
+                }
+            },
+            Some(Err(error)) => {
+                Frame::Reset { id, message: error.to_string() }.encode(&mut out);
+                break;
+            }
+        }
+    }
+    let _ = answers.send(out.freeze()).await;
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_opening_is_told_from_http_as_soon_as_a_byte_differs() {
+        assert_eq!(Opening::of(b""), None);
+        assert_eq!(Opening::of(b"P"), Some(Opening::Http), "the HTTP/2 preface");
+        assert_eq!(Opening::of(b"GET / HTTP/1.1\r\n"), Some(Opening::Http));
+        assert_eq!(Opening::of(&MAGIC[..5]), None, "wait for the rest");
+        assert_eq!(Opening::of(MAGIC), Some(Opening::Wire));
+        let mut longer = MAGIC.to_vec();
+        longer.extend_from_slice(b"frames follow");
+        assert_eq!(Opening::of(&longer), Some(Opening::Wire));
+        assert_eq!(Opening::of(b"\0pick\xff"), Some(Opening::Http), "hyper refuses it");
+    }
+}
