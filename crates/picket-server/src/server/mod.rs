@@ -80,7 +80,12 @@ impl ServerHandle {
     /// replicate, and should exit so that a supervisor restarts it once the cause is fixed.
     pub fn raft_stopped(&self) -> impl Future<Output = String> + Send + 'static {
         use openraft::async_runtime::WatchReceiver;
-        let mut metrics = self.node.raft().metrics();
+        // The full metrics change with every entry the core writes, so waiting on them would
+        // wake this future (on the thread that runs it, often the process's main thread) once
+        // per command. The server metrics change only with leadership and membership, and end
+        // when the core does; a look every second catches a stop reported any other way.
+        let metrics = self.node.raft().metrics();
+        let mut server_metrics = self.node.raft().server_metrics();
         let mut halted = self.node.halted();
         async move {
             loop {
@@ -91,12 +96,14 @@ impl ServerHandle {
                     return fatal.to_string();
                 }
                 tokio::select! {
-                    changed = metrics.changed() => if changed.is_err() {
+                    changed = server_metrics.changed() => if changed.is_err() {
                         // A halt shuts the core down: say why rather than that it ended.
                         return halted.borrow().clone()
+                            .or_else(|| metrics.borrow_watched().running_state.clone().err().map(|fatal| fatal.to_string()))
                             .unwrap_or_else(|| "the Raft core ended".to_owned());
                     },
                     _ = halted.changed() => {}
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
                 }
             }
         }
@@ -602,7 +609,8 @@ async fn restore(
 /// Counts every change of the leader this node sees, until shutdown.
 async fn count_leader_changes(raft: Raft, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
     use openraft::async_runtime::WatchReceiver;
-    let mut watched = raft.metrics();
+    // Server metrics change only with leadership and membership, not with every entry.
+    let mut watched = raft.server_metrics();
     let mut leader = watched.borrow_watched().current_leader;
     loop {
         tokio::select! {
