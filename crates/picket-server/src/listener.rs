@@ -233,6 +233,8 @@ struct Serving {
     max_calls: usize,
     /// Largest request message a wire call may carry.
     max_message_bytes: usize,
+    /// Largest Raft message, for the connections that may send them.
+    max_raft_message_bytes: usize,
 }
 
 /// Serves one connection until it ends, it has been idle for the idle timeout, or the node
@@ -309,6 +311,10 @@ pub struct ConnectionLimits {
     /// Largest request message a call in the wire protocol may carry (the gRPC bound,
     /// [`ServerLimits::max_grpc_message_bytes`]).
     pub max_message_bytes: usize,
+    /// Largest Raft message a wire connection that may send them carries (a cluster member's,
+    /// or any on a node without TLS, where the `Raft` service admits everyone); 0 where the
+    /// listener does not serve the `Raft` service.
+    pub max_raft_message_bytes: usize,
 }
 
 /// Serves `app` on `listener` (over TLS when `tls` is given) within `limits` until `stop`
@@ -346,6 +352,7 @@ pub async fn serve(
         phase: watching,
         max_calls: limits.max_streams_per_connection as usize,
         max_message_bytes: limits.max_message_bytes,
+        max_raft_message_bytes: limits.max_raft_message_bytes,
     };
     let per_ip = Arc::new(PerIp::default());
     let mut stop = std::pin::pin!(stop);

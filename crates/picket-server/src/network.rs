@@ -21,7 +21,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use picket_core::ErrorCode;
-use picket_proto::connection::Connection;
+use picket_proto::connection::{Connection, Protocol};
 use picket_proto::tls::ClientTls;
 use picket_proto::v1::raft_client::RaftClient;
 use picket_proto::v1::raft_server;
@@ -96,11 +96,14 @@ impl PeerClient {
     async fn client(&mut self) -> Result<RaftClient<Connection>, Unreachable<TypeConfig>> {
         let connection = match self.connection.take().filter(|open| !open.is_closed()) {
             Some(open) => open,
-            None => Connection::open(
+            // The same calls in the wire protocol (a peer of an older build is spoken to in
+            // gRPC): Raft traffic spares HTTP/2's work per message too.
+            None => Connection::open_with(
                 &self.addr,
                 CONNECT_TIMEOUT,
                 MAX_RAFT_MESSAGE_BYTES,
                 self.tls.as_ref(),
+                Protocol::Wire,
             )
             .await
             .map_err(|status| {

@@ -1,5 +1,6 @@
 use super::*;
 use axum::routing::any;
+use bytes::Bytes;
 use picket_proto::connection::{Connection, Protocol};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -38,10 +39,39 @@ async fn listen() -> Listening {
     listen_with(200, Arc::default()).await
 }
 
+/// A wire frame is read whole before its path is known, so its bound is the longest message
+/// the connection may send: a client's request, or a Raft message where the listener serves
+/// the `Raft` service (here, without TLS, to every connection). Past it the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wire_frame_may_be_as_long_as_the_longest_message_the_listener_serves() {
+    let body = Bytes::from(vec![b'x'; 256 * 1024]);
+    for (max_raft_message_bytes, served) in [(0, false), (1 << 20, true)] {
+        let listening = serve_with(200, Arc::default(), max_raft_message_bytes).await;
+        let connection = connect_with(&listening.addr, Protocol::Wire).await;
+        let uri = format!("http://{}/hello", listening.addr);
+        let request = http::Request::post(uri)
+            .body(tonic::body::Body::new(http_body_util::Full::new(body.clone())))
+            .expect("a request");
+        let answer = connection.clone().oneshot(request).await;
+        assert_eq!(answer.is_ok(), served, "{max_raft_message_bytes}: {answer:?}");
+        if !served {
+            wait_closed(&connection, Duration::from_secs(5)).await;
+        }
+    }
+}
+
 /// Serves `/hello`, `/stream`, and `/count`, which takes 100 ms and counts into `concurrency`;
 /// each connection carries at most `max_streams` requests at once. Every route takes any method:
 /// HTTP/2 requests here are `GET`s, wire calls are `POST`s, as gRPC's are.
 async fn listen_with(max_streams: u32, concurrency: Arc<Concurrency>) -> Listening {
+    serve_with(max_streams, concurrency, 0).await
+}
+
+async fn serve_with(
+    max_streams: u32,
+    concurrency: Arc<Concurrency>,
+    max_raft_message_bytes: usize,
+) -> Listening {
     let count = move |_request: String| {
         let concurrency = concurrency.clone();
         async move {
@@ -65,6 +95,7 @@ async fn listen_with(max_streams: u32, concurrency: Arc<Concurrency>) -> Listeni
         idle_timeout: IDLE,
         max_streams_per_connection: max_streams,
         max_message_bytes: 1 << 16,
+        max_raft_message_bytes,
     };
     let serving = tokio::spawn(serve(listener, app, limits, None, async move {
         let _ = stopped.await;
@@ -88,7 +119,7 @@ async fn connect(addr: &str) -> Connection {
 }
 
 async fn connect_with(addr: &str, protocol: Protocol) -> Connection {
-    let connection = Connection::open_with(addr, Duration::from_secs(5), 1 << 16, None, protocol)
+    let connection = Connection::open_with(addr, Duration::from_secs(5), 1 << 22, None, protocol)
         .await
         .expect("connected");
     assert_eq!(connection.protocol(), protocol, "the listener speaks both");
@@ -180,6 +211,9 @@ async fn a_connection_carries_at_most_its_streams_at_once() {
         let concurrency = Arc::new(Concurrency::default());
         let listening = listen_with(2, concurrency.clone()).await;
         let connection = connect_with(&listening.addr, protocol).await;
+        // Once one request is answered, the HTTP/2 client has the node's settings (its stream
+        // bound); streams opened before that may be refused instead of waiting.
+        assert_eq!(fetch(&connection, "/hello").await, "hello");
         let calls = (0..6).map(|_| fetch(&connection, "/count"));
         let answers = futures_util::future::join_all(calls).await;
         assert!(answers.iter().all(|answer| answer == "counted"), "{answers:?}");

@@ -125,8 +125,15 @@ pub(super) async fn serve_wire<Io>(
 ) where
     Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Serving { app, idle_timeout, mut phase, max_calls, max_message_bytes, .. } = serving;
-    let max_frame_bytes = max_message_bytes + FRAME_OVERHEAD_BYTES;
+    let Serving {
+        app,
+        idle_timeout,
+        mut phase,
+        max_calls,
+        max_message_bytes,
+        max_raft_message_bytes,
+        ..
+    } = serving;
     let (mut reader, mut writer) = tokio::io::split(io);
     if writer.write_all(MAGIC).await.is_err() || writer.flush().await.is_err() {
         return;
@@ -186,6 +193,16 @@ pub(super) async fn serve_wire<Io>(
                 }
             }
         }
+        // A frame is read whole before its path is known, so a connection that may send Raft
+        // messages (a member's, judged again after a TLS reload, or any without TLS) may send
+        // frames as long as the longest of them; any other, only a client's request.
+        let may_send_raft = callers.tls.is_none() || callers.caller.member;
+        let max_message_bytes = if may_send_raft {
+            max_message_bytes.max(max_raft_message_bytes)
+        } else {
+            max_message_bytes
+        };
+        let max_frame_bytes = max_message_bytes + FRAME_OVERHEAD_BYTES;
         // The frames read so far, up to the bound on calls at once: the rest wait in the
         // buffer until a call ends.
         while reading && calls.len() < max_calls {

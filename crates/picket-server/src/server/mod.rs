@@ -386,6 +386,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             idle_timeout,
             max_streams_per_connection: config.limits.max_streams_per_connection,
             max_message_bytes: config.limits.max_grpc_message_bytes,
+            max_raft_message_bytes: crate::network::MAX_RAFT_MESSAGE_BYTES,
         };
         tokio::spawn(serve(listener, peer_app, limits, tls.clone(), shutdown_signal.clone()))
     });
@@ -395,6 +396,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         idle_timeout,
         max_streams_per_connection: config.limits.max_streams_per_connection,
         max_message_bytes: config.limits.max_grpc_message_bytes,
+        // The client port serves the Raft service unless the node has a peer port.
+        max_raft_message_bytes: if peer_addr.is_some() {
+            0
+        } else {
+            crate::network::MAX_RAFT_MESSAGE_BYTES
+        },
     };
     let serving = tokio::spawn(serve(listener, app, limits, tls, shutdown_signal));
     tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");
