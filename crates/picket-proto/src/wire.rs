@@ -8,7 +8,10 @@
 //! for a protocol whose requests are a few dozen bytes; here a connection is served by one task,
 //! and a call is a few frames of a length and a kind.
 //!
-//! A client opens with [`MAGIC`], and the node answers with the same bytes before anything else.
+//! A client opens with [`MAGIC`], and the node answers with the same bytes followed by two
+//! little-endian `u32`s: how many calls it serves at once on this connection, and the longest
+//! request body it takes (the client waits for a place before sending a further call, and
+//! refuses a longer body itself, as an HTTP/2 client follows its server's settings).
 //! The node tells this opening from HTTP/1 and HTTP/2 on the same port: no HTTP method and no
 //! HTTP/2 preface begins with a zero byte. A node of an older build reads it as a bad HTTP/1
 //! request and closes the connection, which tells the client to use gRPC instead.
@@ -69,10 +72,13 @@ pub enum Frame {
         /// The header's value, e.g. `Bearer <token>`.
         value: Bytes,
     },
-    /// The response headers of call `id` (for a gRPC error, they carry the status).
+    /// The response status and headers of call `id` (for a gRPC error, the headers carry the
+    /// gRPC status).
     Head {
         /// The call answered.
         id: u64,
+        /// The HTTP status (200 for every gRPC answer; 404 for a path the node does not serve).
+        status: u16,
         /// The response headers.
         headers: HeaderMap,
     },
@@ -149,9 +155,10 @@ impl Frame {
                 out.put_u8(AUTHORIZATION);
                 put_bytes(out, value);
             }
-            Self::Head { id, headers } => {
+            Self::Head { id, status, headers } => {
                 out.put_u8(HEAD);
                 out.put_u64_le(*id);
+                out.put_u16_le(*status);
                 put_headers(out, headers);
             }
             Self::Data { id, data } => {
@@ -225,7 +232,8 @@ impl Frame {
             AUTHORIZATION => Self::Authorization { value: take_bytes(frame, "authorization")? },
             HEAD => {
                 let id = take_u64(frame, "head")?;
-                Self::Head { id, headers: take_headers(frame, "head")? }
+                let status = frame.try_get_u16_le().map_err(|_| WireError::Malformed("head"))?;
+                Self::Head { id, status, headers: take_headers(frame, "head")? }
             }
             DATA => {
                 let id = take_u64(frame, "data")?;
@@ -295,8 +303,9 @@ fn take_headers(frame: &mut Bytes, what: &'static str) -> Result<HeaderMap, Wire
         let name = take_bytes(frame, what)?;
         let value = take_bytes(frame, what)?;
         let name = HeaderName::from_bytes(&name).map_err(|_| WireError::Malformed(what))?;
-        let value =
-            HeaderValue::from_maybe_shared(value).map_err(|_| WireError::Malformed(what))?;
+        // Copied: a value that shared the read buffer would keep all of it alive as long as
+        // its call lasts.
+        let value = HeaderValue::from_bytes(&value).map_err(|_| WireError::Malformed(what))?;
         headers.append(name, value);
     }
     Ok(headers)
@@ -325,7 +334,7 @@ mod tests {
             },
             Frame::Cancel { id: 7 },
             Frame::Authorization { value: Bytes::from_static(b"Bearer s3cret") },
-            Frame::Head { id: 7, headers: headers.clone() },
+            Frame::Head { id: 7, status: 200, headers: headers.clone() },
             Frame::Data { id: 7, data: Bytes::from_static(b"answer") },
             Frame::Trailers { id: 7, trailers: headers },
             Frame::Trailers { id: u64::MAX, trailers: HeaderMap::new() },
@@ -394,6 +403,7 @@ mod tests {
         // A header name HTTP does not allow.
         let mut bad_name = vec![HEAD];
         bad_name.extend_from_slice(&1_u64.to_le_bytes());
+        bad_name.extend_from_slice(&200_u16.to_le_bytes());
         bad_name.extend_from_slice(&1_u16.to_le_bytes());
         for field in [&b"bad name"[..], b"v"] {
             bad_name.extend_from_slice(&u32::try_from(field.len()).unwrap().to_le_bytes());

@@ -1,10 +1,12 @@
 //! The client end of [`crate::wire`]: one connection to one node, its calls multiplexed by id.
 //!
 //! A writer task sends the calls' frames in the order their ids were given; a reader task hands
-//! each answer's frames to the call waiting for them. A call that may be sent again after a
-//! failure is told so the same way as on HTTP/2 ([`crate::connection::NotSent`]): when the
-//! connection broke before its frame was written, or the node said it never read it
-//! ([`Frame::GoAway`]).
+//! each answer's frames to the call waiting for them, never waiting for a call to read them. A
+//! call that may be sent again after a failure is told so the same way as on HTTP/2
+//! ([`crate::connection::NotSent`]): when the connection broke before any of its frame was
+//! handed to the socket, or the node said it never read it ([`Frame::GoAway`]). At most as many
+//! calls are open at once as the node said it serves per connection; a further one waits for a
+//! place before it is sent, as an HTTP/2 stream waits for the node's stream bound.
 
 use crate::connection::not_sent_status;
 use crate::wire::{Frame, MAGIC};
@@ -12,21 +14,25 @@ use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::Status;
 
-/// Frames of one answer the reader may hold before the call reads them; past it, the reader
-/// waits (a watch stream nobody reads slows its connection, as HTTP/2's windows would).
-const ANSWER_FRAMES: usize = 64;
+/// Frames of one answer the reader may hold before the call reads them. A call further behind
+/// (a watch stream nobody reads) is ended and cancelled at the node, rather than slowing the
+/// connection's other calls.
+const ANSWER_FRAMES: usize = 1024;
 /// Longest frame accepted from a node: a watch event or a backup chunk is far smaller.
 const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// How many bytes of queued frames the writer gathers into one write.
 const WRITE_BATCH_BYTES: usize = 64 * 1024;
+/// Most bytes queued for a node that is not reading them; past it the connection is closed.
+const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
+/// Most calls at once on one connection, whatever the node says.
+const MOST_CALLS: u32 = 10_000;
 
 type Answer = Result<Frame, Status>;
 
@@ -46,7 +52,7 @@ struct Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         // The writer's queue ends, so it shuts the socket's sending side; the node then closes.
-        let mut calls = self.shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut calls = self.shared.lock();
         calls.outgoing = None;
         calls.closed.get_or_insert_with(|| "the connection was dropped".to_owned());
     }
@@ -55,8 +61,16 @@ impl Drop for Owner {
 #[derive(Debug)]
 struct Shared {
     calls: Mutex<Calls>,
-    /// Every call with an id at or below this was written whole to the socket.
-    written_through: AtomicU64,
+    /// Places for calls at once: as many as the node serves per connection.
+    places: Arc<Semaphore>,
+    /// Longest request body the node takes on this connection.
+    max_request_bytes: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Calls> {
+        self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 #[derive(Debug)]
@@ -65,8 +79,49 @@ struct Calls {
     waiting: HashMap<u64, mpsc::Sender<Answer>>,
     /// The writer's queue; `None` once the connection can take no more calls.
     outgoing: Option<mpsc::UnboundedSender<(u64, Bytes)>>,
+    /// Bytes in the writer's queue.
+    queued_bytes: usize,
+    /// Every call with an id at or below this was handed to the socket, in part or whole: it
+    /// may have reached the node. Moved only under this lock, before the write.
+    handed_through: u64,
     /// Why the connection takes no more calls.
     closed: Option<String>,
+    /// The connection failed and its calls with it: the writer writes nothing more.
+    broken: bool,
+}
+
+impl Calls {
+    /// Queues `frame` (of call `id`, or 0 for a frame of no call) for the writer; closes the
+    /// connection when the node has stopped reading what is queued already.
+    fn queue(&mut self, shared: &Shared, id: u64, frame: Bytes) -> bool {
+        if self.queued_bytes + frame.len() > MAX_QUEUED_BYTES {
+            self.close(shared, "the node stopped reading the connection");
+            return false;
+        }
+        let length = frame.len();
+        let queued = self.outgoing.as_ref().is_some_and(|out| out.send((id, frame)).is_ok());
+        if queued {
+            self.queued_bytes += length;
+        }
+        queued
+    }
+
+    /// Ends the connection: every call still waiting fails, as not sent when none of its frame
+    /// was handed to the socket.
+    fn close(&mut self, shared: &Shared, reason: &str) {
+        self.closed.get_or_insert_with(|| reason.to_owned());
+        self.outgoing = None;
+        self.broken = true;
+        shared.places.close();
+        for (id, waiting) in self.waiting.drain() {
+            let failure = if id > self.handed_through {
+                not_sent_status(&format!("{reason}; connect again"))
+            } else {
+                Status::unavailable(format!("{reason} during the call"))
+            };
+            let _ = waiting.try_send(Err(failure));
+        }
+    }
 }
 
 impl WireConnection {
@@ -80,28 +135,37 @@ impl WireConnection {
         let opening = async {
             io.write_all(MAGIC).await?;
             io.flush().await?;
-            let mut answer = [0_u8; MAGIC.len()];
+            let mut answer = [0_u8; MAGIC.len() + 8];
             match io.read_exact(&mut answer).await {
-                Ok(_) => Ok(answer == *MAGIC),
-                Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+                Ok(_) => Ok(answer.starts_with(MAGIC).then(|| {
+                    let number = |at: usize| {
+                        u32::from_le_bytes(answer[at..at + 4].try_into().expect("four bytes"))
+                    };
+                    (number(MAGIC.len()), number(MAGIC.len() + 4))
+                })),
+                Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
                 Err(error) => Err(error),
             }
         };
         let spoken = tokio::time::timeout(timeout, opening).await.map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "the node did not answer in time")
         })??;
-        if !spoken {
+        let Some((max_calls, max_request_bytes)) = spoken else {
             return Ok(None);
-        }
+        };
         let (outgoing, queue) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             calls: Mutex::new(Calls {
                 next_id: 1,
                 waiting: HashMap::new(),
                 outgoing: Some(outgoing),
+                queued_bytes: 0,
+                handed_through: 0,
                 closed: None,
+                broken: false,
             }),
-            written_through: AtomicU64::new(0),
+            places: Arc::new(Semaphore::new(max_calls.clamp(1, MOST_CALLS) as usize)),
+            max_request_bytes: max_request_bytes as usize,
         });
         let (reader, writer) = tokio::io::split(io);
         tokio::spawn(write(writer, queue, shared.clone()));
@@ -109,21 +173,20 @@ impl WireConnection {
         Ok(Some(Self { owner: Arc::new(Owner { shared }) }))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Calls> {
-        self.owner.shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn shared(&self) -> &Shared {
+        &self.owner.shared
     }
 
-    /// Sends `value` as the `authorization` header of every later call.
+    /// Sends `value` as the `authorization` header of every later call on this connection (and
+    /// its clones: the link is shared).
     pub(crate) fn authorize(&self, value: Bytes) {
-        let calls = self.lock();
-        if let Some(outgoing) = &calls.outgoing {
-            let _ = outgoing.send((0, Frame::Authorization { value }.to_bytes()));
-        }
+        let frame = Frame::Authorization { value }.to_bytes();
+        self.shared().lock().queue(self.shared(), 0, frame);
     }
 
     /// Whether the connection takes no more calls; such a connection is replaced.
     pub(crate) fn is_closed(&self) -> bool {
-        self.lock().closed.is_some()
+        self.shared().lock().closed.is_some()
     }
 
     /// Calls `path` with `headers` (those every call carries the same are left out) and `body`,
@@ -134,14 +197,26 @@ impl WireConnection {
         mut headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<http::Response<WireBody>, Status> {
+        // gRPC's 5-byte message prefix is not the node's to count.
+        if body.len() > self.shared().max_request_bytes.saturating_add(5) {
+            return Err(Status::invalid_argument(format!(
+                "the request is larger than the {} bytes the node takes; send less at once",
+                self.shared().max_request_bytes
+            )));
+        }
         for same_on_every_call in
             [http::header::CONTENT_TYPE, http::header::TE, http::header::USER_AGENT]
         {
             headers.remove(same_on_every_call);
         }
+        // Waiting for a place sends nothing: a connection that closes meanwhile refuses the
+        // call as not sent.
+        let place = self.shared().places.clone().acquire_owned().await.map_err(|_| {
+            not_sent_status(&self.shared().lock().closed.clone().unwrap_or_default())
+        })?;
         let (answers, mut answer) = mpsc::channel(ANSWER_FRAMES);
         let id = {
-            let mut calls = self.lock();
+            let mut calls = self.shared().lock();
             if let Some(reason) = &calls.closed {
                 return Err(not_sent_status(reason));
             }
@@ -149,45 +224,64 @@ impl WireConnection {
             calls.next_id += 1;
             let request = Frame::Request { id, path: path.to_owned(), headers, body }.to_bytes();
             // Queued under the lock, so the writer sends calls in the order of their ids.
-            let queued = calls.outgoing.as_ref().is_some_and(|out| out.send((id, request)).is_ok());
-            if !queued {
+            if !calls.queue(self.shared(), id, request) {
                 return Err(not_sent_status("the connection closed; connect again"));
             }
             calls.waiting.insert(id, answers);
             id
         };
-        let mut pending = Pending { connection: self.clone(), id, done: false };
+        let mut pending = Pending { connection: self.clone(), id, place: Some(place) };
         let head = match answer.recv().await {
-            Some(Ok(Frame::Head { headers, .. })) => headers,
+            Some(Ok(Frame::Head { status, headers, .. })) => (status, headers),
             Some(Ok(_)) => return Err(Status::internal("the node answered without headers")),
             Some(Err(status)) => {
-                pending.done = true;
+                pending.finish();
                 return Err(status);
             }
-            None => return Err(Status::unavailable("the connection closed during the call")),
+            None => return Err(ended_early()),
         };
         let mut response = http::Response::new(WireBody { answer, pending, ended: false });
-        *response.headers_mut() = head;
+        *response.status_mut() =
+            http::StatusCode::from_u16(head.0).unwrap_or(http::StatusCode::BAD_GATEWAY);
+        *response.headers_mut() = head.1;
         Ok(response)
     }
 }
 
+/// A call's end without its whole answer, as its body sees it.
+fn ended_early() -> Status {
+    Status::unavailable(
+        "the call ended without its answer: the connection closed, or the caller fell more than \
+         1,024 frames behind its stream",
+    )
+}
+
 /// A call not yet answered whole; dropped before that, it tells the node to stop serving it.
+/// It holds the call's place until then.
 #[derive(Debug)]
 struct Pending {
     connection: WireConnection,
     id: u64,
-    done: bool,
+    place: Option<OwnedSemaphorePermit>,
+}
+
+impl Pending {
+    /// The call was answered whole: its place is free, and the node needs no cancel.
+    fn finish(&mut self) {
+        self.place = None;
+        self.connection.shared().lock().waiting.remove(&self.id);
+    }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let mut calls = self.connection.lock();
-        if calls.waiting.remove(&self.id).is_some()
-            && !self.done
-            && let Some(outgoing) = &calls.outgoing
-        {
-            let _ = outgoing.send((0, Frame::Cancel { id: self.id }.to_bytes()));
+        if self.place.take().is_none() {
+            return;
+        }
+        let shared = self.connection.shared();
+        let mut calls = shared.lock();
+        if calls.waiting.remove(&self.id).is_some() {
+            calls.queue(shared, 0, Frame::Cancel { id: self.id }.to_bytes());
         }
     }
 }
@@ -219,13 +313,18 @@ impl http_body::Body for WireBody {
             Some(Ok(Frame::Data { data, .. })) => {
                 return Poll::Ready(Some(Ok(BodyFrame::data(data))));
             }
-            Some(Ok(Frame::Trailers { trailers, .. })) => Ok(BodyFrame::trailers(trailers)),
+            Some(Ok(Frame::Trailers { trailers, .. })) => {
+                self.pending.finish();
+                Ok(BodyFrame::trailers(trailers))
+            }
             Some(Ok(_)) => Err(Status::internal("the node sent a frame out of order")),
-            Some(Err(status)) => Err(status),
-            None => Err(Status::unavailable("the connection closed during the call")),
+            Some(Err(status)) => {
+                self.pending.finish();
+                Err(status)
+            }
+            None => Err(ended_early()),
         };
         self.ended = true;
-        self.pending.done = true;
         Poll::Ready(Some(frame))
     }
 
@@ -235,6 +334,8 @@ impl http_body::Body for WireBody {
 }
 
 /// Sends queued frames, several per write when they queue faster than the socket takes them.
+/// A frame is counted as handed to the socket before its write starts, and nothing is written
+/// once the connection is closed: a call failed as not sent never reaches the node.
 async fn write<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut queue: mpsc::UnboundedReceiver<(u64, Bytes)>,
@@ -250,16 +351,24 @@ async fn write<W: AsyncWrite + Unpin>(
             last_id = last_id.max(id);
             batch.extend_from_slice(&frame);
         }
+        {
+            let mut calls = shared.lock();
+            if calls.broken {
+                // Its calls were failed, some as not sent: they must stay unsent.
+                return;
+            }
+            calls.queued_bytes = calls.queued_bytes.saturating_sub(batch.len());
+            calls.handed_through = calls.handed_through.max(last_id);
+        }
         let written = async {
             writer.write_all(&batch).await?;
             writer.flush().await
         };
         if let Err(error) = written.await {
-            close(&shared, &format!("writing to the node failed: {error}"));
+            shared.lock().close(&shared, &format!("writing to the node failed: {error}"));
             return;
         }
         batch.clear();
-        shared.written_through.fetch_max(last_id, Ordering::Release);
     }
     let _ = writer.shutdown().await;
 }
@@ -294,26 +403,24 @@ async fn read<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>) {
             }
             frame => Ok(frame),
         };
-        let waiting = shared
-            .calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .waiting
-            .get(&id)
-            .cloned();
+        let mut calls = shared.lock();
         // A call given up on has no one waiting: its late frames are dropped.
-        if let Some(waiting) = waiting {
-            let _ = waiting.send(answer).await;
+        if let Some(waiting) = calls.waiting.get(&id)
+            && let Err(mpsc::error::TrySendError::Full(_)) = waiting.try_send(answer)
+        {
+            // The caller fell behind its stream: end that call alone, not the connection.
+            calls.waiting.remove(&id);
+            calls.queue(&shared, 0, Frame::Cancel { id }.to_bytes());
         }
     };
-    close(&shared, &reason);
+    shared.lock().close(&shared, &reason);
 }
 
 /// The node read nothing after `last_id`: later calls were never read and may be sent again.
 fn go_away(shared: &Shared, last_id: u64) {
-    let mut calls = shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut calls = shared.lock();
     calls.closed.get_or_insert_with(|| "the node is closing the connection".to_owned());
-    calls.outgoing = None;
+    shared.places.close();
     let unread: Vec<u64> = calls.waiting.keys().copied().filter(|id| *id > last_id).collect();
     for id in unread {
         if let Some(waiting) = calls.waiting.remove(&id) {
@@ -321,23 +428,6 @@ fn go_away(shared: &Shared, last_id: u64) {
                 "the node closed the connection before reading the call; connect again",
             )));
         }
-    }
-}
-
-/// Ends the connection: every call still waiting fails, as not sent when its frame was never
-/// written whole.
-fn close(shared: &Shared, reason: &str) {
-    let mut calls = shared.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    calls.closed.get_or_insert_with(|| reason.to_owned());
-    calls.outgoing = None;
-    let written_through = shared.written_through.load(Ordering::Acquire);
-    for (id, waiting) in calls.waiting.drain() {
-        let failure = if id > written_through {
-            not_sent_status(&format!("{reason}; connect again"))
-        } else {
-            Status::unavailable(format!("{reason} during the call"))
-        };
-        let _ = waiting.try_send(Err(failure));
     }
 }
 
@@ -364,6 +454,8 @@ mod tests {
             stream.read_exact(&mut opening).await.unwrap();
             assert_eq!(&opening, MAGIC);
             stream.write_all(MAGIC).await.unwrap();
+            stream.write_all(&2_u32.to_le_bytes()).await.unwrap();
+            stream.write_all(&1024_u32.to_le_bytes()).await.unwrap();
             Self { stream, buffer: BytesMut::new() }
         }
 
@@ -416,7 +508,7 @@ mod tests {
             for (id, path, body) in requests.into_iter().rev() {
                 let mut headers = HeaderMap::new();
                 headers.insert("content-type", "application/grpc".parse().unwrap());
-                node.send(Frame::Head { id, headers }).await;
+                node.send(Frame::Head { id, status: 200, headers }).await;
                 node.send(Frame::Data { id, data: Bytes::from(format!("{path}:{body:?}")) }).await;
                 let mut trailers = HeaderMap::new();
                 trailers.insert("grpc-status", "0".parse().unwrap());

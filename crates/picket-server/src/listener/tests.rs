@@ -28,11 +28,77 @@ struct Listening {
     serving: tokio::task::JoinHandle<()>,
 }
 
-/// Calls open at once on `/count` now, and the most ever seen.
+/// Calls open at once on `/count` now, and the most ever seen; `/forever` counts into `now`
+/// when it starts and into `dropped` when its handler is dropped.
 #[derive(Default)]
 struct Concurrency {
     now: AtomicUsize,
     most: AtomicUsize,
+    dropped: AtomicUsize,
+}
+
+struct Dropped(Arc<Concurrency>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A stream of 5,000 chunks, all ready at once.
+async fn flood(_request: String) -> axum::body::Body {
+    let chunks = (0..5_000).map(|i| Ok::<_, std::convert::Infallible>(format!("chunk {i}\n")));
+    axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+}
+
+/// Found in review: while every place of a wire connection was taken, the node read nothing,
+/// so a cancel behind the calls never arrived and a call the client had dropped (a waiting
+/// acquire) went on. The client now waits for a place itself, the node reads cancels at any
+/// time, and the dropped call's handler is dropped, so the waiting call gets its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wire_call_is_cancelled_at_the_node_even_with_every_place_taken() {
+    let concurrency = Arc::new(Concurrency::default());
+    let listening = listen_with(1, concurrency.clone()).await;
+    let connection = connect_with(&listening.addr, Protocol::Wire).await;
+    let forever = tokio::spawn({
+        let connection = connection.clone();
+        async move { fetch(&connection, "/forever").await }
+    });
+    wait_for(|| concurrency.now.load(Ordering::SeqCst) == 1).await;
+    // The one place is taken: this call waits for it.
+    let next = tokio::spawn({
+        let connection = connection.clone();
+        async move { fetch(&connection, "/hello").await }
+    });
+    forever.abort();
+    assert_eq!(next.await.expect("no panic"), "hello");
+    wait_for(|| concurrency.dropped.load(Ordering::SeqCst) == 1).await;
+}
+
+/// Found in review: the client's reader waited for each call to take its frames, so one stream
+/// nobody read (past 64 frames) stalled every other call on the connection. A call that falls
+/// that far behind is now ended alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_nobody_reads_does_not_stall_its_connection() {
+    let listening = listen().await;
+    let connection = connect_with(&listening.addr, Protocol::Wire).await;
+    let uri = format!("http://{}/flood", listening.addr);
+    let request = http::Request::get(uri).body(tonic::body::Body::empty()).expect("a request");
+    let unread = connection.clone().oneshot(request).await.expect("an answer");
+    for _ in 0..3 {
+        let answer = tokio::time::timeout(Duration::from_secs(10), fetch(&connection, "/hello"));
+        assert_eq!(answer.await.expect("answered while the flood is unread"), "hello");
+    }
+    drop(unread);
+}
+
+/// Waits until `done` holds (at most 10 s).
+async fn wait_for(done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(10), "not done within 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn listen() -> Listening {
@@ -72,8 +138,9 @@ async fn serve_with(
     concurrency: Arc<Concurrency>,
     max_raft_message_bytes: usize,
 ) -> Listening {
+    let counted = concurrency.clone();
     let count = move |_request: String| {
-        let concurrency = concurrency.clone();
+        let concurrency = counted.clone();
         async move {
             let now = concurrency.now.fetch_add(1, Ordering::SeqCst) + 1;
             concurrency.most.fetch_max(now, Ordering::SeqCst);
@@ -82,9 +149,22 @@ async fn serve_with(
             "counted"
         }
     };
+    let forever = {
+        let concurrency = concurrency.clone();
+        move |_request: String| {
+            let concurrency = concurrency.clone();
+            async move {
+                concurrency.now.fetch_add(1, Ordering::SeqCst);
+                let _dropped = Dropped(concurrency);
+                std::future::pending::<&str>().await
+            }
+        }
+    };
     let app = axum::Router::new()
         .route("/hello", any(|_request: String| async { "hello" }))
         .route("/stream", any(slow_stream))
+        .route("/flood", any(flood))
+        .route("/forever", any(forever))
         .route("/count", any(count));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().expect("bound").to_string();

@@ -18,7 +18,7 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use http::{HeaderMap, HeaderValue};
 use http_body_util::BodyExt as _;
 use picket_proto::wire::{Frame, MAGIC};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::mpsc;
@@ -28,8 +28,11 @@ use tower::ServiceExt as _;
 const QUEUED_ANSWERS: usize = 256;
 /// How many bytes of answers one write gathers at most.
 const WRITE_BATCH_BYTES: usize = 64 * 1024;
-/// A frame's bytes beside its request body: its kind, id and path.
-const FRAME_OVERHEAD_BYTES: usize = 1024;
+/// A frame's bytes beside its request body: its kind, id, path and metadata.
+const FRAME_OVERHEAD_BYTES: usize = 16 * 1024;
+/// Longest a write may take before the connection is closed: its client stopped reading (or
+/// its host is gone). The same as HTTP/2's unanswered keepalive ping, interval and timeout.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What a connection's first bytes ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +90,19 @@ struct Callers {
 }
 
 impl Callers {
+    /// The longest request this connection may send. A frame is read whole before its path is
+    /// known, so a connection that may send Raft messages (a member's, judged again after a TLS
+    /// reload, or any without TLS, where the `Raft` service admits everyone) may send frames as
+    /// long as the longest of them; any other, only a client's request.
+    fn max_message_bytes(&self, serving: &Serving) -> usize {
+        let may_send_raft = self.tls.is_none() || self.caller.member;
+        if may_send_raft {
+            serving.max_message_bytes.max(serving.max_raft_message_bytes)
+        } else {
+            serving.max_message_bytes
+        }
+    }
+
     /// Call `path` with `metadata` and `body` as the router takes it, `None` when the path is
     /// not one.
     fn request(
@@ -125,26 +141,31 @@ pub(super) async fn serve_wire<Io>(
 ) where
     Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Serving {
-        app,
-        idle_timeout,
-        mut phase,
-        max_calls,
-        max_message_bytes,
-        max_raft_message_bytes,
-        ..
-    } = serving;
+    let idle_timeout = serving.idle_timeout;
+    let mut phase = serving.phase.clone();
+    let max_calls = serving.max_calls.max(1);
     let (mut reader, mut writer) = tokio::io::split(io);
-    if writer.write_all(MAGIC).await.is_err() || writer.flush().await.is_err() {
+    let mut callers = Callers { caller, tls, authorization: None };
+    let mut opening = MAGIC.to_vec();
+    opening.extend_from_slice(&u32::try_from(max_calls).unwrap_or(u32::MAX).to_le_bytes());
+    let max_request = callers.max_message_bytes(&serving);
+    opening.extend_from_slice(&u32::try_from(max_request).unwrap_or(u32::MAX).to_le_bytes());
+    if !write(&mut writer, &opening).await {
         return;
     }
-    let mut callers = Callers { caller, tls, authorization: None };
     let (answers, mut queue) = mpsc::channel::<Bytes>(QUEUED_ANSWERS);
     let mut calls = FuturesUnordered::new();
-    let mut aborts: HashMap<u64, AbortHandle> = HashMap::new();
+    // The calls running, by id; a cancelled one leaves at once (its future is dropped when
+    // next polled).
+    let mut running: HashMap<u64, AbortHandle> = HashMap::new();
+    // Calls read while every place was taken: the client's places free as soon as it has an
+    // answer, which may be before this task has seen the call end.
+    let mut waiting: VecDeque<(u64, http::Request<Body>)> = VecDeque::new();
     let mut buffer = BytesMut::with_capacity(8 * 1024);
     let mut out = BytesMut::new();
+    // The last call read, and the last started (every later one read is waiting).
     let mut last_id = 0_u64;
+    let mut last_started = 0_u64;
     let mut reading = true;
     let idle = tokio::time::sleep(idle_timeout);
     let mut idle = std::pin::pin!(idle);
@@ -156,30 +177,32 @@ pub(super) async fn serve_wire<Io>(
                 while out.len() < WRITE_BATCH_BYTES && let Ok(answer) = queue.try_recv() {
                     out.extend_from_slice(&answer);
                 }
-                if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
+                if !write(&mut writer, &out).await {
                     return;
                 }
                 out.clear();
             }
             Some(ended) = calls.next(), if !calls.is_empty() => {
                 if let Ok(id) = ended {
-                    aborts.remove(&id);
+                    running.remove(&id);
                 }
-                if calls.is_empty() {
+                if calls.is_empty() && waiting.is_empty() {
                     idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
                 }
             }
-            read = reader.read_buf(&mut buffer), if reading && calls.len() < max_calls => {
+            // Cancels are read even while every place is taken; only a client that sends
+            // more calls than it was told it may have open is not read further.
+            read = reader.read_buf(&mut buffer), if reading && waiting.len() < max_calls => {
                 // The client closed the connection, or it broke: nobody is left to answer, so
                 // its calls are dropped, as HTTP/2 drops a closed connection's streams.
                 if !matches!(read, Ok(read) if read > 0) {
                     return;
                 }
             }
-            () = &mut idle, if reading && calls.is_empty() => {
+            () = &mut idle, if reading && calls.is_empty() && waiting.is_empty() => {
                 tracing::debug!(?idle_timeout, "closing a wire connection idle for the idle timeout");
                 reading = false;
-                if go_away(&mut writer, last_id).await.is_err() {
+                if !write(&mut writer, &Frame::GoAway { last_id }.to_bytes()).await {
                     return;
                 }
             }
@@ -187,25 +210,16 @@ pub(super) async fn serve_wire<Io>(
                 if !reading || gone {
                     return;
                 }
+                // Calls read but not started are dropped: the client may send them again.
                 reading = false;
-                if go_away(&mut writer, last_id).await.is_err() {
+                waiting.clear();
+                if !write(&mut writer, &Frame::GoAway { last_id: last_started }.to_bytes()).await {
                     return;
                 }
             }
         }
-        // A frame is read whole before its path is known, so a connection that may send Raft
-        // messages (a member's, judged again after a TLS reload, or any without TLS) may send
-        // frames as long as the longest of them; any other, only a client's request.
-        let may_send_raft = callers.tls.is_none() || callers.caller.member;
-        let max_message_bytes = if may_send_raft {
-            max_message_bytes.max(max_raft_message_bytes)
-        } else {
-            max_message_bytes
-        };
-        let max_frame_bytes = max_message_bytes + FRAME_OVERHEAD_BYTES;
-        // The frames read so far, up to the bound on calls at once: the rest wait in the
-        // buffer until a call ends.
-        while reading && calls.len() < max_calls {
+        let max_frame_bytes = callers.max_message_bytes(&serving) + FRAME_OVERHEAD_BYTES;
+        while reading && waiting.len() < max_calls {
             let frame = match Frame::decode(&mut buffer, max_frame_bytes) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
@@ -219,24 +233,21 @@ pub(super) async fn serve_wire<Io>(
                     last_id = id;
                     let Some(request) = callers.request(&path, headers, body) else {
                         let message = format!("{path:?} is not a call path");
-                        if writer.write_all(&Frame::Reset { id, message }.to_bytes()).await.is_err()
-                        {
+                        if !write(&mut writer, &Frame::Reset { id, message }.to_bytes()).await {
                             return;
                         }
                         continue;
                     };
-                    let (abort, registration) = AbortHandle::new_pair();
-                    let call = serve_call(app.clone(), request, id, answers.clone());
-                    calls.push(Abortable::new(call, registration));
-                    aborts.insert(id, abort);
+                    waiting.push_back((id, request));
                 }
                 Frame::Cancel { id } => {
-                    if let Some(abort) = aborts.remove(&id) {
+                    if let Some(abort) = running.remove(&id) {
                         abort.abort();
                     }
+                    waiting.retain(|(waiting_id, _)| *waiting_id != id);
                 }
                 Frame::Authorization { value } => {
-                    let Ok(mut value) = HeaderValue::from_maybe_shared(value) else {
+                    let Ok(mut value) = HeaderValue::from_bytes(&value) else {
                         tracing::debug!(
                             "closing a wire connection whose authorization is not a header value"
                         );
@@ -253,6 +264,15 @@ pub(super) async fn serve_wire<Io>(
                 }
             }
         }
+        while running.len() < max_calls
+            && let Some((id, request)) = waiting.pop_front()
+        {
+            let (abort, registration) = AbortHandle::new_pair();
+            let call = serve_call(serving.app.clone(), request, id, answers.clone());
+            calls.push(Abortable::new(call, registration));
+            running.insert(id, abort);
+            last_started = id;
+        }
         if !reading && calls.is_empty() && queue.is_empty() {
             let _ = writer.shutdown().await;
             return;
@@ -260,15 +280,29 @@ pub(super) async fn serve_wire<Io>(
     }
 }
 
+/// Writes `bytes` whole, within [`WRITE_TIMEOUT`]: `false` when the connection is to be closed
+/// (it failed, or its client stopped reading).
+async fn write<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) -> bool {
+    let written = async {
+        writer.write_all(bytes).await?;
+        writer.flush().await
+    };
+    match tokio::time::timeout(WRITE_TIMEOUT, written).await {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "a wire connection failed");
+            false
+        }
+        Err(_) => {
+            tracing::debug!("closing a wire connection whose client stopped reading");
+            false
+        }
+    }
+}
+
 /// Resolves once the listener's phase reaches `phase`: `true` if the listener is gone.
 async fn phase_reached(watching: &mut tokio::sync::watch::Receiver<Phase>, phase: Phase) -> bool {
     watching.wait_for(|now| *now >= phase).await.is_err()
-}
-
-/// Tells the client that nothing after call `last_id` was read, nor will be.
-async fn go_away<W: AsyncWrite + Unpin>(writer: &mut W, last_id: u64) -> std::io::Result<()> {
-    writer.write_all(&Frame::GoAway { last_id }.to_bytes()).await?;
-    writer.flush().await
 }
 
 /// Runs one call and queues its answer's frames: headers, data, trailers (a `Reset` when its
@@ -285,8 +319,12 @@ async fn serve_call(
     };
     let (parts, mut body) = response.into_parts();
     let mut out = BytesMut::new();
-    Frame::Head { id, headers: parts.headers }.encode(&mut out);
+    Frame::Head { id, status: parts.status.as_u16(), headers: parts.headers }.encode(&mut out);
     loop {
+        // A long answer ready at once (a backup) goes out in pieces, not gathered whole.
+        if out.len() >= WRITE_BATCH_BYTES && answers.send(out.split().freeze()).await.is_err() {
+            return id;
+        }
         let next = match body.frame().now_or_never() {
             Some(next) => next,
             None => {
