@@ -504,8 +504,12 @@ async fn accept_one(
             // Past the handshake the opening is encrypted, so it cannot be peeked at: the
             // first read carries the deadline instead.
             let mut stream = OpensInTime::new(stream);
+            // The whole opening within the deadline, not only its first byte.
+            let sniffing = tokio::time::timeout(HEADER_READ_TIMEOUT, wire::sniff(&mut stream));
             let opened = tokio::select! {
-                opened = wire::sniff(&mut stream) => opened,
+                opened = sniffing => opened.unwrap_or_else(|_| {
+                    Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no opening in time"))
+                }),
                 () = draining(serving.phase.clone()) => return,
             };
             match opened {

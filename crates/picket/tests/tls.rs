@@ -426,7 +426,14 @@ fn plaintext_beyond_loopback_is_refused_unless_asked_for() {
 /// place for ever. Its first read now has the same deadline as a plaintext connection's opening.
 #[test]
 fn a_tls_connection_that_sends_nothing_after_its_handshake_is_closed() {
-    use std::io::Read as _;
+    // Nothing at all, and (found in review) the wire protocol's first byte and nothing more.
+    for sent in [&b""[..], &b"\0"[..]] {
+        a_tls_connection_that_sends_only(sent);
+    }
+}
+
+fn a_tls_connection_that_sends_only(sent: &[u8]) {
+    use std::io::{Read as _, Write as _};
     let dir = temp_dir();
     let pki = TestPki::generate(&dir.path().join("pki"));
     let args = pki.serve_args();
@@ -446,9 +453,12 @@ fn a_tls_connection_that_sends_nothing_after_its_handshake_is_closed() {
     let started = std::time::Instant::now();
     socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut stream = rustls::Stream::new(&mut connection, &mut socket);
+    stream.write_all(sent).unwrap();
+    stream.flush().unwrap();
     let mut byte = [0_u8; 1];
     // The node closes the connection (end of stream, or an error), it does not keep it open.
     let read = stream.read(&mut byte);
-    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-    assert!(started.elapsed() < Duration::from_secs(25), "closed after {:?}", started.elapsed());
+    assert!(matches!(read, Ok(0) | Err(_)), "{sent:?}: {read:?}");
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(25), "{sent:?}: closed after {elapsed:?}");
 }
