@@ -29,6 +29,10 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// from HTTP; the line end makes an older node's HTTP/1 parser refuse it at once.
 pub const MAGIC: &[u8; 16] = b"\0picket-wire/1\r\n";
 
+/// How many bytes of frames either end gathers into one write at most, when frames queue
+/// faster than the socket takes them.
+pub const WRITE_BATCH_BYTES: usize = 64 * 1024;
+
 /// Most headers or trailers one frame may carry; a call's metadata is a handful.
 pub const MAX_HEADERS: usize = 64;
 

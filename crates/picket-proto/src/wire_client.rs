@@ -9,7 +9,7 @@
 //! place before it is sent, as an HTTP/2 stream waits for the node's stream bound.
 
 use crate::connection::not_sent_status;
-use crate::wire::{Frame, MAGIC};
+use crate::wire::{Frame, MAGIC, WRITE_BATCH_BYTES};
 use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
 use std::collections::HashMap;
@@ -27,8 +27,6 @@ use tonic::Status;
 const ANSWER_FRAMES: usize = 1024;
 /// Longest frame accepted from a node: a watch event or a backup chunk is far smaller.
 const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
-/// How many bytes of queued frames the writer gathers into one write.
-const WRITE_BATCH_BYTES: usize = 64 * 1024;
 /// Most bytes queued for a node that is not reading them; past it the connection is closed.
 const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 /// Most calls at once on one connection, whatever the node says.

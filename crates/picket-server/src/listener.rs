@@ -2,7 +2,8 @@
 //! headers, how long a connection may stay open with no request, keepalive pings on HTTP/2, and
 //! a graceful stop.
 //!
-//! The client port serves the gRPC and HTTP/JSON APIs, and the peers' Raft traffic unless the
+//! The client port serves the gRPC and HTTP/JSON APIs (gRPC also in Picket's own framing,
+//! `listener/wire.rs`, told apart by its first bytes), and the peers' Raft traffic unless the
 //! node has a peer port (`--peer-listen`), served by a second accept loop with a bound of its
 //! own, so that clients cannot crowd peers out. Every connection
 //! costs a file descriptor and a task, so a node holds at most `max_connections` at once: past

@@ -4,8 +4,9 @@
 //! Each call is handed to the same router as a gRPC call over HTTP/2 (the same handlers,
 //! authentication, limits and errors), built from its frame instead of from HTTP/2 streams. A
 //! connection is served by one task: it reads frames, runs its calls' futures itself (at most
-//! `max_streams_per_connection` at once; past that it stops reading, and the client waits), and
-//! writes their answers, several per write when they come together. A call the client cancels,
+//! `max_streams_per_connection` at once, a number the client is told and waits for a place
+//! under; cancels are read at any time), and writes their answers, several per write when they
+//! come together. A call the client cancels,
 //! or every call of a connection that breaks, is dropped, as an HTTP/2 stream reset drops it.
 
 use super::{Phase, Serving};
@@ -17,7 +18,7 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt as _, StreamExt as _};
 use http::{HeaderMap, HeaderValue};
 use http_body_util::BodyExt as _;
-use picket_proto::wire::{Frame, MAGIC};
+use picket_proto::wire::{Frame, MAGIC, WRITE_BATCH_BYTES};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
@@ -26,8 +27,6 @@ use tower::ServiceExt as _;
 
 /// Answer frames queued for the writer before a call waits for it to catch up.
 const QUEUED_ANSWERS: usize = 256;
-/// How many bytes of answers one write gathers at most.
-const WRITE_BATCH_BYTES: usize = 64 * 1024;
 /// A frame's bytes beside its request body: its kind, id, path and metadata.
 const FRAME_OVERHEAD_BYTES: usize = 16 * 1024;
 /// Longest a write may take before the connection is closed: its client stopped reading (or
