@@ -3,19 +3,23 @@
 //! Each session must hear at once when the service ends it (`lost()`), so each needs a watch.
 //! A watch per session would be one HTTP/2 stream per session, and servers cap concurrent
 //! streams per connection (hyper: 200), so a client with more sessions would stall. Instead the
-//! sessions of a client share a few streams: chunks of up to [`CHUNK`] sessions, each watched by
-//! one `sessions` stream. New sessions join the open chunk, whose stream is replaced (new one
-//! first, then the old one dropped, so nothing is missed) after a short pause that lets a burst
-//! of opens share one replacement. A stream that breaks reconnects by itself, and then asks the
-//! service about each of its sessions and their grants (`state::recheck`), since their events
-//! may have gone by meanwhile; so does a `resync` message, which the service sends when it
-//! cannot say which events it skipped (after installing a snapshot).
+//! sessions of a client share a few streams, each a `sessions` stream of up to [`CHUNK`]
+//! sessions. Sessions opened within a short pause share a new stream (a *piece*); a piece no
+//! longer than the newest is merged with it into one stream (new one first, then the old ones
+//! dropped, so nothing is missed), as a binary counter carries, so a session is re-registered
+//! at most about log2([`CHUNK`]) times and a client keeps a dozen or so small pieces beside its
+//! full ones. (Replacing one growing stream on every open cost the node thousands of
+//! registrations per session on the way to a million sessions.) A stream that breaks reconnects
+//! by itself, and then asks the service about each of its sessions and their grants
+//! (`state::recheck`), since their events may have gone by meanwhile; so does a `resync`
+//! message, which the service sends when it cannot say which events it skipped (after
+//! installing a snapshot).
 
 use crate::LostReason;
 use crate::state::{self, SessionState};
 use crate::transport::WeakTransport;
 use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -36,6 +40,16 @@ pub(crate) struct SessionWatcher {
     changed: Notify,
     /// The newest registration generation that a live stream covers.
     covered: watch::Sender<u64>,
+    coverage: Mutex<Coverage>,
+}
+
+/// The pieces whose stream is not open yet, for [`SessionWatcher::covered`].
+#[derive(Debug, Default)]
+struct Coverage {
+    /// By piece: the lowest registration generation that no open stream covers but its own.
+    starting: HashMap<u64, u64>,
+    /// The newest generation a piece was started for.
+    newest: u64,
 }
 
 #[derive(Debug, Default)]
@@ -43,13 +57,52 @@ struct State {
     sessions: BTreeMap<u64, Weak<SessionState>>,
     /// The size at which `register` next drops sessions that ended or were dropped.
     prune_at: usize,
-    /// Sessions of the open chunk, in registration order.
-    open: Vec<u64>,
+    /// Sessions registered since the last piece was started, in registration order.
+    fresh: Vec<u64>,
     generation: u64,
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn lock_coverage(coverage: &Mutex<Coverage>) -> std::sync::MutexGuard<'_, Coverage> {
+    coverage.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A piece's stream until it is first open: dropping it (open, or aborted) tells the watcher.
+struct Starting {
+    watcher: Arc<SessionWatcher>,
+    piece: u64,
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        self.watcher.piece_started(self.piece);
+    }
+}
+
+/// A stream of at most [`CHUNK`] / 2 sessions, which a newer one may absorb.
+struct Piece<Stream> {
+    id: u64,
+    ids: Vec<u64>,
+    stream: Stream,
+}
+
+/// Moves into `ids` (a new piece's sessions) every piece on top of the stack no longer than
+/// it, while the whole fits in a chunk, and returns them: their streams go once the new one
+/// is open. The stack stays strictly shorter from the bottom up.
+fn absorb<Stream>(pieces: &mut Vec<Piece<Stream>>, ids: &mut Vec<u64>) -> Vec<Piece<Stream>> {
+    let mut absorbed = Vec::new();
+    while let Some(top) = pieces.last()
+        && top.ids.len() <= ids.len()
+        && top.ids.len() + ids.len() <= CHUNK
+    {
+        let mut top = pieces.pop().expect("looked at");
+        ids.append(&mut top.ids);
+        absorbed.push(top);
+    }
+    absorbed
 }
 
 impl SessionWatcher {
@@ -66,7 +119,7 @@ impl SessionWatcher {
                 state.prune_at = (state.sessions.len() * 2).max(64);
             }
             state.sessions.insert(id, Arc::downgrade(shared));
-            state.open.push(id);
+            state.fresh.push(id);
             state.generation += 1;
             state.generation
         };
@@ -81,6 +134,32 @@ impl SessionWatcher {
         tokio::time::timeout(timeout, covered.wait_for(|covered| *covered >= generation))
             .await
             .is_ok_and(|result| result.is_ok())
+    }
+
+    /// Piece `piece`, started for the registrations after `previous` up to `generation`, opens
+    /// its stream; it also covers what the not yet open pieces in `replaced` were to cover.
+    fn piece_starting(&self, piece: u64, previous: u64, generation: u64, replaced: &[u64]) {
+        let mut coverage = lock_coverage(&self.coverage);
+        let inherited = replaced.iter().filter_map(|old| coverage.starting.remove(old)).min();
+        let lowest = inherited.map_or(previous + 1, |inherited| inherited.min(previous + 1));
+        coverage.starting.insert(piece, lowest);
+        coverage.newest = generation;
+    }
+
+    /// Piece `piece`'s stream is open (or the piece was dropped after a newer one covered it):
+    /// every registration below the lowest that a starting piece waits for is covered.
+    fn piece_started(&self, piece: u64) {
+        let covered = {
+            let mut coverage = lock_coverage(&self.coverage);
+            coverage.starting.remove(&piece);
+            coverage.starting.values().min().map_or(coverage.newest, |lowest| lowest - 1)
+        };
+        self.covered.send_if_modified(|current| {
+            (*current < covered) && {
+                *current = covered;
+                true
+            }
+        });
     }
 
     /// A registered session that is neither dropped nor lost.
@@ -110,8 +189,12 @@ const GONE_CHECK: Duration = Duration::from_secs(10);
 /// Runs the streams of one client's sessions. Holds the connections only weakly: it stops
 /// within [`GONE_CHECK`] once the client and all its sessions are gone.
 pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatcher>) {
-    let mut sealed: Vec<JoinHandle<()>> = Vec::new();
-    let mut open_stream: Option<JoinHandle<()>> = None;
+    let mut full: Vec<JoinHandle<()>> = Vec::new();
+    // Strictly shorter from the bottom up, each at most half a chunk: at most about
+    // log2(CHUNK) of them.
+    let mut pieces: Vec<Piece<JoinHandle<()>>> = Vec::new();
+    let mut next_piece = 0;
+    let mut previous = 0;
     loop {
         tokio::select! {
             () = watcher.changed.notified() => {}
@@ -125,45 +208,53 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
         }
         tokio::time::sleep(DEBOUNCE).await;
         let Some(transport) = weak_transport.upgrade() else { break };
-        let (ids, generation, seal) = {
+        let (fresh, generation) = {
             let mut state = lock(&watcher.state);
-            let seal = state.open.len() >= CHUNK;
-            let ids = if seal { state.open.drain(..).collect() } else { state.open.clone() };
-            (ids, state.generation, seal)
+            (std::mem::take(&mut state.fresh), state.generation)
         };
-        if ids.is_empty() {
-            continue;
+        for chunk in fresh.chunks(CHUNK) {
+            let mut ids = chunk.to_vec();
+            let replaced = absorb(&mut pieces, &mut ids);
+            let piece = next_piece;
+            next_piece += 1;
+            let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
+            watcher.piece_starting(piece, previous, generation, &replaced_ids);
+            let starting = Starting { watcher: watcher.clone(), piece };
+            let stream =
+                tokio::spawn(follow(transport.downgrade(), watcher.clone(), ids.clone(), starting));
+            if !replaced.is_empty() {
+                // The old streams may go once the new one covers what they did.
+                let watcher = watcher.clone();
+                tokio::spawn(async move {
+                    watcher.covered(generation, COVER_TIMEOUT).await;
+                    for old in replaced {
+                        old.stream.abort();
+                    }
+                });
+            }
+            if ids.len() > CHUNK / 2 {
+                full.push(stream);
+            } else {
+                pieces.push(Piece { id: piece, ids, stream });
+            }
         }
-        let stream = tokio::spawn(follow(transport.downgrade(), watcher.clone(), ids, generation));
+        previous = previous.max(generation);
         drop(transport);
-        if let Some(old) = open_stream.take() {
-            // The new stream is being opened; the old one may go once the new one covers.
-            let watcher = watcher.clone();
-            tokio::spawn(async move {
-                watcher.covered(generation, COVER_TIMEOUT).await;
-                old.abort();
-            });
-        }
-        if seal {
-            sealed.push(stream);
-        } else {
-            open_stream = Some(stream);
-        }
     }
-    for stream in sealed.into_iter().chain(open_stream) {
+    for stream in full.into_iter().chain(pieces.into_iter().map(|piece| piece.stream)) {
         stream.abort();
     }
 }
 
-/// Follows one chunk of sessions, reconnecting when the stream breaks. Marks `generation`
-/// covered once its first stream is open.
+/// Follows one piece of sessions, reconnecting when the stream breaks. Drops `starting` once
+/// its first stream is open.
 async fn follow(
     weak_transport: WeakTransport,
     watcher: Arc<SessionWatcher>,
     ids: Vec<u64>,
-    generation: u64,
+    starting: Starting,
 ) {
-    let mut announced = false;
+    let mut starting = Some(starting);
     loop {
         let Some(transport) = weak_transport.upgrade() else { return };
         let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
@@ -176,17 +267,9 @@ async fn follow(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        if announced {
+        if starting.take().is_none() {
             // A new stream after a broken one: what went by in between is not replayed.
             watcher.recheck_all(&ids);
-        } else {
-            announced = true;
-            watcher.covered.send_if_modified(|covered| {
-                (*covered < generation) && {
-                    *covered = generation;
-                    true
-                }
-            });
         }
         while let Ok(Some(message)) = stream.message().await {
             match crate::watched(&message) {
@@ -217,6 +300,42 @@ async fn follow(
 mod tests {
     use super::*;
     use crate::transport::{ClientConfig, Transport};
+
+    /// A piece per open, as a burst-free client opens its sessions one by one: each session
+    /// is re-registered at most about log2(CHUNK) times, the small pieces stay about that many,
+    /// and every session is in exactly one stream (regression: replacing one growing stream on
+    /// every open re-registered each session thousands of times on the way to a million).
+    #[test]
+    fn sessions_opened_one_at_a_time_are_re_registered_only_logarithmically_often() {
+        let mut pieces: Vec<Piece<()>> = Vec::new();
+        let mut full: Vec<Vec<u64>> = Vec::new();
+        let mut registrations = vec![0_u32; 60_000];
+        let bound = CHUNK.ilog2() + 2;
+        for session in 0..60_000_u64 {
+            let mut ids = vec![session];
+            absorb(&mut pieces, &mut ids);
+            for id in &ids {
+                registrations[usize::try_from(*id).unwrap()] += 1;
+            }
+            assert!(pieces.windows(2).all(|pair| pair[0].ids.len() > pair[1].ids.len()));
+            if ids.len() > CHUNK / 2 {
+                full.push(ids);
+            } else {
+                pieces.push(Piece { id: session, ids, stream: () });
+            }
+            assert!(pieces.len() <= bound as usize, "{} small pieces", pieces.len());
+        }
+        assert!(registrations.iter().all(|count| *count <= bound), "{registrations:?}");
+        let mut covered: Vec<u64> = full
+            .iter()
+            .flatten()
+            .chain(pieces.iter().flat_map(|piece| &piece.ids))
+            .copied()
+            .collect();
+        covered.sort_unstable();
+        assert_eq!(covered, (0..60_000).collect::<Vec<u64>>());
+        assert!(full.iter().all(|ids| ids.len() > CHUNK / 2 && ids.len() <= CHUNK));
+    }
 
     /// Regression: the watcher's task waited for a registration that never came once its client
     /// and sessions were gone: an idle task per dropped client, for ever.

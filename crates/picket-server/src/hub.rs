@@ -63,7 +63,10 @@ impl Subscription {
     }
 }
 
-/// Registrations between two sweeps of closed watchers.
+/// Fewest registrations between two sweeps of closed watchers. A sweep waits for at least as
+/// many registrations as there were watchers after the last one, so its pass over them all
+/// costs a constant per registration however many are watched (a million sessions' watchers
+/// swept every 256 registrations made opening a session cost thousands of steps).
 const SWEEP_EVERY: usize = 256;
 
 /// Most deliveries a watch buffers before it is cut off.
@@ -100,8 +103,11 @@ impl Watcher {
 
 #[derive(Debug, Default)]
 struct Watchers {
-    /// Watches registered since the last sweep of closed ones.
+    /// Watches registered since the last sweep of closed ones, one per session of a watch of
+    /// many.
     since_sweep: usize,
+    /// Watchers left by the last sweep (one per session of a watch of many).
+    after_sweep: usize,
     by_session: HashMap<SessionId, Vec<Watcher>>,
     by_lock: HashMap<String, Vec<Watcher>>,
     /// Prefix watches, by prefix. A lock event finds its prefixes' watchers by looking up the
@@ -189,6 +195,14 @@ impl Watchers {
             watchers.retain(|watcher| !watcher.sender.is_closed());
         }
         self.forget_empty();
+        self.since_sweep = 0;
+        self.after_sweep = self
+            .by_session
+            .values()
+            .chain(self.by_lock.values())
+            .chain(self.by_prefix.values())
+            .map(Vec::len)
+            .sum();
     }
 
     fn forget_empty(&mut self) {
@@ -369,10 +383,13 @@ impl Hub {
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         let lagged = Arc::new(AtomicBool::new(false));
         let mut watchers = lock(&self.watchers);
-        // Sweeping costs a pass over every watcher; once per many registrations keeps it cheap.
-        watchers.since_sweep += 1;
-        if watchers.since_sweep >= SWEEP_EVERY {
-            watchers.since_sweep = 0;
+        // Sweeping costs a pass over every watcher; once per as many registrations keeps it
+        // cheap.
+        watchers.since_sweep += match &target {
+            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => sessions.len(),
+            _ => 1,
+        };
+        if watchers.since_sweep >= watchers.after_sweep.max(SWEEP_EVERY) {
             watchers.sweep_closed();
         }
         let losses_only = matches!(target, Watched::SessionLosses(_));

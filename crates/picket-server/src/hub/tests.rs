@@ -189,3 +189,41 @@ fn a_resync_answers_each_waiting_request_with_its_own_wait() {
     assert_eq!(second.outcome.try_recv(), Ok(WaitEnd::Granted { token: granted.token }));
     assert_eq!(hub.waiting_acquires(), 0);
 }
+
+impl Hub {
+    /// Watchers registered and not yet swept, one per session of a watch of many.
+    fn watcher_entries(&self) -> usize {
+        let watchers = lock(&self.watchers);
+        watchers
+            .by_session
+            .values()
+            .chain(watchers.by_lock.values())
+            .chain(watchers.by_prefix.values())
+            .map(Vec::len)
+            .sum()
+    }
+}
+
+/// Closed watchers of sessions that never have another event are swept, and the sweep waits
+/// for as many registrations as it has watchers to pass over (regression: a sweep of every
+/// watcher every 256 registrations made each of a million sessions' opens cost thousands).
+#[test]
+fn closed_watchers_are_swept_without_piling_up() {
+    let hub = Hub::default();
+    let live = hub.watch(Watched::SessionLosses((1..=5_000).map(SessionId).collect()));
+    for round in 0..200_u64 {
+        let first = 10_000 + round * 1_000;
+        let dropped =
+            hub.watch(Watched::SessionLosses((first..first + 1_000).map(SessionId).collect()));
+        drop(dropped);
+        assert!(hub.watcher_entries() <= 3 * 5_000 + 1_000, "{}", hub.watcher_entries());
+    }
+    drop(live);
+    for _ in 0..SWEEP_EVERY {
+        drop(hub.watch(Watched::Session(SessionId(1))));
+    }
+    for _ in 0..(3 * 5_000) {
+        drop(hub.watch(Watched::Session(SessionId(2))));
+    }
+    assert!(hub.watcher_entries() < 5_000, "{}", hub.watcher_entries());
+}
