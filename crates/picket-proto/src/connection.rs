@@ -227,6 +227,9 @@ async fn connect(
     let stream = tokio::net::TcpStream::connect(endpoint).await?;
     // Without TCP_NODELAY, small frames wait for delayed ACKs.
     stream.set_nodelay(true)?;
+    // A node whose host went away without a word is found by the kernel's probes: the wire
+    // protocol has no ping of its own (HTTP/2's pings are on as well).
+    crate::wire::keep_alive(&stream)?;
     let (Some(tls), Some(server_name)) = (tls, server_name) else {
         return Ok(Stream::Plain(stream));
     };

@@ -35,6 +35,28 @@ pub const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
 /// Most headers or trailers one frame may carry; a call's metadata is a handful.
 pub const MAX_HEADERS: usize = 64;
+/// How long a connection may be silent before the kernel probes it (TCP keepalive), and how
+/// long its probes may go unanswered before the connection is closed: the wire protocol has no
+/// ping of its own, so a peer whose host went away without a word is found the way HTTP/2's
+/// pings find it on the same port (20 s, then 10 s).
+pub const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(20);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Probes sent within [`KEEPALIVE_TIMEOUT`].
+const KEEPALIVE_PROBES: u32 = 2;
+
+/// Turns on TCP keepalive on `stream` with [`KEEPALIVE_IDLE`] and [`KEEPALIVE_TIMEOUT`]: both
+/// ends of a wire connection do, so each finds the other gone silent.
+///
+/// # Errors
+/// The socket refused the options.
+pub fn keep_alive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_TIMEOUT / KEEPALIVE_PROBES)
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
 
 /// Length of the length prefix.
 const PREFIX_BYTES: usize = 4;
@@ -318,6 +340,21 @@ fn take_headers(frame: &mut Bytes, what: &'static str) -> Result<HeaderMap, Wire
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both ends of a wire connection find a silent peer as HTTP/2's pings would: the kernel
+    /// probes after KEEPALIVE_IDLE and gives up after KEEPALIVE_TIMEOUT of unanswered probes.
+    #[tokio::test]
+    async fn keep_alive_probes_a_silent_peer_on_the_pings_schedule() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let socket = socket2::SockRef::from(&stream);
+        assert!(!socket.keepalive().unwrap(), "off until asked");
+        keep_alive(&stream).unwrap();
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        let probes = socket.tcp_keepalive_retries().unwrap();
+        assert_eq!(socket.tcp_keepalive_interval().unwrap() * probes, KEEPALIVE_TIMEOUT);
+    }
 
     fn every_kind() -> Vec<Frame> {
         let mut headers = HeaderMap::new();

@@ -9,7 +9,7 @@
 //! place before it is sent, as an HTTP/2 stream waits for the node's stream bound.
 
 use crate::connection::not_sent_status;
-use crate::wire::{Frame, MAGIC, WRITE_BATCH_BYTES};
+use crate::wire::{Frame, MAGIC, MAX_HEADERS, WRITE_BATCH_BYTES};
 use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
 use std::collections::HashMap;
@@ -206,6 +206,15 @@ impl WireConnection {
             [http::header::CONTENT_TYPE, http::header::TE, http::header::USER_AGENT]
         {
             headers.remove(same_on_every_call);
+        }
+        // The frame carries at most MAX_HEADERS; a call is refused rather than sent without
+        // some of its metadata.
+        if headers.len() > MAX_HEADERS {
+            return Err(Status::invalid_argument(format!(
+                "the request carries {} metadata entries, more than the {MAX_HEADERS} the wire \
+                 protocol takes; send fewer, or use the gRPC protocol (--protocol grpc)",
+                headers.len()
+            )));
         }
         // Waiting for a place sends nothing: a connection that closes meanwhile refuses the
         // call as not sent.
@@ -486,6 +495,36 @@ mod tests {
 
     async fn next_frame(body: &mut WireBody) -> Option<Result<BodyFrame<Bytes>, Status>> {
         std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+    }
+
+    /// Regression (review of the wire protocol): metadata past the frame's bound was cut
+    /// silently; such a call is now refused before anything is sent, and the next one goes.
+    #[tokio::test]
+    async fn a_call_with_more_metadata_than_a_frame_takes_is_refused_not_cut() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            match node.next().await.unwrap() {
+                Frame::Request { path, headers, .. } => (path, headers.len()),
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+        let connection = open(&addr).await;
+        let mut headers = HeaderMap::new();
+        for index in 0..=MAX_HEADERS {
+            headers.insert(
+                http::HeaderName::try_from(format!("x-entry-{index}")).unwrap(),
+                "1".parse().unwrap(),
+            );
+        }
+        let refused = connection.call("/many", headers.clone(), Bytes::new()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        headers.remove("x-entry-0");
+        let sending = connection.clone();
+        let sent = tokio::spawn(async move { sending.call("/fewer", headers, Bytes::new()).await });
+        let read = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
+        sent.abort();
+        assert_eq!(read, ("/fewer".to_owned(), MAX_HEADERS));
     }
 
     /// A call's request reaches the node whole, and its answer comes back as headers, data

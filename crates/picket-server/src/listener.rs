@@ -15,7 +15,8 @@
 //! connection must send its opening (the HTTP/2 preface or an HTTP/1 request line) within
 //! [`HEADER_READ_TIMEOUT`], HTTP/1 headers must arrive within it too, an HTTP/2 connection
 //! whose peer stops answering pings is closed after [`KEEPALIVE_INTERVAL`] and
-//! [`KEEPALIVE_TIMEOUT`], and a connection with no request or stream open for
+//! [`KEEPALIVE_TIMEOUT`] (any other, by the kernel's TCP keepalive probes after as long), and a
+//! connection with no request or stream open for
 //! `idle_timeout` is closed gracefully (HTTP/2 `GOAWAY`: the Rust client connects again on
 //! its next call).
 
@@ -39,10 +40,11 @@ mod wire;
 /// How long an HTTP/1 client has to send a request's headers (and how long an HTTP/1
 /// connection may sit idle between requests).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often an idle HTTP/2 connection is pinged.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// How often an idle HTTP/2 connection is pinged (and how long any connection may be silent
+/// before the kernel probes it).
+pub const KEEPALIVE_INTERVAL: Duration = picket_proto::wire::KEEPALIVE_IDLE;
 /// How long a ping may go unanswered before the connection is closed.
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_TIMEOUT: Duration = picket_proto::wire::KEEPALIVE_TIMEOUT;
 /// How long a stopping node waits for open connections to finish (watch streams never do).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long to wait before accepting again after accepting failed (out of file descriptors).
@@ -381,6 +383,11 @@ pub async fn serve(
         // request on Linux loopback).
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+        // The wire protocol has no ping: a client host gone silent is found by the kernel's
+        // probes, after as long as HTTP/2's unanswered ping takes.
+        if let Err(error) = picket_proto::wire::keep_alive(&stream) {
+            tracing::debug!(%error, "cannot turn on TCP keepalive");
         }
         let serving = serving.clone();
         let tls = tls.clone();
