@@ -175,7 +175,8 @@ impl Connection {
         })?;
         value.set_sensitive(true);
         if let Link::Wire(wire) = &self.link {
-            wire.authorize(Bytes::copy_from_slice(value.as_bytes()));
+            // Sent once for the link; calls of a handle whose token differs carry their own.
+            wire.authorize(&value);
         }
         self.authorization = Some(value);
         Ok(self)
@@ -331,8 +332,8 @@ impl tower_service::Service<http::Request<Body>> for Connection {
     }
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        // The wire connection sent its authorization once, when it was set.
-        if let (Some(authorization), Link::H2(_)) = (&self.authorization, &self.link) {
+        // On a wire link the call leaves it out again when the link was authorized with it.
+        if let Some(authorization) = &self.authorization {
             request.headers_mut().insert(http::header::AUTHORIZATION, authorization.clone());
         }
         Box::pin(send(self.link.clone(), self.max_request_bytes, request))

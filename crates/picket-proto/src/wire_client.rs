@@ -86,6 +86,9 @@ struct Calls {
     closed: Option<String>,
     /// The connection failed and its calls with it: the writer writes nothing more.
     broken: bool,
+    /// The authorization the node applies to every call of this connection that carries none
+    /// of its own: the first one a handle set.
+    authorization: Option<http::HeaderValue>,
 }
 
 impl Calls {
@@ -161,6 +164,7 @@ impl WireConnection {
                 handed_through: 0,
                 closed: None,
                 broken: false,
+                authorization: None,
             }),
             places: Arc::new(Semaphore::new(max_calls.clamp(1, MOST_CALLS) as usize)),
             max_request_bytes: max_request_bytes as usize,
@@ -175,11 +179,17 @@ impl WireConnection {
         &self.owner.shared
     }
 
-    /// Sends `value` as the `authorization` header of every later call on this connection (and
-    /// its clones: the link is shared).
-    pub(crate) fn authorize(&self, value: Bytes) {
-        let frame = Frame::Authorization { value }.to_bytes();
-        self.shared().lock().queue(self.shared(), 0, frame);
+    /// Has the node apply `value` to every later call that carries no authorization of its own,
+    /// unless a handle sharing the link set one first. Either way a call carries its handle's
+    /// authorization in full only when it differs from the link's (see [`WireConnection::call`]).
+    pub(crate) fn authorize(&self, value: &http::HeaderValue) {
+        let mut calls = self.shared().lock();
+        if calls.authorization.is_some() {
+            return;
+        }
+        calls.authorization = Some(value.clone());
+        let frame = Frame::Authorization { value: Bytes::copy_from_slice(value.as_bytes()) };
+        calls.queue(self.shared(), 0, frame.to_bytes());
     }
 
     /// Whether the connection takes no more calls; such a connection is replaced.
@@ -188,7 +198,9 @@ impl WireConnection {
     }
 
     /// Calls `path` with `headers` (those every call carries the same are left out) and `body`,
-    /// and waits for the answer's headers; its body follows.
+    /// and waits for the answer's headers; its body follows. The `authorization` among
+    /// `headers` (the calling handle's, or none) is sent only when it differs from the link's,
+    /// an empty one standing for none: handles sharing a link may carry different tokens.
     pub(crate) async fn call(
         &self,
         path: &str,
@@ -207,13 +219,15 @@ impl WireConnection {
         {
             headers.remove(same_on_every_call);
         }
-        // The frame carries at most MAX_HEADERS; a call is refused rather than sent without
-        // some of its metadata.
-        if headers.len() > MAX_HEADERS {
+        let authorization = headers.remove(http::header::AUTHORIZATION);
+        // The frame carries at most MAX_HEADERS, one of them kept for the authorization; a call
+        // is refused rather than sent without some of its metadata.
+        if headers.len() >= MAX_HEADERS {
             return Err(Status::invalid_argument(format!(
-                "the request carries {} metadata entries, more than the {MAX_HEADERS} the wire \
-                 protocol takes; send fewer, or use the gRPC protocol (--protocol grpc)",
-                headers.len()
+                "the request carries {} metadata entries, more than the {} the wire protocol \
+                 takes; send fewer, or use the gRPC protocol (--protocol grpc)",
+                headers.len(),
+                MAX_HEADERS - 1
             )));
         }
         // Waiting for a place sends nothing: a connection that closes meanwhile refuses the
@@ -229,6 +243,12 @@ impl WireConnection {
             }
             let id = calls.next_id;
             calls.next_id += 1;
+            // Decided under the lock that orders frames: a link authorized meanwhile by
+            // another handle is authorized before this call on the node too.
+            if authorization != calls.authorization {
+                let own = authorization.unwrap_or_else(|| http::HeaderValue::from_static(""));
+                headers.insert(http::header::AUTHORIZATION, own);
+            }
             let request = Frame::Request { id, path: path.to_owned(), headers, body }.to_bytes();
             // Queued under the lock, so the writer sends calls in the order of their ids.
             if !calls.queue(self.shared(), id, request) {
@@ -442,7 +462,7 @@ fn go_away(shared: &Shared, last_id: u64) {
 mod tests {
     use super::*;
     use crate::connection::{Connection, Protocol, was_not_sent};
-    use http::HeaderMap;
+    use http::{HeaderMap, HeaderValue};
     use http_body::Body as _;
     use tokio::net::{TcpListener, TcpStream};
 
@@ -520,11 +540,57 @@ mod tests {
         let refused = connection.call("/many", headers.clone(), Bytes::new()).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         headers.remove("x-entry-0");
+        headers.remove("x-entry-1");
         let sending = connection.clone();
         let sent = tokio::spawn(async move { sending.call("/fewer", headers, Bytes::new()).await });
         let read = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
         sent.abort();
-        assert_eq!(read, ("/fewer".to_owned(), MAX_HEADERS));
+        assert_eq!(read, ("/fewer".to_owned(), MAX_HEADERS - 1));
+    }
+
+    /// Regression (review of the wire protocol): a bearer token set on one handle of a wire
+    /// link applied to every handle sharing it. The link's authorization is the first one set;
+    /// a call whose handle carries another, or none, says so itself.
+    #[tokio::test]
+    async fn each_handle_sharing_a_link_is_authorized_as_itself() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            let mut seen = Vec::new();
+            while seen.len() < 4 {
+                match node.next().await.unwrap() {
+                    Frame::Authorization { value } => seen.push(format!("link {value:?}")),
+                    // Each call is dropped once sent, to free its place.
+                    Frame::Cancel { .. } => {}
+                    Frame::Request { path, headers, .. } => {
+                        let own = headers.get("authorization").map(|value| value.to_str().unwrap());
+                        seen.push(format!("{path} {own:?}"));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            seen
+        });
+        let connection = open(&addr).await;
+        let token = |value: &str| -> HeaderValue { value.parse().unwrap() };
+        connection.authorize(&token("Bearer a"));
+        connection.authorize(&token("Bearer b"));
+        for (path, own) in [("/a", Some("Bearer a")), ("/none", None), ("/b", Some("Bearer b"))] {
+            let mut headers = HeaderMap::new();
+            if let Some(own) = own {
+                headers.insert("authorization", token(own));
+            }
+            let sending = connection.clone();
+            let call = tokio::spawn(async move { sending.call(path, headers, Bytes::new()).await });
+            // In this order on the link; the node answers none, so each goes to free its place.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            call.abort();
+        }
+        let seen = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
+        assert_eq!(
+            seen,
+            ["link b\"Bearer a\"", "/a None", "/none Some(\"\")", "/b Some(\"Bearer b\")",]
+        );
     }
 
     /// A call's request reaches the node whole, and its answer comes back as headers, data

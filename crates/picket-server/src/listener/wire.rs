@@ -119,8 +119,19 @@ impl Callers {
         let headers = request.headers_mut();
         headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        if let Some(authorization) = &self.authorization {
-            headers.insert(http::header::AUTHORIZATION, authorization.clone());
+        // A call's own authorization is its handle's, which may differ from the one the
+        // connection was given (handles of one client connection with different tokens); an
+        // empty one says the handle has none.
+        match headers.get(http::header::AUTHORIZATION) {
+            Some(own) if own.is_empty() => {
+                headers.remove(http::header::AUTHORIZATION);
+            }
+            Some(_) => {}
+            None => {
+                if let Some(authorization) = &self.authorization {
+                    headers.insert(http::header::AUTHORIZATION, authorization.clone());
+                }
+            }
         }
         if let Some(tls) = &self.tls {
             tls.judge_again(&mut self.caller);
