@@ -136,22 +136,32 @@ impl SessionWatcher {
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Piece `piece`, started for the registrations after `previous` up to `generation`, opens
-    /// its stream; it also covers what the not yet open pieces in `replaced` were to cover.
-    fn piece_starting(&self, piece: u64, previous: u64, generation: u64, replaced: &[u64]) {
+    /// Piece `piece`, started for registrations after `previous`, opens its stream; it also covers what the not yet open pieces in `replaced` were to cover.
+    fn piece_starting(&self, piece: u64, previous: u64, replaced: &[u64]) {
         let mut coverage = lock_coverage(&self.coverage);
         let inherited = replaced.iter().filter_map(|old| coverage.starting.remove(old)).min();
         let lowest = inherited.map_or(previous + 1, |inherited| inherited.min(previous + 1));
         coverage.starting.insert(piece, lowest);
-        coverage.newest = generation;
+    }
+
+    /// Every piece for the registrations up to `generation` is starting: once they are all
+    /// open, those registrations are covered. Called after the last piece of a batch, so a
+    /// batch's first stream to open cannot vouch for pieces not started yet.
+    fn batch_started(&self, generation: u64) {
+        lock_coverage(&self.coverage).newest = generation;
+        self.update_covered();
     }
 
     /// Piece `piece`'s stream is open (or the piece was dropped after a newer one covered it):
     /// every registration below the lowest that a starting piece waits for is covered.
     fn piece_started(&self, piece: u64) {
+        lock_coverage(&self.coverage).starting.remove(&piece);
+        self.update_covered();
+    }
+
+    fn update_covered(&self) {
         let covered = {
-            let mut coverage = lock_coverage(&self.coverage);
-            coverage.starting.remove(&piece);
+            let coverage = lock_coverage(&self.coverage);
             coverage.starting.values().min().map_or(coverage.newest, |lowest| lowest - 1)
         };
         self.covered.send_if_modified(|current| {
@@ -218,7 +228,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             let piece = next_piece;
             next_piece += 1;
             let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
-            watcher.piece_starting(piece, previous, generation, &replaced_ids);
+            watcher.piece_starting(piece, previous, &replaced_ids);
             let starting = Starting { watcher: watcher.clone(), piece };
             let stream =
                 tokio::spawn(follow(transport.downgrade(), watcher.clone(), ids.clone(), starting));
@@ -238,6 +248,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
                 pieces.push(Piece { id: piece, ids, stream });
             }
         }
+        watcher.batch_started(generation);
         previous = previous.max(generation);
         drop(transport);
     }

@@ -230,7 +230,9 @@ async fn connect(
     stream.set_nodelay(true)?;
     // A node whose host went away without a word is found by the kernel's probes: the wire
     // protocol has no ping of its own (HTTP/2's pings are on as well).
-    crate::wire::keep_alive(&stream)?;
+    if let Err(error) = crate::wire::keep_alive(&stream) {
+        tracing::debug!(%error, "cannot turn on TCP keepalive");
+    }
     let (Some(tls), Some(server_name)) = (tls, server_name) else {
         return Ok(Stream::Plain(stream));
     };

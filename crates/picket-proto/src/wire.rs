@@ -45,8 +45,11 @@ pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// Probes sent within [`KEEPALIVE_TIMEOUT`].
 const KEEPALIVE_PROBES: u32 = 2;
 
-/// Turns on TCP keepalive on `stream` with [`KEEPALIVE_IDLE`] and [`KEEPALIVE_TIMEOUT`]: both
-/// ends of a wire connection do, so each finds the other gone silent.
+/// Turns on TCP keepalive on `stream` with [`KEEPALIVE_IDLE`] and [`KEEPALIVE_TIMEOUT`], and
+/// bounds how long sent data may stay unacknowledged by their sum (`TCP_USER_TIMEOUT`: the
+/// kernel sends no keepalive probe while data waits for its acknowledgement, and its own
+/// retransmissions give up only after about 15 minutes): both ends of a wire connection do, so
+/// each finds the other gone silent, idle or not.
 ///
 /// # Errors
 /// The socket refused the options.
@@ -55,7 +58,9 @@ pub fn keep_alive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
         .with_time(KEEPALIVE_IDLE)
         .with_interval(KEEPALIVE_TIMEOUT / KEEPALIVE_PROBES)
         .with_retries(KEEPALIVE_PROBES);
-    socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
+    let socket = socket2::SockRef::from(stream);
+    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_user_timeout(Some(KEEPALIVE_IDLE + KEEPALIVE_TIMEOUT))
 }
 
 /// Length of the length prefix.
@@ -354,6 +359,8 @@ mod tests {
         assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
         let probes = socket.tcp_keepalive_retries().unwrap();
         assert_eq!(socket.tcp_keepalive_interval().unwrap() * probes, KEEPALIVE_TIMEOUT);
+        let unacknowledged = socket.tcp_user_timeout().unwrap();
+        assert_eq!(unacknowledged, Some(KEEPALIVE_IDLE + KEEPALIVE_TIMEOUT));
     }
 
     fn every_kind() -> Vec<Frame> {

@@ -554,27 +554,29 @@ mod tests {
     #[tokio::test]
     async fn each_handle_sharing_a_link_is_authorized_as_itself() {
         let (listener, addr) = listener().await;
-        let node = tokio::spawn(async move {
+        let (seen_sender, mut seen) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
             let mut node = Node::accept(&listener).await;
-            let mut seen = Vec::new();
-            while seen.len() < 4 {
-                match node.next().await.unwrap() {
-                    Frame::Authorization { value } => seen.push(format!("link {value:?}")),
-                    // Each call is dropped once sent, to free its place.
-                    Frame::Cancel { .. } => {}
+            while let Some(frame) = node.next().await {
+                let line = match frame {
+                    Frame::Authorization { value } => format!("link {value:?}"),
+                    // Each call is dropped once the node has it, to free its place.
+                    Frame::Cancel { .. } => continue,
                     Frame::Request { path, headers, .. } => {
                         let own = headers.get("authorization").map(|value| value.to_str().unwrap());
-                        seen.push(format!("{path} {own:?}"));
+                        format!("{path} {own:?}")
                     }
                     other => panic!("unexpected {other:?}"),
-                }
+                };
+                seen_sender.send(line).unwrap();
             }
-            seen
         });
+        let mut next_seen = async || tokio::time::timeout(TIMEOUT, seen.recv()).await.unwrap();
         let connection = open(&addr).await;
         let token = |value: &str| -> HeaderValue { value.parse().unwrap() };
         connection.authorize(&token("Bearer a"));
         connection.authorize(&token("Bearer b"));
+        let mut lines = vec![next_seen().await.unwrap()];
         for (path, own) in [("/a", Some("Bearer a")), ("/none", None), ("/b", Some("Bearer b"))] {
             let mut headers = HeaderMap::new();
             if let Some(own) = own {
@@ -582,13 +584,12 @@ mod tests {
             }
             let sending = connection.clone();
             let call = tokio::spawn(async move { sending.call(path, headers, Bytes::new()).await });
-            // In this order on the link; the node answers none, so each goes to free its place.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // One after the other; the node answers none, so each goes to free its place.
+            lines.push(next_seen().await.unwrap());
             call.abort();
         }
-        let seen = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
         assert_eq!(
-            seen,
+            lines,
             ["link b\"Bearer a\"", "/a None", "/none Some(\"\")", "/b Some(\"Bearer b\")",]
         );
     }

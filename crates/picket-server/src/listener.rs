@@ -385,7 +385,7 @@ pub async fn serve(
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
         // The wire protocol has no ping: a client host gone silent is found by the kernel's
-        // probes, after as long as HTTP/2's unanswered ping takes.
+        // probes (or its unacknowledged data), after as long as HTTP/2's unanswered ping takes.
         if let Err(error) = picket_proto::wire::keep_alive(&stream) {
             tracing::debug!(%error, "cannot turn on TCP keepalive");
         }

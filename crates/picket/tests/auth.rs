@@ -506,7 +506,9 @@ async fn handles_of_one_connection_are_each_authorized_with_their_own_token() {
     while rounds < 2 {
         let leader = admin.cluster().await.unwrap().leader_addr;
         let timeout = Duration::from_secs(2);
-        let connection = Connection::open(&leader, timeout, 1 << 20, Some(&tls)).await.unwrap();
+        let wire = picket_proto::connection::Protocol::Wire;
+        let connection =
+            Connection::open_with(&leader, timeout, 1 << 20, Some(&tls), wire).await.unwrap();
         let as_admin = connection.clone().with_bearer_token(ADMIN).unwrap();
         let as_reader = connection.clone().with_bearer_token(READER).unwrap();
         let anonymous = open(connection.clone()).await.unwrap_err();
