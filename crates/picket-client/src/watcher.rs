@@ -136,12 +136,15 @@ impl SessionWatcher {
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Piece `piece`, started for registrations after `previous`, opens its stream; it also covers what the not yet open pieces in `replaced` were to cover.
-    fn piece_starting(&self, piece: u64, previous: u64, replaced: &[u64]) {
+    /// Piece `piece`, started for the registrations after `previous`, opens its stream; it
+    /// also covers what the not yet open pieces in `replaced` were to cover. Its stream drops
+    /// the guard returned once it is open.
+    fn piece_starting(self: &Arc<Self>, piece: u64, previous: u64, replaced: &[u64]) -> Starting {
         let mut coverage = lock_coverage(&self.coverage);
         let inherited = replaced.iter().filter_map(|old| coverage.starting.remove(old)).min();
         let lowest = inherited.map_or(previous + 1, |inherited| inherited.min(previous + 1));
         coverage.starting.insert(piece, lowest);
+        Starting { watcher: self.clone(), piece }
     }
 
     /// Every piece for the registrations up to `generation` is starting: once they are all
@@ -228,8 +231,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             let piece = next_piece;
             next_piece += 1;
             let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
-            watcher.piece_starting(piece, previous, &replaced_ids);
-            let starting = Starting { watcher: watcher.clone(), piece };
+            let starting = watcher.piece_starting(piece, previous, &replaced_ids);
             let stream =
                 tokio::spawn(follow(transport.downgrade(), watcher.clone(), ids.clone(), starting));
             if !replaced.is_empty() {
@@ -249,7 +251,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             }
         }
         watcher.batch_started(generation);
-        previous = previous.max(generation);
+        previous = generation;
         drop(transport);
     }
     for stream in full.into_iter().chain(pieces.into_iter().map(|piece| piece.stream)) {

@@ -186,6 +186,7 @@ impl Watchers {
     /// Drops watchers whose stream has ended. Events drop them lazily too, but a watch of a
     /// session that never has another event would otherwise stay forever.
     fn sweep_closed(&mut self) {
+        let mut kept = 0;
         for watchers in self
             .by_session
             .values_mut()
@@ -193,16 +194,11 @@ impl Watchers {
             .chain(self.by_prefix.values_mut())
         {
             watchers.retain(|watcher| !watcher.sender.is_closed());
+            kept += watchers.len();
         }
         self.forget_empty();
         self.since_sweep = 0;
-        self.after_sweep = self
-            .by_session
-            .values()
-            .chain(self.by_lock.values())
-            .chain(self.by_prefix.values())
-            .map(Vec::len)
-            .sum();
+        self.after_sweep = kept;
     }
 
     fn forget_empty(&mut self) {

@@ -211,10 +211,12 @@ impl StateStore {
 
     async fn persist(&self, snapshot: StoredSnapshot) -> io::Result<()> {
         let dir = self.inner.dir.clone();
-        let to_write = snapshot.clone();
-        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &to_write))
-            .await
-            .map_err(io::Error::other)??;
+        // Moved to the writer and back rather than copied: a snapshot may be tens of megabytes.
+        let snapshot = tokio::task::spawn_blocking(move || {
+            write_snapshot_file(&dir, &snapshot).map(|()| snapshot)
+        })
+        .await
+        .map_err(io::Error::other)??;
         *self.inner.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some(snapshot);
         Ok(())
