@@ -36,6 +36,7 @@ mod rate;
 mod reload;
 mod renewals;
 mod server;
+mod snapshot_cadence;
 mod state_machine;
 pub mod tls;
 mod wal;
@@ -100,6 +101,7 @@ mod storage_suite {
             let store = StateStore::open(
                 dir.path(),
                 picket_core::Limits::default(),
+                Arc::default(),
                 Arc::new(Hub::default()),
                 Arc::default(),
             )

@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::raft_types::{
     Entry, EntryReply, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
+use crate::snapshot_cadence::{SnapshotCadence, next_index};
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
@@ -54,6 +55,7 @@ struct Inner {
     state: RwLock<AppliedState>,
     dir: PathBuf,
     current: Mutex<Option<StoredSnapshot>>,
+    cadence: Arc<SnapshotCadence>,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
 }
@@ -66,6 +68,7 @@ impl StateStore {
     pub fn open(
         dir: &Path,
         limits: Limits,
+        cadence: Arc<SnapshotCadence>,
         hub: Arc<Hub>,
         metrics: Arc<Metrics>,
     ) -> io::Result<Self> {
@@ -98,11 +101,15 @@ impl StateStore {
             state.machine = StateMachine::new(limits_for_mutation);
         }
         hub.resync(&state.machine);
+        if let Some(snapshot) = &stored {
+            cadence.snapshotted(next_index(snapshot.meta.last_log_id.as_ref()));
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 state: RwLock::new(state),
                 dir: dir.to_owned(),
                 current: Mutex::new(stored),
+                cadence,
                 hub,
                 metrics,
             }),
@@ -270,6 +277,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
         let started = std::time::Instant::now();
         let snapshot = self.build().await?;
         self.persist(snapshot.clone()).await?;
+        self.inner.cadence.snapshotted(next_index(snapshot.meta.last_log_id.as_ref()));
         self.inner.metrics.snapshot_built(snapshot.data.len(), started.elapsed());
         Ok(Snapshot { meta: snapshot.meta, snapshot: snapshot.data })
     }
@@ -295,6 +303,13 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 responder.send(reply);
             }
         }
+        let (applied_next_index, records) = {
+            let state = self.read();
+            let machine = &state.machine;
+            let records = machine.session_count().saturating_add(machine.lock_count());
+            (next_index(state.last_applied.as_ref()), u64::try_from(records).unwrap_or(u64::MAX))
+        };
+        self.inner.cadence.applied(applied_next_index, records);
         Ok(())
     }
 
@@ -310,6 +325,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();
         self.inner.hub.resync(&state.machine);
+        drop(state);
+        self.inner.cadence.snapshotted(next_index(meta.last_log_id.as_ref()));
         Ok(())
     }
 
@@ -369,8 +386,14 @@ mod tests {
     /// Sessions 1 and 2; session 1 holds "held", nobody holds "free".
     fn store() -> (tempfile::TempDir, StateStore) {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = StateStore::open(dir.path(), Limits::default(), Arc::default(), Arc::default())
-            .expect("opens");
+        let store = StateStore::open(
+            dir.path(),
+            Limits::default(),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        )
+        .expect("opens");
         {
             let mut state = store.inner.state.write().expect("not poisoned");
             for command in [
@@ -433,7 +456,13 @@ mod tests {
         fn open_with(bytes: &[u8]) -> io::Result<StateStore> {
             let dir = tempfile::tempdir().expect("a temporary directory");
             fs::write(dir.path().join(SNAPSHOT_FILE), bytes).expect("written");
-            StateStore::open(dir.path(), Limits::default(), Arc::default(), Arc::default())
+            StateStore::open(
+                dir.path(),
+                Limits::default(),
+                Arc::default(),
+                Arc::default(),
+                Arc::default(),
+            )
         }
 
         proptest! {

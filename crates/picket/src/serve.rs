@@ -65,7 +65,9 @@ pub struct ServeArgs {
     /// Shortest election timeout, in milliseconds (the longest is twice this).
     #[arg(long, env = "PICKET_ELECTION_TIMEOUT_MS", default_value_t = RaftTuning::default().election_timeout_min_ms)]
     election_timeout_ms: u64,
-    /// Build a snapshot and compact the log after this many entries.
+    /// Build a snapshot and compact the log after this many entries, or after an eighth of
+    /// the state's sessions and locks when that is more (a large state's snapshots are further
+    /// apart, so their cost per entry stays bounded).
     #[arg(long, env = "PICKET_SNAPSHOT_EVERY", default_value_t = RaftTuning::default().snapshot_every_entries)]
     snapshot_every: u64,
     /// Entries kept in the log behind a snapshot.

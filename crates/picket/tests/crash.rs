@@ -127,6 +127,64 @@ fn kill_9_across_wal_segment_rotations_and_snapshots_loses_nothing() {
     );
 }
 
+/// A state of many sessions is snapshotted after a count of entries that grows with it (an
+/// eighth of its sessions and locks), not after every `--snapshot-every` entries, which made a
+/// node holding a million sessions write its whole state every 20,000 entries; the snapshot
+/// that falls due as the last entries are applied is still taken once the node goes idle; and
+/// a `kill -9` and restart rebuild every session from the last snapshot plus the log behind it.
+#[test]
+fn snapshots_grow_apart_with_the_state_and_a_restart_restores_it_whole() {
+    const SESSIONS: u64 = 400;
+    let dir = temp_dir();
+    let mut server = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("data"),
+        "127.0.0.1:0".parse().unwrap(),
+        &["--snapshot-every", "1", "--keep-entries", "1"].map(str::to_owned),
+    );
+    wait_for_leader(&server.addr);
+    let mut opened: Vec<u64> = (0..SESSIONS)
+        .map(|_| {
+            let reply = http::post(&server.addr, "/v1/sessions", &json!({ "ttl_ms": 600_000 }));
+            assert_eq!(reply.status, 200, "{}", reply.text);
+            reply.body["session_id"].as_u64().expect("a session id")
+        })
+        .collect();
+    // Due once the log runs SESSIONS / 8 entries past the last snapshot.
+    wait_until("the last due snapshot", Duration::from_secs(15), || {
+        let view = http::get(&server.addr, "/v1/cluster").body;
+        let applied = view["applied_log_index"].as_u64()?;
+        let snapshot = view["snapshot_log_index"].as_u64()?;
+        (applied >= SESSIONS && applied - snapshot < SESSIONS / 8).then_some(())
+    });
+    let built = snapshots_built(&server.addr);
+    // One per entry until the state holds 16 records, then each about 1/8 further: about 44
+    // for 400 sessions. Every `--snapshot-every` entries would have been up to 400.
+    assert!((1.0..=60.0).contains(&built), "{built} snapshots for {SESSIONS} sessions");
+
+    server.restart();
+    wait_for_leader(&server.addr);
+    let listed = http::get(&server.addr, "/v1/sessions").body;
+    let mut restored: Vec<u64> = listed["sessions"]
+        .as_array()
+        .expect("a list of sessions")
+        .iter()
+        .map(|session| session["session_id"].as_u64().expect("a session id"))
+        .collect();
+    restored.sort_unstable();
+    opened.sort_unstable();
+    assert_eq!(restored, opened, "every session survives the restart");
+}
+
+/// How many snapshots the node at `addr` built since it started.
+fn snapshots_built(addr: &str) -> f64 {
+    let text = http::get(addr, "/metrics").text;
+    text.lines()
+        .find_map(|line| line.strip_prefix("picket_snapshot_build_seconds_count "))
+        .and_then(|count| count.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 /// Runs the crash loop against a server started with `server_args`; returns the generation of
 /// the write-ahead log's current segment at the end.
 fn crash_repeatedly(server_args: &[String]) -> u64 {

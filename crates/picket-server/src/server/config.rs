@@ -25,7 +25,8 @@ pub struct RaftTuning {
     pub election_timeout_min_ms: u64,
     /// Longest election timeout.
     pub election_timeout_max_ms: u64,
-    /// Build a snapshot after this many log entries since the last one.
+    /// Build a snapshot after this many log entries since the last one, or after an eighth of
+    /// the state's sessions and locks when that is more (`snapshot_cadence`).
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind a snapshot, for followers that are only a little behind.
     pub keep_entries_after_snapshot: u64,

@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::network::{Network, RaftService};
 use crate::node::Node;
 use crate::raft_types::{Member, NodeId, Raft};
+use crate::snapshot_cadence::SnapshotCadence;
 use crate::state_machine::StateStore;
 use crate::tls::ServerTls;
 use openraft::{Config, SnapshotPolicy};
@@ -157,7 +158,9 @@ fn raft_config(tuning: &RaftTuning) -> Result<Arc<Config>, StartError> {
         heartbeat_interval: tuning.heartbeat_ms,
         election_timeout_min: tuning.election_timeout_min_ms,
         election_timeout_max: tuning.election_timeout_max_ms,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_entries),
+        // Snapshots are asked for by `snapshot_cadence`, after a count of entries that grows
+        // with the state.
+        snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: tuning.keep_entries_after_snapshot,
         // A restarted leader must win an election in a new term before it leads again. Its
         // last entries may have reached its followers but not its own disk; leading on in the
@@ -279,8 +282,15 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let backup = config.restore.as_deref().map(crate::backup::read).transpose()?;
     let log_stats = Arc::new(WriterStats::default());
     let metrics = Arc::new(Metrics::new(config.metrics_prefixes.clone(), &log_stats));
-    let store = StateStore::open(&config.data_dir, Limits::default(), hub, metrics.clone())
-        .map_err(data_error)?;
+    let cadence = Arc::new(SnapshotCadence::new(config.tuning.snapshot_every_entries));
+    let store = StateStore::open(
+        &config.data_dir,
+        Limits::default(),
+        cadence.clone(),
+        hub,
+        metrics.clone(),
+    )
+    .map_err(data_error)?;
     let applied = store.clone();
     let defer_sync = Box::new(move |entries: &[_]| applied.only_queue_waiters(entries));
     let log = LogStore::open_counted(
@@ -335,6 +345,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     });
     tokio::spawn(count_leader_changes(raft.clone(), metrics, shutdown_signal.clone()));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
+    tokio::spawn(crate::snapshot_cadence::run(raft.clone(), cadence, shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
     let raft_service =
         RaftService::new(node.clone(), log_handle, clock, tls.is_some()).into_server();
