@@ -6,7 +6,9 @@
 //! sessions of a client share a few streams, each a `sessions` stream of up to [`CHUNK`]
 //! sessions. Sessions opened within a short pause share a new stream (a *piece*); a piece no
 //! longer than the newest is merged with it into one stream (new one first, then the old ones
-//! dropped, so nothing is missed), as a binary counter carries, so a session is re-registered
+//! dropped, so nothing is missed; if the new one is not open within [`COVER_TIMEOUT`] the old
+//! ones go anyway and the new one asks about its sessions once it opens), as a binary counter
+//! carries, so a session is re-registered
 //! at most about log2([`CHUNK`]) times and a client keeps a dozen or so small pieces beside its
 //! full ones. (Replacing one growing stream on every open cost the node thousands of
 //! registrations per session on the way to a million sessions.) A stream that breaks reconnects
@@ -20,6 +22,7 @@ use crate::state::{self, SessionState};
 use crate::transport::WeakTransport;
 use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -87,6 +90,43 @@ struct Piece<Stream> {
     id: u64,
     ids: Vec<u64>,
     stream: Stream,
+    watch: Watch,
+}
+
+/// What a piece's stream tells, and is told, about its opening.
+#[derive(Clone, Debug)]
+struct Watch {
+    /// Set once the piece's stream is first open.
+    opened: Arc<AtomicBool>,
+    /// Flags set when streams this piece replaced were dropped before it was open (after
+    /// [`COVER_TIMEOUT`]): their events since went by unheard, so the piece asks about its
+    /// sessions once it opens. Its own flag first, then those of absorbed pieces that were
+    /// not open yet either (the gap of a piece that never opens is its absorber's).
+    gaps: Vec<Arc<AtomicBool>>,
+}
+
+impl Watch {
+    /// A new piece's, replacing `replaced`.
+    fn replacing<Stream>(replaced: &[Piece<Stream>]) -> Self {
+        let mut gaps = vec![Arc::new(AtomicBool::new(false))];
+        for old in replaced {
+            if !old.watch.opened.load(Ordering::Acquire) {
+                gaps.extend(old.watch.gaps.iter().cloned());
+            }
+        }
+        Self { opened: Arc::new(AtomicBool::new(false)), gaps }
+    }
+
+    /// This piece's own gap flag.
+    fn own_gap(&self) -> Arc<AtomicBool> {
+        self.gaps[0].clone()
+    }
+
+    /// Whether streams this piece (or an absorbed piece not yet open) replaced were dropped
+    /// before it opened.
+    fn missed_events(&self) -> bool {
+        self.gaps.iter().any(|gap| gap.load(Ordering::Acquire))
+    }
 }
 
 /// Moves into `ids` (a new piece's sessions) every piece on top of the stack no longer than
@@ -232,13 +272,24 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             next_piece += 1;
             let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
             let starting = watcher.piece_starting(piece, previous, &replaced_ids);
-            let stream =
-                tokio::spawn(follow(transport.downgrade(), watcher.clone(), ids.clone(), starting));
+            let watch = Watch::replacing(&replaced);
+            let stream = tokio::spawn(follow(
+                transport.downgrade(),
+                watcher.clone(),
+                ids.clone(),
+                starting,
+                watch.clone(),
+            ));
             if !replaced.is_empty() {
-                // The old streams may go once the new one covers what they did.
+                // The old streams may go once the new one covers what they did. If it is not
+                // open by then, they go anyway (they may hold places the new one waits for),
+                // and the new one asks about its sessions when it opens.
                 let watcher = watcher.clone();
+                let gap = watch.own_gap();
                 tokio::spawn(async move {
-                    watcher.covered(generation, COVER_TIMEOUT).await;
+                    if !watcher.covered(generation, COVER_TIMEOUT).await {
+                        gap.store(true, Ordering::Release);
+                    }
                     for old in replaced {
                         old.stream.abort();
                     }
@@ -247,7 +298,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             if ids.len() > CHUNK / 2 {
                 full.push(stream);
             } else {
-                pieces.push(Piece { id: piece, ids, stream });
+                pieces.push(Piece { id: piece, ids, stream, watch });
             }
         }
         watcher.batch_started(generation);
@@ -266,6 +317,7 @@ async fn follow(
     watcher: Arc<SessionWatcher>,
     ids: Vec<u64>,
     starting: Starting,
+    watch: Watch,
 ) {
     let mut starting = Some(starting);
     loop {
@@ -280,8 +332,11 @@ async fn follow(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        if starting.take().is_none() {
-            // A new stream after a broken one: what went by in between is not replayed.
+        watch.opened.store(true, Ordering::Release);
+        let reopened = starting.take().is_none();
+        // A new stream after a broken one, or after the streams it replaced were dropped: what
+        // went by in between is not replayed.
+        if reopened || watch.missed_events() {
             watcher.recheck_all(&ids);
         }
         while let Ok(Some(message)) = stream.message().await {
@@ -334,7 +389,8 @@ mod tests {
             if ids.len() > CHUNK / 2 {
                 full.push(ids);
             } else {
-                pieces.push(Piece { id: session, ids, stream: () });
+                let watch = Watch::replacing::<()>(&[]);
+                pieces.push(Piece { id: session, ids, stream: (), watch });
             }
             assert!(pieces.len() <= bound as usize, "{} small pieces", pieces.len());
         }
@@ -348,6 +404,26 @@ mod tests {
         covered.sort_unstable();
         assert_eq!(covered, (0..60_000).collect::<Vec<u64>>());
         assert!(full.iter().all(|ids| ids.len() > CHUNK / 2 && ids.len() <= CHUNK));
+    }
+
+    /// Review leftover: the streams a piece replaced were dropped once [`COVER_TIMEOUT`] ran
+    /// out even when the piece's own stream was not open yet, and that stream, once open, did
+    /// not ask about its sessions, so a loss in between went unheard. The piece's gap is now
+    /// flagged, and a newer piece that absorbs it before it opens inherits the flag.
+    #[test]
+    fn a_gap_left_by_streams_dropped_before_their_replacement_opened_is_not_forgotten() {
+        let oldest = Piece { id: 0, ids: vec![1], stream: (), watch: Watch::replacing::<()>(&[]) };
+        let replacing = Watch::replacing(std::slice::from_ref(&oldest));
+        assert!(!replacing.missed_events());
+        // Not open when the cover timeout ran out: the oldest stream is dropped anyway.
+        replacing.own_gap().store(true, Ordering::Release);
+        assert!(replacing.missed_events());
+        let piece = Piece { id: 1, ids: vec![1, 2], stream: (), watch: replacing };
+        let absorber = Watch::replacing(std::slice::from_ref(&piece));
+        assert!(absorber.missed_events(), "a piece absorbed before it opened passes its gap on");
+        // Opened, the piece asked about its own sessions: the absorber need not again.
+        piece.watch.opened.store(true, Ordering::Release);
+        assert!(!Watch::replacing(std::slice::from_ref(&piece)).missed_events());
     }
 
     /// Regression: the watcher's task waited for a registration that never came once its client
