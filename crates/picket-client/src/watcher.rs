@@ -8,9 +8,8 @@
 //! longer than the newest is merged with it into one stream (new one first, then the old ones
 //! dropped, so nothing is missed; if the new one is not open within [`COVER_TIMEOUT`] the old
 //! ones go anyway and the new one asks about its sessions once it opens), as a binary counter
-//! carries, so a session is re-registered
-//! at most about log2([`CHUNK`]) times and a client keeps a dozen or so small pieces beside its
-//! full ones. (Replacing one growing stream on every open cost the node thousands of
+//! carries, so a session is re-registered at most about log2([`CHUNK`]) times and a client
+//! keeps a dozen or so small pieces beside its full ones. (Replacing one growing stream on every open cost the node thousands of
 //! registrations per session on the way to a million sessions.) A stream that breaks reconnects
 //! by itself, and then asks the service about each of its sessions and their grants
 //! (`state::recheck`), since their events may have gone by meanwhile; so does a `resync`
