@@ -159,8 +159,9 @@ fn snapshots_grow_apart_with_the_state_and_a_restart_restores_it_whole() {
     });
     let built = snapshots_built(&server.addr);
     // One per entry until the state holds 16 records, then each about 1/8 further: about 44
-    // for 400 sessions. Every `--snapshot-every` entries would have been up to 400.
-    assert!((1.0..=60.0).contains(&built), "{built} snapshots for {SESSIONS} sessions");
+    // for 400 sessions (fewer when entries arrive faster than snapshots are built, which
+    // merges due ones). Every `--snapshot-every` entries gave 246 here.
+    assert!((10.0..=60.0).contains(&built), "{built} snapshots for {SESSIONS} sessions");
 
     server.restart();
     wait_for_leader(&server.addr);
