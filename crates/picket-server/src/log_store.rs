@@ -524,7 +524,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Encoded before the locks are taken, so readers of the view do not wait for it.
         let payloads = append_records(&entries);
         let defer = self.inner.defer_sync.as_ref().is_some_and(|defer| defer(&entries));
-        let urgency = if defer { Urgency::Soon } else { Urgency::Now };
+        let urgency = match (defer, entries.len()) {
+            (true, _) => Urgency::Soon,
+            (false, 1) => Urgency::Alone,
+            (false, _) => Urgency::Now,
+        };
         self.record(
             |view| {
                 view.append(entries);

@@ -39,16 +39,23 @@ fn a_deferred_record_is_synced_when_its_wait_runs_out() {
     assert_eq!(records.last().map(Vec::as_slice), Some(&b"queued waiter"[..]));
 }
 
+/// A log in `dir` holding one deferred record, which waits up to ten minutes for a sync to
+/// share; its sync count before that record, and the record's completion.
+fn with_a_deferred_record(dir: &Path) -> (Wal, u64, mpsc::Receiver<io::Result<()>>) {
+    let (mut wal, _) = open(dir, SEGMENT_BYTES);
+    wal.shared.queue().max_defer = Some(Duration::from_secs(600));
+    let before = syncs(&wal);
+    let (deferred, deferred_done) = done();
+    wal.append(b"queued waiter", Some(deferred), Urgency::Soon).expect("queued");
+    (wal, before, deferred_done)
+}
+
 /// A deferred record and the urgent one after it share one sync, and neither completion
 /// fires before that sync.
 #[test]
 fn a_deferred_record_shares_the_next_urgent_sync() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
-    wal.shared.queue().max_defer = Some(Duration::from_secs(600));
-    let before = syncs(&wal);
-    let (deferred, deferred_done) = done();
-    wal.append(b"queued waiter", Some(deferred), Urgency::Soon).expect("queued");
+    let (mut wal, before, deferred_done) = with_a_deferred_record(dir.path());
     // The flusher takes a deferred record only once it is due (in ten minutes) or an urgent
     // one joins it: still queued, it cannot have been synced or completed. (This looked for
     // 50 ms whether anything happened, which passes whatever a slower flusher would do.)
@@ -64,6 +71,53 @@ fn a_deferred_record_shares_the_next_urgent_sync() {
     urgent_done.recv().expect("completed").expect("durable");
     deferred_done.recv().expect("completed").expect("durable");
     assert_eq!(syncs(&wal), before + 1, "one sync for both");
+}
+
+/// On a quiet log a lone record is written and synced by its writer: its completion has
+/// fired when `append` returns (no hand-off to the flusher thread and back), what rode along
+/// is synced with it, and both are there after a reopen.
+#[test]
+fn a_lone_record_on_a_quiet_log_is_synced_by_its_writer() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
+    let before = syncs(&wal);
+    wal.append(b"committed index", None, Urgency::Now).expect("queued");
+    let (completion, receiver) = done();
+    wal.append(b"lone entry", Some(completion), Urgency::Alone).expect("written");
+    receiver.try_recv().expect("completed before append returned").expect("durable");
+    assert_eq!(syncs(&wal), before + 1, "one sync for both records");
+    assert!(wal.shared.queue().batches.is_empty());
+    drop(wal);
+    let (_, records) = Wal::open(dir.path(), SEGMENT_BYTES).expect("reopens");
+    assert_eq!(records[1..], [b"committed index".to_vec(), b"lone entry".to_vec()]);
+}
+
+/// A record that somebody else's sync is already due for (a deferred one waiting) goes to the
+/// flusher and shares that sync, even on a quiet log; and a batch of entries (`Now` with a
+/// completion) ends the quiet.
+#[test]
+fn a_lone_record_joins_a_sync_already_due_and_a_batch_ends_the_quiet() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut wal, before, deferred_done) = with_a_deferred_record(dir.path());
+    let (lone, lone_done) = done();
+    wal.append(b"lone entry", Some(lone), Urgency::Alone).expect("queued");
+    lone_done.recv().expect("completed").expect("durable");
+    deferred_done.recv().expect("completed").expect("durable");
+    assert_eq!(syncs(&wal), before + 1, "one sync for both");
+    // Hold the flusher back as a sync in progress does, so the queue can be looked at.
+    wal.shared.queue().flushing = true;
+    wal.shared.queue().quiet = true;
+    let (batch, batch_done) = done();
+    wal.append(b"a batch of entries", Some(batch), Urgency::Now).expect("queued");
+    assert!(!wal.shared.queue().quiet, "a batch ends the quiet");
+    let (lone, lone_done) = done();
+    wal.append(b"lone entry after it", Some(lone), Urgency::Alone).expect("queued");
+    assert_eq!(wal.shared.queue().batches.len(), 1, "the lone record waits behind the batch");
+    wal.shared.queue().flushing = false;
+    wal.shared.wake.notify_one();
+    batch_done.recv().expect("completed").expect("durable");
+    lone_done.recv().expect("completed").expect("durable");
+    assert_eq!(syncs(&wal), before + 2, "the batch and the lone record share a sync");
 }
 
 #[test]
