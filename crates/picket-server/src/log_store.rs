@@ -344,6 +344,16 @@ impl LogStore {
         (last > committed && last.index() <= committed.index()).then_some((committed, last))
     }
 
+    /// Whether an append of one entry on a quiet log may be synced by openraft's core itself
+    /// ([`crate::wal::Urgency::Alone`]): not while this node leads followers.
+    pub fn allow_inline_sync(&self, allowed: bool) {
+        self.inner
+            .wal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .allow_inline_sync(allowed);
+    }
+
     fn view(&self) -> MutexGuard<'_, View> {
         self.inner.view.lock().expect("log view lock poisoned")
     }

@@ -13,6 +13,8 @@
 //! on the path of every write (one client's acquire p50 0.24 → 0.20 ms, BENCHMARKS.md). A batch
 //! of entries ends the quiet, and the flusher's group commit takes over until a sync of its own
 //! finds the load one record at a time again. Only one batch is ever being written, by either.
+//! A leader with followers turns this off ([`Wal::allow_inline_sync`]): its core must send each
+//! entry to them while its own sync runs, not after it.
 //!
 //! Why not an append-only file: `fdatasync` after appending to a file that grows must also
 //! write the new size and extents (the inode, or a journal commit). Writing inside space that was
@@ -52,6 +54,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -173,6 +176,10 @@ struct Shared {
     wake: Condvar,
     stats: Arc<WriterStats>,
     faults: TestFaults,
+    /// Whether a writer may sync its own lone record on a quiet log. Off on a leader with
+    /// followers: its core, syncing, would send them the entry only after its own sync instead
+    /// of during it (one client on a 3-node cluster: acquire p50 0.51 → 0.69 ms).
+    inline_allowed: AtomicBool,
 }
 
 impl Shared {
@@ -390,6 +397,13 @@ impl Wal {
         Ok((recovered(generations), Vec::new()))
     }
 
+    /// Whether a writer may sync its own lone record on a quiet log (on by default): off while
+    /// this node leads followers, whom its core must be free to send entries to during its
+    /// sync.
+    pub fn allow_inline_sync(&self, allowed: bool) {
+        self.shared.inline_allowed.store(allowed, Ordering::Relaxed);
+    }
+
     /// Whether a record of `payload_len` bytes fits in the current segment.
     #[must_use]
     pub fn fits(&self, payload_len: usize) -> bool {
@@ -490,6 +504,7 @@ impl Wal {
         // Nobody else waits for a sync (what is queued rides along with the next one): on a
         // quiet log this writer syncs it all now, itself.
         let inline = sync == Some(Urgency::Alone)
+            && self.shared.inline_allowed.load(Ordering::Relaxed)
             && replaces_none
             && queue.quiet
             && !queue.flushing
@@ -568,7 +583,9 @@ impl Recovered {
             }
         }
         let queue = Mutex::new(Queue { quiet: true, ..Queue::default() });
-        let shared = Arc::new(Shared { queue, wake: Condvar::new(), stats, faults });
+        let inline_allowed = AtomicBool::new(true);
+        let shared =
+            Arc::new(Shared { queue, wake: Condvar::new(), stats, faults, inline_allowed });
         let flusher_shared = shared.clone();
         let flusher = std::thread::Builder::new()
             .name("picket-log-flusher".into())

@@ -343,7 +343,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     tokio::spawn(async move {
         crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), pulse_signal).await;
     });
-    tokio::spawn(count_leader_changes(raft.clone(), metrics, shutdown_signal.clone()));
+    tokio::spawn(count_leader_changes(
+        raft.clone(),
+        metrics,
+        log_handle.clone(),
+        shutdown_signal.clone(),
+    ));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::snapshot_cadence::run(raft.clone(), cadence, shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
@@ -625,12 +630,24 @@ async fn restore(
 }
 
 /// Counts every change of the leader this node sees, until shutdown.
-async fn count_leader_changes(raft: Raft, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+/// Also tells the log whether openraft's core may sync a lone entry itself: not while this node
+/// leads followers, so that it sends them each entry during its own sync.
+async fn count_leader_changes(
+    raft: Raft,
+    metrics: Arc<Metrics>,
+    log: LogStore,
+    mut stop: watch::Receiver<bool>,
+) {
     use openraft::async_runtime::WatchReceiver;
     // Server metrics change only with leadership and membership, not with every entry.
     let mut watched = raft.server_metrics();
     let mut leader = watched.borrow_watched().current_leader;
     loop {
+        {
+            let server = watched.borrow_watched();
+            let members = server.membership_config.membership().nodes().count();
+            log.allow_inline_sync(server.state != openraft::ServerState::Leader || members <= 1);
+        }
         tokio::select! {
             changed = watched.changed() => {
                 if changed.is_err() {

@@ -92,6 +92,24 @@ fn a_lone_record_on_a_quiet_log_is_synced_by_its_writer() {
     assert_eq!(records[1..], [b"committed index".to_vec(), b"lone entry".to_vec()]);
 }
 
+/// A leader with followers turns the writer's own sync off: its lone record goes to the
+/// flusher, and the core is free at once to send the entry on.
+#[test]
+fn with_inline_sync_off_a_lone_record_goes_to_the_flusher() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
+    wal.allow_inline_sync(false);
+    // Hold the flusher back as a sync in progress does.
+    wal.shared.queue().flushing = true;
+    let (completion, receiver) = done();
+    wal.append(b"lone entry", Some(completion), Urgency::Alone).expect("queued");
+    assert!(receiver.try_recv().is_err(), "not synced by its writer");
+    assert_eq!(wal.shared.queue().batches.len(), 1, "queued for the flusher");
+    wal.shared.queue().flushing = false;
+    wal.shared.wake.notify_one();
+    receiver.recv().expect("completed").expect("durable");
+}
+
 /// A record that somebody else's sync is already due for (a deferred one waiting) goes to the
 /// flusher and shares that sync, even on a quiet log; and a batch of entries (`Now` with a
 /// completion) ends the quiet.
