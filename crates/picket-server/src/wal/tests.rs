@@ -122,6 +122,13 @@ fn a_lone_record_joins_a_sync_already_due_and_a_batch_ends_the_quiet() {
     lone_done.recv().expect("completed").expect("durable");
     deferred_done.recv().expect("completed").expect("durable");
     assert_eq!(syncs(&wal), before + 1, "one sync for both");
+    // The completions fire before the flusher clears `flushing` and judges the load: wait for
+    // that, or it would overwrite what comes next.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wal.shared.queue().flushing {
+        assert!(Instant::now() < deadline, "the flusher never finished its sync");
+        std::thread::yield_now();
+    }
     // Hold the flusher back as a sync in progress does, so the queue can be looked at.
     wal.shared.queue().flushing = true;
     wal.shared.queue().quiet = true;
