@@ -126,6 +126,13 @@ impl Watch {
     fn missed_events(&self) -> bool {
         self.gaps.iter().any(|gap| gap.load(Ordering::Acquire))
     }
+
+    /// Marks the piece's stream open and tells whether it missed events before; the flags
+    /// matter only until then, so the stream's task keeps none of them afterwards.
+    fn open(self) -> bool {
+        self.opened.store(true, Ordering::Release);
+        self.missed_events()
+    }
 }
 
 /// Moves into `ids` (a new piece's sessions) every piece on top of the stack no longer than
@@ -319,6 +326,7 @@ async fn follow(
     watch: Watch,
 ) {
     let mut starting = Some(starting);
+    let mut watch = Some(watch);
     loop {
         let Some(transport) = weak_transport.upgrade() else { return };
         let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
@@ -331,11 +339,11 @@ async fn follow(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        watch.opened.store(true, Ordering::Release);
+        let missed_events = watch.take().is_some_and(Watch::open);
         let reopened = starting.take().is_none();
         // A new stream after a broken one, or after the streams it replaced were dropped: what
         // went by in between is not replayed.
-        if reopened || watch.missed_events() {
+        if reopened || missed_events {
             watcher.recheck_all(&ids);
         }
         while let Ok(Some(message)) = stream.message().await {
@@ -420,8 +428,8 @@ mod tests {
         let piece = Piece { id: 1, ids: vec![1, 2], stream: (), watch: replacing };
         let absorber = Watch::replacing(std::slice::from_ref(&piece));
         assert!(absorber.missed_events(), "a piece absorbed before it opened passes its gap on");
-        // Opened, the piece asked about its own sessions: the absorber need not again.
-        piece.watch.opened.store(true, Ordering::Release);
+        // Opened, the piece asks about its own sessions: a piece replacing it later need not.
+        assert!(piece.watch.clone().open(), "the piece's stream, once open, asks again");
         assert!(!Watch::replacing(std::slice::from_ref(&piece)).missed_events());
     }
 

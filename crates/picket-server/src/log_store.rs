@@ -29,6 +29,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::RangeBounds;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
@@ -103,6 +104,8 @@ struct Inner {
     wal: Mutex<Wal>,
     stats: Arc<WriterStats>,
     defer_sync: Option<DeferSync>,
+    /// Whether `defer_sync` is asked at all: only on a leader (see [`LogStore::allow_deferred_sync`]).
+    deferred_sync_allowed: AtomicBool,
 }
 
 /// Says of appended entries whether nothing will be acknowledged on them alone, so their sync
@@ -305,7 +308,13 @@ impl LogStore {
         }
         check_contiguous(&view)?;
         let wal = recovered.start(&view.checkpoint(), stats.clone())?;
-        let inner = Inner { view: Mutex::new(view), wal: Mutex::new(wal), stats, defer_sync };
+        let inner = Inner {
+            view: Mutex::new(view),
+            wal: Mutex::new(wal),
+            stats,
+            defer_sync,
+            deferred_sync_allowed: AtomicBool::new(true),
+        };
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -352,6 +361,15 @@ impl LogStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .allow_inline_sync(allowed);
+    }
+
+    /// Whether appends may defer their sync when `defer_sync` says nothing is acknowledged on
+    /// them: only on a leader. A follower acknowledges every append to its leader once synced,
+    /// and its leader sends the next entries only after that answer: a follower deferring the
+    /// sync of a queued acquire held up the release behind it (and the grant it makes) for the
+    /// whole deferral.
+    pub fn allow_deferred_sync(&self, allowed: bool) {
+        self.inner.deferred_sync_allowed.store(allowed, Ordering::Relaxed);
     }
 
     fn view(&self) -> MutexGuard<'_, View> {
@@ -533,7 +551,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let completion: Completion = Box::new(move |result| callback.io_completed(result));
         // Encoded before the locks are taken, so readers of the view do not wait for it.
         let payloads = append_records(&entries);
-        let defer = self.inner.defer_sync.as_ref().is_some_and(|defer| defer(&entries));
+        let defer = self.inner.deferred_sync_allowed.load(Ordering::Relaxed)
+            && self.inner.defer_sync.as_ref().is_some_and(|defer| defer(&entries));
         let urgency = match (defer, entries.len()) {
             (true, _) => Urgency::Soon,
             (false, 1) => Urgency::Alone,

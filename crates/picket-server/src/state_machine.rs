@@ -155,7 +155,7 @@ impl StateStore {
     /// An entry written under apply rules this build does not know: the node stops (openraft
     /// treats a failed apply as fatal) rather than apply it differently from the nodes that
     /// wrote it.
-    fn apply_entry(&self, entry: Entry) -> io::Result<EntryReply> {
+    fn apply_entry(&self, entry: Entry) -> io::Result<(EntryReply, AppliedPosition)> {
         let log_id = entry.log_id;
         let known = crate::apply_rules::known_apply_rules();
         if let EntryPayload::Normal(input) = &entry.payload
@@ -171,23 +171,28 @@ impl StateStore {
         let mut state = self.inner.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         assert!(state.last_applied < Some(log_id), "entries are applied once, in log order");
         state.last_applied = Some(log_id);
-        Ok(match entry.payload {
-            EntryPayload::Blank => EntryReply::None,
+        let applied = match entry.payload {
+            EntryPayload::Blank => None,
             EntryPayload::Membership(membership) => {
                 state.membership = StoredMembership::new(Some(log_id), membership);
-                EntryReply::None
+                None
             }
             EntryPayload::Normal(input) => {
-                let mut applied = state.machine.apply(&input);
+                let applied = state.machine.apply(&input);
                 self.inner.metrics.applied(&applied, &state.machine);
-                drop(state);
-                // Waiters and watchers get the events through the hub; the proposer needs only the
-                // response, so the events are not copied into the reply.
-                let events = std::mem::take(&mut applied.events);
-                self.inner.hub.publish(applied.revision, &events);
-                EntryReply::Applied(applied)
+                Some(applied)
             }
-        })
+        };
+        let position = AppliedPosition::of(&state);
+        drop(state);
+        let Some(mut applied) = applied else {
+            return Ok((EntryReply::None, position));
+        };
+        // Waiters and watchers get the events through the hub; the proposer needs only the
+        // response, so the events are not copied into the reply.
+        let events = std::mem::take(&mut applied.events);
+        self.inner.hub.publish(applied.revision, &events);
+        Ok((EntryReply::Applied(applied), position))
     }
 
     /// A copy of the applied state, taken under the read lock, which the apply waits for: a
@@ -227,6 +232,27 @@ impl StateStore {
         *self.inner.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some(snapshot);
         Ok(())
+    }
+}
+
+/// Where the applied state stands after an entry, read under the apply's own write lock: what
+/// the snapshot cadence needs, without taking the lock again after each applied run.
+#[derive(Debug, Clone, Copy)]
+struct AppliedPosition {
+    /// The log index after the last applied entry.
+    next_index: u64,
+    /// Sessions and locks held in the state.
+    records: u64,
+}
+
+impl AppliedPosition {
+    fn of(state: &AppliedState) -> Self {
+        let machine = &state.machine;
+        let records = machine.session_count().saturating_add(machine.lock_count());
+        Self {
+            next_index: next_index(state.last_applied.as_ref()),
+            records: u64::try_from(records).unwrap_or(u64::MAX),
+        }
     }
 }
 
@@ -296,20 +322,18 @@ impl RaftStateMachine<TypeConfig> for StateStore {
     where
         Strm: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
     {
+        let mut last_position = None;
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
-            let reply = self.apply_entry(entry)?;
+            let (reply, position) = self.apply_entry(entry)?;
+            last_position = Some(position);
             if let Some(responder) = responder {
                 responder.send(reply);
             }
         }
-        let (applied_next_index, records) = {
-            let state = self.read();
-            let machine = &state.machine;
-            let records = machine.session_count().saturating_add(machine.lock_count());
-            (next_index(state.last_applied.as_ref()), u64::try_from(records).unwrap_or(u64::MAX))
-        };
-        self.inner.cadence.applied(applied_next_index, records);
+        if let Some(position) = last_position {
+            self.inner.cadence.applied(position.next_index, position.records);
+        }
         Ok(())
     }
 
