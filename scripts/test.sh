@@ -35,7 +35,8 @@ cargo test --workspace
 # The Rust client and the CLI speak the wire protocol by default; their suites run again over
 # gRPC, which every other client uses and which the client falls back to. `--workspace` keeps
 # the features cargo unifies the same as above: `-p picket` alone would build the whole stack a
-# second time (another 5 GB of target/ and several minutes).
+# second time (another 5 GB of target/ and several minutes). picket-core's model test named
+# no_ghost_holders runs again too (a fraction of a second, no network).
 echo "== the Rust client's and the CLI's suites again over gRPC (PICKET_PROTOCOL=grpc)"
 PICKET_PROTOCOL=grpc cargo test --workspace --test client --test no_ghost_holders --test tls \
   --test auth --test cli

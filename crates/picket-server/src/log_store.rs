@@ -261,7 +261,8 @@ impl View {
 impl LogStore {
     /// Opens the log in the data directory `data_dir` (creating it) and loads it into memory;
     /// new WAL segments get `segment_bytes` of space. Appends whose entries `defer_sync` picks
-    /// share the next sync instead of starting their own.
+    /// share the next sync instead of starting their own, once [`Self::allow_deferred_sync`]
+    /// allows it (a leader).
     ///
     /// # Errors
     /// When the directory cannot be used, holds damaged records, or holds a log in the format of
@@ -313,7 +314,8 @@ impl LogStore {
             wal: Mutex::new(wal),
             stats,
             defer_sync,
-            deferred_sync_allowed: AtomicBool::new(true),
+            // Off until the node learns it leads: a follower must not defer even briefly.
+            deferred_sync_allowed: AtomicBool::new(false),
         };
         Ok(Self { inner: Arc::new(inner) })
     }

@@ -169,8 +169,11 @@ fn raft_config(tuning: &RaftTuning) -> Result<Arc<Config>, StartError> {
         // committed index it never made durable. ARCHITECTURE.md, "Leadership after a restart".
         enable_leader_restore: Some(false),
         // A leader's replication streams learn of a new entry as soon as it is handed to the
-        // log, not at the end of the core's loop turn (BENCHMARKS.md, "Followers sync at once":
-        // a gain in one A/B run of two, no loss in either).
+        // log, not at the end of the core's loop turn. openraft then also stops taking client
+        // requests in a loop turn once a notification waits (smaller batches, its docs warn).
+        // Measured both ways (BENCHMARKS.md, "Followers sync at once"): on the cluster a gain in
+        // one A/B run of two and no loss outside the ranges; on one node every row within its
+        // range.
         broadcast_submitted_on_append: Some(true),
         ..Config::default()
     };
