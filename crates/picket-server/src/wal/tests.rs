@@ -501,3 +501,51 @@ fn erasing_without_a_mark_changes_nothing() {
     let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
     assert_eq!(records, vec![b"checkpoint".to_vec(), b"one".to_vec()]);
 }
+
+/// The writer's own sync (a lone record on a quiet log) fails as the flusher's does: the
+/// record's completion gets the error before `append` returns, nothing after it is accepted, and
+/// after a power cut the log holds exactly what was acknowledged.
+#[test]
+fn a_failed_sync_by_the_writer_itself_acknowledges_nothing_and_stops_the_log() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let trigger = dir.path().join("fail-sync");
+    let (recovered, _) = Wal::open(dir.path(), 1 << 20).expect("opens");
+    let faults = TestFaults::failing_syncs_while(dir.path(), trigger.clone()).expect("a mark");
+    let mut wal =
+        recovered.start_with(&[b"checkpoint".to_vec()], Arc::default(), faults).expect("starts");
+    append_and_wait(&mut wal, b"one");
+    let mark_path = dir.path().join(test_faults::SYNCED_MARK_FILE);
+    let synced_mark = std::fs::read_to_string(&mark_path).expect("a mark");
+    // The flusher fires completions before it clears its flag: wait for it to be idle and to
+    // have found the log quiet, so that the next lone record is synced by its writer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let queue = wal.shared.queue();
+        if !queue.flushing && queue.quiet {
+            break;
+        }
+        drop(queue);
+        assert!(std::time::Instant::now() < deadline, "the flusher never became idle");
+        std::thread::yield_now();
+    }
+    std::fs::write(&trigger, b"").expect("written");
+    let (completion, receiver) = done();
+    wal.append(b"two", Some(completion), Urgency::Alone).expect("written by its writer");
+    let error = receiver
+        .try_recv()
+        .expect("completed before append returned")
+        .expect_err("a failed sync is not durable");
+    assert!(error.to_string().contains("os error 5"), "{error}");
+    std::fs::remove_file(&trigger).expect("removed");
+    let (completion, receiver) = done();
+    let refused = match wal.append(b"three", Some(completion), Urgency::Alone) {
+        Err(refused) => refused,
+        Ok(()) => receiver.recv().expect("completed").expect_err("the log stopped"),
+    };
+    assert!(refused.to_string().contains("os error 5"), "{refused}");
+    drop(wal);
+    assert_eq!(std::fs::read_to_string(&mark_path).expect("a mark"), synced_mark);
+    assert!(erase_unsynced(dir.path(), 0).expect("erases").is_some_and(|bytes| bytes > 0));
+    let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
+    assert_eq!(records, [b"checkpoint".to_vec(), b"one".to_vec()]);
+}
