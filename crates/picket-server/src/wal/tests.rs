@@ -473,10 +473,22 @@ fn a_failed_sync_acknowledges_nothing_and_stops_the_log_for_good() {
     let error = receiver.recv().expect("completed").expect_err("a failed sync is not durable");
     assert!(error.to_string().contains("os error 5"), "{error}");
     std::fs::remove_file(&trigger).expect("removed");
+    assert_stopped_holding_one(wal, dir.path(), &synced_mark, Urgency::Now);
+}
+
+/// After a failed sync, syncs that would succeed again: `wal` refuses a record appended with
+/// `urgency`, and once closed and cut off as by a power loss, the log in `dir` holds exactly
+/// what was acknowledged ("one"), its synced mark still `synced_mark`.
+fn assert_stopped_holding_one(
+    mut wal: Wal,
+    dir: &std::path::Path,
+    synced_mark: &str,
+    urgency: Urgency,
+) {
     let (completion, receiver) = done();
     // Refused at once, or (queued in the instant before the flusher marks the log failed)
     // answered with the failure.
-    let refused = match wal.append(b"three", Some(completion), Urgency::Now) {
+    let refused = match wal.append(b"three", Some(completion), urgency) {
         Err(refused) => refused,
         Ok(()) => receiver.recv().expect("completed").expect_err("the log stopped"),
     };
@@ -484,9 +496,10 @@ fn a_failed_sync_acknowledges_nothing_and_stops_the_log_for_good() {
     drop(wal);
     // The mark still ends after "one": a failed sync proves nothing durable, so a power cut
     // erases what it wrote, and the log holds exactly what was acknowledged.
+    let mark_path = dir.join(test_faults::SYNCED_MARK_FILE);
     assert_eq!(std::fs::read_to_string(&mark_path).expect("a mark"), synced_mark);
-    assert!(erase_unsynced(dir.path(), 0).expect("erases").is_some_and(|bytes| bytes > 0));
-    let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
+    assert!(erase_unsynced(dir, 0).expect("erases").is_some_and(|bytes| bytes > 0));
+    let (_, records) = Wal::open(dir, 1 << 20).expect("reopens");
     assert_eq!(records, [b"checkpoint".to_vec(), b"one".to_vec()]);
 }
 
@@ -537,15 +550,5 @@ fn a_failed_sync_by_the_writer_itself_acknowledges_nothing_and_stops_the_log() {
         .expect_err("a failed sync is not durable");
     assert!(error.to_string().contains("os error 5"), "{error}");
     std::fs::remove_file(&trigger).expect("removed");
-    let (completion, receiver) = done();
-    let refused = match wal.append(b"three", Some(completion), Urgency::Alone) {
-        Err(refused) => refused,
-        Ok(()) => receiver.recv().expect("completed").expect_err("the log stopped"),
-    };
-    assert!(refused.to_string().contains("os error 5"), "{refused}");
-    drop(wal);
-    assert_eq!(std::fs::read_to_string(&mark_path).expect("a mark"), synced_mark);
-    assert!(erase_unsynced(dir.path(), 0).expect("erases").is_some_and(|bytes| bytes > 0));
-    let (_, records) = Wal::open(dir.path(), 1 << 20).expect("reopens");
-    assert_eq!(records, [b"checkpoint".to_vec(), b"one".to_vec()]);
+    assert_stopped_holding_one(wal, dir.path(), &synced_mark, Urgency::Alone);
 }
