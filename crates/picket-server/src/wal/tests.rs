@@ -452,14 +452,7 @@ fn a_power_cut_that_keeps_a_prefix_of_the_unsynced_bytes_reopens_with_whole_reco
 #[test]
 fn a_failed_sync_acknowledges_nothing_and_stops_the_log_for_good() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let trigger = dir.path().join("fail-sync");
-    let (recovered, _) = Wal::open(dir.path(), 1 << 20).expect("opens");
-    let faults = TestFaults::failing_syncs_while(dir.path(), trigger.clone()).expect("a mark");
-    let mut wal =
-        recovered.start_with(&[b"checkpoint".to_vec()], Arc::default(), faults).expect("starts");
-    append_and_wait(&mut wal, b"one");
-    let mark_path = dir.path().join(test_faults::SYNCED_MARK_FILE);
-    let synced_mark = std::fs::read_to_string(&mark_path).expect("a mark");
+    let (mut wal, trigger, synced_mark) = one_synced_then_failing_syncs(dir.path());
     assert_eq!(
         synced_mark,
         test_faults::format_mark(
@@ -474,6 +467,20 @@ fn a_failed_sync_acknowledges_nothing_and_stops_the_log_for_good() {
     assert!(error.to_string().contains("os error 5"), "{error}");
     std::fs::remove_file(&trigger).expect("removed");
     assert_stopped_holding_one(wal, dir.path(), &synced_mark, Urgency::Now);
+}
+
+/// A log in `dir` whose syncs fail while the returned trigger file exists, holding "one"
+/// acknowledged, and its synced mark after "one".
+fn one_synced_then_failing_syncs(dir: &std::path::Path) -> (Wal, std::path::PathBuf, String) {
+    let trigger = dir.join("fail-sync");
+    let (recovered, _) = Wal::open(dir, 1 << 20).expect("opens");
+    let faults = TestFaults::failing_syncs_while(dir, trigger.clone()).expect("a mark");
+    let mut wal =
+        recovered.start_with(&[b"checkpoint".to_vec()], Arc::default(), faults).expect("starts");
+    append_and_wait(&mut wal, b"one");
+    let mark_path = dir.join(test_faults::SYNCED_MARK_FILE);
+    let synced_mark = std::fs::read_to_string(&mark_path).expect("a mark");
+    (wal, trigger, synced_mark)
 }
 
 /// After a failed sync, syncs that would succeed again: `wal` refuses a record appended with
@@ -521,14 +528,7 @@ fn erasing_without_a_mark_changes_nothing() {
 #[test]
 fn a_failed_sync_by_the_writer_itself_acknowledges_nothing_and_stops_the_log() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let trigger = dir.path().join("fail-sync");
-    let (recovered, _) = Wal::open(dir.path(), 1 << 20).expect("opens");
-    let faults = TestFaults::failing_syncs_while(dir.path(), trigger.clone()).expect("a mark");
-    let mut wal =
-        recovered.start_with(&[b"checkpoint".to_vec()], Arc::default(), faults).expect("starts");
-    append_and_wait(&mut wal, b"one");
-    let mark_path = dir.path().join(test_faults::SYNCED_MARK_FILE);
-    let synced_mark = std::fs::read_to_string(&mark_path).expect("a mark");
+    let (mut wal, trigger, synced_mark) = one_synced_then_failing_syncs(dir.path());
     // The flusher fires completions before it clears its flag: wait for it to be idle and to
     // have found the log quiet, so that the next lone record is synced by its writer.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
