@@ -25,10 +25,36 @@ def picket_bin() -> str:
     return str(path)
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports handed out so far, from a start drawn once per process. A port the kernel picks (bind to
+# port 0) lies in its ephemeral range, where any outgoing connection may be given it before the
+# server binds it, or while a restarted server is down; these lie below that range instead.
+_LOWEST_PORT = 10000
+_next_port = [os.getpid() * 7919 % 4096]
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    span = _ephemeral_low() - _LOWEST_PORT
+    if span < 1000:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+    for _ in range(span):
+        port = _LOWEST_PORT + _next_port[0] % span
+        _next_port[0] += 1
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free loopback port between {_LOWEST_PORT} and {_LOWEST_PORT + span}")
 
 
 def wait_until(what: str, timeout_s: float, condition: "object") -> None:

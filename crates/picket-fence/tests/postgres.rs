@@ -12,7 +12,6 @@
 use picket_fence::postgres::{self, PgFenceError};
 use picket_fence::{Guarded, Policy, Presented, Stamp};
 use proptest::prelude::*;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -59,7 +58,7 @@ impl Postgres {
                     .success()
             );
         }
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = picket_testkit::free_port();
         let server = Self { dir, bin, port, as_postgres_user };
         let data = server.data_dir();
         let initdb = server

@@ -8,16 +8,20 @@
 //! - [`fuzz_cases`]: how many cases a fuzz target runs.
 //! - [`pki`]: CA and certificate files for tests of a TLS cluster.
 //! - [`TcpProxy`]: a proxy in front of a server whose connections a test cuts.
+//! - [`free_port`]: a loopback port for a server whose address must be known before it starts.
 
 pub mod cluster;
 pub mod http;
+#[cfg(feature = "pki")]
 pub mod pki;
+mod ports;
 mod proxy;
 
+pub use ports::{free_port, free_ports_in_a_row, try_free_ports_in_a_row};
 pub use proxy::TcpProxy;
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -58,20 +62,6 @@ pub fn fuzz_cases(default: u32) -> u32 {
     }
 }
 
-/// A loopback port that was free a moment ago. Needed where an address must be known before
-/// the server starts (a cluster's peer list); single servers listen on port 0 instead.
-///
-/// # Panics
-/// When no port can be bound.
-#[must_use]
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("an address")
-        .port()
-}
-
 /// A `picket serve` process.
 #[derive(Debug)]
 pub struct ServerProcess {
@@ -85,7 +75,7 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     /// Starts `binary serve --data-dir <data_dir> --listen <addr>` plus `extra` arguments and
-    /// waits until it prints its listening line.
+    /// waits until it prints its listening line. Port 0 stands for a [`free_port`].
     ///
     /// # Panics
     /// When the process cannot start or does not come up within 30 s.
@@ -127,7 +117,15 @@ impl ServerProcess {
     /// # Panics
     /// When the process cannot start or does not come up.
     #[must_use]
-    pub fn start_with(binary: &Path, data_dir: &Path, args: Vec<String>) -> Self {
+    pub fn start_with(binary: &Path, data_dir: &Path, mut args: Vec<String>) -> Self {
+        // A port the kernel picks (port 0) lies in its ephemeral range: while the process is
+        // down for a restart, an outgoing connection could be given it. Pick one outside.
+        if let Some(position) = args.iter().position(|arg| arg == "--listen")
+            && let Some(listen) = args.get_mut(position + 1)
+            && let Some(host) = listen.strip_suffix(":0")
+        {
+            *listen = format!("{host}:{}", free_port());
+        }
         let mut process = Self {
             binary: binary.to_owned(),
             args,

@@ -5,7 +5,7 @@
 //! registry this machine does not reach; its command is checked like the others.)
 
 use picket_testkit::cluster::send;
-use picket_testkit::{free_port, temp_dir};
+use picket_testkit::{free_ports_in_a_row, temp_dir};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -121,7 +121,8 @@ impl Drop for ScriptCluster {
 #[test]
 fn the_cluster_script_starts_three_nodes_that_grant_a_lock_and_stops_them() {
     let dir = temp_dir();
-    let base = three_free_ports_in_a_row();
+    // The script numbers its nodes' ports in a row from the first.
+    let base = free_ports_in_a_row(3);
     let cluster = ScriptCluster { data: dir.path().join("cluster"), base };
     let started = cluster_script("start", &cluster.data, base);
     assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
@@ -141,18 +142,4 @@ fn the_cluster_script_starts_three_nodes_that_grant_a_lock_and_stops_them() {
     for addr in &addrs {
         assert!(std::net::TcpStream::connect(addr).is_err(), "{addr} was stopped");
     }
-}
-
-/// A port whose next two are free too (the script numbers its nodes' ports in a row).
-fn three_free_ports_in_a_row() -> u16 {
-    for _ in 0..100 {
-        let base = free_port();
-        if base >= u16::MAX - 2 {
-            continue;
-        }
-        if (1..3).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no three free ports in a row");
 }

@@ -13,9 +13,10 @@ pub(super) struct LocalCluster {
     dir: std::path::PathBuf,
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port outside the kernel's ephemeral range, so no outgoing connection takes it
+/// before its node binds it.
 pub(super) fn free_port() -> std::io::Result<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr().map(|addr| addr.port())
+    picket_testkit::try_free_ports_in_a_row(1)
 }
 
 impl LocalCluster {

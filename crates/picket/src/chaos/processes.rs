@@ -19,8 +19,10 @@ pub(super) const PREFIX: &str = "chaos/";
 
 pub(super) const KEY: &str = "chaos/list";
 
+/// A loopback port for a node or store that is killed and restarted on it: one outside the
+/// kernel's ephemeral range, so no outgoing connection takes it while its owner is down.
 pub(super) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(picket_testkit::try_free_ports_in_a_row(1)?)
 }
 
 /// Spawns `command` and waits for its first standard output line, `... listening on ADDR`;
