@@ -89,9 +89,11 @@ impl Setup {
                 if let Ok(view) = view
                     && view.body["role"] == "leader"
                 {
-                    // A leader elected a moment ago may be deposed already: ask again.
+                    // A leader elected a moment ago may be deposed already, or not yet settled
+                    // (503, nothing applied): ask again.
                     let reply = request_as(&addr, &caller, method, path, body).unwrap();
-                    if reply.status != 421 {
+                    let not_applied = reply.body["outcome"] == "not_applied";
+                    if reply.status != 421 && !(reply.status == 503 && not_applied) {
                         return reply;
                     }
                 }

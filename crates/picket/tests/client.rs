@@ -351,6 +351,21 @@ impl ReplyDroppingProxy {
     }
 }
 
+/// A session with a 60 s TTL, opened by a client whose request timeout is short (a few hundred
+/// ms, the subject of the tests that use it). An open is not retried once sent, so a loaded
+/// machine that answers one late would fail the test before it begins: the test tries again
+/// (a session given up on holds nothing and expires).
+async fn open_session_despite_short_timeouts(client: &Client) -> picket_client::Session {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match client.session(Duration::from_secs(60)).await {
+            Ok(session) => return session,
+            Err(error) => assert!(attempts < 5, "no session opened in {attempts} tries: {error}"),
+        }
+    }
+}
+
 /// Issue 14: the abandon of a given-up acquire is not itself given up while the session may
 /// live on. The node granted the acquire, then the client was cut off from it for longer than
 /// its `retry_for`, so the abandon's first round of retries failed too; once the link is back,
@@ -365,7 +380,7 @@ async fn an_abandon_outlasts_an_outage_longer_than_its_retries() {
         ..picket_client::ClientConfig::default()
     };
     let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
-    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    let session = open_session_despite_short_timeouts(&client).await;
     proxy.drop_replies();
     let cut_once_granted = async {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -407,7 +422,7 @@ async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
         ..picket_client::ClientConfig::default()
     };
     let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
-    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    let session = open_session_despite_short_timeouts(&client).await;
     proxy.drop_replies();
     let given_up = session.try_lock("unanswered").await.expect_err("no answer arrives");
     // The node granted it: the request arrived, only the answers were lost.

@@ -306,11 +306,15 @@ fn the_lock_states_limits_follow_the_leaders_flags_and_wait_for_what_is_in_use()
     assert!(reason.contains("2 sessions are open, more than max_sessions = 1"), "{reason}");
     assert_eq!(max_sessions(&addr), Some(2), "nothing is ended for a limit");
     let refusals = || metric(&addr, "picket_limits_refused_total");
-    let (before, index) = (refusals(), applied_log_index(&addr));
+    // A clock gap (the process starved for half a second on a loaded machine) writes a
+    // `Refresh`: those entries are not the refused limits'.
+    let gaps = || get(&addr, "/v1/cluster").body["clock_gaps_total"].as_u64().expect("a count");
+    let (before, index, gaps_before) = (refusals(), applied_log_index(&addr), gaps());
     wait_until("the leader to ask again", Duration::from_secs(20), || {
         (refusals() > before).then_some(())
     });
-    assert_eq!(applied_log_index(&addr), index, "a refused SetLimits reached the log");
+    let written = applied_log_index(&addr) - index;
+    assert!(written <= gaps() - gaps_before, "a refused SetLimits reached the log");
     let closed =
         picket_testkit::http::request(&addr, "DELETE", &format!("/v1/sessions/{first}"), None);
     assert_eq!(closed.status, 200, "{}", closed.text);

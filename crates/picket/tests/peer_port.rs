@@ -26,7 +26,7 @@ fn start_cluster(peer_ports: bool) -> Cluster {
         "--heartbeat-ms",
         "50",
         "--election-timeout-ms",
-        "300",
+        "1000",
         "--max-connections",
         &MAX_CONNECTIONS.to_string(),
     ]

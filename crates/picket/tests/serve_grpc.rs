@@ -110,6 +110,9 @@ async fn lock_life_cycle_over_grpc() {
 #[tokio::test]
 async fn expiry_lock_delay_and_watch_over_grpc() {
     let (_dir, _server, mut client) = start().await;
+    // Measured from before the doomed session opens: its TTL counts from then, and the calls
+    // before the wait may take long on a loaded machine.
+    let started = Instant::now();
     let doomed = open(&mut client, 1_000, 1_000).await;
     let mut events = client
         .watch(v1::WatchRequest { target: Some(Target::SessionId(doomed)), losses_only: false })
@@ -123,7 +126,6 @@ async fn expiry_lock_delay_and_watch_over_grpc() {
         .into_inner();
     let first = client.acquire(acquire_request("r", doomed, Some(0))).await.unwrap().into_inner();
     let patient = open(&mut client, 30_000, 0).await;
-    let started = Instant::now();
     let granted =
         client.acquire(acquire_request("r", patient, Some(10_000))).await.unwrap().into_inner();
     assert!(

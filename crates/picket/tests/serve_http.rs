@@ -136,10 +136,12 @@ fn try_timeout_and_fifo_over_http() {
 fn session_expiry_releases_the_lock_after_its_lock_delay() {
     let (_dir, server) = start();
     let addr = &server.addr;
+    // Measured from before the doomed session opens: its TTL counts from then, and the calls
+    // before the wait may take long on a loaded machine.
+    let started = Instant::now();
     let doomed = open_session(addr, 1_000, 1_500);
     let doomed_token = token_of(&acquire(addr, "res", doomed, Some(0)));
     let patient = open_session(addr, 30_000, 0);
-    let started = Instant::now();
     // The waiter keeps its own session alive from another thread while it waits.
     let keepalive_addr = addr.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
