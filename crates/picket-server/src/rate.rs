@@ -8,10 +8,9 @@
 //! So every [`PROBE_EVERY`] the leader reads each voter's clock ([`ClockProbe`], the `ReadClock`
 //! RPC), taking its own reading just before and just after. Between two probes of a peer, the
 //! peer's clock advanced by some amount and the leader's by another; their ratio is the peer's
-//! rate against the leader's clock. A peer's rate is the median of its last [`INTERVALS`] such
-//! ratios, so one interval spoiled by a jump or a late answer does not count, or the median of
-//! its last three if that is lower: the estimate errs toward slowing the leader's time, never
-//! toward speeding it (see `PeerRate::rate`). The leader's clock
+//! rate against the leader's clock. A peer's rate is the median of its last [`RATIOS`] such
+//! ratios, so one interval spoiled by a jump or a late answer does not count, and a change of
+//! rate either way is followed within two readings (see `PeerRate::rate`). The leader's clock
 //! then runs at the *median* rate over all voters, the leader counting itself at 1 and a peer it
 //! has not read for 30 s also at 1 (a peer that restarts or is briefly unreachable keeps the
 //! rate it had: a restart moves where its clock counts from, not how fast): the factor moves only when a majority of the voters' clocks agree
@@ -41,10 +40,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 const MAX_ROUND_TRIP_MS: f64 = 5.0;
 /// Two readings of one peer closer than this (leader's clock) are too close for a ratio.
 const MIN_INTERVAL_MS: f64 = 200.0;
-/// How many of a peer's latest ratios are kept (ten seconds of them); its rate is their median.
-const INTERVALS: usize = 20;
-/// How many ratios a peer needs before its rate counts: the median of three drops one outlier.
-const MIN_INTERVALS: usize = 3;
+/// How many of a peer's latest ratios are kept; its rate is their median, which drops one
+/// outlier (an interval spoiled by a jump), and follows a change of rate within two readings.
+const RATIOS: usize = 3;
 /// Rates within this of 1 are left alone: clocks drift by far less (see "Time"), and one
 /// interval's ratio is only known within 1 %. It is below the client's 3 % margin, so a leader
 /// whose clock runs fast by less than this still never expires a session before its client
@@ -84,20 +82,17 @@ struct PeerRate {
 }
 
 impl PeerRate {
-    /// The lower of the median of all kept ratios and the median of the latest
-    /// [`MIN_INTERVALS`]. A peer's rate above 1 speeds the leader's time up, and too fast a
-    /// leader expires sessions early, so the estimate follows a falling rate within a few
-    /// readings and a rising one only once most of the window agrees. Without the second
-    /// median, a leader whose slow clock had recovered kept running its time fast until half the
-    /// window was fresh (five seconds), and clients whose leases were still running lost their
-    /// sessions.
+    /// The median of the latest [`RATIOS`] ratios, once there are that many. It follows a
+    /// change either way within two readings. Each ratio is known within 1 % (the round-trip
+    /// bound), so a median of three is wrong only if two intervals in a row are, which one jump
+    /// or one late answer cannot do. It used to follow a rising rate (a leader's clock turning
+    /// slow) only once half of a ten-second window agreed: meanwhile the slow leader kept every
+    /// silent session alive up to five seconds of its own clock past its time, more than the
+    /// server's margin. A falling one (a slow clock recovering) it followed within two readings
+    /// already: without that, a leader whose slow clock had recovered kept running its time fast
+    /// for seconds, and clients whose leases were still running lost their sessions.
     fn rate(&self) -> Option<f64> {
-        if self.ratios.len() < MIN_INTERVALS {
-            return None;
-        }
-        let whole = median(self.ratios.iter().copied().collect());
-        let latest = median(self.ratios.iter().rev().take(MIN_INTERVALS).copied().collect());
-        Some(whole.min(latest))
+        (self.ratios.len() == RATIOS).then(|| median(self.ratios.iter().copied().collect()))
     }
 }
 
@@ -128,7 +123,7 @@ impl RateEstimate {
                 // meaningless. Kept, a few such ratios would drag the median to the cap.
             } else {
                 samples.ratios.push_back(ratio);
-                if samples.ratios.len() > INTERVALS {
+                if samples.ratios.len() > RATIOS {
                     samples.ratios.pop_front();
                 }
             }
@@ -457,17 +452,49 @@ mod tests {
                 estimate.record(peer, leader_ms, leader_ms + 2.0, peer_ms + 1.0);
             }
         };
-        for _ in 0..=INTERVALS {
+        for _ in 0..20 {
             step(&mut estimate, 0.5);
         }
         assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "a slow leader is sped up");
-        for _ in 0..MIN_INTERVALS {
+        for _ in 0..2 {
             step(&mut estimate, 1.0);
         }
         assert!(
             (estimate.factor(1, &all) - 1.0).abs() < 1e-9,
             "the correction must end once the latest readings agree with the leader's clock"
         );
+    }
+
+    /// Steps both peers' readings by 500 ms of their clocks, the leader's by `leader_ms`.
+    fn step_all(estimate: &mut RateEstimate, leader_ms: &mut f64, peer_ms: &mut f64, ours: f64) {
+        *leader_ms += ours;
+        *peer_ms += 500.0;
+        for peer in [2, 3] {
+            estimate.record(peer, *leader_ms, *leader_ms + 2.0, *peer_ms + 1.0);
+        }
+    }
+
+    /// Regression (issue 21): a leader whose clock turned slow during its term was sped up only
+    /// once half of a twenty-ratio window agreed, five seconds of its own clock (ten in real
+    /// time at rate 0.5), all the while keeping silent sessions alive past their time. Two
+    /// readings at the new rate now do it; one spoiled interval (here the leader's clock stepping
+    /// back 100 ms) still moves nothing.
+    #[test]
+    fn a_leader_clock_turning_slow_is_sped_up_within_two_readings() {
+        let mut estimate = RateEstimate::default();
+        let all = voters(&[1, 2, 3]);
+        let (mut leader_ms, mut peer_ms) = (1_000.0, 50_000.0);
+        for _ in 0..20 {
+            step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 500.0);
+        }
+        step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 400.0);
+        step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 500.0);
+        assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "one spoiled interval of three");
+        step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 500.0);
+        step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 250.0);
+        assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "one reading at the new rate");
+        step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 250.0);
+        assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "two readings at the new rate");
     }
 
     /// Found in review: a peer that stops answering (a slow link, a cut, a busy machine) right
@@ -496,10 +523,11 @@ mod tests {
     #[test]
     fn a_fast_leader_is_slowed_within_a_few_readings() {
         let mut estimate = RateEstimate::default();
-        feed(&mut estimate, 2, 1.0, INTERVALS + 1);
-        feed(&mut estimate, 3, 1.0, INTERVALS + 1);
+        feed(&mut estimate, 2, 1.0, 21);
+        feed(&mut estimate, 3, 1.0, 21);
         for peer in [2, 3] {
-            for step in 0..=MIN_INTERVALS {
+            // The first reading at the new rate ends an interval still at the old one.
+            for step in 0..3 {
                 let sent_ms = 20_000.0 + f64::from(u32::try_from(step).expect("small")) * 500.0;
                 estimate.record(peer, sent_ms, sent_ms + 2.0, 60_000.0 + (sent_ms + 1.0) * 0.5);
             }

@@ -452,8 +452,38 @@ fn slow_or_fast_leader_clock_is_corrected_by_its_peers_clocks() {
     let load = Load::start(&addrs);
     let started = Instant::now();
     for rate in [0.5, 1.5] {
+        // A session whose client stops just before the leader's clock turns slow lives through
+        // the time it takes to find the slow clock, its TTL running at the slow rate meanwhile.
+        let silent_at_the_turn = (rate < 1.0).then(|| {
+            // Mid-term: the leader has read its peers' clocks for over ten seconds, a full
+            // window of readings in the estimate as it used to be (twenty, every 500 ms).
+            std::thread::sleep(Duration::from_secs(11).saturating_sub(started.elapsed()));
+            let session = open_session(&addrs, 4_000);
+            let kept = keep_alive(&addrs, session);
+            assert_eq!(kept.status, 200, "{kept:?}");
+            let addrs = addrs.clone();
+            let expired = std::thread::spawn(move || {
+                wait_until("the silent session to expire", Duration::from_secs(30), || {
+                    (!live_sessions(&addrs).contains(&session)).then(Instant::now)
+                })
+            });
+            (kept.sent_at, expired)
+        });
         clocks.set(leader + 1, rate, 0);
         wait_for_factor(&addrs[leader], 1.0 / rate);
+        if let Some((sent_at, expired)) = silent_at_the_turn {
+            let lived_ms = (expired.join().expect("expires") - sent_at).as_secs_f64() * 1_000.0;
+            eprintln!("the session silent from the slow clock's start lived {lived_ms:.0} ms");
+            // Renewal delay (up to 500 ms) at rate 1, then TTL and grace (4,500 ms of the
+            // leader's clock), of which at most 1,500 (two to three readings) at rate 0.5 before
+            // the slow clock is found: at most 3,000 + 3,000 + 500 = 6,500 ms, and a second of
+            // slack for a loaded machine. Found only once half of a ten-second window agreed
+            // (before issue 21's fix), the slow clock kept it 7,746 ms in one run (and 5,489
+            // ms after it).
+            if clock_gaps(&addrs[leader]) == 0 {
+                assert!(lived_ms < 7_500.0, "the silent session lived {lived_ms:.0} ms");
+            }
+        }
         let quiet = open_session(&addrs, 2_000);
         let quiet_kept = keep_alive(&addrs, quiet);
         assert_eq!(quiet_kept.status, 200);

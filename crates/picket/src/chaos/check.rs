@@ -356,10 +356,10 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
 }
 
 /// How long a leader's clock correction may stay wrong after its clock is right again: a
-/// peer's rate follows a falling rate within its last three intervals, and a rate above 1 left
+/// peer's rate is the median of its last three intervals, and a rate above 1 left
 /// unread for more than three half-second rounds counts at 1 (`picket-server`'s `rate.rs`), so a
 /// slow clock's correction (running the leader's time fast) ends about 2 s after the slow
-/// clock's end when the readings are usable (one interval straddles it, three more agree, the
+/// clock's end when the readings are usable (one interval straddles it, two more agree, the
 /// next probe sets the factor). Readings a loaded machine drops (a round trip over 5 ms)
 /// stretch the intervals: if three of every four were dropped, the rate would never go stale
 /// and two 2 s intervals would be needed, about 6 s. 7 s covers that; it is a margin, not a
