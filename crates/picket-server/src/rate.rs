@@ -8,9 +8,11 @@
 //! So every [`PROBE_EVERY`] the leader reads each voter's clock ([`ClockProbe`], the `ReadClock`
 //! RPC), taking its own reading just before and just after. Between two probes of a peer, the
 //! peer's clock advanced by some amount and the leader's by another; their ratio is the peer's
-//! rate against the leader's clock. A peer's rate is the median of its last [`RATIOS`] such
-//! ratios, so one interval spoiled by a jump or a late answer does not count, and a change of
-//! rate either way is followed within two readings (see `PeerRate::rate`). The leader's clock
+//! rate against the leader's clock, known within 1 % (the round trips bound it). A peer's rate
+//! is the median of its last [`RATIOS`] such ratios, and a rate above 1 (which speeds the
+//! leader's time up) only once the two newest agree: a change of rate either way is followed
+//! within two readings, and one spoiled interval does not count (see `PeerRate::rate`). The
+//! leader's clock
 //! then runs at the *median* rate over all voters, the leader counting itself at 1 and a peer it
 //! has not read for 30 s also at 1 (a peer that restarts or is briefly unreachable keeps the
 //! rate it had: a restart moves where its clock counts from, not how fast): the factor moves only when a majority of the voters' clocks agree
@@ -40,8 +42,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 const MAX_ROUND_TRIP_MS: f64 = 5.0;
 /// Two readings of one peer closer than this (leader's clock) are too close for a ratio.
 const MIN_INTERVAL_MS: f64 = 200.0;
-/// How many of a peer's latest ratios are kept; its rate is their median, which drops one
-/// outlier (an interval spoiled by a jump), and follows a change of rate within two readings.
+/// The most one interval's ratio may be off by its readings' round trips: half of each, over
+/// the interval. An interval that would exceed it is not used; the next reading is paired with
+/// the same earlier one, over a longer interval.
+const MAX_RATIO_ERROR: f64 = 0.01;
+/// How many of a peer's latest ratios are kept (see `PeerRate::rate`).
 const RATIOS: usize = 3;
 /// Rates within this of 1 are left alone: clocks drift by far less (see "Time"), and one
 /// interval's ratio is only known within 1 %. It is below the client's 3 % margin, so a leader
@@ -74,25 +79,49 @@ pub struct RateEstimate {
 
 #[derive(Debug, Default)]
 struct PeerRate {
-    /// The last usable reading: (the leader's clock at the round trip's middle, the peer's).
-    last: Option<(f64, f64)>,
+    /// The reading the next interval starts from.
+    last: Option<Reading>,
     ratios: VecDeque<f64>,
-    /// The round of the last usable reading.
+    /// The round of the last ratio: a reading that gives none (a restart's, or one too close
+    /// to the last) does not make an old rate fresh again.
     read_in_round: u64,
 }
 
+#[derive(Clone, Copy, Debug)]
+struct Reading {
+    /// The leader's clock at the middle of the round trip.
+    middle_ms: f64,
+    /// Half the round trip: how far from `middle_ms` the peer may have read its clock.
+    half_trip_ms: f64,
+    /// The peer's clock.
+    peer_ms: f64,
+}
+
 impl PeerRate {
-    /// The median of the latest [`RATIOS`] ratios, once there are that many. It follows a
-    /// change either way within two readings. Each ratio is known within 1 % (the round-trip
-    /// bound), so a median of three is wrong only if two intervals in a row are, which one jump
-    /// or one late answer cannot do. It used to follow a rising rate (a leader's clock turning
-    /// slow) only once half of a ten-second window agreed: meanwhile the slow leader kept every
-    /// silent session alive up to five seconds of its own clock past its time, more than the
-    /// server's margin. A falling one (a slow clock recovering) it followed within two readings
-    /// already: without that, a leader whose slow clock had recovered kept running its time fast
-    /// for seconds, and clients whose leases were still running lost their sessions.
+    /// The median of the latest [`RATIOS`] ratios, once there are that many; above 1, no more
+    /// than the lower of the two newest (and not below 1 for it).
+    ///
+    /// A rate below 1 slows the leader's time, the safe side: the median follows it within two
+    /// readings, and one spoiled interval of three does not count. A rate above 1 speeds the
+    /// leader's time up, and too fast a leader expires a silent client's session before its
+    /// lease ends: it counts only once the two newest intervals agree, so a leader whose clock
+    /// turns slow is sped up within two readings, one whose slow clock recovers stops within
+    /// one, and spoiled intervals (a peer's clock stepping forward, the leader's stepping back)
+    /// move nothing unless two come in a row. A stale window does not come back either: after
+    /// a leader's slow clock recovered unread, one reading at its true rate ends the
+    /// correction. (The rise used to be followed only once half of a ten-second window agreed:
+    /// meanwhile a leader whose clock turned slow mid-term kept every silent session alive up
+    /// to five seconds of its own clock past its time.)
     fn rate(&self) -> Option<f64> {
-        (self.ratios.len() == RATIOS).then(|| median(self.ratios.iter().copied().collect()))
+        if self.ratios.len() < RATIOS {
+            return None;
+        }
+        let median = median(self.ratios.iter().copied().collect());
+        if median <= 1.0 {
+            return Some(median);
+        }
+        let newest_two = self.ratios.iter().rev().take(2).copied().fold(f64::INFINITY, f64::min);
+        Some(median.min(newest_two.max(1.0)))
     }
 }
 
@@ -109,27 +138,30 @@ impl RateEstimate {
         if received_ms - sent_ms > MAX_ROUND_TRIP_MS || received_ms < sent_ms {
             return;
         }
-        let middle_ms = (sent_ms + received_ms) / 2.0;
-        if let Some((last_middle_ms, last_peer_ms)) = samples.last {
-            let ours_ms = middle_ms - last_middle_ms;
-            let theirs_ms = peer_ms - last_peer_ms;
-            if ours_ms < MIN_INTERVAL_MS {
+        let reading = Reading {
+            middle_ms: (sent_ms + received_ms) / 2.0,
+            half_trip_ms: (received_ms - sent_ms) / 2.0,
+            peer_ms,
+        };
+        if let Some(last) = samples.last {
+            let ours_ms = reading.middle_ms - last.middle_ms;
+            let error_ms = last.half_trip_ms + reading.half_trip_ms;
+            if ours_ms < MIN_INTERVAL_MS || error_ms > ours_ms * MAX_RATIO_ERROR {
                 return;
             }
-            let ratio = theirs_ms / ours_ms;
-            if !(1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
-                // The peer restarted (its clock counts from a new origin, behind or ahead) or
-                // its clock jumped: it runs at the same rate, and only this interval is
-                // meaningless. Kept, a few such ratios would drag the median to the cap.
-            } else {
+            let ratio = (reading.peer_ms - last.peer_ms) / ours_ms;
+            if (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
                 samples.ratios.push_back(ratio);
                 if samples.ratios.len() > RATIOS {
                     samples.ratios.pop_front();
                 }
+                samples.read_in_round = self.round;
             }
+            // Otherwise the peer restarted (its clock counts from a new origin, behind or
+            // ahead) or its clock jumped: it runs at the same rate, and only this interval is
+            // meaningless. Kept, a few such ratios would drag the median to the cap.
         }
-        samples.last = Some((middle_ms, peer_ms));
-        samples.read_in_round = self.round;
+        samples.last = Some(reading);
     }
 
     /// Starts a probe round: readings recorded from now on belong to it.
@@ -402,7 +434,8 @@ mod tests {
             slow_trips.record(3, sent_ms, sent_ms + 6.0, sent_ms * 2.0);
         }
         assert!((slow_trips.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9);
-        // Rate 1 with one interval where the leader's clock jumped 8 s: the median drops it.
+        // Rate 1 with one interval where the leader's clock jumped 8 s: its ratio is implausible
+        // and dropped.
         let mut jumped = RateEstimate::default();
         for peer in [2, 3] {
             for step in 0..6 {
@@ -495,6 +528,68 @@ mod tests {
         assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "one reading at the new rate");
         step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 250.0);
         assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "two readings at the new rate");
+    }
+
+    /// Found in review: ratios never aged, and any reading made a peer fresh again, so after a
+    /// leader's slow clock recovered while its readings were dropped (its old rate above 1 went
+    /// stale), one reading at the true rate brought the old window back ([2, 2, 1], median 2):
+    /// the recovered leader's time ran twice as fast. Rises count only when the two newest
+    /// ratios agree, readings that give no ratio (a restart's) refresh nothing, and a rise
+    /// spoiled in two intervals of three ([1.3, 1, 1.3]) moves nothing.
+    #[test]
+    fn a_stale_speed_up_does_not_come_back_and_two_spoiled_intervals_apart_move_nothing() {
+        let all = voters(&[1, 2, 3]);
+        let (mut leader_ms, mut peer_ms) = (1_000.0, 50_000.0);
+        let mut estimate = RateEstimate::default();
+        for _ in 0..4 {
+            step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 250.0);
+        }
+        assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "a slow leader is sped up");
+        for _ in 0..=STALE_ROUNDS_SPEEDING_UP {
+            estimate.next_round();
+        }
+        // A restart of both peers: their clocks count from a new origin.
+        leader_ms += 500.0;
+        for peer in [2, 3] {
+            estimate.record(peer, leader_ms, leader_ms + 2.0, 7.0);
+        }
+        assert!(
+            (estimate.factor(1, &all) - 1.0).abs() < 1e-9,
+            "stale, a restart refreshes nothing"
+        );
+        peer_ms = 7.0 - 1.0;
+        step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 500.0);
+        assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "one reading at the true rate");
+
+        let mut spoiled = RateEstimate::default();
+        let (mut leader_ms, mut peer_ms) = (1_000.0, 50_000.0);
+        for ours in [500.0, 500.0, 500.0, 385.0, 500.0, 385.0] {
+            step_all(&mut spoiled, &mut leader_ms, &mut peer_ms, ours);
+        }
+        assert!((spoiled.factor(1, &all) - 1.0).abs() < 1e-9, "[1.3, 1, 1.3] moves nothing");
+    }
+
+    /// A ratio is used only where its readings' round trips bound it within 1 %: two readings
+    /// with 5 ms round trips 250 ms apart are not paired, and the next reading pairs with the
+    /// earlier one over the longer interval.
+    #[test]
+    fn an_interval_too_short_for_its_round_trips_waits_for_a_longer_one() {
+        let mut estimate = RateEstimate::default();
+        let mut sent_ms = 1_000.0;
+        for _ in 0..7 {
+            estimate.record(2, sent_ms, sent_ms + 5.0, 50_000.0 + (sent_ms + 2.5) * 2.0);
+            sent_ms += 250.0;
+        }
+        let rates = estimate.peer_rates();
+        assert!((rates[&2] - 2.0).abs() < 0.01, "{rates:?}");
+        assert_eq!(estimate.peers[&2].ratios.len(), RATIOS, "three ratios of 500 ms each");
+        let mut too_short = RateEstimate::default();
+        let mut sent_ms = 1_000.0;
+        for _ in 0..4 {
+            too_short.record(2, sent_ms, sent_ms + 5.0, 50_000.0 + sent_ms);
+            sent_ms += 250.0;
+        }
+        assert!(too_short.peers[&2].ratios.len() < RATIOS, "two ratios of 500 ms at most");
     }
 
     /// Found in review: a peer that stops answering (a slow link, a cut, a busy machine) right

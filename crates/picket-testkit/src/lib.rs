@@ -6,7 +6,7 @@
 //!   directory, that can be killed with SIGKILL and restarted on the same data.
 //! - [`wait_until`]: wait for a condition with a deadline instead of sleeping for a guess.
 //! - [`fuzz_cases`]: how many cases a fuzz target runs.
-//! - [`pki`]: CA and certificate files for tests of a TLS cluster.
+//! - `pki` (the `pki` feature): CA and certificate files for tests of a TLS cluster.
 //! - [`TcpProxy`]: a proxy in front of a server whose connections a test cuts.
 //! - [`free_port`]: a loopback port for a server whose address must be known before it starts.
 

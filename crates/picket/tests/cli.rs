@@ -299,10 +299,10 @@ fn lock_stops_the_command_before_its_lease_can_end() {
     server.signal("-CONT");
     let output = running.wait_with_output().unwrap();
     // The last confirmed keepalive was sent at most a third of the TTL (2 s) before the stop, and
-    // no later than it; the lease ends 5.82 s after it. `picket lock` aims to have the command
-    // gone half a second before that; the test holds it to the lease's end (that half second is
-    // slack for a loaded machine's late timers). Before the fix it died 5 s after the lease's
-    // end at the earliest (stop + 8.8 s).
+    // no later than it; the lease ends 5.82 s after it, so between 3.82 and 5.82 s after the
+    // stop. `picket lock` aims to have the command gone half a second before the lease ends; the
+    // test holds it to the latest the lease can end (that half second is slack for a loaded
+    // machine's late timers). Before the fix it died at stop + 8.8 s at the earliest.
     let lived = gone_at.duration_since(stopped_at);
     assert!(lived > Duration::from_millis(1_500), "killed too early: {lived:?} after the stop");
     assert!(lived < Duration::from_millis(5_820), "killed {lived:?} after the stop");

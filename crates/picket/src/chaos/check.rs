@@ -355,15 +355,14 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
     breaks
 }
 
-/// How long a leader's clock correction may stay wrong after its clock is right again: a
-/// peer's rate is the median of its last three intervals, and a rate above 1 left
-/// unread for more than three half-second rounds counts at 1 (`picket-server`'s `rate.rs`), so a
-/// slow clock's correction (running the leader's time fast) ends about 2 s after the slow
-/// clock's end when the readings are usable (one interval straddles it, two more agree, the
-/// next probe sets the factor). Readings a loaded machine drops (a round trip over 5 ms)
-/// stretch the intervals: if three of every four were dropped, the rate would never go stale
-/// and two 2 s intervals would be needed, about 6 s. 7 s covers that; it is a margin, not a
-/// bound.
+/// How long a leader's clock correction may stay wrong after its clock is right again. A
+/// peer's rate above 1 counts only as far as its two newest intervals agree, and one left
+/// unread for more than three half-second rounds counts at 1 (`picket-server`'s `rate.rs`), so
+/// a slow clock's correction (running the leader's time fast) ends about 1 s after the slow
+/// clock's end when the readings are usable (one interval straddles it, the next one at the
+/// true rate ends it, in the round that reads it), and about 2 s after it when they are dropped
+/// (a round trip over 5 ms, or an interval too short for its round trips). 7 s covers that with
+/// room; it is a margin, not a bound.
 const RATE_CORRECTION_MEMORY_NS: u64 = 7_000_000_000;
 
 /// The spans during which a lease break is put down to a leader's clock running at a wrong
