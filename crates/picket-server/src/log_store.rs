@@ -104,7 +104,7 @@ struct Inner {
     wal: Mutex<Wal>,
     stats: Arc<WriterStats>,
     defer_sync: Option<DeferSync>,
-    /// Whether `defer_sync` is asked at all: only on a leader (see [`LogStore::allow_deferred_sync`]).
+    /// Whether `defer_sync` is asked at all: only on a leader (see [`LogStore::follow_role`]).
     deferred_sync_allowed: AtomicBool,
 }
 
@@ -261,8 +261,8 @@ impl View {
 impl LogStore {
     /// Opens the log in the data directory `data_dir` (creating it) and loads it into memory;
     /// new WAL segments get `segment_bytes` of space. Appends whose entries `defer_sync` picks
-    /// share the next sync instead of starting their own, once [`Self::allow_deferred_sync`]
-    /// allows it (a leader).
+    /// share the next sync instead of starting their own, once [`Self::follow_role`] says this
+    /// node leads.
     ///
     /// # Errors
     /// When the directory cannot be used, holds damaged records, or holds a log in the format of
@@ -355,23 +355,24 @@ impl LogStore {
         (last > committed && last.index() <= committed.index()).then_some((committed, last))
     }
 
-    /// Whether an append of one entry on a quiet log may be synced by openraft's core itself
-    /// ([`crate::wal::Urgency::Alone`]): not while this node leads followers.
-    pub fn allow_inline_sync(&self, allowed: bool) {
+    /// Sets how appends are synced from this node's role: whether it `leading`, and of how many
+    /// `members` its cluster is made (itself included). Two rules follow from it:
+    ///
+    /// - An append of one entry on a quiet log may be synced by openraft's core itself
+    ///   ([`crate::wal::Urgency::Alone`]), except on a leader of followers, whose core must send
+    ///   each entry to its followers during its own sync, not after it.
+    /// - Appends may defer their sync when `defer_sync` says nothing is acknowledged on them
+    ///   only on a leader. A follower acknowledges every append to its leader once synced, and
+    ///   its leader sends the next entries only after that answer: a follower deferring the sync
+    ///   of a queued acquire held up the release behind it (and the grant it makes) for the whole
+    ///   deferral.
+    pub fn follow_role(&self, leading: bool, members: usize) {
         self.inner
             .wal
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .allow_inline_sync(allowed);
-    }
-
-    /// Whether appends may defer their sync when `defer_sync` says nothing is acknowledged on
-    /// them: only on a leader. A follower acknowledges every append to its leader once synced,
-    /// and its leader sends the next entries only after that answer: a follower deferring the
-    /// sync of a queued acquire held up the release behind it (and the grant it makes) for the
-    /// whole deferral.
-    pub fn allow_deferred_sync(&self, allowed: bool) {
-        self.inner.deferred_sync_allowed.store(allowed, Ordering::Relaxed);
+            .allow_inline_sync(!leading || members <= 1);
+        self.inner.deferred_sync_allowed.store(leading, Ordering::Relaxed);
     }
 
     fn view(&self) -> MutexGuard<'_, View> {

@@ -141,6 +141,79 @@ impl Callers {
     }
 }
 
+/// The server's side of the opening: [`MAGIC`], then how many calls the client may have open at
+/// once and the longest request it may send.
+fn opening(max_calls: usize, max_request_bytes: usize) -> Vec<u8> {
+    let mut opening = MAGIC.to_vec();
+    opening.extend_from_slice(&u32::try_from(max_calls).unwrap_or(u32::MAX).to_le_bytes());
+    opening.extend_from_slice(&u32::try_from(max_request_bytes).unwrap_or(u32::MAX).to_le_bytes());
+    opening
+}
+
+/// What a connection knows of its calls (their futures are the serving task's).
+#[derive(Default)]
+struct CallBook {
+    /// The calls running, by id; a cancelled one leaves at once (its future is dropped when
+    /// next polled).
+    running: HashMap<u64, AbortHandle>,
+    /// Calls read while every place was taken: the client's places free as soon as it has an
+    /// answer, which may be before this task has seen the call end.
+    waiting: VecDeque<(u64, http::Request<Body>)>,
+    /// The last call read, and the last started (every later one read is waiting).
+    last_id: u64,
+    last_started: u64,
+}
+
+/// What became of a frame the client sent.
+enum Taken {
+    /// A call now waits for a place, a cancel was done, or the authorization was set.
+    Kept,
+    /// A call to no call path: this `Reset` frame answers it.
+    Refused(Bytes),
+    /// The frame broke the protocol: the connection is closed.
+    Close,
+}
+
+impl CallBook {
+    /// Takes one frame from the client: a call (to wait for a place), a cancel, or the
+    /// authorization for later calls.
+    fn take(&mut self, frame: Frame, callers: &mut Callers) -> Taken {
+        match frame {
+            Frame::Request { id, path, headers, body } if id > self.last_id => {
+                self.last_id = id;
+                let Some(request) = callers.request(&path, headers, body) else {
+                    let message = format!("{path:?} is not a call path");
+                    return Taken::Refused(Frame::Reset { id, message }.to_bytes());
+                };
+                self.waiting.push_back((id, request));
+            }
+            Frame::Cancel { id } => {
+                if let Some(abort) = self.running.remove(&id) {
+                    abort.abort();
+                }
+                self.waiting.retain(|(waiting_id, _)| *waiting_id != id);
+            }
+            Frame::Authorization { value } => {
+                let Ok(mut value) = HeaderValue::from_bytes(&value) else {
+                    tracing::debug!(
+                        "closing a wire connection whose authorization is not a header value"
+                    );
+                    return Taken::Close;
+                };
+                value.set_sensitive(true);
+                callers.authorization = Some(value);
+            }
+            _ => {
+                tracing::debug!(
+                    "closing a wire connection that sent a node's frame or reused a call id"
+                );
+                return Taken::Close;
+            }
+        }
+        Taken::Kept
+    }
+}
+
 /// Serves one wire connection, its opening already read, until the client closes it, it is idle
 /// for the idle timeout, or the node drains.
 pub(super) async fn serve_wire<Io>(
@@ -156,26 +229,14 @@ pub(super) async fn serve_wire<Io>(
     let max_calls = serving.max_calls.max(1);
     let (mut reader, mut writer) = tokio::io::split(io);
     let mut callers = Callers { caller, tls, authorization: None };
-    let mut opening = MAGIC.to_vec();
-    opening.extend_from_slice(&u32::try_from(max_calls).unwrap_or(u32::MAX).to_le_bytes());
-    let max_request = callers.max_message_bytes(&serving);
-    opening.extend_from_slice(&u32::try_from(max_request).unwrap_or(u32::MAX).to_le_bytes());
-    if !write(&mut writer, &opening).await {
+    if !write(&mut writer, &opening(max_calls, callers.max_message_bytes(&serving))).await {
         return;
     }
     let (answers, mut queue) = mpsc::channel::<Bytes>(QUEUED_ANSWERS);
     let mut calls = FuturesUnordered::new();
-    // The calls running, by id; a cancelled one leaves at once (its future is dropped when
-    // next polled).
-    let mut running: HashMap<u64, AbortHandle> = HashMap::new();
-    // Calls read while every place was taken: the client's places free as soon as it has an
-    // answer, which may be before this task has seen the call end.
-    let mut waiting: VecDeque<(u64, http::Request<Body>)> = VecDeque::new();
+    let mut book = CallBook::default();
     let mut buffer = BytesMut::with_capacity(8 * 1024);
     let mut out = BytesMut::new();
-    // The last call read, and the last started (every later one read is waiting).
-    let mut last_id = 0_u64;
-    let mut last_started = 0_u64;
     let mut reading = true;
     let idle = tokio::time::sleep(idle_timeout);
     let mut idle = std::pin::pin!(idle);
@@ -194,25 +255,25 @@ pub(super) async fn serve_wire<Io>(
             }
             Some(ended) = calls.next(), if !calls.is_empty() => {
                 if let Ok(id) = ended {
-                    running.remove(&id);
+                    book.running.remove(&id);
                 }
-                if calls.is_empty() && waiting.is_empty() {
+                if calls.is_empty() && book.waiting.is_empty() {
                     idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
                 }
             }
             // Cancels are read even while every place is taken; only a client that sends
             // more calls than it was told it may have open is not read further.
-            read = reader.read_buf(&mut buffer), if reading && waiting.len() < max_calls => {
+            read = reader.read_buf(&mut buffer), if reading && book.waiting.len() < max_calls => {
                 // The client closed the connection, or it broke: nobody is left to answer, so
                 // its calls are dropped, as HTTP/2 drops a closed connection's streams.
                 if !matches!(read, Ok(read) if read > 0) {
                     return;
                 }
             }
-            () = &mut idle, if reading && calls.is_empty() && waiting.is_empty() => {
+            () = &mut idle, if reading && calls.is_empty() && book.waiting.is_empty() => {
                 tracing::debug!(?idle_timeout, "closing a wire connection idle for the idle timeout");
                 reading = false;
-                if !write(&mut writer, &Frame::GoAway { last_id }.to_bytes()).await {
+                if !write(&mut writer, &Frame::GoAway { last_id: book.last_id }.to_bytes()).await {
                     return;
                 }
             }
@@ -222,14 +283,15 @@ pub(super) async fn serve_wire<Io>(
                 }
                 // Calls read but not started are dropped: the client may send them again.
                 reading = false;
-                waiting.clear();
-                if !write(&mut writer, &Frame::GoAway { last_id: last_started }.to_bytes()).await {
+                book.waiting.clear();
+                let last_id = book.last_started;
+                if !write(&mut writer, &Frame::GoAway { last_id }.to_bytes()).await {
                     return;
                 }
             }
         }
         let max_frame_bytes = callers.max_message_bytes(&serving) + FRAME_OVERHEAD_BYTES;
-        while reading && waiting.len() < max_calls {
+        while reading && book.waiting.len() < max_calls {
             let frame = match Frame::decode(&mut buffer, max_frame_bytes) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
@@ -238,50 +300,24 @@ pub(super) async fn serve_wire<Io>(
                     return;
                 }
             };
-            match frame {
-                Frame::Request { id, path, headers, body } if id > last_id => {
-                    last_id = id;
-                    let Some(request) = callers.request(&path, headers, body) else {
-                        let message = format!("{path:?} is not a call path");
-                        if !write(&mut writer, &Frame::Reset { id, message }.to_bytes()).await {
-                            return;
-                        }
-                        continue;
-                    };
-                    waiting.push_back((id, request));
-                }
-                Frame::Cancel { id } => {
-                    if let Some(abort) = running.remove(&id) {
-                        abort.abort();
-                    }
-                    waiting.retain(|(waiting_id, _)| *waiting_id != id);
-                }
-                Frame::Authorization { value } => {
-                    let Ok(mut value) = HeaderValue::from_bytes(&value) else {
-                        tracing::debug!(
-                            "closing a wire connection whose authorization is not a header value"
-                        );
+            match book.take(frame, &mut callers) {
+                Taken::Kept => {}
+                Taken::Refused(reset) => {
+                    if !write(&mut writer, &reset).await {
                         return;
-                    };
-                    value.set_sensitive(true);
-                    callers.authorization = Some(value);
+                    }
                 }
-                _ => {
-                    tracing::debug!(
-                        "closing a wire connection that sent a node's frame or reused a call id"
-                    );
-                    return;
-                }
+                Taken::Close => return,
             }
         }
-        while running.len() < max_calls
-            && let Some((id, request)) = waiting.pop_front()
+        while book.running.len() < max_calls
+            && let Some((id, request)) = book.waiting.pop_front()
         {
             let (abort, registration) = AbortHandle::new_pair();
             let call = serve_call(serving.app.clone(), request, id, answers.clone());
             calls.push(Abortable::new(call, registration));
-            running.insert(id, abort);
-            last_started = id;
+            book.running.insert(id, abort);
+            book.last_started = id;
         }
         if !reading && calls.is_empty() && queue.is_empty() {
             let _ = writer.shutdown().await;

@@ -373,14 +373,16 @@ async fn an_entry_that_only_queues_is_synced_at_once_where_deferral_is_not_allow
     let dir = tempfile::tempdir().expect("a temporary directory");
     let always: DeferSync = Box::new(|_: &[Entry]| true);
     let mut store = LogStore::open(dir.path(), 1 << 20, Some(always)).expect("opens");
-    store.allow_deferred_sync(false);
+    // A follower of a three-node cluster.
+    store.follow_role(false, 3);
     let (done, flushed) = TypeConfig::oneshot();
     let entry = blank_ent::<TypeConfig>(1, 1, 1);
     store.append(vec![entry], IOFlushed::signal(done)).await.expect("appends");
     let synced = flushed.now_or_never().expect("synced before append returned");
     synced.expect("completes").expect("durable");
-    // Allowed again (a leader), the same kind of entry still becomes durable, in its own time.
-    store.allow_deferred_sync(true);
+    // Allowed again (its leader now), the same kind of entry still becomes durable, in its own
+    // time.
+    store.follow_role(true, 3);
     let (done, flushed) = TypeConfig::oneshot();
     let entry = blank_ent::<TypeConfig>(1, 1, 2);
     store.append(vec![entry], IOFlushed::signal(done)).await.expect("appends");

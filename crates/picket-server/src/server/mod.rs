@@ -350,12 +350,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     tokio::spawn(async move {
         crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), pulse_signal).await;
     });
-    tokio::spawn(count_leader_changes(
-        raft.clone(),
-        metrics,
-        log_handle.clone(),
-        shutdown_signal.clone(),
-    ));
+    tokio::spawn(follow_role(raft.clone(), metrics, log_handle.clone(), shutdown_signal.clone()));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::snapshot_cadence::run(raft.clone(), cadence, shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
@@ -636,12 +631,9 @@ async fn restore(
     Ok(())
 }
 
-/// Counts every change of the leader this node sees, until shutdown.
-/// Also tells the log whether openraft's core may sync a lone entry itself (not while this node
-/// leads followers, so that it sends them each entry during its own sync), and whether an entry
-/// nothing is acknowledged on may wait to share a sync (only on a leader: a follower's answer to
-/// its leader waits for the sync, and the leader sends nothing more until it has that answer).
-async fn count_leader_changes(
+/// Follows this node's role until shutdown: counts every change of the leader it sees, and sets
+/// its log's sync policy from the role ([`LogStore::follow_role`]).
+async fn follow_role(
     raft: Raft,
     metrics: Arc<Metrics>,
     log: LogStore,
@@ -656,8 +648,7 @@ async fn count_leader_changes(
             let server = watched.borrow_watched();
             let members = server.membership_config.membership().nodes().count();
             let leading = server.state == openraft::ServerState::Leader;
-            log.allow_inline_sync(!leading || members <= 1);
-            log.allow_deferred_sync(leading);
+            log.follow_role(leading, members);
         }
         tokio::select! {
             changed = watched.changed() => {
