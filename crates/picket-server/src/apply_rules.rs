@@ -7,7 +7,7 @@
 //! voter does not know: during a rolling upgrade, the upgraded leader keeps writing the old
 //! version until every member runs a build that knows the new one. Each member (learners too:
 //! they apply every entry) says which version it knows in its answer to the leader's clock
-//! readings ([`crate::rate`], every 500 ms); the leader writes the newest version every member
+//! readings ([`crate::rate`], every 100 ms); the leader writes the newest version every member
 //! has said it knows in its leadership, never below the newest its state has accepted (entries
 //! already in the log under it bind the cluster anyway), and never above its own. A member
 //! that has not answered yet in this leadership (down, or slower than the readings' 200 ms)

@@ -31,17 +31,21 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often the leader reads its peers' clocks.
-pub const PROBE_EVERY: Duration = Duration::from_millis(500);
-/// How long the leader waits for a peer's reading.
+/// How often the leader reads its peers' clocks. A slow clock is found within three readings,
+/// and until then a slow leader lets silent sessions live longer by that time × (1/rate − 1):
+/// 300 ms at rate 0.5, within the 500 ms expiry grace. (Every 500 ms, it was 1.5 s.)
+pub const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// How long the leader waits for a peer's reading, connecting included. A round waits for its
+/// slowest peer, so a peer that neither answers nor refuses stretches the rounds to this.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 /// A reading whose round trip took longer than this (leader's clock) is dropped: the peer read
-/// its clock somewhere in the round trip, and over [`PROBE_EVERY`] an error of half of it on each
-/// end bounds one interval's ratio within 1 %. (Voters further apart than this are not
-/// compared, and their leader runs on its own clock.)
+/// its clock somewhere in the round trip; half of it on each end must be within 1 % of an
+/// interval (see [`MAX_RATIO_ERROR`]), so such a reading would need an interval of half a
+/// second. (Voters further apart than this are not compared, and their leader runs on its own
+/// clock.)
 const MAX_ROUND_TRIP_MS: f64 = 5.0;
 /// Two readings of one peer closer than this (leader's clock) are too close for a ratio.
-const MIN_INTERVAL_MS: f64 = 200.0;
+const MIN_INTERVAL_MS: f64 = 40.0;
 /// The most one interval's ratio may be off by its readings' round trips: half of each, over
 /// the interval. An interval that would exceed it is not used; the next reading is paired with
 /// the same earlier one, over a longer interval.
@@ -57,12 +61,13 @@ pub const DEADBAND: f64 = 0.02;
 /// little with every reading, and each change is logged.
 const HYSTERESIS: f64 = 0.01;
 /// A peer not read for this many rounds (30 s) counts at 1 again: what it said is too old.
-const STALE_ROUNDS: u64 = 60;
+const STALE_ROUNDS: u64 = 300;
 /// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after more
-/// than this many rounds without a reading (2 s): the leader's slow clock may have recovered
+/// than this many rounds without a ratio (1 s): the leader's slow clock may have recovered
 /// meanwhile, and only a reading would show it. Erring toward a slower time is safe; a faster one
-/// expires sessions early.
-const STALE_ROUNDS_SPEEDING_UP: u64 = 3;
+/// expires sessions early. (Round trips above 1 ms make a 100 ms interval too short for its
+/// ratio, and the next reading pairs with the same earlier one: ten rounds leave room for that.)
+const STALE_ROUNDS_SPEEDING_UP: u64 = 10;
 /// The largest factor either way.
 const MAX_FACTOR: f64 = 4.0;
 /// An interval whose ratio is beyond this either way is a jump or a restart, not a rate.
@@ -528,6 +533,48 @@ mod tests {
         assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "one reading at the new rate");
         step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 250.0);
         assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "two readings at the new rate");
+    }
+
+    /// Issue 21: until its peers' clocks correct it, a leader whose clock turned slow at rate 0.5
+    /// keeps a silent session alive longer in real time by the time it took to find out × (1 −
+    /// rate). With readings every [`PROBE_EVERY`] (a loopback round trip of 0.3 ms) that stays
+    /// within the default expiry grace even when the clock turns just after a reading; with
+    /// readings every 500 ms, as before, it was 1,000 ms.
+    #[test]
+    fn a_slow_leader_outlives_its_promise_by_less_than_the_expiry_grace() {
+        let rate = 0.5;
+        let every_ms = f64::from(u32::try_from(PROBE_EVERY.as_millis()).expect("short"));
+        let all = voters(&[1, 2, 3]);
+        let mut estimate = RateEstimate::default();
+        let (mut leader_ms, mut real_ms) = (1_000.0, 1_000.0);
+        let probe = |estimate: &mut RateEstimate, leader_ms: f64, real_ms: f64| {
+            estimate.next_round();
+            for peer in [2, 3] {
+                estimate.record(peer, leader_ms, leader_ms + 0.3, 50_000.0 + real_ms + 0.15);
+            }
+            estimate.factor(1, &all)
+        };
+        for _ in 0..40 {
+            leader_ms += every_ms;
+            real_ms += every_ms;
+            assert!((probe(&mut estimate, leader_ms, real_ms) - 1.0).abs() < 1e-9);
+        }
+        let turned_ms = real_ms;
+        let found_ms = loop {
+            leader_ms += every_ms;
+            real_ms += every_ms / rate;
+            if (probe(&mut estimate, leader_ms, real_ms) - 1.0 / rate).abs() < 0.01 {
+                break real_ms - turned_ms;
+            }
+            assert!(real_ms - turned_ms < 10_000.0, "the slow clock is never found");
+        };
+        let outlived_ms = found_ms * (1.0 - rate);
+        let grace_ms = picket_core::Limits::default().session_expiry_grace_ms;
+        assert!(
+            outlived_ms <= f64::from(u32::try_from(grace_ms).expect("short")),
+            "found after {found_ms} ms of real time: a silent session outlives its promise by \
+             {outlived_ms} ms, more than the {grace_ms} ms grace"
+        );
     }
 
     /// Found in review: ratios never aged, and any reading made a peer fresh again, so after a

@@ -357,12 +357,13 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
 
 /// How long a leader's clock correction may stay wrong after its clock is right again. A
 /// peer's rate above 1 counts only as far as its two newest intervals agree, and one left
-/// unread for more than three half-second rounds counts at 1 (`picket-server`'s `rate.rs`), so
-/// a slow clock's correction (running the leader's time fast) ends about 1 s after the slow
-/// clock's end when the readings are usable (one interval straddles it, the next one at the
-/// true rate ends it, in the round that reads it), and about 2 s after it when they are dropped
-/// (a round trip over 5 ms, or an interval too short for its round trips). 7 s covers that with
-/// room; it is a margin, not a bound.
+/// without a ratio for more than ten 100 ms rounds counts at 1 (`picket-server`'s `rate.rs`),
+/// so a slow clock's correction (running the leader's time fast) ends about 200 ms after the
+/// slow clock's end when the readings are usable (one interval straddles it, the next one at
+/// the true rate ends it, in the round that reads it), and about 1 s after it when they are
+/// dropped (a round trip over 5 ms, or an interval too short for its round trips). 7 s covers
+/// that with room (a fault's end is logged by the harness, not by the leader's clock); it is a
+/// margin, not a bound.
 const RATE_CORRECTION_MEMORY_NS: u64 = 7_000_000_000;
 
 /// The spans during which a lease break is put down to a leader's clock running at a wrong
