@@ -2,6 +2,7 @@
 //! milliseconds shares one `KeepAliveMany` call.
 
 use crate::error::{ClientError, ErrorCode};
+use crate::lease_clock;
 use crate::transport::{Retry, Transport, WeakTransport};
 use picket_proto::MAX_KEEPALIVE_BATCH;
 use picket_proto::v1;
@@ -67,7 +68,11 @@ async fn run_batcher(transport: WeakTransport, mut jobs: mpsc::Receiver<Job>) {
         let timeout = Some(transport.config().request_timeout);
         let result = transport
             .call(Retry::Safe, timeout, |mut grpc| {
-                let request = v1::KeepAliveManyRequest { session_ids: ids.clone() };
+                let request = v1::KeepAliveManyRequest {
+                    session_ids: ids.clone(),
+                    clock_id: lease_clock::clock_id(),
+                    clock_ms: lease_clock::now().as_secs_f64() * 1_000.0,
+                };
                 async move { grpc.keep_alive_many(request).await }
             })
             .await;

@@ -29,6 +29,20 @@ pub(crate) fn now() -> Duration {
     ORIGIN.get_or_init(std::time::Instant::now).elapsed()
 }
 
+/// A random nonzero number naming this process's lease clock to the service: each keepalive
+/// carries it with a reading of the clock, so the leader can tell whether the two clocks run at
+/// the same rate and, where they do not, keep the session alive for its TTL by this clock (the
+/// one the lease is counted on here).
+pub(crate) fn clock_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.finish().max(1)
+    })
+}
+
 /// When a session's lease runs out on this clock, in nanoseconds of its reading; kept in an
 /// atomic so a check on any thread needs no lock.
 #[derive(Debug)]

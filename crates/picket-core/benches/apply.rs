@@ -106,7 +106,10 @@ fn main() {
     let mut now_ms = 1;
     measure("core: tick renewing 10k sessions", 50, || {
         now_ms += 1;
-        black_box(machine.apply(&Input::new(now_ms, Command::Tick { renew: sessions.clone() })));
+        black_box(machine.apply(&Input::new(
+            now_ms,
+            Command::Tick { renew: sessions.clone(), renew_for: Vec::new() },
+        )));
     });
 
     let (machine, _) = machine_with_sessions(10_000);

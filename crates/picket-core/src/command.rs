@@ -49,10 +49,13 @@ pub struct Input {
 ///   before it restarted the wait in full.
 /// - 4: [`Command::SetLimits`] exists: the leader writes the limits its operator configured
 ///   into the state, so every replica enforces them from the same entry on.
+/// - 5: a [`Command::Tick`] may renew a session for less or more than its TTL of the state's
+///   clock (`renew_for`), where its client's clock runs at a different rate from the leader's,
+///   so the session lives its TTL by its client's clock.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.
-pub const APPLY_RULES: u32 = 4;
+pub const APPLY_RULES: u32 = 5;
 
 impl Input {
     /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular
@@ -98,6 +101,7 @@ impl Command {
     pub fn oldest_rules(&self) -> u32 {
         match self {
             Self::SetLimits { .. } => 4,
+            Self::Tick { renew_for, .. } if !renew_for.is_empty() => 5,
             _ => 0,
         }
     }
@@ -198,6 +202,13 @@ pub enum Command {
         /// Sessions that sent a keepalive since the last tick. Unknown ids are skipped: the
         /// session may have ended since.
         renew: Vec<SessionId>,
+        /// Sessions that sent a keepalive since the last tick from a client whose clock runs at
+        /// a different rate from the leader's (apply rules 5): each is renewed for the given
+        /// milliseconds of the state's clock, its TTL measured on its client's clock, held to
+        /// between a quarter of its TTL and four times it. Under older rules each gets its
+        /// TTL, as in `renew`. Unknown ids are skipped.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        renew_for: Vec<(SessionId, u64)>,
     },
     /// Starts a new leader's clock: every session gets a full TTL, every bounded wait its full
     /// wait and every lock-delay its full delay, measured from this command's `now_ms`.
@@ -240,7 +251,9 @@ impl fmt::Display for Command {
             Self::Release { session, name, token } => {
                 write!(f, "release({session}, {name:?}, token={token})")
             }
-            Self::Tick { renew } => write!(f, "tick(renew={})", renew.len()),
+            Self::Tick { renew, renew_for } => {
+                write!(f, "tick(renew={}, renew_for={})", renew.len(), renew_for.len())
+            }
             Self::Refresh => write!(f, "refresh"),
             Self::SetLimits { .. } => write!(f, "set_limits"),
         }

@@ -29,7 +29,7 @@
 //!
 //! // A stops keeping its session alive; a tick past its deadline (2,000) and the expiry grace
 //! // (500 ms) expires it and grants B.
-//! machine.apply(&Input::new(2_600, Command::Tick { renew: vec![b] }));
+//! machine.apply(&Input::new(2_600, Command::Tick { renew: vec![b], renew_for: vec![] }));
 //! let holder = machine.lock("report").unwrap().holder.unwrap();
 //! assert_eq!(holder.session, b);
 //! assert!(holder.token > token_a);

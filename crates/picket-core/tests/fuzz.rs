@@ -125,7 +125,11 @@ fn command_json() -> impl Strategy<Value = Value> {
             (session(), edge_name()).prop_map(|(session, name)| Command::Cancel { session, name }),
             (session(), edge_name(), edge_u64())
                 .prop_map(|(session, name, token)| Command::Release { session, name, token }),
-            proptest::collection::vec(session(), 0..6).prop_map(|renew| Command::Tick { renew }),
+            (
+                proptest::collection::vec(session(), 0..6),
+                proptest::collection::vec((session(), edge_u64()), 0..3)
+            )
+                .prop_map(|(renew, renew_for)| Command::Tick { renew, renew_for }),
             Just(Command::Refresh),
         ];
     (command, proptest::option::weighted(0.2, ("[a-z_]{1,8}", any_json()))).prop_map(
@@ -204,7 +208,7 @@ proptest! {
         if let Ok(mut machine) = StateMachine::restore(&bytes) {
             prop_assert!(machine.check_invariants().is_ok());
             // A restored state goes on working: time passes, every session expires.
-            machine.apply(&Input::new(u64::MAX / 2, Command::Tick { renew: Vec::new() }));
+            machine.apply(&Input::new(u64::MAX / 2, Command::Tick { renew: Vec::new(), renew_for: Vec::new() }));
             prop_assert!(machine.check_invariants().is_ok());
         }
     }
@@ -235,7 +239,7 @@ fn a_snapshot_at_the_greatest_revision_refuses_commands_instead_of_overflowing()
     let bytes = serde_json::to_vec(&snapshot).expect("serializes");
     let mut machine = StateMachine::restore(&bytes).expect("a consistent state");
     for command in [
-        Command::Tick { renew: Vec::new() },
+        Command::Tick { renew: Vec::new(), renew_for: Vec::new() },
         Command::Refresh,
         Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None },
     ] {

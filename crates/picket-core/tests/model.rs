@@ -23,16 +23,49 @@ const DELAYS_MS: [u64; 3] = [0, 0, 500];
 
 #[derive(Clone, Debug)]
 enum Op {
-    Open { ttl: usize, delay: usize },
-    KeepAlive { who: usize },
-    Close { who: usize },
-    Revoke { who: usize },
-    Acquire { who: usize, name: usize, wait: Wait, request: u64, attempt: u32 },
-    Abandon { who: usize, name: usize, request: u64, attempt: u32 },
-    Cancel { who: usize, name: usize },
-    Release { who: usize, name: usize, right_token: bool },
-    Tick { renew: Vec<usize> },
-    Refresh { clock_ms: u64 },
+    Open {
+        ttl: usize,
+        delay: usize,
+    },
+    KeepAlive {
+        who: usize,
+    },
+    Close {
+        who: usize,
+    },
+    Revoke {
+        who: usize,
+    },
+    Acquire {
+        who: usize,
+        name: usize,
+        wait: Wait,
+        request: u64,
+        attempt: u32,
+    },
+    Abandon {
+        who: usize,
+        name: usize,
+        request: u64,
+        attempt: u32,
+    },
+    Cancel {
+        who: usize,
+        name: usize,
+    },
+    Release {
+        who: usize,
+        name: usize,
+        right_token: bool,
+    },
+    /// Renewals with a lease of their own (a client clock running at another rate) too.
+    Tick {
+        renew: Vec<usize>,
+        renew_for: Vec<(usize, u64)>,
+    },
+    Refresh {
+        clock_ms: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -69,7 +102,11 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (who.clone(), name.clone()).prop_map(|(who, name)| Op::Cancel { who, name }),
         5 => (who.clone(), name, proptest::bool::weighted(0.85))
             .prop_map(|(who, name, right_token)| Op::Release { who, name, right_token }),
-        4 => proptest::collection::vec(who, 0..4).prop_map(|renew| Op::Tick { renew }),
+        4 => (
+            proptest::collection::vec(who.clone(), 0..4),
+            proptest::collection::vec((who, 0u64..20_000), 0..3)
+        )
+            .prop_map(|(renew, renew_for)| Op::Tick { renew, renew_for }),
         1 => (0u64..10_000).prop_map(|clock_ms| Op::Refresh { clock_ms }),
     ]
 }
@@ -250,13 +287,20 @@ impl Model {
                 self.promote_everything();
                 Ok(Response::Released { name: name.clone() })
             }
-            Command::Tick { renew } => {
-                if renew.len() > self.limits.max_renewals_per_tick {
+            Command::Tick { renew, renew_for } => {
+                if renew.len() + renew_for.len() > self.limits.max_renewals_per_tick {
                     return Err("too_many_renewals");
                 }
                 self.accept(now_ms);
                 for session in self.sessions.iter_mut().filter(|s| renew.contains(&s.id)) {
                     session.deadline_ms = now_ms + session.ttl_ms;
+                }
+                // A lease of its own, held to between a quarter of the TTL and four times it.
+                for (id, lease_ms) in renew_for {
+                    if let Some(session) = self.sessions.iter_mut().find(|s| s.id == *id) {
+                        let lease_ms = (*lease_ms).max(session.ttl_ms / 4).min(session.ttl_ms * 4);
+                        session.deadline_ms = now_ms + lease_ms;
+                    }
                 }
                 // Expiry goes by the tick's own reading, which may be behind the state's clock,
                 // and a session lives through its deadline's grace.
@@ -577,7 +621,10 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
             };
             Command::Release { session: who(*w), name: name(*n), token }
         }
-        Op::Tick { renew } => Command::Tick { renew: renew.iter().map(|w| who(*w)).collect() },
+        Op::Tick { renew, renew_for } => Command::Tick {
+            renew: renew.iter().map(|w| who(*w)).collect(),
+            renew_for: renew_for.iter().map(|(w, lease_ms)| (who(*w), *lease_ms)).collect(),
+        },
         Op::Refresh { clock_ms } => {
             return Input::new(*clock_ms, Command::Refresh);
         }
@@ -616,14 +663,18 @@ fn check_step(
             // The deadline may already be overdue when no tick ran since.
             let before = probe.snapshot();
             if due_ms > machine.now_ms() {
-                let early = probe.apply(&Input::new(due_ms - 1, Command::Tick { renew: vec![] }));
+                let early = probe.apply(&Input::new(
+                    due_ms - 1,
+                    Command::Tick { renew: vec![], renew_for: vec![] },
+                ));
                 prop_assert!(
                     early.events.is_empty(),
                     "a tick before the next deadline changed something"
                 );
             }
             let mut probe = StateMachine::restore(&before).unwrap();
-            let due = probe.apply(&Input::new(due_ms, Command::Tick { renew: vec![] }));
+            let due = probe
+                .apply(&Input::new(due_ms, Command::Tick { renew: vec![], renew_for: vec![] }));
             let delay_ended = machine.locks("", None, usize::MAX).iter().any(|l| {
                 l.delayed_until_ms.is_some_and(|until| until <= due_ms.max(machine.now_ms()))
             });
@@ -635,7 +686,7 @@ fn check_step(
         None => {
             let far = probe.apply(&Input::new(
                 machine.now_ms() + 100_000_000,
-                Command::Tick { renew: vec![] },
+                Command::Tick { renew: vec![], renew_for: vec![] },
             ));
             prop_assert!(
                 far.events.is_empty(),

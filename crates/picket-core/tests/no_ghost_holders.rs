@@ -280,7 +280,10 @@ impl World {
                     .filter(|who| renew & (1 << who) != 0)
                     .map(|who| self.sessions[who])
                     .collect();
-                let applied = self.machine.apply(&Input::new(self.now_ms, Command::Tick { renew }));
+                let applied = self.machine.apply(&Input::new(
+                    self.now_ms,
+                    Command::Tick { renew, renew_for: Vec::new() },
+                ));
                 self.hear(&applied.events);
             }
         }

@@ -132,7 +132,7 @@ impl Story {
 
     fn tick(&mut self, now_ms: u64, renew: &[&str]) -> Applied {
         let renew = renew.iter().map(|who| self.id(who)).collect();
-        self.run(now_ms, Command::Tick { renew })
+        self.run(now_ms, Command::Tick { renew, renew_for: Vec::new() })
     }
 
     fn describe(&self, command: &Command) -> String {
@@ -164,7 +164,7 @@ impl Story {
             Command::Release { session, name, token } => {
                 format!("release {} {name:?} token={token}", self.who(*session))
             }
-            Command::Tick { renew } => {
+            Command::Tick { renew, .. } => {
                 let renew: Vec<String> = renew.iter().map(|id| self.who(*id)).collect();
                 format!("tick renew=[{}]", renew.join(","))
             }
@@ -619,7 +619,7 @@ fn count_limits_are_enforced() {
     assert_eq!(story.machine.sessions(None, 100).len(), 2, "listings are capped");
 
     let ids = vec![story.id("A"); 4];
-    let too_many = story.run(3, Command::Tick { renew: ids });
+    let too_many = story.run(3, Command::Tick { renew: ids, renew_for: Vec::new() });
     assert_eq!(error_of(&too_many), CommandError::TooManyRenewals { count: 4, max: 3 });
 }
 
@@ -1263,4 +1263,30 @@ fn set_limits_changes_what_is_refused_from_its_entry_on_and_never_ends_what_exis
     story.rules = 3;
     let older = set(&mut story, at_most(5));
     assert!(error_of(&older).to_string().contains("setting limits needs 4"), "{older:?}");
+}
+
+/// Issue 21: a tick may renew a session for a lease of its own (its TTL on its client's clock,
+/// converted to the leader's), held to between a quarter of the TTL and four times it; an entry
+/// written under apply rules older than 5 renews it for its TTL, as those rules did.
+#[test]
+fn a_tick_renews_for_a_clients_lease_within_bounds_and_under_older_rules_for_the_ttl() {
+    let mut story = Story::new();
+    let short = story.open(0, "A", 4_000, 0);
+    let long = story.open(0, "B", 4_000, 0);
+    let floor = story.open(0, "C", 4_000, 0);
+    let renew_for = vec![(short, 2_000), (long, 6_000), (floor, 10)];
+    story.run(1_000, Command::Tick { renew: Vec::new(), renew_for });
+    let deadline =
+        |story: &Story, session| story.machine.session_lease(session).unwrap().deadline_ms;
+    assert_eq!(deadline(&story, short), 3_000);
+    assert_eq!(deadline(&story, long), 7_000);
+    assert_eq!(deadline(&story, floor), 2_000, "a quarter of the TTL at least");
+    assert_eq!(
+        Command::Tick { renew: Vec::new(), renew_for: vec![(short, 1)] }.oldest_rules(),
+        5,
+        "a leader writes leases of their own only once every member knows rules 5"
+    );
+    story.rules = 4;
+    story.run(2_000, Command::Tick { renew: Vec::new(), renew_for: vec![(short, 2_000)] });
+    assert_eq!(deadline(&story, short), 6_000, "rules 4 renew for the TTL");
 }

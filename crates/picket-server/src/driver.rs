@@ -59,12 +59,10 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             }
         };
         let batch = take(&node);
-        let command = if expires_without_refresh() {
-            Command::Tick { renew: batch.sessions.clone() }
-        } else {
-            Command::Refresh
-        };
-        if let Err(error) = write(&node, batch, command).await {
+        // The tick is written under the rules it was made for.
+        let rules = node.writing_rules();
+        let command = if expires_without_refresh() { batch.tick(rules) } else { Command::Refresh };
+        if let Err(error) = write(&node, batch, (rules, command)).await {
             tracing::debug!(%error, "refresh after election failed; retrying");
             tokio::time::sleep(RETRY_PAUSE).await;
             continue;
@@ -123,6 +121,7 @@ async fn tick_while_leader(
         let due = next_due_ms(node).is_some_and(|due_ms| due_ms <= now_ms);
         if due || node.gaps().gap_pending() {
             let batch = take(node);
+            let rules = node.writing_rules();
             let command = if batch.refresh {
                 if batch.after_gap {
                     tracing::warn!(
@@ -132,10 +131,10 @@ async fn tick_while_leader(
                 }
                 Command::Refresh
             } else {
-                node.metrics().tick_renewed(batch.sessions.len());
-                Command::Tick { renew: batch.sessions.clone() }
+                node.metrics().tick_renewed(batch.renewals());
+                batch.tick(rules)
             };
-            if let Err(error) = write(node, batch, command).await {
+            if let Err(error) = write(node, batch, (rules, command)).await {
                 tracing::debug!(%error, "tick failed");
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
@@ -211,7 +210,7 @@ fn take(node: &Node) -> Batch {
 async fn write(
     node: &Node,
     batch: Batch,
-    command: Command,
+    command: (u32, Command),
 ) -> Result<(), crate::error::ServiceError> {
     let result = match node.propose_at(batch.stamp_ms, command).await {
         Ok(applied) => applied.result.map(|_| ()).map_err(crate::error::ServiceError::from),

@@ -1,6 +1,7 @@
 //! The gRPC client API: a thin translation between protobuf messages and [`Node`].
 
 use crate::auth::{Access, authenticate};
+use crate::client_clocks::ClientReading;
 use crate::error::ServiceError;
 use crate::guarded::Guarded;
 use crate::node::AcquireRequest;
@@ -123,6 +124,7 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         clock_gaps_total: view.clock_gaps_total,
         clock_rate_factor: view.clock_rate_factor,
         peer_clock_rates: view.peer_clock_rates.into_iter().collect(),
+        client_clocks_off_rate: u64::try_from(view.client_clocks_off_rate).unwrap_or(u64::MAX),
         apply_rules: view.apply_rules,
         newest_applied_rules: view.newest_applied_rules,
     }
@@ -235,8 +237,10 @@ impl picket_server::Picket for ClientService {
         request: Request<v1::KeepAliveRequest>,
     ) -> RpcResult<v1::KeepAliveResponse> {
         let who = self.who(&request)?;
-        let session_id = request.into_inner().session_id;
-        let kept = self.node.as_caller(who).keep_alive(SessionId(session_id)).await;
+        let request = request.into_inner();
+        let (session_id, reading) =
+            (request.session_id, ClientReading::from_request(request.clock_id, request.clock_ms));
+        let kept = self.node.as_caller(who).keep_alive(SessionId(session_id), reading).await;
         respond(kept.map(|ttl_ms| v1::KeepAliveResponse { session_id, ttl_ms }))
     }
 
@@ -245,9 +249,10 @@ impl picket_server::Picket for ClientService {
         request: Request<v1::KeepAliveManyRequest>,
     ) -> RpcResult<v1::KeepAliveManyResponse> {
         let who = self.who(&request)?;
-        let sessions: Vec<SessionId> =
-            request.into_inner().session_ids.into_iter().map(SessionId).collect();
-        let kept = self.node.as_caller(who).keep_alive_many(&sessions).await;
+        let request = request.into_inner();
+        let reading = ClientReading::from_request(request.clock_id, request.clock_ms);
+        let sessions: Vec<SessionId> = request.session_ids.into_iter().map(SessionId).collect();
+        let kept = self.node.as_caller(who).keep_alive_many(&sessions, reading).await;
         respond(kept.map(|ttls| v1::KeepAliveManyResponse {
             ttl_ms: ttls.into_iter().map(|ttl| ttl.unwrap_or(0)).collect(),
         }))

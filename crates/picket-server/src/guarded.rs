@@ -3,6 +3,7 @@
 //! live in one place and no operation can skip them.
 
 use crate::auth::{Access, AuthFile, Role};
+use crate::client_clocks::ClientReading;
 use crate::error::ServiceError;
 use crate::node::{
     AcquireRequest, ClusterView, Grant, Node, Ownership, Recheck, WatchStream, Watched,
@@ -60,9 +61,13 @@ impl Guarded<'_> {
     ///
     /// # Errors
     /// As the node's, and [`ServiceError::PermissionDenied`] for another's session.
-    pub async fn keep_alive(&self, session: SessionId) -> Result<u64, ServiceError> {
+    pub async fn keep_alive(
+        &self,
+        session: SessionId,
+        reading: Option<ClientReading>,
+    ) -> Result<u64, ServiceError> {
         self.require_owner(session)?;
-        self.node.keep_alive(session, self.principal()).await
+        self.node.keep_alive(session, self.principal(), reading).await
     }
 
     /// See [`Node::keep_alive_many`]; refused whole if any session is another's.
@@ -72,11 +77,12 @@ impl Guarded<'_> {
     pub async fn keep_alive_many(
         &self,
         sessions: &[SessionId],
+        reading: Option<ClientReading>,
     ) -> Result<Vec<Option<u64>>, ServiceError> {
         for session in sessions {
             self.require_owner(*session)?;
         }
-        self.node.keep_alive_many(sessions, self.principal()).await
+        self.node.keep_alive_many(sessions, self.principal(), reading).await
     }
 
     /// See [`Node::close_session`].

@@ -15,6 +15,7 @@
 pub mod apply_rules;
 pub mod auth;
 pub mod backup;
+pub mod client_clocks;
 pub mod clock;
 mod driver;
 pub mod error;

@@ -69,9 +69,9 @@ const STALE_ROUNDS: u64 = 300;
 /// ratio, and the next reading pairs with the same earlier one: ten rounds leave room for that.)
 const STALE_ROUNDS_SPEEDING_UP: u64 = 10;
 /// The largest factor either way.
-const MAX_FACTOR: f64 = 4.0;
+pub(crate) const MAX_FACTOR: f64 = 4.0;
 /// An interval whose ratio is beyond this either way is a jump or a restart, not a rate.
-const IMPLAUSIBLE_RATIO: f64 = 2.0 * MAX_FACTOR;
+pub(crate) const IMPLAUSIBLE_RATIO: f64 = 2.0 * MAX_FACTOR;
 
 /// The peers' clock rates against the leader's, from their readings. Pure: readings in,
 /// factor out.
@@ -86,7 +86,7 @@ pub struct RateEstimate {
 struct PeerRate {
     /// The reading the next interval starts from.
     last: Option<Reading>,
-    ratios: VecDeque<f64>,
+    window: RatioWindow,
     /// The round of the last ratio: a reading that gives none (a restart's, or one too close
     /// to the last) does not make an old rate fresh again.
     read_in_round: u64,
@@ -102,7 +102,22 @@ struct Reading {
     peer_ms: f64,
 }
 
-impl PeerRate {
+/// The latest interval ratios of one clock against the leader's, and the rate they give:
+/// a peer's ([`RateEstimate`]) or a client's ([`crate::client_clocks`]).
+#[derive(Debug, Default)]
+pub(crate) struct RatioWindow {
+    ratios: VecDeque<f64>,
+}
+
+impl RatioWindow {
+    /// Adds an interval's ratio, forgetting the oldest beyond [`RATIOS`].
+    pub(crate) fn push(&mut self, ratio: f64) {
+        self.ratios.push_back(ratio);
+        if self.ratios.len() > RATIOS {
+            self.ratios.pop_front();
+        }
+    }
+
     /// The median of the latest [`RATIOS`] ratios, once there are that many; above 1, no more
     /// than the lower of the two newest (and not below 1 for it).
     ///
@@ -117,7 +132,7 @@ impl PeerRate {
     /// correction. (The rise used to be followed only once half of a ten-second window agreed:
     /// meanwhile a leader whose clock turned slow mid-term kept every silent session alive up
     /// to five seconds of its own clock past its time.)
-    fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         if self.ratios.len() < RATIOS {
             return None;
         }
@@ -156,10 +171,7 @@ impl RateEstimate {
             }
             let ratio = (reading.peer_ms - last.peer_ms) / ours_ms;
             if (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
-                samples.ratios.push_back(ratio);
-                if samples.ratios.len() > RATIOS {
-                    samples.ratios.pop_front();
-                }
+                samples.window.push(ratio);
                 samples.read_in_round = self.round;
             }
             // Otherwise the peer restarted (its clock counts from a new origin, behind or
@@ -184,7 +196,7 @@ impl RateEstimate {
     /// [`STALE_ROUNDS`], or [`STALE_ROUNDS_SPEEDING_UP`] for a rate above 1.
     fn fresh_rate(&self, peer: &PeerRate) -> Option<f64> {
         let unread_rounds = self.round.saturating_sub(peer.read_in_round);
-        let rate = peer.rate()?;
+        let rate = peer.window.rate()?;
         let stale_after = if rate > 1.0 { STALE_ROUNDS_SPEEDING_UP } else { STALE_ROUNDS };
         (unread_rounds <= stale_after).then_some(rate)
     }
@@ -363,6 +375,9 @@ fn set_factor(node: &Node, factor: f64) {
         );
     }
     clock.set_rate_factor(factor);
+    // Clients' clocks were compared with the leader's time at the old factor: their rates no
+    // longer hold, and kept they would correct the same error twice.
+    node.renewals().forget_client_clocks();
 }
 
 #[cfg(test)]
@@ -629,14 +644,14 @@ mod tests {
         }
         let rates = estimate.peer_rates();
         assert!((rates[&2] - 2.0).abs() < 0.01, "{rates:?}");
-        assert_eq!(estimate.peers[&2].ratios.len(), RATIOS, "three ratios of 500 ms each");
+        assert_eq!(estimate.peers[&2].window.ratios.len(), RATIOS, "three ratios of 500 ms each");
         let mut too_short = RateEstimate::default();
         let mut sent_ms = 1_000.0;
         for _ in 0..4 {
             too_short.record(2, sent_ms, sent_ms + 5.0, 50_000.0 + sent_ms);
             sent_ms += 250.0;
         }
-        assert!(too_short.peers[&2].ratios.len() < RATIOS, "two ratios of 500 ms at most");
+        assert!(too_short.peers[&2].window.ratios.len() < RATIOS, "two ratios of 500 ms at most");
     }
 
     /// Found in review: a peer that stops answering (a slow link, a cut, a busy machine) right

@@ -16,10 +16,16 @@
 //!   the node already received is never expired by the tick it was waiting behind.
 //! - A tick never carries only part of the pending keepalives: if more are pending than one tick
 //!   may renew, the leader writes a `Refresh` instead, which renews every session.
+//!
+//! A keepalive that carries a reading of its client's clock is also checked against the
+//! leader's clock ([`crate::client_clocks`]); where the two run at different rates, its session
+//! is renewed for its TTL by the client's clock (the tick's `renew_for`), so "a TTL" above is
+//! measured on the client's clock for it.
 
+use crate::client_clocks::{ClientClocks, ClientReading};
 use crate::clock::{Clock, GapWatch};
-use picket_core::{SessionId, SessionLease};
-use std::collections::BTreeSet;
+use picket_core::{Command, SessionId, SessionLease};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use tokio::sync::{Notify, watch};
 
@@ -42,7 +48,10 @@ pub struct Renewals {
 
 #[derive(Debug)]
 struct Pending {
-    sessions: BTreeSet<SessionId>,
+    /// Each session to renew, with the lease its client's clock asks for (`None`: its TTL).
+    sessions: BTreeMap<SessionId, Option<u64>>,
+    /// The clocks of the clients that sent keepalives.
+    clocks: ClientClocks,
     /// The number the next batch taken will have; the first is 1, as 0 reads "none written".
     batch: u64,
     /// A keepalive waits for the next tick.
@@ -58,8 +67,10 @@ pub struct Batch {
     pub number: u64,
     /// The clock reading the tick is stamped with, taken inside the lock.
     pub stamp_ms: u64,
-    /// The sessions to renew.
+    /// The sessions to renew for their TTL.
     pub sessions: Vec<SessionId>,
+    /// The sessions to renew for a lease of their own, their TTL by their client's clock.
+    pub renew_for: Vec<(SessionId, u64)>,
     /// Write a `Refresh` instead of a tick: after a gap, or for more keepalives than one tick
     /// may renew.
     pub refresh: bool,
@@ -83,8 +94,13 @@ pub enum Noted {
 
 impl Default for Renewals {
     fn default() -> Self {
-        let pending =
-            Pending { sessions: BTreeSet::new(), batch: 1, urgent: false, oldest_ms: None };
+        let pending = Pending {
+            sessions: BTreeMap::new(),
+            clocks: ClientClocks::default(),
+            batch: 1,
+            urgent: false,
+            oldest_ms: None,
+        };
         Self { pending: Mutex::new(pending), wake: Notify::new(), written: watch::Sender::new(0) }
     }
 }
@@ -96,32 +112,39 @@ impl Renewals {
 
     /// Notes keepalives the moment they arrive, before they are answered: the next tick carries
     /// them whatever happens to their answer. `leases` looks the sessions up in the applied state;
-    /// unknown ones are not noted.
+    /// unknown ones are not noted. `reading` is the client's clock, sent by `principal`'s
+    /// client; returns that clock's rate against the leader's where it differs (see
+    /// [`crate::client_clocks`]), for [`Renewals::note`].
     pub fn note_arrival(
         &self,
         clock: &Clock,
         sessions: &[SessionId],
+        (principal, reading): (Option<&str>, Option<ClientReading>),
         leases: impl FnOnce(&[SessionId]) -> Vec<Option<SessionLease>>,
-    ) {
+    ) -> Option<f64> {
         let mut pending = self.lock();
         let now_ms = clock.now_ms();
         for (session, lease) in sessions.iter().zip(leases(sessions)) {
             if lease.is_some() {
-                pending.sessions.insert(*session);
+                pending.sessions.entry(*session).or_insert(None);
             }
         }
         if !pending.sessions.is_empty() && pending.oldest_ms.is_none() {
             pending.oldest_ms = Some(now_ms);
         }
+        reading.and_then(|reading| pending.clocks.record(principal, reading, now_ms))
     }
 
     /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
-    /// `leases` looks the sessions up in the applied state, all under one read. Returns how to
-    /// answer each, in order.
+    /// `leases` looks the sessions up in the applied state, all under one read. `client_rate`
+    /// is the rate of their client's clock against the leader's where it differs
+    /// ([`Renewals::note_arrival`]): they are renewed for their TTL by that clock. Returns how
+    /// to answer each, in order.
     pub fn note(
         &self,
         clock: &Clock,
         sessions: &[SessionId],
+        client_rate: Option<f64>,
         leases: impl FnOnce(&[SessionId]) -> Vec<Option<SessionLease>>,
     ) -> Vec<Noted> {
         let mut pending = self.lock();
@@ -132,7 +155,8 @@ impl Renewals {
             .zip(leases(sessions))
             .map(|(session, lease)| {
                 let Some(lease) = lease else { return Noted::Unknown };
-                pending.sessions.insert(*session);
+                let lease_ms = client_rate.map(|rate| lease_by_client_clock(lease, rate));
+                pending.sessions.insert(*session, lease_ms);
                 if lease.alive_until_ms >= now_ms {
                     Noted::Alive { ttl_ms: lease.ttl_ms }
                 } else {
@@ -167,17 +191,30 @@ impl Renewals {
         pending.oldest_ms = None;
         pending.urgent = false;
         let too_many = pending.sessions.len() > max;
-        let sessions = std::mem::take(&mut pending.sessions).into_iter().collect();
-        Batch { number, stamp_ms, sessions, refresh: after_gap || too_many, after_gap }
+        let mut sessions = Vec::with_capacity(pending.sessions.len());
+        let mut renew_for = Vec::new();
+        for (session, lease_ms) in std::mem::take(&mut pending.sessions) {
+            match lease_ms {
+                None => sessions.push(session),
+                Some(lease_ms) => renew_for.push((session, lease_ms)),
+            }
+        }
+        Batch { number, stamp_ms, sessions, renew_for, refresh: after_gap || too_many, after_gap }
     }
 
     /// Gives back the keepalives of a batch whose tick failed; they ride in the next one.
     pub fn give_back(&self, batch: Batch) {
-        if batch.sessions.is_empty() {
+        if batch.sessions.is_empty() && batch.renew_for.is_empty() {
             return;
         }
         let mut pending = self.lock();
-        pending.sessions.extend(batch.sessions);
+        // A keepalive noted since is newer and decides its session's lease.
+        for session in batch.sessions {
+            pending.sessions.entry(session).or_insert(None);
+        }
+        for (session, lease_ms) in batch.renew_for {
+            pending.sessions.entry(session).or_insert(Some(lease_ms));
+        }
         pending.oldest_ms =
             Some(pending.oldest_ms.map_or(batch.stamp_ms, |ms| ms.min(batch.stamp_ms)));
         // Keepalives may be waiting for this batch: the next tick is due at once.
@@ -220,25 +257,69 @@ impl Renewals {
     }
 }
 
+impl Batch {
+    /// How many sessions it renews.
+    #[must_use]
+    pub fn renewals(&self) -> usize {
+        self.sessions.len() + self.renew_for.len()
+    }
+
+    /// The tick that renews it, written under apply rules `rules`: before rules 5 a tick
+    /// cannot renew for a lease of its own, and every session gets its TTL.
+    #[must_use]
+    pub fn tick(&self, rules: u32) -> Command {
+        let mut renew = self.sessions.clone();
+        let mut renew_for = self.renew_for.clone();
+        if rules < 5 {
+            renew.extend(renew_for.drain(..).map(|(session, _)| session));
+        }
+        Command::Tick { renew, renew_for }
+    }
+}
+
+/// How long to renew a session for, in the leader's milliseconds, so that its TTL and the
+/// expiry grace after it run on its client's clock, which runs at `rate` of the leader's.
+fn lease_by_client_clock(lease: SessionLease, rate: f64) -> u64 {
+    let grace_ms = lease.alive_until_ms.saturating_sub(lease.deadline_ms);
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let lived_ms = (lease.ttl_ms.saturating_add(grace_ms) as f64 / rate).round() as u64;
+    lived_ms.saturating_sub(grace_ms)
+}
+
+impl Renewals {
+    /// How many clients' clocks run at another rate than the leader's.
+    #[must_use]
+    pub fn client_clocks_off_rate(&self) -> usize {
+        self.lock().clocks.off_rate()
+    }
+
+    /// Forgets every client's clock: the leader's time changed its rate (see
+    /// [`crate::rate`]), so their rates against it must be measured again.
+    pub fn forget_client_clocks(&self) {
+        self.lock().clocks = ClientClocks::default();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ClockSource;
 
     fn lease(alive_until_ms: u64) -> Option<SessionLease> {
-        Some(SessionLease { ttl_ms: 5_000, deadline_ms: alive_until_ms, alive_until_ms })
+        let deadline_ms = alive_until_ms.saturating_sub(500);
+        Some(SessionLease { ttl_ms: 5_000, deadline_ms, alive_until_ms })
     }
 
     #[test]
     fn a_live_session_is_answered_at_once_an_overdue_one_after_the_next_batch() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
-        let noted =
-            renewals.note(&clock, &[SessionId(1), SessionId(3)], |_| vec![lease(u64::MAX), None]);
+        let noted = renewals
+            .note(&clock, &[SessionId(1), SessionId(3)], None, |_| vec![lease(u64::MAX), None]);
         assert_eq!(noted, vec![Noted::Alive { ttl_ms: 5_000 }, Noted::Unknown]);
         // Alive until reading 0 is overdue once the clock has moved; the first batch is 1.
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let overdue = renewals.note(&clock, &[SessionId(2)], |_| vec![lease(0)]);
+        let overdue = renewals.note(&clock, &[SessionId(2)], None, |_| vec![lease(0)]);
         assert_eq!(overdue, vec![Noted::AfterBatch(1)]);
         assert_eq!(renewals.tick_due_ms(), Some(0), "an overdue keepalive makes a tick due now");
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
@@ -252,12 +333,12 @@ mod tests {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
         let sessions: Vec<SessionId> = (1..=5).map(SessionId).collect();
-        renewals.note(&clock, &sessions, |sessions| vec![lease(u64::MAX); sessions.len()]);
+        renewals.note(&clock, &sessions, None, |sessions| vec![lease(u64::MAX); sessions.len()]);
         let due_ms = renewals.tick_due_ms().expect("a tick is due");
         assert!(due_ms >= MAX_RENEWAL_DELAY_MS, "the oldest keepalive waits at most 500 ms");
         let within = renewals.take(&clock, &GapWatch::default(), 5);
         assert!(!within.refresh);
-        renewals.note(&clock, &sessions, |sessions| vec![lease(u64::MAX); sessions.len()]);
+        renewals.note(&clock, &sessions, None, |sessions| vec![lease(u64::MAX); sessions.len()]);
         let beyond = renewals.take(&clock, &GapWatch::default(), 4);
         assert!(beyond.refresh, "a tick may not renew some and expire the rest");
         assert_eq!(beyond.sessions.len(), 5);
@@ -268,8 +349,9 @@ mod tests {
     fn a_keepalive_noted_on_arrival_rides_in_the_next_tick_unknown_ones_do_not() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
-        renewals
-            .note_arrival(&clock, &[SessionId(1), SessionId(2)], |_| vec![lease(u64::MAX), None]);
+        renewals.note_arrival(&clock, &[SessionId(1), SessionId(2)], (None, None), |_| {
+            vec![lease(u64::MAX), None]
+        });
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
         assert_eq!(batch.sessions, vec![SessionId(1)]);
     }
@@ -282,7 +364,7 @@ mod tests {
     async fn a_refused_or_failed_tick_keeps_its_keepalives_for_the_next_one() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
-        renewals.note(&clock, &[SessionId(7)], |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(7)], None, |_| vec![lease(u64::MAX)]);
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
         let number = batch.number;
         renewals.give_back(batch);
@@ -304,6 +386,37 @@ mod tests {
             std::task::Poll::Ready(output) => Some(output),
             std::task::Poll::Pending => None,
         }
+    }
+
+    /// Issue 21: a keepalive whose client's clock runs twice as fast as the leader's renews its
+    /// session so that its TTL and grace run on the client's clock ((5,000 + 500) / 2 − 500 ms
+    /// of the leader's clock, 2,250, then its grace of 500: 2,750 ms, 5,500 ms of the client's
+    /// clock); a later
+    /// keepalive without a reading renews it for its TTL; a tick written under rules older than
+    /// 5 renews every session for its TTL.
+    #[test]
+    fn a_client_clock_at_another_rate_renews_for_its_ttl_by_that_clock() {
+        let renewals = Renewals::default();
+        let clock = Clock::new(&ClockSource::Monotonic);
+        renewals.note(&clock, &[SessionId(1)], Some(2.0), |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(2)], None, |_| vec![lease(u64::MAX)]);
+        let batch = renewals.take(&clock, &GapWatch::default(), 10);
+        assert_eq!(batch.renew_for, vec![(SessionId(1), 2_250)]);
+        assert_eq!(batch.sessions, vec![SessionId(2)]);
+        assert_eq!(batch.renewals(), 2);
+        assert_eq!(
+            batch.tick(5),
+            Command::Tick { renew: vec![SessionId(2)], renew_for: vec![(SessionId(1), 2_250)] }
+        );
+        assert_eq!(
+            batch.tick(4),
+            Command::Tick { renew: vec![SessionId(2), SessionId(1)], renew_for: Vec::new() }
+        );
+        renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(1)], None, |_| vec![lease(u64::MAX)]);
+        let newest = renewals.take(&clock, &GapWatch::default(), 10);
+        assert_eq!(newest.sessions, vec![SessionId(1)], "the newest keepalive decides");
+        assert!(newest.renew_for.is_empty());
     }
 
     #[test]

@@ -437,7 +437,7 @@ impl Authority for PicketAuthority {
             .filter(|(_, heard)| **heard)
             .filter_map(|(client, _)| self.sessions.get(&client).copied())
             .collect();
-        let applied = self.apply(now_us, Command::Tick { renew });
+        let applied = self.apply(now_us, Command::Tick { renew, renew_for: Vec::new() });
         self.granted_events(&applied.events)
     }
 

@@ -305,7 +305,7 @@ impl World {
                 self.steps_left -= 1;
                 self.now_ms += STEP_MS;
                 let renew = std::mem::take(&mut self.renew);
-                self.apply(Command::Tick { renew }, &mut seen)?.ok();
+                self.apply(Command::Tick { renew, renew_for: Vec::new() }, &mut seen)?.ok();
             }
             Action::Refresh => {
                 self.refreshes_left -= 1;

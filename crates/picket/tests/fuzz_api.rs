@@ -170,9 +170,14 @@ fn call() -> impl Strategy<Value = Call> {
         (edge_u64(), edge_u64()).prop_map(|(ttl_ms, lock_delay_ms)| Call::Open(
             v1::OpenSessionRequest { ttl_ms, lock_delay_ms }
         )),
-        edge_u64().prop_map(|session_id| Call::KeepAlive(v1::KeepAliveRequest { session_id })),
-        proptest::collection::vec(edge_u64(), 0..20)
-            .prop_map(|session_ids| Call::KeepAliveMany(v1::KeepAliveManyRequest { session_ids })),
+        (edge_u64(), edge_u64(), any::<f64>()).prop_map(|(session_id, clock_id, clock_ms)| {
+            Call::KeepAlive(v1::KeepAliveRequest { session_id, clock_id, clock_ms })
+        }),
+        (proptest::collection::vec(edge_u64(), 0..20), edge_u64(), any::<f64>()).prop_map(
+            |(session_ids, clock_id, clock_ms)| {
+                Call::KeepAliveMany(v1::KeepAliveManyRequest { session_ids, clock_id, clock_ms })
+            }
+        ),
         edge_u64().prop_map(|session_id| Call::Close(v1::SessionRequest { session_id })),
         (name(), edge_u64(), edge_u64(), proptest::option::of(edge_u64()), any::<u32>()).prop_map(
             |(name, session_id, wait_ms, request_id, attempt)| Call::Acquire(v1::AcquireRequest {

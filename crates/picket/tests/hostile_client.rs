@@ -111,7 +111,9 @@ impl Honest {
                     let token = grpc.acquire(acquire).await.expect("granted").into_inner().token;
                     let release = v1::ReleaseRequest { name: "honest/l".into(), session_id, token };
                     grpc.release(release).await.expect("released");
-                    grpc.keep_alive(v1::KeepAliveRequest { session_id }).await.expect("kept");
+                    grpc.keep_alive(v1::KeepAliveRequest { session_id, ..Default::default() })
+                        .await
+                        .expect("kept");
                     slowest = slowest.max(started.elapsed());
                     cycles += 1;
                     counted.store(cycles, Ordering::SeqCst);

@@ -161,7 +161,10 @@ async fn expiry_lock_delay_and_watch_over_grpc() {
         loss_kinds,
         [("released".into(), "session_expired".into()), ("session_ended".into(), "expired".into())]
     );
-    let gone = client.keep_alive(v1::KeepAliveRequest { session_id: doomed }).await.unwrap_err();
+    let gone = client
+        .keep_alive(v1::KeepAliveRequest { session_id: doomed, ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(gone.code(), Code::NotFound);
     assert_eq!(code_of(&gone), "unknown_session");
 }

@@ -30,6 +30,19 @@ def lease_clock() -> float:
     return time.monotonic()
 
 
+#: A random nonzero number naming this process's lease clock to the service (see
+#: ``keepalive_path``).
+CLOCK_ID = random.SystemRandom().randint(1, (1 << 63) - 1)
+
+
+def keepalive_path(session_id: int, sent_at: float) -> str:
+    """The keepalive path of a session, with a reading of the lease clock taken when it is sent
+    (``sent_at``, seconds): where the leader's clock runs at another rate than this one, the
+    service keeps the session alive for its TTL by this clock, the one its lease is counted on
+    here."""
+    return f"/v1/sessions/{session_id}/keepalive?clock_id={CLOCK_ID}&clock_ms={sent_at * 1000.0:.3f}"
+
+
 def new_request_id() -> int:
     """A fresh request id for an acquire: positive, 63 bits."""
     return random.SystemRandom().randint(1, (1 << 63) - 1)

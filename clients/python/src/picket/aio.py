@@ -206,9 +206,9 @@ class AsyncSession:
 
     async def _keep_alive(self) -> None:
         period = self.ttl / _common.KEEPALIVE_DIVISOR
-        path = f"/v1/sessions/{self.id}/keepalive"
         while not self._closing.is_set() and not self.lost.is_set():
             sent_at = lease_clock()
+            path = _common.keepalive_path(self.id, sent_at)
             # A keepalive in flight must not outlast the lease: the loss is noticed on time.
             remaining = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN) - sent_at
             if remaining <= 0:
@@ -289,7 +289,7 @@ class AsyncSession:
     async def keepalive(self) -> None:
         """Sends a keepalive now (the background task sends them anyway)."""
         sent_at = lease_clock()
-        await self.client.transport.call("POST", f"/v1/sessions/{self.id}/keepalive", {}, safe=True)
+        await self.client.transport.call("POST", _common.keepalive_path(self.id, sent_at), {}, safe=True)
         self._confirmed_at = max(self._confirmed_at, sent_at)
 
     async def close(self) -> None:

@@ -224,9 +224,9 @@ class Session:
         """Sends a keepalive every TTL/3 until the session ends; the lease deadline is watched
         by another thread, so a keepalive stuck in flight cannot delay the loss."""
         period = self.ttl / _common.KEEPALIVE_DIVISOR
-        path = f"/v1/sessions/{self.id}/keepalive"
         while not self._closing.is_set() and not self.lost.is_set():
             sent_at = lease_clock()
+            path = _common.keepalive_path(self.id, sent_at)
             try:
                 self.client.transport.call("POST", path, {}, safe=True, timeout_s=period)
                 self._confirmed(sent_at)
@@ -305,7 +305,7 @@ class Session:
     def keepalive(self) -> None:
         """Sends a keepalive now (the background thread sends them anyway)."""
         sent_at = lease_clock()
-        self.client.transport.call("POST", f"/v1/sessions/{self.id}/keepalive", {}, safe=True)
+        self.client.transport.call("POST", _common.keepalive_path(self.id, sent_at), {}, safe=True)
         self._confirmed(sent_at)
 
     def close(self) -> None:

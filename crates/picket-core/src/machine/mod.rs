@@ -432,7 +432,9 @@ impl StateMachine {
             Command::Release { session, name, token } => {
                 self.plan_release(*session, name, *token).map(|()| Plan::Simple)
             }
-            Command::Tick { renew } => self.plan_tick(renew).map(|()| Plan::Simple),
+            Command::Tick { renew, renew_for } => {
+                self.plan_tick(renew.len().saturating_add(renew_for.len())).map(|()| Plan::Simple)
+            }
             Command::Refresh => Ok(Plan::Simple),
             Command::SetLimits { limits } => {
                 if rules < command.oldest_rules() {
@@ -520,7 +522,7 @@ impl StateMachine {
             }
             (Command::Cancel { session, name }, _) => self.cancel(*session, name, step),
             (Command::Release { session, name, .. }, _) => self.release(*session, name, step),
-            (Command::Tick { renew }, _) => self.tick(renew, step),
+            (Command::Tick { renew, renew_for }, _) => self.tick(renew, renew_for, step),
             (Command::Refresh, _) => self.refresh(step),
             (Command::SetLimits { limits }, _) => {
                 self.limits = limits.clone();

@@ -74,9 +74,15 @@ impl StateMachine {
 
     /// Gives a live session a full TTL from `now_ms` and returns its new deadline.
     pub(super) fn renew(&mut self, session: SessionId, now_ms: u64) -> u64 {
+        let ttl_ms = self.sessions.get(&session).expect("renew a live session").ttl_ms;
+        self.renew_for(session, now_ms, ttl_ms)
+    }
+
+    /// Gives `session` a deadline `lease_ms` from `now_ms`; returns it.
+    pub(super) fn renew_for(&mut self, session: SessionId, now_ms: u64, lease_ms: u64) -> u64 {
         let record = self.sessions.get_mut(&session).expect("renew a live session");
         let old_deadline_ms = record.deadline_ms;
-        record.deadline_ms = now_ms.saturating_add(record.ttl_ms);
+        record.deadline_ms = now_ms.saturating_add(lease_ms);
         let deadline_ms = record.deadline_ms;
         self.deadlines.move_session(old_deadline_ms, deadline_ms, session);
         deadline_ms
@@ -127,20 +133,35 @@ impl StateMachine {
         freed
     }
 
-    pub(super) fn plan_tick(&self, renew: &[SessionId]) -> Result<(), CommandError> {
-        if renew.len() > self.limits.max_renewals_per_tick {
+    pub(super) fn plan_tick(&self, renewals: usize) -> Result<(), CommandError> {
+        if renewals > self.limits.max_renewals_per_tick {
             return Err(CommandError::TooManyRenewals {
-                count: renew.len(),
+                count: renewals,
                 max: self.limits.max_renewals_per_tick,
             });
         }
         Ok(())
     }
 
-    pub(super) fn tick(&mut self, renew: &[SessionId], step: &mut Step) -> Response {
+    pub(super) fn tick(
+        &mut self,
+        renew: &[SessionId],
+        renew_for: &[(SessionId, u64)],
+        step: &mut Step,
+    ) -> Response {
         for &session in renew {
             if self.sessions.contains_key(&session) {
                 self.renew(session, step.now_ms);
+            }
+        }
+        for &(session, lease_ms) in renew_for {
+            if let Some(record) = self.sessions.get(&session) {
+                let lease_ms = if step.rules >= 5 {
+                    lease_ms.clamp(record.ttl_ms / 4, record.ttl_ms.saturating_mul(4))
+                } else {
+                    record.ttl_ms
+                };
+                self.renew_for(session, step.now_ms, lease_ms);
             }
         }
         let stamp_ms = step.stamp_ms;

@@ -120,6 +120,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "clock_gaps_total": view.clock_gaps_total,
         "clock_rate_factor": view.clock_rate_factor,
         "peer_clock_rates": view.peer_clock_rates,
+        "client_clocks_off_rate": view.client_clocks_off_rate,
         "apply_rules": view.apply_rules,
         "newest_applied_rules": view.newest_applied_rules,
         "limits": view.limits,

@@ -1,6 +1,7 @@
 //! Sessions over HTTP: open, keep alive, close, revoke, list.
 
 use super::{ApiResult, Body, PathParam, QueryParams, Who, session_path};
+use crate::client_clocks::ClientReading;
 use crate::node::Node;
 use axum::Json;
 use axum::extract::State;
@@ -33,13 +34,26 @@ pub(super) async fn open_session(
     Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
 }
 
+/// A reading of the client's clock, optional: `?clock_id=N&clock_ms=M` (see
+/// [`crate::client_clocks`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KeepAliveQuery {
+    #[serde(default)]
+    clock_id: u64,
+    #[serde(default)]
+    clock_ms: f64,
+}
+
 pub(super) async fn keep_alive(
     State(node): State<Arc<Node>>,
     Who(who): Who,
     PathParam(id): PathParam<String>,
+    QueryParams(query): QueryParams<KeepAliveQuery>,
 ) -> ApiResult<SessionOpened> {
     let session = session_path(&id)?;
-    let ttl_ms = node.as_caller(who).keep_alive(session).await?;
+    let reading = ClientReading::from_request(query.clock_id, query.clock_ms);
+    let ttl_ms = node.as_caller(who).keep_alive(session, reading).await?;
     Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
 }
 

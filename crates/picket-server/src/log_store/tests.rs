@@ -168,7 +168,7 @@ fn a_live_log_larger_than_a_record_is_written_and_read_back_in_chunks() {
 #[test]
 fn the_largest_commands_the_limits_allow_encode_below_the_entry_bound() {
     let renew = vec![picket_core::SessionId(u64::MAX); picket_core::MAX_RENEWALS_PER_TICK_CAP];
-    let tick = picket_core::Command::Tick { renew };
+    let tick = picket_core::Command::Tick { renew, renew_for: Vec::new() };
     let mut entry = blank_ent::<TypeConfig>(u64::MAX, u64::MAX, u64::MAX);
     entry.payload = openraft::EntryPayload::Normal(picket_core::Input::new(u64::MAX, tick));
     let tick_bytes = encode_json(&entry).len();

@@ -430,13 +430,13 @@ impl Node {
     }
 
     /// Proposes a command stamped with a clock reading taken earlier (a tick's, taken with the
-    /// keepalives it carries).
+    /// keepalives it carries), under the apply rules it was made for.
     pub(crate) async fn propose_at(
         &self,
         now_ms: u64,
-        command: Command,
+        (rules, command): (u32, Command),
     ) -> Result<picket_core::Applied, ServiceError> {
-        self.submit(Input::new(now_ms, command).under_rules(self.writing_rules())).await
+        self.submit(Input::new(now_ms, command).under_rules(rules)).await
     }
 
     async fn submit(&self, input: Input) -> Result<picket_core::Applied, ServiceError> {

@@ -2,6 +2,7 @@
 //! tick), closing and revoking, and whose a session is.
 
 use super::{Node, unexpected};
+use crate::client_clocks::ClientReading;
 use crate::error::ServiceError;
 use crate::renewals::Noted;
 use openraft::ReadPolicy;
@@ -57,13 +58,16 @@ impl Node {
         &self,
         session: SessionId,
         principal: Option<&str>,
+        reading: Option<ClientReading>,
     ) -> Result<u64, ServiceError> {
-        let ttls = self.keep_alive_many(&[session], principal).await?;
+        let ttls = self.keep_alive_many(&[session], principal, reading).await?;
         ttls.first().copied().flatten().ok_or(CommandError::UnknownSession { session }.into())
     }
 
     /// Keeps many sessions alive at once: one leadership check for all of them. Returns each
-    /// session's TTL, or `None` for a session that does not exist.
+    /// session's TTL, or `None` for a session that does not exist. `reading` is the client's
+    /// clock when it sent them, if it said: where it runs at another rate than the leader's,
+    /// the sessions live their TTL by it (see [`crate::client_clocks`]).
     ///
     /// # Errors
     /// Cluster failures, or more sessions than [`MAX_KEEPALIVE_BATCH`].
@@ -71,6 +75,7 @@ impl Node {
         &self,
         sessions: &[SessionId],
         principal: Option<&str>,
+        reading: Option<ClientReading>,
     ) -> Result<Vec<Option<u64>>, ServiceError> {
         if sessions.len() > MAX_KEEPALIVE_BATCH {
             return Err(ServiceError::BadRequest(format!(
@@ -95,9 +100,10 @@ impl Node {
             })
         };
         // Noted on arrival, so a tick taken while the lease check below waits carries it.
-        self.renewals.note_arrival(&self.clock, sessions, leases);
+        let client_rate =
+            self.renewals.note_arrival(&self.clock, sessions, (principal, reading), leases);
         self.ensure_leader(ReadPolicy::LeaseRead).await?;
-        let noted = self.renewals.note(&self.clock, sessions, leases);
+        let noted = self.renewals.note(&self.clock, sessions, client_rate, leases);
         let wait_for = noted.iter().filter_map(|answer| match answer {
             Noted::AfterBatch(batch) => Some(*batch),
             Noted::Alive { .. } | Noted::Unknown => None,
