@@ -16,7 +16,8 @@
 //! tick's `renew_for`, apply rules 5); a rate above 1, which shortens the session in the
 //! leader's time, counts as slower by the deadband. The renewal delay (up to 500 ms until the
 //! tick that carries the keepalive) stays on the leader's clock. How many clocks run at another
-//! rate is shown as `client_clocks_off_rate` in `GET /v1/cluster`.
+//! rate (of those read in the last minute) is shown as `client_clocks_off_rate` in
+//! `GET /v1/cluster`.
 //!
 //! Trust: a clock is known by its principal and its id, so a client that lies about its clock
 //! moves only its own principal's sessions (a client may already end those). A reading changes
@@ -35,6 +36,8 @@ pub const MAX_CLIENT_CLOCKS: usize = 10_000;
 /// Two readings of one clock closer than this (leader's clock) are not paired: a keepalive's
 /// one-way delay varies by milliseconds, and over two seconds 20 ms of it is 1 %.
 const MIN_INTERVAL_MS: u64 = 2_000;
+/// A clock read within this long counts in [`ClientClocks::off_rate`].
+const RECENT_MS: u64 = 60_000;
 
 /// A reading of a client's clock, sent with its keepalive.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -112,10 +115,12 @@ impl ClientClocks {
         })
     }
 
-    /// How many remembered clocks run at another rate than the leader's.
+    /// How many clocks read in the last [`RECENT_MS`] before `now_ms` (the leader's lock
+    /// time) run at another rate than the leader's: a client that went away says nothing now.
     #[must_use]
-    pub fn off_rate(&self) -> usize {
-        self.clocks.values().filter(|clock| clock.off).count()
+    pub fn off_rate(&self, now_ms: u64) -> usize {
+        let recent = |clock: &&ClientClock| now_ms.saturating_sub(clock.read_at_ms) <= RECENT_MS;
+        self.clocks.values().filter(recent).filter(|clock| clock.off).count()
     }
 
     /// How many clocks are remembered.
@@ -204,7 +209,8 @@ mod tests {
         assert_eq!(feed(&mut clocks, None, 9, 2.0, (1_000, 1_000, 4)), None, "one interval");
         let rate = feed(&mut clocks, None, 9, 2.0, (4_000, 1_000, 6)).expect("three intervals");
         assert!((rate - 2.0 / 1.02).abs() < 1e-9, "counted slower by the deadband: {rate}");
-        assert_eq!(clocks.off_rate(), 1);
+        assert_eq!(clocks.off_rate(9_000), 1);
+        assert_eq!(clocks.off_rate(9_000 + RECENT_MS + 1), 0, "not read for a minute");
         let slow = feed(&mut clocks, None, 10, 0.5, (1_000, 700, 40)).expect("a slow client");
         assert!((slow - 0.5).abs() < 1e-9, "{slow}");
         assert_eq!(feed(&mut clocks, None, 11, 1.01, (1_000, 700, 40)), None, "drift");

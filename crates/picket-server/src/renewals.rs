@@ -287,10 +287,12 @@ fn lease_by_client_clock(lease: SessionLease, rate: f64) -> u64 {
 }
 
 impl Renewals {
-    /// How many clients' clocks run at another rate than the leader's.
+    /// How many clients' clocks, read in the last minute, run at another rate than the
+    /// leader's.
     #[must_use]
-    pub fn client_clocks_off_rate(&self) -> usize {
-        self.lock().clocks.off_rate()
+    pub fn client_clocks_off_rate(&self, clock: &Clock) -> usize {
+        let pending = self.lock();
+        pending.clocks.off_rate(clock.now_ms())
     }
 
     /// Forgets every client's clock: the leader's time changed its rate (see

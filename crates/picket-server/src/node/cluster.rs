@@ -55,8 +55,8 @@ pub struct ClusterView {
     /// As leader, each voter's clock rate against this node's clock, once known (see
     /// [`crate::rate`]); empty on a follower.
     pub peer_clock_rates: BTreeMap<NodeId, f64>,
-    /// How many clients' clocks, read with their keepalives, run at another rate than this
-    /// node's (see [`crate::client_clocks`]). Many on a single node: check its clock.
+    /// How many clients' clocks, read with their keepalives in the last minute, run at another
+    /// rate than this node's (see [`crate::client_clocks`]). Many on a single node: check its clock.
     pub client_clocks_off_rate: usize,
     /// The apply rules this node writes entries under while it leads: the newest every voter
     /// knows (see [`crate::apply_rules`]). Below [`picket_core::APPLY_RULES`] during a rolling
@@ -124,7 +124,7 @@ impl Node {
                 .lock()
                 .map(|rates| rates.clone())
                 .unwrap_or_default(),
-            client_clocks_off_rate: self.renewals.client_clocks_off_rate(),
+            client_clocks_off_rate: self.renewals.client_clocks_off_rate(&self.clock),
             apply_rules: self.writing_rules(),
             newest_applied_rules,
             limits,
