@@ -51,7 +51,9 @@ pub struct Input {
 ///   into the state, so every replica enforces them from the same entry on.
 /// - 5: a [`Command::Tick`] may renew a session for less or more than its TTL of the state's
 ///   clock (`renew_for`), where its client's clock runs at a different rate from the leader's,
-///   so the session lives its TTL by its client's clock.
+///   so the session lives its TTL by its client's clock (the leader only ever asks for more;
+///   the state holds any lease to between a quarter of the TTL and four times it). Under older
+///   rules a tick with `renew_for` is refused.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.

@@ -270,6 +270,17 @@ pub enum CommandError {
         /// The limit.
         max: usize,
     },
+    /// The command needs newer apply rules than its entry was written under: a leader must not
+    /// write it until every member knows them (see [`crate::Command::oldest_rules`]).
+    #[error(
+        "this entry was written under apply rules {rules}, and its command needs {needs}: the leader waits until every member runs a build that knows them"
+    )]
+    OlderApplyRules {
+        /// The entry's rules.
+        rules: u32,
+        /// The oldest rules its command may be written under.
+        needs: u32,
+    },
     /// New limits were refused: they contradict themselves, or the state holds more than they
     /// allow.
     #[error(
@@ -318,6 +329,7 @@ impl CommandError {
             Self::TooManyRenewals { .. } => ErrorCode::TooManyRenewals,
             Self::RevisionsExhausted { .. } => ErrorCode::RevisionsExhausted,
             Self::LimitsRefused { .. } => ErrorCode::LimitsRefused,
+            Self::OlderApplyRules { .. } => ErrorCode::OlderApplyRules,
         }
     }
 }

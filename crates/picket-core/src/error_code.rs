@@ -60,6 +60,9 @@ pub enum ErrorCode {
     RevisionsExhausted,
     /// The leader's new limits were refused (never sent to clients: the leader only logs it).
     LimitsRefused,
+    /// An entry's command needs newer apply rules than it was written under (never sent to
+    /// clients: only the leader writes such commands, and it waits for the rules).
+    OlderApplyRules,
     // Refusals of the node.
     /// This node does not lead; the leader's address comes with it when known.
     NotLeader,
@@ -128,6 +131,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::TooManyRenewals, "too_many_renewals"),
     (ErrorCode::RevisionsExhausted, "revisions_exhausted"),
     (ErrorCode::LimitsRefused, "limits_refused"),
+    (ErrorCode::OlderApplyRules, "older_apply_rules"),
     (ErrorCode::NotLeader, "not_leader"),
     (ErrorCode::WaitTimedOut, "wait_timed_out"),
     (ErrorCode::WaitEnded, "wait_ended"),

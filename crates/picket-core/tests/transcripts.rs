@@ -1267,9 +1267,10 @@ fn set_limits_changes_what_is_refused_from_its_entry_on_and_never_ends_what_exis
 
 /// Issue 21: a tick may renew a session for a lease of its own (its TTL on its client's clock,
 /// converted to the leader's), held to between a quarter of the TTL and four times it; an entry
-/// written under apply rules older than 5 renews it for its TTL, as those rules did.
+/// written under apply rules older than 5 is refused, and changes nothing (review: only the
+/// leader's care kept one out before).
 #[test]
-fn a_tick_renews_for_a_clients_lease_within_bounds_and_under_older_rules_for_the_ttl() {
+fn a_tick_renews_for_a_clients_lease_within_bounds_and_is_refused_under_older_rules() {
     let mut story = Story::new();
     let short = story.open(0, "A", 4_000, 0);
     let long = story.open(0, "B", 4_000, 0);
@@ -1287,6 +1288,10 @@ fn a_tick_renews_for_a_clients_lease_within_bounds_and_under_older_rules_for_the
         "a leader writes leases of their own only once every member knows rules 5"
     );
     story.rules = 4;
-    story.run(2_000, Command::Tick { renew: Vec::new(), renew_for: vec![(short, 2_000)] });
-    assert_eq!(deadline(&story, short), 6_000, "rules 4 renew for the TTL");
+    let older =
+        story.run(2_000, Command::Tick { renew: Vec::new(), renew_for: vec![(short, 2_000)] });
+    assert_eq!(error_of(&older), CommandError::OlderApplyRules { rules: 4, needs: 5 });
+    assert_eq!(deadline(&story, short), 3_000, "the refused tick renewed nothing");
+    let plain = story.run(2_000, Command::Tick { renew: vec![short], renew_for: Vec::new() });
+    assert!(plain.result.is_ok(), "a tick without leases of their own is fine under rules 4");
 }

@@ -2,42 +2,48 @@
 //!
 //! What a client is promised is its TTL by its *own* clock: the Rust client counts on its
 //! session for the TTL less 3 % after sending its last confirmed keepalive. A leader whose clock
-//! runs slow keeps a silent session alive longer than that in real time, and one whose clock
-//! runs fast expires it before its client has given up on it. On three or more voters the
-//! peers' clocks correct the leader's ([`crate::rate`]); a single node has no peer, but it has
-//! its clients' clocks.
+//! runs fast expires a silent session before its client has given up on it, and one whose clock
+//! runs slow keeps it alive longer than that in real time. On three or more voters the peers'
+//! clocks correct the leader's ([`crate::rate`]); a single node has no peer, but it has its
+//! clients' clocks.
 //!
-//! A keepalive may carry a reading of its client's clock (`clock_id`, `clock_ms`). The leader
-//! pairs readings of one clock at least [`MIN_INTERVAL_MS`] apart with its own lock-time
-//! readings at their arrival; the clock's rate against the leader's is the median of its last
-//! three such ratios, and above 1 only as far as the two newest agree
-//! ([`crate::rate::RatioWindow`]). Outside [`DEADBAND`], a session renewed by that clock's
-//! keepalive is renewed so that its TTL and the expiry grace run on its client's clock (the
-//! tick's `renew_for`, apply rules 5); a rate above 1, which shortens the session in the
-//! leader's time, counts as slower by the deadband. The renewal delay (up to 500 ms until the
-//! tick that carries the keepalive) stays on the leader's clock. How many clocks run at another
-//! rate (of those read in the last minute) is shown as `client_clocks_off_rate` in
-//! `GET /v1/cluster`.
+//! A keepalive may carry a reading of its client's clock (`clock_id`, `clock_ms`). The node
+//! pairs readings of one clock at least [`MIN_INTERVAL_MS`] apart with readings of its own
+//! clock's source (before any peer-rate factor) at their arrival; the clock's rate against the
+//! source is the median of its last three such ratios, and above 1 only as far as the two
+//! newest agree ([`crate::rate::RatioWindow`]). Against the source, a rate survives a change of
+//! the peer-rate factor: it is divided by the factor in force when a tick is taken
+//! ([`ClockLease::lease_ms`]), so it is neither forgotten nor corrected twice.
 //!
-//! Trust: a clock is known by its principal and its id, so a client that lies about its clock
-//! moves only its own principal's sessions (a client may already end those). A reading changes
-//! no other session and never the leader's own time. Readings that are not finite non-negative
-//! numbers are ignored, and at most [`MAX_CLIENT_CLOCKS`] clocks are remembered.
+//! Only the safe direction is used. Where a client's clock runs *slower* than the leader's
+//! lock time by more than [`DEADBAND`] (the leader is fast), a session that clock keeps alive is
+//! renewed so that its TTL and the expiry grace run on the client's clock (the tick's
+//! `renew_for`, apply rules 5), with the rate counted slower still by the deadband. Where a
+//! client's clock runs *faster* (the leader is slow), nothing is shortened: a lease shortened in
+//! the leader's time ends early in real time if the leader's clock later speeds up (it recovers,
+//! or its factor changes), and a silent client could not show that. A slow single node keeps
+//! such sessions longer than promised, as without this; `client_clocks_off_rate` in
+//! `GET /v1/cluster` counts clocks read in the last minute that run at another rate either way.
 //!
-//! What it cannot do: a session whose client went silent keeps the rate its clock had; a
-//! leader's clock that turns slow after that is found only by peers' clocks.
+//! Trust and bounds: a clock is known by its principal and its id, so a client that lies about
+//! its clock moves only its own principal's sessions (a client may already end those), and only
+//! toward living longer. A reading is recorded only with a keepalive for a session its principal
+//! can see. Readings that are not finite non-negative numbers are ignored. At most
+//! [`MAX_CLIENT_CLOCKS`] clocks are remembered; past it, the principal holding the most loses the
+//! one it read longest ago, so a principal that sends many ids evicts its own first.
+//!
+//! What it cannot do: a session whose client went silent keeps the rate its clock had.
 
 use crate::rate::{DEADBAND, IMPLAUSIBLE_RATIO, MAX_FACTOR, RatioWindow};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-/// The most client clocks the leader remembers; beyond it, the one read longest ago is
-/// forgotten.
+/// The most client clocks the leader remembers (see the module documentation).
 pub const MAX_CLIENT_CLOCKS: usize = 10_000;
-/// Two readings of one clock closer than this (leader's clock) are not paired: a keepalive's
+/// Two readings of one clock closer than this (the node's clock) are not paired: a keepalive's
 /// one-way delay varies by milliseconds, and over two seconds 20 ms of it is 1 %.
-const MIN_INTERVAL_MS: u64 = 2_000;
+const MIN_INTERVAL_MS: f64 = 2_000.0;
 /// A clock read within this long counts in [`ClientClocks::off_rate`].
-const RECENT_MS: u64 = 60_000;
+const RECENT_MS: f64 = 60_000.0;
 
 /// A reading of a client's clock, sent with its keepalive.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,108 +62,198 @@ impl ClientReading {
     }
 }
 
+/// What a session renewed by a client's clock needs to know to compute its lease when its
+/// tick is taken.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClockLease {
+    /// The session's TTL.
+    pub ttl_ms: u64,
+    /// The state's expiry grace after a deadline.
+    pub grace_ms: u64,
+    /// The client's clock rate against the node's clock source.
+    pub source_rate: f64,
+}
+
+impl ClockLease {
+    /// The lease to write, in lock-time milliseconds, when the node's lock time runs at
+    /// `factor` times its source: its TTL and the grace after it run on the client's clock.
+    /// `None` (renew for the TTL) where the client's clock runs at the lock time's rate within
+    /// [`DEADBAND`], or faster: a lease is never shortened (see the module documentation).
+    #[must_use]
+    pub fn lease_ms(&self, factor: f64) -> Option<u64> {
+        assert!(factor.is_finite() && factor > 0.0, "a clock factor is positive: {factor}");
+        let rate = self.source_rate / factor;
+        if rate >= 1.0 - DEADBAND {
+            return None;
+        }
+        // A rate known only within 1 % could still end a session before its client gives up
+        // on it: it counts as slower by the deadband (the client's 3 % margin covers the rest).
+        let rate = (rate / (1.0 + DEADBAND)).max(1.0 / MAX_FACTOR);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+        #[allow(clippy::cast_sign_loss)]
+        let lived_ms = (self.ttl_ms.saturating_add(self.grace_ms) as f64 / rate).round() as u64;
+        Some(lived_ms.saturating_sub(self.grace_ms))
+    }
+}
+
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub struct ClientClocks {
-    clocks: HashMap<(Option<String>, u64), ClientClock>,
+    /// Clocks sent without authentication.
+    anonymous: PrincipalClocks,
+    /// Clocks by the principal that sent them.
+    named: HashMap<String, PrincipalClocks>,
+    /// How many clocks are remembered in all.
+    count: usize,
+    /// Counts readings, to order each principal's clocks by recency.
+    sequence: u64,
+}
+
+#[derive(Debug, Default)]
+struct PrincipalClocks {
+    clocks: HashMap<u64, ClientClock>,
+    /// Clock ids by the sequence number of their last reading, least recent first.
+    by_recency: BTreeMap<u64, u64>,
 }
 
 #[derive(Debug)]
 struct ClientClock {
-    /// The reading the next interval starts from: the client's clock and the leader's.
+    /// The reading the next interval starts from: the client's clock and the node's source.
     client_ms: f64,
-    leader_ms: u64,
+    source_ms: f64,
     window: RatioWindow,
-    /// The leader's clock at the last reading, for forgetting the least recent clock.
-    read_at_ms: u64,
+    /// The node's source at the last reading, and that reading's sequence number.
+    read_at_ms: f64,
+    sequence: u64,
     /// Whether its rate was last outside the deadband (a change is logged).
     off: bool,
 }
 
 impl ClientClocks {
     /// Records `reading`, sent by a client of `principal` (`None` without authentication) and
-    /// received at `leader_ms` of the leader's lock time. Returns the clock's rate against the
-    /// leader's (its milliseconds per one of the leader's) where it is known and outside the
-    /// deadband: a session this keepalive renews lives its TTL divided by it.
+    /// received at `source_ms` of the node's clock source, whose lock time runs at `factor` times
+    /// it. Returns the clock's rate against the source, once known.
     pub fn record(
         &mut self,
         principal: Option<&str>,
         reading: ClientReading,
-        leader_ms: u64,
+        (source_ms, factor): (f64, f64),
     ) -> Option<f64> {
         if reading.clock_id == 0 || !reading.clock_ms.is_finite() || reading.clock_ms < 0.0 {
             return None;
         }
-        let key = (principal.map(str::to_owned), reading.clock_id);
-        if !self.clocks.contains_key(&key) && self.clocks.len() >= MAX_CLIENT_CLOCKS {
-            self.forget_least_recent();
+        self.sequence += 1;
+        let sequence = self.sequence;
+        if !self.knows(principal, reading.clock_id) {
+            if self.count >= MAX_CLIENT_CLOCKS {
+                self.forget_one();
+            }
+            self.count += 1;
         }
-        let clock = self.clocks.entry(key).or_insert_with(|| ClientClock {
+        let clocks = match principal {
+            None => &mut self.anonymous,
+            Some(principal) => match self.named.get_mut(principal) {
+                Some(clocks) => clocks,
+                None => self.named.entry(principal.to_owned()).or_default(),
+            },
+        };
+        let clock = clocks.clocks.entry(reading.clock_id).or_insert_with(|| ClientClock {
             client_ms: reading.clock_ms,
-            leader_ms,
+            source_ms,
             window: RatioWindow::default(),
-            read_at_ms: leader_ms,
+            read_at_ms: source_ms,
+            sequence,
             off: false,
         });
-        clock.read_at_ms = leader_ms;
-        clock.observe(reading.clock_ms, leader_ms);
-        let rate = clock.window.rate().filter(|rate| (rate - 1.0).abs() > DEADBAND);
-        if rate.is_some() != clock.off {
-            clock.off = rate.is_some();
-            log_change(principal, reading.clock_id, rate);
+        clocks.by_recency.remove(&clock.sequence);
+        clocks.by_recency.insert(sequence, reading.clock_id);
+        clock.sequence = sequence;
+        clock.read_at_ms = source_ms;
+        clock.observe(reading.clock_ms, source_ms);
+        let source_rate = clock.window.rate();
+        let off = source_rate.is_some_and(|rate| (rate / factor - 1.0).abs() > DEADBAND);
+        if off != clock.off {
+            clock.off = off;
+            log_change(
+                principal,
+                reading.clock_id,
+                source_rate.filter(|_| off).map(|r| r / factor),
+            );
         }
-        // A rate above 1 shortens leases in the leader's time, and one known only within 1 %
-        // could end a session before its client gives up on it: it counts as slower by the
-        // deadband (the client's 3 % margin covers the rest).
-        rate.map(|rate| {
-            let rate = if rate > 1.0 { (rate / (1.0 + DEADBAND)).max(1.0) } else { rate };
-            rate.clamp(1.0 / MAX_FACTOR, MAX_FACTOR)
-        })
+        source_rate
     }
 
-    /// How many clocks read in the last [`RECENT_MS`] before `now_ms` (the leader's lock
-    /// time) run at another rate than the leader's: a client that went away says nothing now.
+    /// How many clocks read in the last [`RECENT_MS`] before `now_ms` (the node's source) run at
+    /// another rate than the lock time: a client that went away says nothing now.
     #[must_use]
-    pub fn off_rate(&self, now_ms: u64) -> usize {
-        let recent = |clock: &&ClientClock| now_ms.saturating_sub(clock.read_at_ms) <= RECENT_MS;
-        self.clocks.values().filter(recent).filter(|clock| clock.off).count()
+    pub fn off_rate(&self, now_ms: f64) -> usize {
+        self.all()
+            .filter(|clock| now_ms - clock.read_at_ms <= RECENT_MS)
+            .filter(|clock| clock.off)
+            .count()
     }
 
     /// How many clocks are remembered.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.clocks.len()
+        self.count
     }
 
     /// Whether no clock is remembered.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.clocks.is_empty()
+        self.count == 0
     }
 
-    fn forget_least_recent(&mut self) {
-        let oldest = self.clocks.iter().min_by_key(|(_, clock)| clock.read_at_ms);
-        if let Some(key) = oldest.map(|(key, _)| key.clone()) {
-            self.clocks.remove(&key);
+    fn knows(&self, principal: Option<&str>, clock_id: u64) -> bool {
+        let clocks = match principal {
+            None => Some(&self.anonymous),
+            Some(principal) => self.named.get(principal),
+        };
+        clocks.is_some_and(|clocks| clocks.clocks.contains_key(&clock_id))
+    }
+
+    fn all(&self) -> impl Iterator<Item = &ClientClock> {
+        self.named.values().chain([&self.anonymous]).flat_map(|clocks| clocks.clocks.values())
+    }
+
+    /// Forgets the least recent clock of the principal that holds the most.
+    fn forget_one(&mut self) {
+        let largest = self
+            .named
+            .iter_mut()
+            .map(|(_, clocks)| clocks)
+            .chain([&mut self.anonymous])
+            .max_by_key(|clocks| clocks.clocks.len());
+        let Some(clocks) = largest else { return };
+        if let Some((_, clock_id)) = clocks.by_recency.pop_first() {
+            assert!(clocks.clocks.remove(&clock_id).is_some(), "the recency index names a clock");
+            self.count -= 1;
         }
+        self.named.retain(|_, clocks| !clocks.clocks.is_empty());
     }
 }
 
 impl ClientClock {
-    fn observe(&mut self, client_ms: f64, leader_ms: u64) {
-        let Some(ours_ms) = leader_ms.checked_sub(self.leader_ms) else { return };
+    fn observe(&mut self, client_ms: f64, source_ms: f64) {
+        let ours_ms = source_ms - self.source_ms;
+        if ours_ms < 0.0 {
+            // The node's clock went back (a jump): the next interval starts here.
+            self.client_ms = client_ms;
+            self.source_ms = source_ms;
+            return;
+        }
         if ours_ms < MIN_INTERVAL_MS {
             return;
         }
-        #[allow(clippy::cast_precision_loss)] // Milliseconds of a leader's life fit in 2^52.
-        let ratio = (client_ms - self.client_ms) / ours_ms as f64;
+        let ratio = (client_ms - self.client_ms) / ours_ms;
         // Beyond it the client restarted (its clock counts from a new origin) or its clock
         // jumped: only this interval is meaningless.
         if (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
             self.window.push(ratio);
         }
         self.client_ms = client_ms;
-        self.leader_ms = leader_ms;
+        self.source_ms = source_ms;
     }
 }
 
@@ -165,7 +261,7 @@ impl ClientClock {
 /// may be the wrong one.
 fn log_change(principal: Option<&str>, clock_id: u64, rate: Option<f64>) {
     match rate {
-        Some(rate) => tracing::warn!(
+        Some(rate) if rate < 1.0 => tracing::warn!(
             principal,
             clock_id,
             rate,
@@ -173,6 +269,15 @@ fn log_change(principal: Option<&str>, clock_id: u64, rate: Option<f64>) {
              alive now live their TTL by the client's clock. If many clients say so, check this \
              machine's clock (NTP, the virtual machine's clock source); if one does, check the \
              client's."
+        ),
+        Some(rate) => tracing::warn!(
+            principal,
+            clock_id,
+            rate,
+            "a client's clock runs at {rate:.2} times this leader's clock: if this leader's clock \
+             is slow, its sessions outlive their TTL in real time (leases are never shortened by \
+             a client's clock). If many clients say so, check this machine's clock (NTP, the \
+             virtual machine's clock source); if one does, check the client's."
         ),
         None => {
             tracing::info!(principal, clock_id, "a client's clock runs at the leader's rate again")
@@ -184,8 +289,8 @@ fn log_change(principal: Option<&str>, clock_id: u64, rate: Option<f64>) {
 mod tests {
     use super::*;
 
-    /// Feeds `count` keepalives of clock `id` every `every_ms` of the leader's clock, the
-    /// client's clock running at `rate` against it; returns the last answer.
+    /// Feeds `count` keepalives of clock `id` every `every_ms` of the node's clock, the client's
+    /// clock running at `rate` against it; returns the last answer.
     fn feed(
         clocks: &mut ClientClocks,
         principal: Option<&str>,
@@ -195,25 +300,55 @@ mod tests {
     ) -> Option<f64> {
         let mut answer = None;
         for step in 0..count {
-            let leader_ms = start_ms + step * every_ms;
             #[allow(clippy::cast_precision_loss)]
-            let clock_ms = 7_000.0 + leader_ms as f64 * rate;
-            answer = clocks.record(principal, ClientReading { clock_id: id, clock_ms }, leader_ms);
+            let source_ms = (start_ms + step * every_ms) as f64;
+            let clock_ms = 7_000.0 + source_ms * rate;
+            let reading = ClientReading { clock_id: id, clock_ms };
+            answer = clocks.record(principal, reading, (source_ms, 1.0));
         }
         answer
     }
 
+    fn lease(source_rate: f64) -> ClockLease {
+        ClockLease { ttl_ms: 10_000, grace_ms: 500, source_rate }
+    }
+
     #[test]
-    fn a_client_clock_twice_as_fast_as_the_leaders_halves_its_sessions_leases() {
+    fn a_client_clock_slower_than_the_leaders_lengthens_its_sessions_leases() {
         let mut clocks = ClientClocks::default();
-        assert_eq!(feed(&mut clocks, None, 9, 2.0, (1_000, 1_000, 4)), None, "one interval");
-        let rate = feed(&mut clocks, None, 9, 2.0, (4_000, 1_000, 6)).expect("three intervals");
-        assert!((rate - 2.0 / 1.02).abs() < 1e-9, "counted slower by the deadband: {rate}");
-        assert_eq!(clocks.off_rate(9_000), 1);
-        assert_eq!(clocks.off_rate(9_000 + RECENT_MS + 1), 0, "not read for a minute");
-        let slow = feed(&mut clocks, None, 10, 0.5, (1_000, 700, 40)).expect("a slow client");
-        assert!((slow - 0.5).abs() < 1e-9, "{slow}");
-        assert_eq!(feed(&mut clocks, None, 11, 1.01, (1_000, 700, 40)), None, "drift");
+        assert_eq!(feed(&mut clocks, None, 9, 0.5, (1_000, 1_000, 4)), None, "one interval");
+        let rate = feed(&mut clocks, None, 9, 0.5, (4_000, 1_000, 6)).expect("three intervals");
+        assert!((rate - 0.5).abs() < 1e-9, "{rate}");
+        assert_eq!(clocks.off_rate(9_000.0), 1);
+        assert_eq!(clocks.off_rate(9_000.0 + RECENT_MS + 1.0), 0, "not read for a minute");
+        // TTL and grace (10.5 s) on a clock at 0.5 counted slower by 2 %: 21.42 s, less grace.
+        assert_eq!(lease(rate).lease_ms(1.0), Some(20_920));
+        assert_eq!(lease(1.01).lease_ms(1.0), None, "drift inside the deadband");
+        assert_eq!(lease(0.1).lease_ms(1.0), Some(41_500), "bounded by the largest factor");
+    }
+
+    /// Regression (review of issue 21): a lease shortened for a slow leader was written in its
+    /// lock time, and when that time later sped up (its clock recovered, or its peers' factor
+    /// came in) the session ended before its client gave up on it. A faster client clock now
+    /// shortens nothing; it still counts as off rate.
+    #[test]
+    fn a_client_clock_faster_than_the_leaders_never_shortens_a_lease() {
+        let mut clocks = ClientClocks::default();
+        let rate = feed(&mut clocks, None, 9, 2.0, (1_000, 2_000, 6)).expect("three intervals");
+        assert!((rate - 2.0).abs() < 1e-9, "{rate}");
+        assert_eq!(lease(rate).lease_ms(1.0), None);
+        assert_eq!(clocks.off_rate(13_000.0), 1, "still shown: this node's clock may be slow");
+    }
+
+    /// A rate is kept against the node's clock source, so a peer-rate factor that changes later
+    /// applies to it when the lease is computed: neither forgotten nor corrected twice.
+    #[test]
+    fn a_rate_follows_the_factor_in_force_when_the_lease_is_computed() {
+        // The client's clock runs at 0.5 of this node's source. A factor of 0.5 (the peers
+        // found this node twice as fast) already makes lock time agree with the client.
+        assert_eq!(lease(0.5).lease_ms(0.5), None);
+        // A factor of 2 (this node found slow) makes the client half as fast again.
+        assert_eq!(lease(1.0).lease_ms(2.0), lease(0.5).lease_ms(1.0));
     }
 
     /// A clock is its principal's: another principal's readings under the same id (a lie, or a
@@ -221,32 +356,63 @@ mod tests {
     #[test]
     fn a_clock_is_known_by_its_principal_and_id() {
         let mut clocks = ClientClocks::default();
-        assert_eq!(feed(&mut clocks, Some("alice"), 5, 1.0, (1_000, 2_000, 6)), None);
-        let liar = feed(&mut clocks, Some("mallory"), 5, 4.0, (1_000, 2_000, 6));
-        assert!(liar.is_some_and(|rate| (rate - 4.0 / 1.02).abs() < 1e-9), "{liar:?}");
-        assert_eq!(feed(&mut clocks, Some("alice"), 5, 1.0, (13_000, 2_000, 2)), None);
+        let alice = feed(&mut clocks, Some("alice"), 5, 1.0, (1_000, 2_000, 6));
+        assert!(alice.is_some_and(|rate| (rate - 1.0).abs() < 1e-9));
+        let liar = feed(&mut clocks, Some("mallory"), 5, 0.25, (1_000, 2_000, 6));
+        assert!(liar.is_some_and(|rate| (rate - 0.25).abs() < 1e-9), "{liar:?}");
+        let alice = feed(&mut clocks, Some("alice"), 5, 1.0, (13_000, 2_000, 2));
+        assert!(alice.is_some_and(|rate| (rate - 1.0).abs() < 1e-9));
         assert_eq!(clocks.len(), 2);
     }
 
     /// Readings that are not numbers, a client's restart (its clock from a new origin) and
-    /// readings too close together give no ratio; past [`MAX_CLIENT_CLOCKS`] the least recent
-    /// clock is forgotten.
+    /// readings too close together give no ratio; the node's clock going back starts a new
+    /// interval.
     #[test]
-    fn bad_readings_restarts_and_too_many_clocks_are_bounded() {
+    fn bad_readings_restarts_and_a_clock_going_back_give_no_ratio() {
         let mut clocks = ClientClocks::default();
         for clock_ms in [f64::NAN, f64::INFINITY, -1.0] {
-            assert_eq!(clocks.record(None, ClientReading { clock_id: 1, clock_ms }, 5), None);
+            let reading = ClientReading { clock_id: 1, clock_ms };
+            assert_eq!(clocks.record(None, reading, (5.0, 1.0)), None);
         }
         assert!(clocks.is_empty(), "nothing remembered of readings that are not numbers");
         assert_eq!(ClientReading::from_request(0, 12.0), None, "clock id 0 is no reading");
         feed(&mut clocks, None, 2, 1.0, (1_000, 2_000, 4));
-        // The client restarts: its clock reads near 0 again. One interval is implausible and
-        // dropped; the rate stays at 1.
-        assert_eq!(clocks.record(None, ClientReading { clock_id: 2, clock_ms: 3.0 }, 9_000), None);
-        for id in 0..=MAX_CLIENT_CLOCKS as u64 {
-            clocks.record(None, ClientReading { clock_id: id + 100, clock_ms: 1.0 }, 10_000 + id);
+        // The client restarts: its clock reads near 0 again. That interval is implausible and
+        // dropped; the rate stays 1.
+        let restarted = ClientReading { clock_id: 2, clock_ms: 3.0 };
+        let rate = clocks.record(None, restarted, (9_000.0, 1.0));
+        assert!(rate.is_some_and(|rate| (rate - 1.0).abs() < 1e-9), "{rate:?}");
+        // The node's clock goes back 5 s: the next interval starts there, so three intervals
+        // later the new clock's rate is known.
+        let mut rate = None;
+        for (source_ms, clock_ms) in [(10_000.0, 0.0), (5_000.0, 2_000.0), (7_000.0, 4_000.0)] {
+            rate = clocks.record(None, ClientReading { clock_id: 3, clock_ms }, (source_ms, 1.0));
+        }
+        assert_eq!(rate, None, "one interval since the clock went back");
+        for (source_ms, clock_ms) in [(9_000.0, 6_000.0), (11_000.0, 8_000.0)] {
+            rate = clocks.record(None, ClientReading { clock_id: 3, clock_ms }, (source_ms, 1.0));
+        }
+        assert!(rate.is_some_and(|rate| (rate - 1.0).abs() < 1e-9), "{rate:?}");
+    }
+
+    /// Found in review: any principal could evict everyone's clocks by sending fresh ids, each
+    /// eviction a scan of every clock. Past [`MAX_CLIENT_CLOCKS`], the principal holding the
+    /// most loses its least recent clock.
+    #[test]
+    fn a_principal_sending_many_clock_ids_evicts_its_own_first() {
+        let mut clocks = ClientClocks::default();
+        feed(&mut clocks, Some("alice"), 1, 0.5, (1_000, 2_000, 4));
+        feed(&mut clocks, None, 1, 0.5, (1_000, 2_000, 4));
+        for id in 0..2 * MAX_CLIENT_CLOCKS as u64 {
+            let reading = ClientReading { clock_id: id + 100, clock_ms: 1.0 };
+            #[allow(clippy::cast_precision_loss)]
+            clocks.record(Some("mallory"), reading, (10_000.0 + id as f64, 1.0));
         }
         assert_eq!(clocks.len(), MAX_CLIENT_CLOCKS);
-        assert!(!clocks.clocks.contains_key(&(None, 2)), "the least recent clock went first");
+        assert!(clocks.knows(Some("alice"), 1), "another principal's clock stays");
+        assert!(clocks.knows(None, 1), "so does an anonymous one");
+        assert!(!clocks.knows(Some("mallory"), 100), "the least recent of the largest went");
+        assert!(clocks.knows(Some("mallory"), 2 * MAX_CLIENT_CLOCKS as u64 + 99));
     }
 }

@@ -212,12 +212,18 @@ async fn write(
     batch: Batch,
     command: (u32, Command),
 ) -> Result<(), crate::error::ServiceError> {
+    let refresh = command.1 == Command::Refresh;
     let result = match node.propose_at(batch.stamp_ms, command).await {
         Ok(applied) => applied.result.map(|_| ()).map_err(crate::error::ServiceError::from),
         Err(error) => Err(error),
     };
     match result {
-        Ok(()) => node.renewals().written(batch.number),
+        Ok(()) => {
+            node.renewals().written(batch.number);
+            if refresh {
+                node.renewals().after_refresh(&batch);
+            }
+        }
         Err(_) => node.renewals().give_back(batch),
     }
     result

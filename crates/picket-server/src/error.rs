@@ -148,7 +148,9 @@ impl ServiceError {
                 | CommandError::RequestAbandoned { .. }
                 | CommandError::WaitEnded { .. } => 409,
                 // Never answered in practice: the node stops before applying such an entry.
-                CommandError::UnknownApplyRules { .. } => 500,
+                CommandError::UnknownApplyRules { .. } | CommandError::OlderApplyRules { .. } => {
+                    500
+                }
                 // Only a damaged snapshot gets there; nothing the caller can change.
                 CommandError::RevisionsExhausted { .. } => 500,
                 CommandError::TooManySessions { .. }

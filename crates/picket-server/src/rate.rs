@@ -11,14 +11,17 @@
 //! rate against the leader's clock, known within 1 % (the round trips bound it). A peer's rate
 //! is the median of its last [`RATIOS`] such ratios, and a rate above 1 (which speeds the
 //! leader's time up) only once the two newest agree: a change of rate either way is followed
-//! within two readings, and one spoiled interval does not count (see `PeerRate::rate`). The
-//! leader's clock
-//! then runs at the *median* rate over all voters, the leader counting itself at 1 and a peer it
-//! has not read for 30 s also at 1 (a peer that restarts or is briefly unreachable keeps the
-//! rate it had: a restart moves where its clock counts from, not how fast): the factor moves only when a majority of the voters' clocks agree
-//! against the leader's, so one faulty clock in three (the leader's own, or a peer's) cannot
-//! move the cluster's time. A median within [`DEADBAND`] of 1 is drift, not a fault, and leaves
-//! the factor at 1 (see ARCHITECTURE.md, "Time").
+//! within two readings, and one spoiled interval does not count (see `RatioWindow::rate`).
+//!
+//! The leader's clock then runs at a factor of those rates ([`RateEstimate::factor`]). It is
+//! sped up only as far as a majority of all voters' clocks run faster (the leader counting
+//! itself at 1, and a peer it has not read lately also at 1), so one faulty clock in three
+//! cannot speed the cluster's time up. It is slowed down to the median of the clocks it can
+//! read (the leader at 1 and the peers with a fresh rate, the slower middle value of an even
+//! count), so a fast leader with one voter of three down is still slowed; erring slower keeps
+//! sessions longer, never shorter. A peer keeps its rate for 30 s unread (a restart moves where
+//! its clock counts from, not how fast). A factor within [`DEADBAND`] of 1 is drift, not a
+//! fault, and leaves it at 1 (see ARCHITECTURE.md, "Time").
 //!
 //! Everything here is a margin against a broken clock, not a safety rule: sessions and tokens do
 //! not depend on it. A single node has no peer to compare with and runs on its own clock.
@@ -50,7 +53,7 @@ const MIN_INTERVAL_MS: f64 = 40.0;
 /// the interval. An interval that would exceed it is not used; the next reading is paired with
 /// the same earlier one, over a longer interval.
 const MAX_RATIO_ERROR: f64 = 0.01;
-/// How many of a peer's latest ratios are kept (see `PeerRate::rate`).
+/// How many of a peer's latest ratios are kept (see `RatioWindow::rate`).
 const RATIOS: usize = 3;
 /// Rates within this of 1 are left alone: clocks drift by far less (see "Time"), and one
 /// interval's ratio is only known within 1 %. It is below the client's 3 % margin, so a leader
@@ -206,28 +209,40 @@ impl RateEstimate {
         self.peers.retain(|peer, _| voters.contains(peer));
     }
 
-    /// The factor the leader's clock should run at: the median over `voters` (the leader
-    /// among them, at 1) of each one's rate against the leader's clock; see the module
-    /// documentation.
+    /// The factor the leader's clock should run at; see the module documentation.
+    ///
+    /// Slowing down (the safe side) follows the median of the clocks it can read: the leader
+    /// at 1 and each voter with a fresh rate, the lower middle value of an even count. Speeding
+    /// up follows only the rate a majority of *all* voters run at or above, the leader and
+    /// unread voters at 1. (Found in review: with unread voters at 1 in one median, a fast leader
+    /// whose one peer of two was down was not slowed at all, the tie going to 1.)
     #[must_use]
     pub fn factor(&self, leader: NodeId, voters: &BTreeSet<NodeId>) -> f64 {
-        let rates: Vec<f64> = voters
-            .iter()
-            .map(|voter| {
-                let rate = (*voter != leader).then(|| self.peers.get(voter)).flatten();
-                rate.and_then(|rate| self.fresh_rate(rate)).unwrap_or(1.0)
-            })
-            .collect();
-        if rates.is_empty() {
+        let rate_of = |voter: &NodeId| {
+            if *voter == leader {
+                return Some(1.0);
+            }
+            self.peers.get(voter).and_then(|rate| self.fresh_rate(rate))
+        };
+        let mut known: Vec<f64> = voters.iter().filter_map(rate_of).collect();
+        if known.is_empty() {
             return 1.0;
         }
-        let rate = median(rates);
-        if (rate - 1.0).abs() <= DEADBAND { 1.0 } else { rate.clamp(1.0 / MAX_FACTOR, MAX_FACTOR) }
+        known.sort_by(f64::total_cmp);
+        let slower = known[(known.len() - 1) / 2];
+        if slower < 1.0 - DEADBAND {
+            return slower.max(1.0 / MAX_FACTOR);
+        }
+        let mut all: Vec<f64> = voters.iter().map(|voter| rate_of(voter).unwrap_or(1.0)).collect();
+        all.sort_by(f64::total_cmp);
+        let majority = all.len() / 2 + 1;
+        let faster = all[all.len() - majority];
+        if faster > 1.0 + DEADBAND { faster.min(MAX_FACTOR) } else { 1.0 }
     }
 }
 
-/// The median of `values`; of an even count, the middle value closer to 1 (the leader's own
-/// view wins a tie). Readings are checked to be finite before they get here.
+/// The median of `values`; of an even count, the middle value closer to 1. Readings are
+/// checked to be finite before they get here.
 fn median(mut values: Vec<f64>) -> f64 {
     assert!(!values.is_empty(), "a median of nothing");
     values.sort_by(f64::total_cmp);
@@ -374,10 +389,9 @@ fn set_factor(node: &Node, factor: f64) {
             1.0 / factor
         );
     }
+    // Clients' clocks are compared with the clock's source, not its lock time, so their rates
+    // still hold: the new factor applies to them from the next tick (see `client_clocks`).
     clock.set_rate_factor(factor);
-    // Clients' clocks were compared with the leader's time at the old factor: their rates no
-    // longer hold, and kept they would correct the same error twice.
-    node.renewals().forget_client_clocks();
 }
 
 #[cfg(test)]
@@ -410,8 +424,30 @@ mod tests {
         assert!((estimate.factor(1, &voters(&[1, 2, 3])) - 2.0).abs() < 0.01, "both peers agree");
         assert!(
             (estimate.factor(1, &voters(&[1, 2])) - 1.0).abs() < 1e-9,
-            "of two voters the leader's own view wins the tie"
+            "of two voters, speeding up needs both"
         );
+    }
+
+    /// Found in review: a voter not read counted at 1 in one median with the others, so a fast
+    /// leader (rate 1.5) with one of its two peers down had rates [1, 1, 0.67] and was not
+    /// slowed. Slowing follows the clocks it can read, the slower of an even count; speeding up
+    /// still needs a majority of all voters.
+    #[test]
+    fn a_fast_leader_with_one_voter_down_is_still_slowed_but_never_sped_up_by_one_peer() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 1.0 / 1.5, 6);
+        let three = voters(&[1, 2, 3]);
+        assert!((estimate.factor(1, &three) - 1.0 / 1.5).abs() < 0.01, "3 is down");
+        assert!((estimate.factor(1, &voters(&[1, 2])) - 1.0 / 1.5).abs() < 0.01, "two voters");
+        feed(&mut estimate, 3, 1.0, 6);
+        assert!((estimate.factor(1, &three) - 1.0).abs() < 1e-9, "one slow peer of three");
+        let mut fast = RateEstimate::default();
+        feed(&mut fast, 2, 2.0, 6);
+        feed(&mut fast, 3, 2.0, 6);
+        let five = voters(&[1, 2, 3, 4, 5]);
+        assert!((fast.factor(1, &five) - 1.0).abs() < 1e-9, "two of five cannot speed it up");
+        feed(&mut fast, 4, 2.0, 6);
+        assert!((fast.factor(1, &five) - 2.0).abs() < 0.01, "three of five can");
     }
 
     #[test]

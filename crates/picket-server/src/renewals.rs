@@ -18,11 +18,13 @@
 //!   may renew, the leader writes a `Refresh` instead, which renews every session.
 //!
 //! A keepalive that carries a reading of its client's clock is also checked against the
-//! leader's clock ([`crate::client_clocks`]); where the two run at different rates, its session
-//! is renewed for its TTL by the client's clock (the tick's `renew_for`), so "a TTL" above is
-//! measured on the client's clock for it.
+//! leader's clock ([`crate::client_clocks`]); where the client's runs slower, its session is
+//! renewed for its TTL by the client's clock (the tick's `renew_for`), so "a TTL" above is
+//! measured on the client's clock for it. The lease is computed when the batch is taken, with
+//! the peer-rate factor in force then; a `Refresh` renews for the TTL only, so the sessions it
+//! took are noted again for the next tick.
 
-use crate::client_clocks::{ClientClocks, ClientReading};
+use crate::client_clocks::{ClientClocks, ClientReading, ClockLease};
 use crate::clock::{Clock, GapWatch};
 use picket_core::{Command, SessionId, SessionLease};
 use std::collections::BTreeMap;
@@ -48,8 +50,9 @@ pub struct Renewals {
 
 #[derive(Debug)]
 struct Pending {
-    /// Each session to renew, with the lease its client's clock asks for (`None`: its TTL).
-    sessions: BTreeMap<SessionId, Option<u64>>,
+    /// Each session to renew, with what its lease by its client's clock needs (`None`: its
+    /// TTL).
+    sessions: BTreeMap<SessionId, Option<ClockLease>>,
     /// The clocks of the clients that sent keepalives.
     clocks: ClientClocks,
     /// The number the next batch taken will have; the first is 1, as 0 reads "none written".
@@ -67,10 +70,12 @@ pub struct Batch {
     pub number: u64,
     /// The clock reading the tick is stamped with, taken inside the lock.
     pub stamp_ms: u64,
-    /// The sessions to renew for their TTL.
-    pub sessions: Vec<SessionId>,
-    /// The sessions to renew for a lease of their own, their TTL by their client's clock.
-    pub renew_for: Vec<(SessionId, u64)>,
+    /// The sessions to renew, each with what its lease by its client's clock needs (`None`:
+    /// its TTL).
+    pub sessions: Vec<(SessionId, Option<ClockLease>)>,
+    /// The factor the leader's lock time ran at (against its clock's source) when it was
+    /// taken: client clocks' rates are divided by it.
+    pub factor: f64,
     /// Write a `Refresh` instead of a tick: after a gap, or for more keepalives than one tick
     /// may renew.
     pub refresh: bool,
@@ -112,9 +117,10 @@ impl Renewals {
 
     /// Notes keepalives the moment they arrive, before they are answered: the next tick carries
     /// them whatever happens to their answer. `leases` looks the sessions up in the applied state;
-    /// unknown ones are not noted. `reading` is the client's clock, sent by `principal`'s
-    /// client; returns that clock's rate against the leader's where it differs (see
-    /// [`crate::client_clocks`]), for [`Renewals::note`].
+    /// unknown ones (and those `principal` cannot see, which `leases` leaves out) are not
+    /// noted. `reading` is the client's clock, sent by `principal`'s client, recorded only with
+    /// a session that is noted; returns that clock's rate against the node's clock source once
+    /// known (see [`crate::client_clocks`]), for [`Renewals::note`].
     pub fn note_arrival(
         &self,
         clock: &Clock,
@@ -124,22 +130,25 @@ impl Renewals {
     ) -> Option<f64> {
         let mut pending = self.lock();
         let now_ms = clock.now_ms();
+        let mut noted = false;
         for (session, lease) in sessions.iter().zip(leases(sessions)) {
             if lease.is_some() {
                 pending.sessions.entry(*session).or_insert(None);
+                noted = true;
             }
         }
         if !pending.sessions.is_empty() && pending.oldest_ms.is_none() {
             pending.oldest_ms = Some(now_ms);
         }
-        reading.and_then(|reading| pending.clocks.record(principal, reading, now_ms))
+        let reading = reading.filter(|_| noted)?;
+        pending.clocks.record(principal, reading, (clock.source_ms(), clock.rate_factor()))
     }
 
     /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
     /// `leases` looks the sessions up in the applied state, all under one read. `client_rate`
-    /// is the rate of their client's clock against the leader's where it differs
-    /// ([`Renewals::note_arrival`]): they are renewed for their TTL by that clock. Returns how
-    /// to answer each, in order.
+    /// is the rate of their client's clock against the node's clock source
+    /// ([`Renewals::note_arrival`]): where it is slower than the lock time, they are renewed for
+    /// their TTL by that clock. Returns how to answer each, in order.
     pub fn note(
         &self,
         clock: &Clock,
@@ -155,8 +164,12 @@ impl Renewals {
             .zip(leases(sessions))
             .map(|(session, lease)| {
                 let Some(lease) = lease else { return Noted::Unknown };
-                let lease_ms = client_rate.map(|rate| lease_by_client_clock(lease, rate));
-                pending.sessions.insert(*session, lease_ms);
+                let by_clock = client_rate.map(|source_rate| ClockLease {
+                    ttl_ms: lease.ttl_ms,
+                    grace_ms: lease.alive_until_ms.saturating_sub(lease.deadline_ms),
+                    source_rate,
+                });
+                pending.sessions.insert(*session, by_clock);
                 if lease.alive_until_ms >= now_ms {
                     Noted::Alive { ttl_ms: lease.ttl_ms }
                 } else {
@@ -191,34 +204,45 @@ impl Renewals {
         pending.oldest_ms = None;
         pending.urgent = false;
         let too_many = pending.sessions.len() > max;
-        let mut sessions = Vec::with_capacity(pending.sessions.len());
-        let mut renew_for = Vec::new();
-        for (session, lease_ms) in std::mem::take(&mut pending.sessions) {
-            match lease_ms {
-                None => sessions.push(session),
-                Some(lease_ms) => renew_for.push((session, lease_ms)),
-            }
-        }
-        Batch { number, stamp_ms, sessions, renew_for, refresh: after_gap || too_many, after_gap }
+        let sessions = std::mem::take(&mut pending.sessions).into_iter().collect();
+        let factor = clock.rate_factor();
+        Batch { number, stamp_ms, sessions, factor, refresh: after_gap || too_many, after_gap }
     }
 
     /// Gives back the keepalives of a batch whose tick failed; they ride in the next one.
     pub fn give_back(&self, batch: Batch) {
-        if batch.sessions.is_empty() && batch.renew_for.is_empty() {
+        if batch.sessions.is_empty() {
             return;
         }
         let mut pending = self.lock();
         // A keepalive noted since is newer and decides its session's lease.
-        for session in batch.sessions {
-            pending.sessions.entry(session).or_insert(None);
-        }
-        for (session, lease_ms) in batch.renew_for {
-            pending.sessions.entry(session).or_insert(Some(lease_ms));
+        for (session, by_clock) in batch.sessions {
+            pending.sessions.entry(session).or_insert(by_clock);
         }
         pending.oldest_ms =
             Some(pending.oldest_ms.map_or(batch.stamp_ms, |ms| ms.min(batch.stamp_ms)));
         // Keepalives may be waiting for this batch: the next tick is due at once.
         pending.urgent = true;
+    }
+
+    /// Notes again, for the next tick, the sessions of a batch written as a `Refresh` that are
+    /// owed more than their TTL by their client's clock: the refresh renewed them for the TTL
+    /// of the leader's clock only. (Review of issue 21: on a fast leader that was the early
+    /// expiry again, after every gap, election or over-full batch.)
+    pub fn after_refresh(&self, batch: &Batch) {
+        let longer = batch.sessions.iter().filter(|(_, by_clock)| {
+            by_clock.is_some_and(|by_clock| by_clock.lease_ms(batch.factor).is_some())
+        });
+        let mut pending = self.lock();
+        let mut noted = false;
+        for (session, by_clock) in longer {
+            pending.sessions.entry(*session).or_insert(*by_clock);
+            noted = true;
+        }
+        if noted {
+            pending.oldest_ms =
+                Some(pending.oldest_ms.map_or(batch.stamp_ms, |ms| ms.min(batch.stamp_ms)));
+        }
     }
 
     /// Records that the tick carrying batch `number` was applied, and answers the keepalives
@@ -261,29 +285,26 @@ impl Batch {
     /// How many sessions it renews.
     #[must_use]
     pub fn renewals(&self) -> usize {
-        self.sessions.len() + self.renew_for.len()
+        self.sessions.len()
     }
 
-    /// The tick that renews it, written under apply rules `rules`: before rules 5 a tick
-    /// cannot renew for a lease of its own, and every session gets its TTL.
+    /// The tick that renews it, written under apply rules `rules`: a session whose client's
+    /// clock runs slower than the leader's lock time is renewed for its TTL by that clock
+    /// (`renew_for`), every other for its TTL. Before rules 5 a tick cannot renew for a lease of
+    /// its own (the state refuses it), and every session gets its TTL.
     #[must_use]
     pub fn tick(&self, rules: u32) -> Command {
-        let mut renew = self.sessions.clone();
-        let mut renew_for = self.renew_for.clone();
-        if rules < 5 {
-            renew.extend(renew_for.drain(..).map(|(session, _)| session));
+        let mut renew = Vec::with_capacity(self.sessions.len());
+        let mut renew_for = Vec::new();
+        for (session, by_clock) in &self.sessions {
+            let lease_ms = by_clock.and_then(|by_clock| by_clock.lease_ms(self.factor));
+            match lease_ms {
+                Some(lease_ms) if rules >= 5 => renew_for.push((*session, lease_ms)),
+                _ => renew.push(*session),
+            }
         }
         Command::Tick { renew, renew_for }
     }
-}
-
-/// How long to renew a session for, in the leader's milliseconds, so that its TTL and the
-/// expiry grace after it run on its client's clock, which runs at `rate` of the leader's.
-fn lease_by_client_clock(lease: SessionLease, rate: f64) -> u64 {
-    let grace_ms = lease.alive_until_ms.saturating_sub(lease.deadline_ms);
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let lived_ms = (lease.ttl_ms.saturating_add(grace_ms) as f64 / rate).round() as u64;
-    lived_ms.saturating_sub(grace_ms)
 }
 
 impl Renewals {
@@ -292,13 +313,7 @@ impl Renewals {
     #[must_use]
     pub fn client_clocks_off_rate(&self, clock: &Clock) -> usize {
         let pending = self.lock();
-        pending.clocks.off_rate(clock.now_ms())
-    }
-
-    /// Forgets every client's clock: the leader's time changed its rate (see
-    /// [`crate::rate`]), so their rates against it must be measured again.
-    pub fn forget_client_clocks(&self) {
-        self.lock().clocks = ClientClocks::default();
+        pending.clocks.off_rate(clock.source_ms())
     }
 }
 
@@ -326,7 +341,7 @@ mod tests {
         assert_eq!(renewals.tick_due_ms(), Some(0), "an overdue keepalive makes a tick due now");
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
         assert_eq!(batch.number, 1);
-        assert_eq!(batch.sessions, vec![SessionId(1), SessionId(2)], "unknown ones are not kept");
+        assert_eq!(ids(&batch), vec![SessionId(1), SessionId(2)], "unknown ones are not kept");
         assert_eq!(renewals.tick_due_ms(), None);
     }
 
@@ -355,7 +370,11 @@ mod tests {
             vec![lease(u64::MAX), None]
         });
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
-        assert_eq!(batch.sessions, vec![SessionId(1)]);
+        assert_eq!(ids(&batch), vec![SessionId(1)]);
+    }
+
+    fn ids(batch: &Batch) -> Vec<SessionId> {
+        batch.sessions.iter().map(|(session, _)| *session).collect()
     }
 
     /// Issue 13, point 4: a refused tick dropped the keepalives it carried (the driver's
@@ -372,7 +391,7 @@ mod tests {
         renewals.give_back(batch);
         assert_eq!(renewals.tick_due_ms(), Some(0), "a given-back batch is due again at once");
         let again = renewals.take(&clock, &GapWatch::default(), 10);
-        assert_eq!(again.sessions, vec![SessionId(7)], "the failed tick's keepalive rides again");
+        assert_eq!(ids(&again), vec![SessionId(7)], "the failed tick's keepalive rides again");
         let waiting = renewals.wait_written(number);
         tokio::pin!(waiting);
         assert!(futures_now(&mut waiting).is_none(), "nothing written yet");
@@ -390,35 +409,72 @@ mod tests {
         }
     }
 
-    /// Issue 21: a keepalive whose client's clock runs twice as fast as the leader's renews its
-    /// session so that its TTL and grace run on the client's clock ((5,000 + 500) / 2 − 500 ms
-    /// of the leader's clock, 2,250, then its grace of 500: 2,750 ms, 5,500 ms of the client's
-    /// clock); a later
+    /// Issue 21: a keepalive whose client's clock runs at half the leader's rate renews its
+    /// session so that its TTL and grace run on the client's clock, counted slower by the 2 %
+    /// deadband: (5,000 + 500) / (0.5 / 1.02) − 500 = 10,720 ms of the leader's clock. A later
     /// keepalive without a reading renews it for its TTL; a tick written under rules older than
-    /// 5 renews every session for its TTL.
+    /// 5 renews every session for its TTL; a client's clock faster than the leader's shortens
+    /// nothing; the factor in force when the batch is taken applies.
     #[test]
-    fn a_client_clock_at_another_rate_renews_for_its_ttl_by_that_clock() {
+    fn a_client_clock_slower_than_the_leaders_renews_for_its_ttl_by_that_clock() {
         let renewals = Renewals::default();
         let clock = Clock::new(&ClockSource::Monotonic);
-        renewals.note(&clock, &[SessionId(1)], Some(2.0), |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
         renewals.note(&clock, &[SessionId(2)], None, |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(3)], Some(2.0), |_| vec![lease(u64::MAX)]);
         let batch = renewals.take(&clock, &GapWatch::default(), 10);
-        assert_eq!(batch.renew_for, vec![(SessionId(1), 2_250)]);
-        assert_eq!(batch.sessions, vec![SessionId(2)]);
-        assert_eq!(batch.renewals(), 2);
+        assert_eq!(batch.renewals(), 3);
         assert_eq!(
             batch.tick(5),
-            Command::Tick { renew: vec![SessionId(2)], renew_for: vec![(SessionId(1), 2_250)] }
+            Command::Tick {
+                renew: vec![SessionId(2), SessionId(3)],
+                renew_for: vec![(SessionId(1), 10_720)]
+            }
         );
         assert_eq!(
             batch.tick(4),
-            Command::Tick { renew: vec![SessionId(2), SessionId(1)], renew_for: Vec::new() }
+            Command::Tick {
+                renew: vec![SessionId(1), SessionId(2), SessionId(3)],
+                renew_for: Vec::new()
+            }
         );
         renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
         renewals.note(&clock, &[SessionId(1)], None, |_| vec![lease(u64::MAX)]);
         let newest = renewals.take(&clock, &GapWatch::default(), 10);
-        assert_eq!(newest.sessions, vec![SessionId(1)], "the newest keepalive decides");
-        assert!(newest.renew_for.is_empty());
+        assert_eq!(newest.tick(5), Command::Tick { renew: vec![SessionId(1)], renew_for: vec![] });
+        // The peers found this leader's clock twice as fast: its lock time already runs at the
+        // client's rate.
+        renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
+        clock.set_rate_factor(0.5);
+        let corrected = renewals.take(&clock, &GapWatch::default(), 10);
+        assert_eq!(
+            corrected.tick(5),
+            Command::Tick { renew: vec![SessionId(1)], renew_for: vec![] }
+        );
+    }
+
+    /// Review of issue 21: a `Refresh` renews every session for the TTL of the leader's clock,
+    /// and dropped the longer leases its batch owed to sessions whose clients' clocks run
+    /// slower; on a fast leader that was the early expiry again. They ride in the next tick.
+    #[test]
+    fn a_refresh_notes_again_the_sessions_owed_a_longer_lease() {
+        let renewals = Renewals::default();
+        let clock = Clock::new(&ClockSource::Monotonic);
+        let gaps = GapWatch::default();
+        renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(2)], None, |_| vec![lease(u64::MAX)]);
+        renewals.note(&clock, &[SessionId(3)], Some(1.0), |_| vec![lease(u64::MAX)]);
+        gaps.observe(0);
+        gaps.observe(10_000);
+        let refreshed = renewals.take(&clock, &gaps, 10);
+        assert!(refreshed.refresh);
+        renewals.after_refresh(&refreshed);
+        assert!(renewals.tick_due_ms().is_some(), "a tick is due for them");
+        let next = renewals.take(&clock, &gaps, 10);
+        assert_eq!(
+            next.tick(5),
+            Command::Tick { renew: vec![], renew_for: vec![(SessionId(1), 10_720)] }
+        );
     }
 
     #[test]

@@ -558,6 +558,13 @@ fn json_bodies_are_taken_whatever_their_label_and_errors_say_what_was_applied() 
     );
     let unknown = http::post(addr, "/v1/sessions/999999/keepalive", &json!({}));
     assert_eq!(unknown.body["outcome"], "not_applied", "{}", unknown.text);
+    // A keepalive takes a reading of its client's clock, and ignores any other parameter, as it
+    // did before it took any (review: they were refused with 400 for a while).
+    let clocked = format!("/v1/sessions/{holder}/keepalive?clock_id=5&clock_ms=1234.5&trace=abc");
+    let kept = http::post(addr, &clocked, &json!({}));
+    assert_eq!(kept.status, 200, "{}", kept.text);
+    let bad_reading = format!("/v1/sessions/{holder}/keepalive?clock_id=five");
+    assert_eq!(http::post(addr, &bad_reading, &json!({})).status, 400);
     // The node describes its API.
     let description = http::get(addr, "/v1/openapi.json");
     assert_eq!(description.status, 200);

@@ -433,6 +433,12 @@ impl StateMachine {
                 self.plan_release(*session, name, *token).map(|()| Plan::Simple)
             }
             Command::Tick { renew, renew_for } => {
+                if rules < command.oldest_rules() {
+                    return Err(CommandError::OlderApplyRules {
+                        rules,
+                        needs: command.oldest_rules(),
+                    });
+                }
                 self.plan_tick(renew.len().saturating_add(renew_for.len())).map(|()| Plan::Simple)
             }
             Command::Refresh => Ok(Plan::Simple),

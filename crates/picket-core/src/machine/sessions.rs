@@ -156,11 +156,9 @@ impl StateMachine {
         }
         for &(session, lease_ms) in renew_for {
             if let Some(record) = self.sessions.get(&session) {
-                let lease_ms = if step.rules >= 5 {
-                    lease_ms.clamp(record.ttl_ms / 4, record.ttl_ms.saturating_mul(4))
-                } else {
-                    record.ttl_ms
-                };
+                // `plan` refuses `renew_for` under rules older than 5.
+                assert!(step.rules >= 5, "renew_for is planned under rules 5 or later");
+                let lease_ms = lease_ms.clamp(record.ttl_ms / 4, record.ttl_ms.saturating_mul(4));
                 self.renew_for(session, step.now_ms, lease_ms);
             }
         }
