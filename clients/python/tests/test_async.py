@@ -71,13 +71,20 @@ async def test_lost_is_set_within_the_ttl_when_the_server_stops(server: Server) 
         session = await client.session(ttl=4)
         # When the client judged the lease lost, read where it decides (the callback), not
         # when this test's thread got round to looking: a loaded machine may wake it late.
+        # The session's `lost` is set before its grants' callbacks run: wait for the callback.
         lost_at: List[float] = []
-        grant = await session.lock("silent", on_lost=lambda grant, reason: lost_at.append(time.monotonic()))
+        called = asyncio.Event()
+
+        def on_lost(grant: picket.AsyncGrant, reason: str) -> None:
+            lost_at.append(time.monotonic())
+            called.set()
+
+        grant = await session.lock("silent", on_lost=on_lost)
         # The lease counts from the send of the last confirmed keepalive: TTL less 3 % after it.
         sent_at = time.monotonic()
         await session.keepalive()
         server.stop()
-        await asyncio.wait_for(session.lost.wait(), 6)
+        await asyncio.wait_for(called.wait(), 6)
         lost_after = lost_at[0] - sent_at
         assert 3.0 < lost_after < 4.0, f"the client counted on its lease for {lost_after:.2f} s (TTL 4 s)"
         assert session.lost_reason == "silent"

@@ -63,14 +63,19 @@ pub const DEADBAND: f64 = 0.02;
 /// The factor is changed only when the new one differs by more than this: the estimate moves a
 /// little with every reading, and each change is logged.
 const HYSTERESIS: f64 = 0.01;
-/// A peer not read for this many rounds (30 s) counts at 1 again: what it said is too old.
-const STALE_ROUNDS: u64 = 300;
-/// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after more
-/// than this many rounds without a ratio (1 s): the leader's slow clock may have recovered
-/// meanwhile, and only a reading would show it. Erring toward a slower time is safe; a faster one
-/// expires sessions early. (Round trips above 1 ms make a 100 ms interval too short for its
-/// ratio, and the next reading pairs with the same earlier one: ten rounds leave room for that.)
-const STALE_ROUNDS_SPEEDING_UP: u64 = 10;
+/// A peer without a ratio for this long (the leader's clock) counts at 1 again: what it said is
+/// too old. Time, not rounds: a voter that neither answers nor refuses stretches rounds to the
+/// probe timeout (found in review: that doubled every staleness time).
+const STALE_MS: f64 = 30_000.0;
+/// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after this
+/// long without a ratio: the leader's slow clock may have recovered meanwhile, and only a
+/// reading would show it. Erring toward a slower time is safe; a faster one expires sessions
+/// early. An interval that straddles a recovery can still agree with the one before it, so for
+/// this long at most the leader's time may run fast by the old rate (at rate 2, 350 ms of a
+/// silent session's lease, within the 500 ms expiry grace; it was 1 s). Round trips up to the
+/// 5 ms limit need intervals of 500 ms for a ratio, so it cannot be shorter without a rate
+/// flapping between fresh and stale.
+const STALE_SPEEDING_UP_MS: f64 = 700.0;
 /// The largest factor either way.
 pub(crate) const MAX_FACTOR: f64 = 4.0;
 /// An interval whose ratio is beyond this either way is a jump or a restart, not a rate.
@@ -81,8 +86,8 @@ pub(crate) const IMPLAUSIBLE_RATIO: f64 = 2.0 * MAX_FACTOR;
 #[derive(Debug, Default)]
 pub struct RateEstimate {
     peers: BTreeMap<NodeId, PeerRate>,
-    /// Probe rounds so far.
-    round: u64,
+    /// The leader's clock at the latest round or reading.
+    now_ms: f64,
 }
 
 #[derive(Debug, Default)]
@@ -90,9 +95,9 @@ struct PeerRate {
     /// The reading the next interval starts from.
     last: Option<Reading>,
     window: RatioWindow,
-    /// The round of the last ratio: a reading that gives none (a restart's, or one too close
+    /// The leader's clock at the last ratio: a reading that gives none (a restart's, or one too close
     /// to the last) does not make an old rate fresh again.
-    read_in_round: u64,
+    ratio_at_ms: f64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -157,6 +162,7 @@ impl RateEstimate {
         if !peer_ms.is_finite() || peer_ms < 0.0 {
             return;
         }
+        self.now_ms = self.now_ms.max(received_ms);
         let samples = self.peers.entry(peer).or_default();
         if received_ms - sent_ms > MAX_ROUND_TRIP_MS || received_ms < sent_ms {
             return;
@@ -175,7 +181,7 @@ impl RateEstimate {
             let ratio = (reading.peer_ms - last.peer_ms) / ours_ms;
             if (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
                 samples.window.push(ratio);
-                samples.read_in_round = self.round;
+                samples.ratio_at_ms = received_ms;
             }
             // Otherwise the peer restarted (its clock counts from a new origin, behind or
             // ahead) or its clock jumped: it runs at the same rate, and only this interval is
@@ -184,9 +190,10 @@ impl RateEstimate {
         samples.last = Some(reading);
     }
 
-    /// Starts a probe round: readings recorded from now on belong to it.
-    pub fn next_round(&mut self) {
-        self.round += 1;
+    /// Starts a probe round at `now_ms` of the leader's clock (its source): rates are stale or
+    /// fresh as of then.
+    pub fn next_round(&mut self, now_ms: f64) {
+        self.now_ms = self.now_ms.max(now_ms);
     }
 
     /// Each peer's rate against the leader's clock, for those with enough readings.
@@ -196,12 +203,12 @@ impl RateEstimate {
     }
 
     /// A peer's rate, if it has enough readings and the last is recent: within
-    /// [`STALE_ROUNDS`], or [`STALE_ROUNDS_SPEEDING_UP`] for a rate above 1.
+    /// [`STALE_MS`], or [`STALE_SPEEDING_UP_MS`] for a rate above 1.
     fn fresh_rate(&self, peer: &PeerRate) -> Option<f64> {
-        let unread_rounds = self.round.saturating_sub(peer.read_in_round);
+        let unread_ms = self.now_ms - peer.ratio_at_ms;
         let rate = peer.window.rate()?;
-        let stale_after = if rate > 1.0 { STALE_ROUNDS_SPEEDING_UP } else { STALE_ROUNDS };
-        (unread_rounds <= stale_after).then_some(rate)
+        let stale_after_ms = if rate > 1.0 { STALE_SPEEDING_UP_MS } else { STALE_MS };
+        (unread_ms <= stale_after_ms).then_some(rate)
     }
 
     /// Forgets every peer not in `voters`.
@@ -299,10 +306,10 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             }
         }
         probes.retain(|peer, _| members.contains(peer));
-        estimate.next_round();
+        let clock = node.clock();
+        estimate.next_round(clock.source_ms());
         // All peers at once, each bounded as a whole (connecting included), so a peer that is
         // down delays neither the others' readings nor this loop.
-        let clock = node.clock();
         let readings =
             futures_util::future::join_all(probes.iter_mut().map(|(peer, probe)| async move {
                 let sent_ms = clock.source_ms();
@@ -509,14 +516,12 @@ mod tests {
         feed(&mut estimate, 2, 6.0, 6);
         feed(&mut estimate, 3, 6.0, 6);
         assert!((estimate.factor(1, &voters(&[1, 2, 3])) - MAX_FACTOR).abs() < 1e-9);
-        estimate.record(2, 10_000.0, 10_002.0, 5.0);
+        estimate.record(2, 3_600.0, 3_602.0, 5.0);
         assert!(
             (estimate.factor(1, &voters(&[1, 2, 3])) - MAX_FACTOR).abs() < 1e-9,
             "a restart changes where a peer's clock counts from, not its rate"
         );
-        for _ in 0..=STALE_ROUNDS {
-            estimate.next_round();
-        }
+        estimate.next_round(estimate.now_ms + STALE_MS + 1.0);
         assert!(
             (estimate.factor(1, &voters(&[1, 2, 3])) - 1.0).abs() < 1e-9,
             "stale rates count at 1"
@@ -599,7 +604,7 @@ mod tests {
         let mut estimate = RateEstimate::default();
         let (mut leader_ms, mut real_ms) = (1_000.0, 1_000.0);
         let probe = |estimate: &mut RateEstimate, leader_ms: f64, real_ms: f64| {
-            estimate.next_round();
+            estimate.next_round(leader_ms);
             for peer in [2, 3] {
                 estimate.record(peer, leader_ms, leader_ms + 0.3, 50_000.0 + real_ms + 0.15);
             }
@@ -643,9 +648,7 @@ mod tests {
             step_all(&mut estimate, &mut leader_ms, &mut peer_ms, 250.0);
         }
         assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "a slow leader is sped up");
-        for _ in 0..=STALE_ROUNDS_SPEEDING_UP {
-            estimate.next_round();
-        }
+        estimate.next_round(estimate.now_ms + STALE_SPEEDING_UP_MS + 1.0);
         // A restart of both peers: their clocks count from a new origin.
         leader_ms += 500.0;
         for peer in [2, 3] {
@@ -694,22 +697,25 @@ mod tests {
     /// after the leader's slow clock recovered kept its old rate above 1 for 30 s, running the
     /// leader's time fast all that while.
     #[test]
-    fn a_rate_that_speeds_the_leader_up_goes_stale_within_a_few_unread_rounds() {
+    fn a_rate_that_speeds_the_leader_up_goes_stale_within_a_moment_unread() {
         let mut estimate = RateEstimate::default();
         feed(&mut estimate, 2, 2.0, 6);
         feed(&mut estimate, 3, 2.0, 6);
         let all = voters(&[1, 2, 3]);
         assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01);
-        for _ in 0..=STALE_ROUNDS_SPEEDING_UP {
-            estimate.next_round();
+        // Staleness is time, not rounds: many rounds in a moment (or few stretched ones) change
+        // nothing by their count.
+        let read_ms = estimate.now_ms;
+        for _ in 0..50 {
+            estimate.next_round(read_ms + STALE_SPEEDING_UP_MS - 1.0);
         }
+        assert!((estimate.factor(1, &all) - 2.0).abs() < 0.01, "fifty rounds in 700 ms");
+        estimate.next_round(read_ms + STALE_SPEEDING_UP_MS + 1.0);
         assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "unread rates above 1 go stale");
         let mut slowing = RateEstimate::default();
         feed(&mut slowing, 2, 0.5, 6);
         feed(&mut slowing, 3, 0.5, 6);
-        for _ in 0..=STALE_ROUNDS_SPEEDING_UP {
-            slowing.next_round();
-        }
+        slowing.next_round(slowing.now_ms + STALE_SPEEDING_UP_MS + 1.0);
         assert!((slowing.factor(1, &all) - 0.5).abs() < 0.01, "rates below 1 last longer");
     }
 

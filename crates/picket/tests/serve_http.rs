@@ -157,8 +157,26 @@ fn session_expiry_releases_the_lock_after_its_lock_delay() {
             std::thread::sleep(Duration::from_millis(300));
         }
     });
-    let granted = acquire(addr, "res", patient, Some(20_000));
-    let waited = started.elapsed();
+    let waiter_addr = addr.clone();
+    let waiter = std::thread::spawn(move || {
+        let granted = acquire(&waiter_addr, "res", patient, Some(20_000));
+        (granted, Instant::now())
+    });
+    // The last time the doomed session was seen holding the lock, taken before the read that
+    // saw it: its grant ended after that. (Review: timing from the open alone let slow calls
+    // before the wait hide a missing lock-delay.)
+    let mut held_last = started;
+    wait_until("the doomed session's grant to end", Duration::from_secs(20), || {
+        let asked = Instant::now();
+        let lock = http::get(addr, "/v1/locks/res").body;
+        if lock["holder"]["session_id"] == json!(doomed) {
+            held_last = asked;
+            return None;
+        }
+        Some(())
+    });
+    let (granted, granted_at) = waiter.join().expect("the waiter");
+    let waited = granted_at - started;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     keeper.join().unwrap();
     let token = token_of(&granted);
@@ -166,6 +184,10 @@ fn session_expiry_releases_the_lock_after_its_lock_delay() {
     // TTL (1 s), the expiry grace (0.5 s) and the lock-delay (1.5 s) pass between the doomed
     // session's open and the grant; without the lock-delay it came after 1.5 s.
     assert!(waited >= Duration::from_millis(2_800), "granted after only {waited:?}");
+    // And the lock-delay itself between the end of the doomed grant and the next one, less 50 ms
+    // for the two clocks' rounding; without it the grant follows within a round trip.
+    let delayed = granted_at - held_last;
+    assert!(delayed >= Duration::from_millis(1_450), "granted {delayed:?} after the doomed grant");
     let gone = http::post(addr, &format!("/v1/sessions/{doomed}/keepalive"), &json!({}));
     assert_eq!(gone.status, 404);
     assert_eq!(gone.body["code"], "unknown_session");
