@@ -118,6 +118,13 @@ pub(crate) struct RatioWindow {
 }
 
 impl RatioWindow {
+    /// The lowest of the ratios kept, once there is one: a clock's rate where erring slower is
+    /// safe and one interval is evidence enough (a client's clock, which only ever lengthens
+    /// leases: see `client_clocks`).
+    pub(crate) fn lowest(&self) -> Option<f64> {
+        self.ratios.iter().copied().reduce(f64::min)
+    }
+
     /// Adds an interval's ratio, forgetting the oldest beyond [`RATIOS`].
     pub(crate) fn push(&mut self, ratio: f64) {
         self.ratios.push_back(ratio);
