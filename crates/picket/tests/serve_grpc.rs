@@ -126,13 +126,35 @@ async fn expiry_lock_delay_and_watch_over_grpc() {
         .into_inner();
     let first = client.acquire(acquire_request("r", doomed, Some(0))).await.unwrap().into_inner();
     let patient = open(&mut client, 30_000, 0).await;
-    let granted =
-        client.acquire(acquire_request("r", patient, Some(10_000))).await.unwrap().into_inner();
+    let mut waiting = client.clone();
+    let waiter = tokio::spawn(async move {
+        let granted = waiting.acquire(acquire_request("r", patient, Some(10_000))).await;
+        (granted.unwrap().into_inner(), Instant::now())
+    });
+    // The last time the doomed session was seen holding the lock, taken before the read that
+    // saw it: its grant ended after that. (Review: timing from the open alone let slow calls
+    // before the wait hide a missing lock-delay.)
+    let mut held_last = started;
+    loop {
+        let asked = Instant::now();
+        let lock = client.get_lock(v1::GetLockRequest { name: "r".into() }).await.unwrap();
+        if lock.into_inner().holder_session_id != doomed {
+            break;
+        }
+        held_last = asked;
+        assert!(started.elapsed() < Duration::from_secs(20), "the doomed grant never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (granted, granted_at) = waiter.await.expect("the waiter");
     assert!(
-        started.elapsed() >= Duration::from_millis(2_300),
+        granted_at - started >= Duration::from_millis(2_300),
         "granted after {:?}",
-        started.elapsed()
+        granted_at - started
     );
+    // The lock-delay (1 s) between the end of the doomed grant and the next, less 50 ms for the
+    // two clocks' rounding; without it the grant follows within a round trip.
+    let delayed = granted_at - held_last;
+    assert!(delayed >= Duration::from_millis(950), "granted {delayed:?} after the doomed grant");
     assert!(granted.token > first.token);
 
     let kinds: Vec<(String, String)> = {
