@@ -12,9 +12,11 @@
 //! clock's source (before any peer-rate factor) at their arrival; the clock's rate against the
 //! source is the median of its last three such ratios, and above 1 only as far as the two
 //! newest agree ([`crate::rate::RatioWindow`]); before there are three, the lowest so far (it
-//! only ever lengthens a lease). Against the source, a rate survives a change of
-//! the peer-rate factor: it is divided by the factor in force when a tick is taken
-//! ([`ClockLease::lease_ms`]), so it is neither forgotten nor corrected twice.
+//! only ever lengthens a lease). A rate is divided by the peer-rate factor in force when a tick
+//! is taken ([`ClockLease::lease_ms`]). When the factor changes, the source's own rate has
+//! usually changed against the peers' clocks, so each clock's ratios start again from its next
+//! reading ([`ClientClocks::restart`]): kept, the ratios from before the change would lag it
+//! and, divided by the new factor, correct the same error twice for a few intervals.
 //!
 //! Only the safe direction is used. Where a client's clock runs *slower* than the leader's
 //! lock time by more than [`DEADBAND`] (the leader is fast), a session that clock keeps alive is
@@ -128,6 +130,8 @@ struct ClientClock {
     sequence: u64,
     /// Whether its rate was last outside the deadband (a change is logged).
     off: bool,
+    /// The next reading starts a new interval: the factor changed (see [`ClientClocks::restart`]).
+    restarted: bool,
 }
 
 impl ClientClocks {
@@ -169,6 +173,7 @@ impl ClientClocks {
             read_at_ms: source_ms,
             sequence,
             off: false,
+            restarted: false,
         });
         clocks.by_recency.remove(&clock.sequence);
         clocks.by_recency.insert(sequence, reading.clock_id);
@@ -196,6 +201,19 @@ impl ClientClocks {
             .filter(|clock| now_ms - clock.read_at_ms <= RECENT_MS)
             .filter(|clock| clock.off)
             .count()
+    }
+
+    /// Starts every clock's ratios again from its next reading: the lock time's factor changed
+    /// (see the module documentation). The clocks, their principals and their recency stay.
+    pub fn restart(&mut self) {
+        let named = self.named.values_mut();
+        for clock in
+            named.chain([&mut self.anonymous]).flat_map(|clocks| clocks.clocks.values_mut())
+        {
+            clock.window = RatioWindow::default();
+            clock.restarted = true;
+            clock.off = false;
+        }
     }
 
     /// How many clocks are remembered.
@@ -242,8 +260,10 @@ impl ClientClocks {
 impl ClientClock {
     fn observe(&mut self, client_ms: f64, source_ms: f64) {
         let ours_ms = source_ms - self.source_ms;
-        if ours_ms < 0.0 {
-            // The node's clock went back (a jump): the next interval starts here.
+        if ours_ms < 0.0 || self.restarted {
+            self.restarted = false;
+            // The node's clock went back (a jump), or the factor changed: the next interval
+            // starts here.
             self.client_ms = client_ms;
             self.source_ms = source_ms;
             return;
@@ -348,8 +368,8 @@ mod tests {
         assert_eq!(clocks.off_rate(13_000.0), 1, "still shown: this node's clock may be slow");
     }
 
-    /// A rate is kept against the node's clock source, so a peer-rate factor that changes later
-    /// applies to it when the lease is computed: neither forgotten nor corrected twice.
+    /// A rate is kept against the node's clock source, and the peer-rate factor in force when
+    /// the lease is computed applies to it.
     #[test]
     fn a_rate_follows_the_factor_in_force_when_the_lease_is_computed() {
         // The client's clock runs at 0.5 of this node's source. A factor of 0.5 (the peers
@@ -357,6 +377,25 @@ mod tests {
         assert_eq!(lease(0.5).lease_ms(0.5), None);
         // A factor of 2 (this node found slow) makes the client half as fast again.
         assert_eq!(lease(1.0).lease_ms(2.0), lease(0.5).lease_ms(1.0));
+    }
+
+    /// Review of c5c639a: a leader's clock turned slow (its source now at 0.5 of its clients'),
+    /// its peers sped its lock time up by 2 within half a second, but the client clocks' ratios
+    /// still said 1 against the source for a few intervals: divided by the new factor, 0.5, they
+    /// doubled leases a second time. The ratios start again at a factor change.
+    #[test]
+    fn a_factor_change_starts_every_clocks_ratios_again() {
+        let mut clocks = ClientClocks::default();
+        feed(&mut clocks, Some("alice"), 1, 1.0, (1_000, 2_000, 4));
+        clocks.restart();
+        let reading = |clock_ms| ClientReading { clock_id: 1, clock_ms };
+        // The source now runs at half the client's rate: 2 s of it are 4 s of the client's.
+        assert_eq!(clocks.record(Some("alice"), reading(20_000.0), (9_000.0, 2.0)), None);
+        let rate = clocks.record(Some("alice"), reading(24_000.0), (11_000.0, 2.0));
+        assert!(rate.is_some_and(|rate| (rate - 2.0).abs() < 1e-9), "{rate:?}");
+        let lease = ClockLease { ttl_ms: 10_000, grace_ms: 500, source_rate: rate.unwrap() };
+        assert_eq!(lease.lease_ms(2.0), None, "the factor already corrects it");
+        assert_eq!(clocks.len(), 1);
     }
 
     /// A clock is its principal's: another principal's readings under the same id (a lie, or a

@@ -403,9 +403,10 @@ fn set_factor(node: &Node, factor: f64) {
             1.0 / factor
         );
     }
-    // Clients' clocks are compared with the clock's source, not its lock time, so their rates
-    // still hold: the new factor applies to them from the next tick (see `client_clocks`).
     clock.set_rate_factor(factor);
+    // The source's rate has usually changed against the peers' clocks: clients' clocks' ratios
+    // from before would lag it, and divided by the new factor correct it twice.
+    node.renewals().restart_client_clocks();
 }
 
 #[cfg(test)]

@@ -315,6 +315,12 @@ impl Renewals {
         let pending = self.lock();
         pending.clocks.off_rate(clock.source_ms())
     }
+
+    /// Starts every client clock's ratios again: the leader's lock time changed its factor (see
+    /// [`crate::client_clocks`]).
+    pub fn restart_client_clocks(&self) {
+        self.lock().clocks.restart();
+    }
 }
 
 #[cfg(test)]
