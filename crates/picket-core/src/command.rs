@@ -53,11 +53,18 @@ pub struct Input {
 ///   clock (`renew_for`), where its client's clock runs at a different rate from the leader's,
 ///   so the session lives its TTL by its client's clock (the leader only ever asks for more;
 ///   the state holds any lease to between a quarter of the TTL and four times it). Under older
-///   rules a tick with `renew_for` is refused.
+///   rules a tick with `renew_for` is refused (`older_apply_rules`). Rules 4 never had
+///   `renew_for`; the refusal was added with rules 5, and no log written under rules 4 holds
+///   one.
+/// - 6: a session remembers the lease its last renewal gave it where that was longer than its
+///   TTL, and a [`Command::Refresh`] renews it for that lease, where before it renewed every
+///   session for its TTL: a refresh (after a gap, for an over-full batch, or by a new leader)
+///   cut the lease a fast leader had lengthened for a client whose clock runs slower, and a
+///   quiet session could end before its client gave up on it.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.
-pub const APPLY_RULES: u32 = 5;
+pub const APPLY_RULES: u32 = 6;
 
 impl Input {
     /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular
@@ -212,8 +219,9 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         renew_for: Vec<(SessionId, u64)>,
     },
-    /// Starts a new leader's clock: every session gets a full TTL, every bounded wait its full
-    /// wait and every lock-delay its full delay, measured from this command's `now_ms`.
+    /// Starts a new leader's clock: every session gets a full TTL (under apply rules 6, the
+    /// longer lease its last renewal gave it, if any), every bounded wait its full wait and
+    /// every lock-delay its full delay, measured from this command's `now_ms`.
     ///
     /// A new leader proposes this first, so no session can expire early because the new leader's
     /// clock reads differently from the old one's.

@@ -10,6 +10,11 @@ pub(crate) struct SessionRecord {
     pub(crate) ttl_ms: u64,
     pub(crate) lock_delay_ms: u64,
     pub(crate) deadline_ms: u64,
+    /// The lease its last renewal gave it, where that was longer than its TTL (a tick's
+    /// `renew_for`, apply rules 6): a `Refresh` renews it for this, not for the TTL alone, so a
+    /// lease lengthened for its client's clock is never cut by a refresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lease_ms: Option<u64>,
     /// Locks this session holds.
     pub(crate) held: BTreeSet<String>,
     /// Locks this session is queued for.
@@ -215,6 +220,7 @@ mod tests {
             ttl_ms: 1_000,
             lock_delay_ms: 0,
             deadline_ms: 1_000,
+            lease_ms: None,
             held: BTreeSet::new(),
             waiting: BTreeSet::new(),
             owner: None,

@@ -131,6 +131,9 @@ struct ModelSession {
     ttl_ms: u64,
     lock_delay_ms: u64,
     deadline_ms: u64,
+    /// The lease its last renewal gave it when longer than its TTL; a refresh renews for it
+    /// (apply rules 6).
+    longer_lease_ms: Option<u64>,
     /// Abandoned requests with their latest abandoned attempt, in the order first abandoned;
     /// the oldest is forgotten beyond 16.
     abandoned: Vec<(RequestId, u32)>,
@@ -217,6 +220,7 @@ impl Model {
                     ttl_ms: *ttl_ms,
                     lock_delay_ms: *lock_delay_ms,
                     deadline_ms,
+                    longer_lease_ms: None,
                     abandoned: Vec::new(),
                     ended: Vec::new(),
                 });
@@ -226,8 +230,9 @@ impl Model {
                 let Some(found) = self.session(*session) else { return Err("unknown_session") };
                 let deadline_ms = now_ms + found.ttl_ms;
                 self.accept(now_ms);
-                self.sessions.iter_mut().find(|s| s.id == *session).unwrap().deadline_ms =
-                    deadline_ms;
+                let found = self.sessions.iter_mut().find(|s| s.id == *session).unwrap();
+                found.deadline_ms = deadline_ms;
+                found.longer_lease_ms = None;
                 Ok(Response::KeptAlive { session: *session, deadline_ms })
             }
             Command::CloseSession { session } | Command::RevokeSession { session } => {
@@ -294,12 +299,14 @@ impl Model {
                 self.accept(now_ms);
                 for session in self.sessions.iter_mut().filter(|s| renew.contains(&s.id)) {
                     session.deadline_ms = now_ms + session.ttl_ms;
+                    session.longer_lease_ms = None;
                 }
                 // A lease of its own, held to between a quarter of the TTL and four times it.
                 for (id, lease_ms) in renew_for {
                     if let Some(session) = self.sessions.iter_mut().find(|s| s.id == *id) {
                         let lease_ms = (*lease_ms).max(session.ttl_ms / 4).min(session.ttl_ms * 4);
                         session.deadline_ms = now_ms + lease_ms;
+                        session.longer_lease_ms = (lease_ms > session.ttl_ms).then_some(lease_ms);
                     }
                 }
                 // Expiry goes by the tick's own reading, which may be behind the state's clock,
@@ -338,7 +345,8 @@ impl Model {
             Command::Refresh => {
                 self.accept(now_ms);
                 for session in &mut self.sessions {
-                    session.deadline_ms = now_ms + session.ttl_ms;
+                    let lease_ms = session.longer_lease_ms.unwrap_or(session.ttl_ms);
+                    session.deadline_ms = now_ms + lease_ms;
                 }
                 for lock in self.locks.values_mut() {
                     for waiter in &mut lock.queue {

@@ -1295,3 +1295,37 @@ fn a_tick_renews_for_a_clients_lease_within_bounds_and_is_refused_under_older_ru
     let plain = story.run(2_000, Command::Tick { renew: vec![short], renew_for: Vec::new() });
     assert!(plain.result.is_ok(), "a tick without leases of their own is fine under rules 4");
 }
+
+/// Review of issue 21: a `Refresh` (after a gap, for an over-full batch, or by a new leader)
+/// renewed every session for its TTL, cutting a lease a fast leader had lengthened for a client
+/// whose clock runs slower; the quiet session then ended before its client gave up on it. Under
+/// apply rules 6 a session remembers its longer lease and a refresh renews for it; a renewal for
+/// the TTL forgets it. Under rules 5 a refresh still gives the TTL, as the logs written then did.
+#[test]
+fn a_refresh_never_cuts_a_lease_lengthened_for_a_slow_client_clock() {
+    let deadline =
+        |story: &Story, session| story.machine.session_lease(session).unwrap().deadline_ms;
+    for (rules, refreshed_ms) in [(APPLY_RULES, 12_000), (5, 6_000)] {
+        let mut story = Story::new();
+        story.rules = rules;
+        let lengthened = story.open(0, "A", 4_000, 0);
+        let plain = story.open(0, "B", 4_000, 0);
+        story.run(
+            1_000,
+            Command::Tick { renew: vec![plain], renew_for: vec![(lengthened, 10_000)] },
+        );
+        assert_eq!(deadline(&story, lengthened), 11_000);
+        assert!(story.run(2_000, Command::Refresh).result.is_ok());
+        assert_eq!(deadline(&story, lengthened), refreshed_ms, "rules {rules}");
+        assert_eq!(deadline(&story, plain), 6_000, "rules {rules}");
+    }
+    let mut story = Story::new();
+    let session = story.open(0, "A", 4_000, 0);
+    story.run(1_000, Command::Tick { renew: Vec::new(), renew_for: vec![(session, 10_000)] });
+    story.run(2_000, Command::Tick { renew: vec![session], renew_for: Vec::new() });
+    story.run(3_000, Command::Refresh);
+    assert_eq!(deadline(&story, session), 7_000, "a renewal for the TTL forgets the longer lease");
+    story.run(4_000, Command::Tick { renew: Vec::new(), renew_for: vec![(session, 2_000)] });
+    story.run(5_000, Command::Refresh);
+    assert_eq!(deadline(&story, session), 9_000, "a shorter lease is not remembered");
+}

@@ -31,17 +31,24 @@
 //! Trust and bounds: a clock is known by its principal and its id, so a client that lies about
 //! its clock moves only its own principal's sessions (a client may already end those), and only
 //! toward living longer. A reading is recorded only with a keepalive for a session its principal
-//! can see. Readings that are not finite non-negative numbers are ignored. At most
-//! [`MAX_CLIENT_CLOCKS`] clocks are remembered; past it, the principal holding the most loses the
-//! one it read longest ago, so a principal that sends many ids evicts its own first.
+//! can see. Readings that are not finite non-negative numbers are ignored. An authenticated
+//! principal keeps at most [`MAX_CLOCKS_PER_PRINCIPAL`] clocks; past that, a new one evicts its
+//! own least recent, so a principal that sends many ids evicts only its own. At most
+//! [`MAX_CLIENT_CLOCKS`] clocks are remembered in all; past that, the principal holding the
+//! most loses the one it read longest ago.
 //!
 //! What it cannot do: a session whose client went silent keeps the rate its clock had.
 
 use crate::rate::{DEADBAND, IMPLAUSIBLE_RATIO, MAX_FACTOR, RatioWindow};
+use picket_core::SessionLease;
 use std::collections::{BTreeMap, HashMap};
 
 /// The most client clocks the leader remembers (see the module documentation).
 pub const MAX_CLIENT_CLOCKS: usize = 10_000;
+/// The most clocks one authenticated principal keeps: a quarter of all, so a principal sending
+/// fresh ids cannot push a large legitimate one down. Clients without authentication share one
+/// principal and the whole bound, as without authentication anyone can send anything.
+pub const MAX_CLOCKS_PER_PRINCIPAL: usize = MAX_CLIENT_CLOCKS / 4;
 /// Two readings of one clock closer than this (the node's clock) are not paired: a keepalive's
 /// one-way delay varies by milliseconds, and over two seconds 20 ms of it is 1 %.
 const MIN_INTERVAL_MS: f64 = 2_000.0;
@@ -78,6 +85,28 @@ pub struct ClockLease {
 }
 
 impl ClockLease {
+    /// What a session with `lease` needs, where its client's clock runs at `source_rate`
+    /// against the node's clock source (`None`: unknown, and the session gets its TTL).
+    #[must_use]
+    pub fn of(lease: &SessionLease, source_rate: Option<f64>) -> Option<Self> {
+        source_rate.map(|source_rate| Self {
+            ttl_ms: lease.ttl_ms,
+            grace_ms: lease.alive_until_ms.saturating_sub(lease.deadline_ms),
+            source_rate,
+        })
+    }
+
+    /// The one of two that gives the longer lease: the slower client clock (`None` gives the
+    /// TTL, the shortest a lease by a client's clock ever is).
+    #[must_use]
+    pub fn longer(first: Option<Self>, second: Option<Self>) -> Option<Self> {
+        match (first, second) {
+            (Some(first), Some(second)) if second.source_rate < first.source_rate => Some(second),
+            (Some(first), _) => Some(first),
+            (None, second) => second,
+        }
+    }
+
     /// The lease to write, in lock-time milliseconds, when the node's lock time runs at
     /// `factor` times its source: its TTL and the grace after it run on the client's clock.
     /// `None` (renew for the TTL) where the client's clock runs at the lock time's rate within
@@ -154,8 +183,14 @@ impl ClientClocks {
         self.sequence += 1;
         let sequence = self.sequence;
         if !self.knows(principal, reading.clock_id) {
-            if self.count >= MAX_CLIENT_CLOCKS {
-                self.forget_one();
+            let own = principal.and_then(|principal| self.named.get_mut(principal));
+            match own {
+                Some(own) if own.clocks.len() >= MAX_CLOCKS_PER_PRINCIPAL => {
+                    own.forget_least_recent();
+                    self.count -= 1;
+                }
+                _ if self.count >= MAX_CLIENT_CLOCKS => self.forget_one(),
+                _ => {}
             }
             self.count += 1;
         }
@@ -249,11 +284,19 @@ impl ClientClocks {
             .chain([&mut self.anonymous])
             .max_by_key(|clocks| clocks.clocks.len());
         let Some(clocks) = largest else { return };
-        if let Some((_, clock_id)) = clocks.by_recency.pop_first() {
-            assert!(clocks.clocks.remove(&clock_id).is_some(), "the recency index names a clock");
+        if clocks.forget_least_recent() {
             self.count -= 1;
         }
         self.named.retain(|_, clocks| !clocks.clocks.is_empty());
+    }
+}
+
+impl PrincipalClocks {
+    /// Forgets the clock read longest ago; false if there is none.
+    fn forget_least_recent(&mut self) -> bool {
+        let Some((_, clock_id)) = self.by_recency.pop_first() else { return false };
+        assert!(self.clocks.remove(&clock_id).is_some(), "the recency index names a clock");
+        true
     }
 }
 
@@ -440,22 +483,37 @@ mod tests {
     }
 
     /// Found in review: any principal could evict everyone's clocks by sending fresh ids, each
-    /// eviction a scan of every clock. Past [`MAX_CLIENT_CLOCKS`], the principal holding the
-    /// most loses its least recent clock.
+    /// eviction a scan of every clock; then (helper-35) it could still push a large legitimate
+    /// principal down to its own size. A principal keeps at most a quarter of the bound and
+    /// evicts its own least recent past that; past the bound in all, the principal holding the
+    /// most loses its least recent clock. Pushing a legitimate principal down now takes the
+    /// credentials of four.
     #[test]
-    fn a_principal_sending_many_clock_ids_evicts_its_own_first() {
+    fn a_principal_sending_many_clock_ids_evicts_only_its_own() {
         let mut clocks = ClientClocks::default();
         feed(&mut clocks, Some("alice"), 1, 0.5, (1_000, 2_000, 4));
         feed(&mut clocks, None, 1, 0.5, (1_000, 2_000, 4));
-        for id in 0..2 * MAX_CLIENT_CLOCKS as u64 {
-            let reading = ClientReading { clock_id: id + 100, clock_ms: 1.0 };
-            #[allow(clippy::cast_precision_loss)]
-            clocks.record(Some("mallory"), reading, (10_000.0 + id as f64, 1.0));
+        let fresh_ids = |clocks: &mut ClientClocks, principal: &str, count: u64, first: u64| {
+            for id in first..first + count {
+                let reading = ClientReading { clock_id: id, clock_ms: 1.0 };
+                #[allow(clippy::cast_precision_loss)]
+                clocks.record(Some(principal), reading, (10_000.0 + id as f64, 1.0));
+            }
+        };
+        let quota = MAX_CLOCKS_PER_PRINCIPAL as u64;
+        fresh_ids(&mut clocks, "bob", quota - 1, 100);
+        fresh_ids(&mut clocks, "mallory", 2 * quota, 100);
+        assert_eq!(clocks.len(), 2 + 2 * MAX_CLOCKS_PER_PRINCIPAL - 1);
+        assert!(!clocks.knows(Some("mallory"), 100), "its own least recent went");
+        assert!(clocks.knows(Some("mallory"), 2 * quota + 99));
+        // Three principals at their quota and bob just under it make one more than the bound.
+        for attacker in ["eve", "oscar"] {
+            fresh_ids(&mut clocks, attacker, quota, 100);
         }
         assert_eq!(clocks.len(), MAX_CLIENT_CLOCKS);
         assert!(clocks.knows(Some("alice"), 1), "another principal's clock stays");
         assert!(clocks.knows(None, 1), "so does an anonymous one");
-        assert!(!clocks.knows(Some("mallory"), 100), "the least recent of the largest went");
-        assert!(clocks.knows(Some("mallory"), 2 * MAX_CLIENT_CLOCKS as u64 + 99));
+        let kept_by_bob = (100..100 + quota - 1).filter(|id| clocks.knows(Some("bob"), *id));
+        assert_eq!(kept_by_bob.count(), MAX_CLOCKS_PER_PRINCIPAL - 1, "bob keeps every clock");
     }
 }

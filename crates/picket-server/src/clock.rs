@@ -250,17 +250,25 @@ impl GapWatch {
 }
 
 /// Reads the clock every [`PULSE`] until `shutdown` turns true, so a stall or a jump shows as a
-/// gap between two readings.
+/// gap between two readings. A gap wakes the leader's driver (`leader`), whose next entry is
+/// then a `Refresh`: written at once, it restarts every lease before the jump or stall has
+/// eaten more of it than the gap itself, where the driver could otherwise sleep for half a
+/// second more.
 pub async fn pulse(
     clock: &Clock,
     gaps: &GapWatch,
+    leader: &tokio::sync::Notify,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut interval = tokio::time::interval(PULSE);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = interval.tick() => { gaps.observe(clock.now_ms()); }
+            _ = interval.tick() => {
+                if gaps.observe(clock.now_ms()) {
+                    leader.notify_one();
+                }
+            }
             _ = shutdown.changed() => return,
         }
     }

@@ -19,7 +19,7 @@
 
 use crate::node::Node;
 use crate::raft_types::{TypeConfig, Vote};
-use crate::renewals::Batch;
+use crate::renewals::{Batch, Renewals};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use picket_core::Command;
@@ -221,7 +221,14 @@ async fn write(
         Ok(()) => {
             node.renewals().written(batch.number);
             if refresh {
-                node.renewals().after_refresh(&batch);
+                let owed = Renewals::owed_after_refresh(&batch);
+                // Only sessions still live: ended ones would fill later batches for nothing.
+                let live = node.read_local(|state| {
+                    owed.into_iter()
+                        .filter(|(session, _)| state.machine.session_lease(*session).is_some())
+                        .collect()
+                });
+                node.renewals().after_refresh(live, batch.stamp_ms);
             }
         }
         Err(_) => node.renewals().give_back(batch),

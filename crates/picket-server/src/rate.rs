@@ -465,6 +465,43 @@ mod tests {
         assert!((fast.factor(1, &five) - 2.0).abs() < 0.01, "three of five can");
     }
 
+    /// Review of issue 21 (helper-35): the factor with an even count of voters, a leader that
+    /// is not a voter (it is leaving the membership), and every peer's rate stale.
+    #[test]
+    fn four_voters_a_leader_outside_the_voters_and_stale_peers_give_the_expected_factor() {
+        let four = voters(&[1, 2, 3, 4]);
+        let factor_with = |peers: &[(NodeId, f64)], voters: &BTreeSet<NodeId>| {
+            let mut estimate = RateEstimate::default();
+            for (peer, rate) in peers {
+                feed(&mut estimate, *peer, *rate, 6);
+            }
+            estimate.factor(1, voters)
+        };
+        let near = |factor: f64, expected: f64| (factor - expected).abs() < 0.01;
+        assert!(near(factor_with(&[(2, 0.5), (3, 1.0), (4, 1.0)], &four), 1.0), "one slow of 4");
+        assert!(near(factor_with(&[(2, 0.5), (3, 0.5), (4, 1.0)], &four), 0.5), "the slower tie");
+        assert!(near(factor_with(&[(2, 0.5), (3, 0.5)], &four), 0.5), "4 is down");
+        assert!(
+            near(factor_with(&[(2, 2.0), (3, 2.0), (4, 1.0)], &four), 1.0),
+            "2 of 4 is no majority"
+        );
+        assert!(near(factor_with(&[(2, 2.0), (3, 2.0), (4, 2.0)], &four), 2.0), "3 of 4 is");
+        let without_leader = voters(&[2, 3, 4]);
+        assert!(near(factor_with(&[(2, 2.0)], &without_leader), 1.0), "one of three voters");
+        assert!(near(factor_with(&[(2, 2.0), (3, 2.0)], &without_leader), 2.0), "two of three");
+        assert!(near(factor_with(&[(2, 0.5), (3, 0.5)], &without_leader), 0.5), "slowed by two");
+        let mut stale = RateEstimate::default();
+        feed(&mut stale, 2, 0.5, 6);
+        feed(&mut stale, 3, 0.5, 6);
+        assert!(near(stale.factor(1, &voters(&[1, 2, 3])), 0.5));
+        stale.next_round(stale.now_ms + STALE_MS + 1.0);
+        assert!(
+            near(stale.factor(1, &voters(&[1, 2, 3])), 1.0),
+            "every peer stale: the leader's own"
+        );
+        assert!(near(stale.factor(1, &voters(&[2, 3])), 1.0), "and with no voter read at all");
+    }
+
     #[test]
     fn a_fast_leader_slows_down_and_drift_inside_the_deadband_is_left_alone() {
         let mut estimate = RateEstimate::default();

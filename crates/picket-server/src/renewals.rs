@@ -21,8 +21,10 @@
 //! leader's clock ([`crate::client_clocks`]); where the client's runs slower, its session is
 //! renewed for its TTL by the client's clock (the tick's `renew_for`), so "a TTL" above is
 //! measured on the client's clock for it. The lease is computed when the batch is taken, with
-//! the peer-rate factor in force then; a `Refresh` renews for the TTL only, so the sessions it
-//! took are noted again for the next tick.
+//! the peer-rate factor in force then. Where one session is noted twice before its tick, the
+//! longer of its two leases counts. A `Refresh` renews each session for the lease its last
+//! renewal gave it (apply rules 6), not for this batch's, so the sessions it took that are owed
+//! a longer lease and still live are noted again for the next tick.
 
 use crate::client_clocks::{ClientClocks, ClientReading, ClockLease};
 use crate::clock::{Clock, GapWatch};
@@ -61,6 +63,9 @@ struct Pending {
     urgent: bool,
     /// The clock reading when the oldest pending keepalive was noted.
     oldest_ms: Option<u64>,
+    /// The next batch must be a `Refresh`: a batch taken after a gap failed to be written, and
+    /// the gap was already taken from the watch.
+    gap_owed: bool,
 }
 
 /// What the leader takes for one tick.
@@ -105,8 +110,25 @@ impl Default for Renewals {
             batch: 1,
             urgent: false,
             oldest_ms: None,
+            gap_owed: false,
         };
         Self { pending: Mutex::new(pending), wake: Notify::new(), written: watch::Sender::new(0) }
+    }
+}
+
+impl Pending {
+    /// Notes `session` with `by_clock`; where it is noted already, the longer lease counts.
+    fn keep_longer(&mut self, session: SessionId, by_clock: Option<ClockLease>) {
+        let entry = self.sessions.entry(session).or_insert(by_clock);
+        *entry = ClockLease::longer(*entry, by_clock);
+    }
+
+    /// Notes again the sessions of a batch taken at `stamp_ms`.
+    fn requeue(&mut self, sessions: Vec<(SessionId, Option<ClockLease>)>, stamp_ms: u64) {
+        for (session, by_clock) in sessions {
+            self.keep_longer(session, by_clock);
+        }
+        self.oldest_ms = Some(self.oldest_ms.map_or(stamp_ms, |ms| ms.min(stamp_ms)));
     }
 }
 
@@ -130,18 +152,24 @@ impl Renewals {
     ) -> Option<f64> {
         let mut pending = self.lock();
         let now_ms = clock.now_ms();
-        let mut noted = false;
-        for (session, lease) in sessions.iter().zip(leases(sessions)) {
-            if lease.is_some() {
-                pending.sessions.entry(*session).or_insert(None);
-                noted = true;
-            }
+        let known: Vec<(SessionId, SessionLease)> = sessions
+            .iter()
+            .zip(leases(sessions))
+            .filter_map(|(session, lease)| Some((*session, lease?)))
+            .collect();
+        let reading = reading.filter(|_| !known.is_empty());
+        let client_rate = reading.and_then(|reading| {
+            pending.clocks.record(principal, reading, (clock.source_ms(), clock.rate_factor()))
+        });
+        // Noted with its lease by its client's clock, so a batch taken before `note` runs (or
+        // a failed one given back) does not renew it for less.
+        for (session, lease) in known {
+            pending.keep_longer(session, ClockLease::of(&lease, client_rate));
         }
         if !pending.sessions.is_empty() && pending.oldest_ms.is_none() {
             pending.oldest_ms = Some(now_ms);
         }
-        let reading = reading.filter(|_| noted)?;
-        pending.clocks.record(principal, reading, (clock.source_ms(), clock.rate_factor()))
+        client_rate
     }
 
     /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
@@ -164,12 +192,7 @@ impl Renewals {
             .zip(leases(sessions))
             .map(|(session, lease)| {
                 let Some(lease) = lease else { return Noted::Unknown };
-                let by_clock = client_rate.map(|source_rate| ClockLease {
-                    ttl_ms: lease.ttl_ms,
-                    grace_ms: lease.alive_until_ms.saturating_sub(lease.deadline_ms),
-                    source_rate,
-                });
-                pending.sessions.insert(*session, by_clock);
+                pending.keep_longer(*session, ClockLease::of(&lease, client_rate));
                 if lease.alive_until_ms >= now_ms {
                     Noted::Alive { ttl_ms: lease.ttl_ms }
                 } else {
@@ -198,7 +221,7 @@ impl Renewals {
         let mut pending = self.lock();
         let stamp_ms = clock.now_ms();
         gaps.observe(stamp_ms);
-        let after_gap = gaps.take_gap();
+        let after_gap = gaps.take_gap() | std::mem::take(&mut pending.gap_owed);
         let number = pending.batch;
         pending.batch += 1;
         pending.oldest_ms = None;
@@ -209,39 +232,43 @@ impl Renewals {
         Batch { number, stamp_ms, sessions, factor, refresh: after_gap || too_many, after_gap }
     }
 
-    /// Gives back the keepalives of a batch whose tick failed; they ride in the next one.
+    /// Gives back the keepalives of a batch whose tick failed; they ride in the next one, and
+    /// the next batch is a `Refresh` if this one followed a gap.
     pub fn give_back(&self, batch: Batch) {
+        let mut pending = self.lock();
+        if batch.after_gap {
+            // The gap was taken from the watch with this batch: a plain tick in its place could
+            // expire sessions whose keepalives sat unread through it.
+            pending.gap_owed = true;
+            pending.urgent = true;
+        }
         if batch.sessions.is_empty() {
             return;
         }
-        let mut pending = self.lock();
-        // A keepalive noted since is newer and decides its session's lease.
-        for (session, by_clock) in batch.sessions {
-            pending.sessions.entry(session).or_insert(by_clock);
-        }
-        pending.oldest_ms =
-            Some(pending.oldest_ms.map_or(batch.stamp_ms, |ms| ms.min(batch.stamp_ms)));
+        pending.requeue(batch.sessions, batch.stamp_ms);
         // Keepalives may be waiting for this batch: the next tick is due at once.
         pending.urgent = true;
     }
 
-    /// Notes again, for the next tick, the sessions of a batch written as a `Refresh` that are
-    /// owed more than their TTL by their client's clock: the refresh renewed them for the TTL
-    /// of the leader's clock only. (Review of issue 21: on a fast leader that was the early
-    /// expiry again, after every gap, election or over-full batch.)
-    pub fn after_refresh(&self, batch: &Batch) {
+    /// The sessions of a batch written as a `Refresh` that its tick would have renewed for
+    /// longer than their TTL: the refresh renewed them for the lease their last renewal gave
+    /// them, not for this batch's.
+    #[must_use]
+    pub fn owed_after_refresh(batch: &Batch) -> Vec<(SessionId, Option<ClockLease>)> {
         let longer = batch.sessions.iter().filter(|(_, by_clock)| {
             by_clock.is_some_and(|by_clock| by_clock.lease_ms(batch.factor).is_some())
         });
-        let mut pending = self.lock();
-        let mut noted = false;
-        for (session, by_clock) in longer {
-            pending.sessions.entry(*session).or_insert(*by_clock);
-            noted = true;
-        }
-        if noted {
-            pending.oldest_ms =
-                Some(pending.oldest_ms.map_or(batch.stamp_ms, |ms| ms.min(batch.stamp_ms)));
+        longer.copied().collect()
+    }
+
+    /// Notes again, for the next tick, `sessions` (from [`Renewals::owed_after_refresh`], left
+    /// to those still live) of a batch taken at `stamp_ms` and written as a `Refresh`. (Review
+    /// of issue 21: without this, a fast leader expired them early again after every gap,
+    /// election or over-full batch; queued with sessions that had ended, they could overfill
+    /// every batch and keep the leader refreshing for ever.)
+    pub fn after_refresh(&self, sessions: Vec<(SessionId, Option<ClockLease>)>, stamp_ms: u64) {
+        if !sessions.is_empty() {
+            self.lock().requeue(sessions, stamp_ms);
         }
     }
 
@@ -417,9 +444,9 @@ mod tests {
 
     /// Issue 21: a keepalive whose client's clock runs at half the leader's rate renews its
     /// session so that its TTL and grace run on the client's clock, counted slower by the 2 %
-    /// deadband: (5,000 + 500) / (0.5 / 1.02) − 500 = 10,720 ms of the leader's clock. A later
-    /// keepalive without a reading renews it for its TTL; a tick written under rules older than
-    /// 5 renews every session for its TTL; a client's clock faster than the leader's shortens
+    /// deadband: (5,000 + 500) / (0.5 / 1.02) − 500 = 10,720 ms of the leader's clock. Noted
+    /// twice before its tick, the longer lease counts; a tick written under rules older than 5
+    /// renews every session for its TTL; a client's clock faster than the leader's shortens
     /// nothing; the factor in force when the batch is taken applies.
     #[test]
     fn a_client_clock_slower_than_the_leaders_renews_for_its_ttl_by_that_clock() {
@@ -446,8 +473,12 @@ mod tests {
         );
         renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
         renewals.note(&clock, &[SessionId(1)], None, |_| vec![lease(u64::MAX)]);
-        let newest = renewals.take(&clock, &GapWatch::default(), 10);
-        assert_eq!(newest.tick(5), Command::Tick { renew: vec![SessionId(1)], renew_for: vec![] });
+        renewals.note(&clock, &[SessionId(1)], Some(0.8), |_| vec![lease(u64::MAX)]);
+        let twice = renewals.take(&clock, &GapWatch::default(), 10);
+        assert_eq!(
+            twice.tick(5),
+            Command::Tick { renew: vec![], renew_for: vec![(SessionId(1), 10_720)] }
+        );
         // The peers found this leader's clock twice as fast: its lock time already runs at the
         // client's rate.
         renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
@@ -459,9 +490,10 @@ mod tests {
         );
     }
 
-    /// Review of issue 21: a `Refresh` renews every session for the TTL of the leader's clock,
-    /// and dropped the longer leases its batch owed to sessions whose clients' clocks run
-    /// slower; on a fast leader that was the early expiry again. They ride in the next tick.
+    /// Review of issue 21: a `Refresh` renews every session for the lease its last renewal gave
+    /// it, not for the longer lease its batch owed it; on a fast leader that was the early
+    /// expiry again. The sessions owed one ride in the next tick, and only those still live
+    /// (driver::write filters them): ended ones could overfill every batch.
     #[test]
     fn a_refresh_notes_again_the_sessions_owed_a_longer_lease() {
         let renewals = Renewals::default();
@@ -474,13 +506,54 @@ mod tests {
         gaps.observe(10_000);
         let refreshed = renewals.take(&clock, &gaps, 10);
         assert!(refreshed.refresh);
-        renewals.after_refresh(&refreshed);
+        let owed = Renewals::owed_after_refresh(&refreshed);
+        assert_eq!(owed.iter().map(|(session, _)| *session).collect::<Vec<_>>(), [SessionId(1)]);
+        renewals.after_refresh(owed, refreshed.stamp_ms);
         assert!(renewals.tick_due_ms().is_some(), "a tick is due for them");
         let next = renewals.take(&clock, &gaps, 10);
         assert_eq!(
             next.tick(5),
             Command::Tick { renew: vec![], renew_for: vec![(SessionId(1), 10_720)] }
         );
+        renewals.after_refresh(Vec::new(), next.stamp_ms);
+        assert_eq!(renewals.tick_due_ms(), None, "nothing owed, nothing due");
+    }
+
+    /// Review of issue 21: a keepalive noted on arrival was queued with no lease by its client's
+    /// clock, and giving back a failed batch kept that placeholder over the batch's longer
+    /// lease. It is now noted with its lease on arrival, and the longer one counts.
+    #[test]
+    fn a_failed_batch_given_back_keeps_the_longer_lease() {
+        let renewals = Renewals::default();
+        let clock = Clock::new(&ClockSource::Monotonic);
+        renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
+        let failed = renewals.take(&clock, &GapWatch::default(), 10);
+        renewals.note_arrival(&clock, &[SessionId(1)], (None, None), |_| vec![lease(u64::MAX)]);
+        renewals.give_back(failed);
+        let retried = renewals.take(&clock, &GapWatch::default(), 10);
+        assert_eq!(
+            retried.tick(5),
+            Command::Tick { renew: vec![], renew_for: vec![(SessionId(1), 10_720)] }
+        );
+    }
+
+    /// Review of issue 21: a batch taken after a gap is written as a `Refresh`; when that
+    /// failed, giving it back lost the gap (already taken from the watch), and the retry was a
+    /// plain tick that could expire sessions whose keepalives sat unread through the stall.
+    #[test]
+    fn a_failed_refresh_after_a_gap_is_retried_as_a_refresh() {
+        let renewals = Renewals::default();
+        let clock = Clock::new(&ClockSource::Monotonic);
+        let gaps = GapWatch::default();
+        gaps.observe(0);
+        gaps.observe(10_000);
+        let failed = renewals.take(&clock, &gaps, 10);
+        assert!(failed.after_gap && failed.sessions.is_empty());
+        renewals.give_back(failed);
+        assert_eq!(renewals.tick_due_ms(), Some(0), "the refresh is due again at once");
+        let retried = renewals.take(&clock, &gaps, 10);
+        assert!(retried.after_gap && retried.refresh);
+        assert!(!renewals.take(&clock, &gaps, 10).refresh, "and owed once");
     }
 
     #[test]

@@ -473,7 +473,42 @@ fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
                  expected at most {longest_ms:.0} ms"
             );
         }
+        if rate > 1.0 {
+            quiet_session_outlives_a_refresh_by_its_clients_clock(&clocks, &server.addr, rate);
+        }
     }
+}
+
+/// Review of issue 21: a `Refresh` renewed every session for its TTL of the leader's clock,
+/// cutting the lease a fast leader had lengthened for a quiet session's client. A session (TTL
+/// 3 s, promised 3.5 s with the grace) is kept alive once with its client's clock, its tick is
+/// written, and then the leader's clock jumps 600 ms ahead (a gap, so its next entry is a
+/// refresh, written within the pulse's 100 ms). Counted from the refresh, the lengthened lease
+/// runs (3,000 + 500) × 1.53 of the leader's clock, 3,570 ms in real time, so the session
+/// outlives its promise. Cut to the TTL it ran 3,500 / 1.5 = 2,333 ms from the refresh, and
+/// ended before its client's 3,500 ms (checked by cutting it).
+fn quiet_session_outlives_a_refresh_by_its_clients_clock(clocks: &Clocks, addr: &str, rate: f64) {
+    let addrs = vec![addr.to_owned()];
+    let gaps_before = clock_gaps(addr);
+    let quiet = open_session(&addrs, 3_000);
+    let quiet_kept = keep_alive_clocked(&addrs, quiet);
+    assert_eq!(quiet_kept.status, 200, "{quiet_kept:?}");
+    // The renewal waits at most 500 ms for its tick (the driver sleeps in real time).
+    std::thread::sleep(Duration::from_millis(700));
+    clocks.set(1, rate, 600);
+    wait_until("the leader to see the jump", Duration::from_secs(10), || {
+        (clock_gaps(addr) > gaps_before).then_some(())
+    });
+    wait_until("the quiet session to expire", Duration::from_secs(20), || {
+        (!live_sessions(&addrs).contains(&quiet)).then_some(())
+    });
+    let lived_ms = quiet_kept.sent_at.elapsed().as_secs_f64() * 1_000.0;
+    eprintln!("rate {rate}: through a refresh, the quiet session lived {lived_ms:.0} ms");
+    assert!(
+        lived_ms > 3_400.0,
+        "rate {rate}: through a refresh, the quiet session lived {lived_ms:.0} ms after its \
+         keepalive, before its client's 3,500 ms ran out"
+    );
 }
 
 fn cluster_view(addr: &str) -> Value {

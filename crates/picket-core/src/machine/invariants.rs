@@ -23,6 +23,8 @@ pub enum BrokenInvariant {
     SessionOverItsAbandonedRequests { session: SessionId },
     #[error("session {session} remembers too many ended waits, or one twice")]
     SessionOverItsEndedWaits { session: SessionId },
+    #[error("session {session} remembers a lease not longer than its TTL, or over four times it")]
+    SessionLeaseOutOfBounds { session: SessionId },
     #[error("session {session} lists {name:?} as held but is not its holder")]
     HeldButNotHolder { session: SessionId, name: String },
     #[error("session {session} lists {name:?} as awaited but is not queued")]
@@ -127,6 +129,10 @@ impl StateMachine {
             record.ended_waits.iter().map(|ended| ended.request).collect();
         if record.ended_waits.len() > ENDED_WAITS_KEPT || ended.len() != record.ended_waits.len() {
             return Err(BrokenInvariant::SessionOverItsEndedWaits { session });
+        }
+        let lease_bounds = record.ttl_ms.saturating_add(1)..=record.ttl_ms.saturating_mul(4);
+        if record.lease_ms.is_some_and(|lease_ms| !lease_bounds.contains(&lease_ms)) {
+            return Err(BrokenInvariant::SessionLeaseOutOfBounds { session });
         }
         for name in &record.held {
             let holder = self.locks.get(name).and_then(|lock| lock.holder);

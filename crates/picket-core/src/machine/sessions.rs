@@ -56,6 +56,7 @@ impl StateMachine {
             ttl_ms,
             lock_delay_ms,
             deadline_ms,
+            lease_ms: None,
             held: BTreeSet::new(),
             waiting: BTreeSet::new(),
             owner,
@@ -68,21 +69,26 @@ impl StateMachine {
     }
 
     pub(super) fn keep_alive(&mut self, session: SessionId, step: &Step) -> Response {
-        let deadline_ms = self.renew(session, step.now_ms);
+        let deadline_ms = self.renew(session, step);
         Response::KeptAlive { session, deadline_ms }
     }
 
-    /// Gives a live session a full TTL from `now_ms` and returns its new deadline.
-    pub(super) fn renew(&mut self, session: SessionId, now_ms: u64) -> u64 {
+    /// Gives a live session a full TTL from the step's clock and returns its new deadline.
+    pub(super) fn renew(&mut self, session: SessionId, step: &Step) -> u64 {
         let ttl_ms = self.sessions.get(&session).expect("renew a live session").ttl_ms;
-        self.renew_for(session, now_ms, ttl_ms)
+        self.renew_for(session, step, ttl_ms)
     }
 
-    /// Gives `session` a deadline `lease_ms` from `now_ms`; returns it.
-    pub(super) fn renew_for(&mut self, session: SessionId, now_ms: u64, lease_ms: u64) -> u64 {
+    /// Gives `session` a deadline `lease_ms` from the step's clock; returns it. Under apply
+    /// rules 6 the session remembers a lease longer than its TTL for a later `Refresh`, and
+    /// forgets it with a renewal for its TTL.
+    pub(super) fn renew_for(&mut self, session: SessionId, step: &Step, lease_ms: u64) -> u64 {
         let record = self.sessions.get_mut(&session).expect("renew a live session");
+        if step.rules >= 6 {
+            record.lease_ms = (lease_ms > record.ttl_ms).then_some(lease_ms);
+        }
         let old_deadline_ms = record.deadline_ms;
-        record.deadline_ms = now_ms.saturating_add(lease_ms);
+        record.deadline_ms = step.now_ms.saturating_add(lease_ms);
         let deadline_ms = record.deadline_ms;
         self.deadlines.move_session(old_deadline_ms, deadline_ms, session);
         deadline_ms
@@ -151,7 +157,7 @@ impl StateMachine {
     ) -> Response {
         for &session in renew {
             if self.sessions.contains_key(&session) {
-                self.renew(session, step.now_ms);
+                self.renew(session, step);
             }
         }
         for &(session, lease_ms) in renew_for {
@@ -159,7 +165,7 @@ impl StateMachine {
                 // `plan` refuses `renew_for` under rules older than 5.
                 assert!(step.rules >= 5, "renew_for is planned under rules 5 or later");
                 let lease_ms = lease_ms.clamp(record.ttl_ms / 4, record.ttl_ms.saturating_mul(4));
-                self.renew_for(session, step.now_ms, lease_ms);
+                self.renew_for(session, step, lease_ms);
             }
         }
         let stamp_ms = step.stamp_ms;
@@ -205,10 +211,16 @@ impl StateMachine {
         touched
     }
 
+    /// Gives every session a full lease from the step's clock: its TTL, or under apply rules 6
+    /// the longer lease its last renewal gave it (see [`SessionRecord::lease_ms`]).
     pub(super) fn refresh(&mut self, step: &Step) -> Response {
         let now_ms = step.now_ms;
         for record in self.sessions.values_mut() {
-            record.deadline_ms = now_ms.saturating_add(record.ttl_ms);
+            let lease_ms = match record.lease_ms {
+                Some(lease_ms) if step.rules >= 6 => lease_ms.max(record.ttl_ms),
+                _ => record.ttl_ms,
+            };
+            record.deadline_ms = now_ms.saturating_add(lease_ms);
         }
         for lock in self.locks.values_mut() {
             for waiter in &mut lock.waiters {

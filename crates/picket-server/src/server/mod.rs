@@ -348,7 +348,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let pulse_node = node.clone();
     let pulse_signal = shutdown_signal.clone();
     tokio::spawn(async move {
-        crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), pulse_signal).await;
+        let wake = pulse_node.renewals().wake();
+        crate::clock::pulse(pulse_node.clock(), pulse_node.gaps(), wake, pulse_signal).await;
     });
     tokio::spawn(follow_role(raft.clone(), metrics, log_handle.clone(), shutdown_signal.clone()));
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
