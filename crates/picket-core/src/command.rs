@@ -134,7 +134,8 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner: Option<String>,
     },
-    /// Gives one session a full TTL from now.
+    /// Gives one session a full TTL from now (under apply rules 6 it forgets a longer lease a
+    /// tick's `renew_for` gave it).
     KeepAlive {
         /// The session.
         session: SessionId,
@@ -209,13 +210,15 @@ pub enum Command {
     /// instead of writing one log entry each.
     Tick {
         /// Sessions that sent a keepalive since the last tick. Unknown ids are skipped: the
-        /// session may have ended since.
+        /// session may have ended since. Under apply rules 6 each forgets a longer lease an
+        /// earlier `renew_for` gave it.
         renew: Vec<SessionId>,
         /// Sessions that sent a keepalive since the last tick from a client whose clock runs at
         /// a different rate from the leader's (apply rules 5): each is renewed for the given
         /// milliseconds of the state's clock, its TTL measured on its client's clock, held to
-        /// between a quarter of its TTL and four times it. Under older rules each gets its
-        /// TTL, as in `renew`. Unknown ids are skipped.
+        /// between a quarter of its TTL and four times it. Under older rules a tick that carries
+        /// any is refused (`older_apply_rules`). Under rules 6 a session renewed for longer than
+        /// its TTL remembers that lease for a later `Refresh`. Unknown ids are skipped.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         renew_for: Vec<(SessionId, u64)>,
     },

@@ -1329,3 +1329,26 @@ fn a_refresh_never_cuts_a_lease_lengthened_for_a_slow_client_clock() {
     story.run(5_000, Command::Refresh);
     assert_eq!(deadline(&story, session), 9_000, "a shorter lease is not remembered");
 }
+
+/// Review of issue 21: a remembered lease is part of the state under apply rules 6 only (a log
+/// written under rules 5 keeps its snapshot bytes), and a snapshot whose remembered lease is
+/// not longer than its session's TTL, or over four times it, is refused on restore.
+#[test]
+fn a_remembered_lease_is_kept_in_snapshots_under_rules_6_only_and_checked_on_restore() {
+    for rules in [5, APPLY_RULES] {
+        let mut story = Story::new();
+        story.rules = rules;
+        let session = story.open(0, "A", 4_000, 0);
+        story.run(1_000, Command::Tick { renew: Vec::new(), renew_for: vec![(session, 10_000)] });
+        let snapshot = String::from_utf8(story.machine.snapshot()).unwrap();
+        assert_eq!(snapshot.contains("\"lease_ms\":10000"), rules >= 6, "rules {rules}");
+        assert!(StateMachine::restore(snapshot.as_bytes()).is_ok());
+        if rules >= 6 {
+            for bad in ["\"lease_ms\":4000", "\"lease_ms\":16001"] {
+                let damaged = snapshot.replace("\"lease_ms\":10000", bad);
+                let refused = StateMachine::restore(damaged.as_bytes()).unwrap_err();
+                assert!(refused.to_string().contains("remembers a lease"), "{refused}");
+            }
+        }
+    }
+}

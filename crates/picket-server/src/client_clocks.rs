@@ -184,13 +184,13 @@ impl ClientClocks {
         let sequence = self.sequence;
         if !self.knows(principal, reading.clock_id) {
             let own = principal.and_then(|principal| self.named.get_mut(principal));
-            match own {
-                Some(own) if own.clocks.len() >= MAX_CLOCKS_PER_PRINCIPAL => {
-                    own.forget_least_recent();
-                    self.count -= 1;
-                }
-                _ if self.count >= MAX_CLIENT_CLOCKS => self.forget_one(),
-                _ => {}
+            let over_quota = own.filter(|own| own.clocks.len() >= MAX_CLOCKS_PER_PRINCIPAL);
+            if let Some(own) = over_quota
+                && own.forget_least_recent()
+            {
+                self.count -= 1;
+            } else if self.count >= MAX_CLIENT_CLOCKS {
+                self.forget_one();
             }
             self.count += 1;
         }

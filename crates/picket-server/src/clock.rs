@@ -251,9 +251,10 @@ impl GapWatch {
 
 /// Reads the clock every [`PULSE`] until `shutdown` turns true, so a stall or a jump shows as a
 /// gap between two readings. A gap wakes the leader's driver (`leader`), whose next entry is
-/// then a `Refresh`: written at once, it restarts every lease before the jump or stall has
-/// eaten more of it than the gap itself, where the driver could otherwise sleep for half a
-/// second more.
+/// then a `Refresh`, where it could otherwise sleep for half a second more. Safety does not
+/// need it (no tick expires anyone before that refresh, however late), but written at once
+/// it answers sooner the keepalives a forward jump made look overdue, and a dead session's
+/// life is lengthened by the gap and no more.
 pub async fn pulse(
     clock: &Clock,
     gaps: &GapWatch,

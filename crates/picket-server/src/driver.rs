@@ -2,7 +2,7 @@
 //!
 //! The state machine never reads a clock; time reaches it only in commands the leader proposes.
 //! When a node becomes leader it first proposes `Refresh`, which gives every session a full TTL
-//! on the new leader's clock: the new leader cannot know how long ago the old one last heard from
+//! on the new leader's clock (or the longer lease its last renewal gave it, apply rules 6): the new leader cannot know how long ago the old one last heard from
 //! each client, and must never expire a session early. After that it sleeps until the state's
 //! next deadline (a session, a bounded wait or a lock-delay running out), or until the oldest
 //! keepalive received has waited half a second, and then proposes a `Tick` carrying every
@@ -19,10 +19,10 @@
 
 use crate::node::Node;
 use crate::raft_types::{TypeConfig, Vote};
-use crate::renewals::{Batch, Renewals};
+use crate::renewals::Batch;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use picket_core::Command;
+use picket_core::{Command, SessionId};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -212,7 +212,7 @@ async fn write(
     batch: Batch,
     command: (u32, Command),
 ) -> Result<(), crate::error::ServiceError> {
-    let refresh = command.1 == Command::Refresh;
+    let (rules, refresh) = (command.0, command.1 == Command::Refresh);
     let result = match node.propose_at(batch.stamp_ms, command).await {
         Ok(applied) => applied.result.map(|_| ()).map_err(crate::error::ServiceError::from),
         Err(error) => Err(error),
@@ -220,15 +220,14 @@ async fn write(
     match result {
         Ok(()) => {
             node.renewals().written(batch.number);
-            if refresh {
-                let owed = Renewals::owed_after_refresh(&batch);
-                // Only sessions still live: ended ones would fill later batches for nothing.
-                let live = node.read_local(|state| {
-                    owed.into_iter()
-                        .filter(|(session, _)| state.machine.session_lease(*session).is_some())
-                        .collect()
+            // Under rules older than 5 a tick cannot renew for a lease of its own either.
+            if refresh && rules >= 5 {
+                node.renewals().after_refresh(&batch, |owed| {
+                    node.read_local(|state| {
+                        let live = |session: &SessionId| state.machine.session_lease(*session);
+                        owed.into_iter().filter(|session| live(session).is_some()).collect()
+                    })
                 });
-                node.renewals().after_refresh(live, batch.stamp_ms);
             }
         }
         Err(_) => node.renewals().give_back(batch),

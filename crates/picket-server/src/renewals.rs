@@ -250,25 +250,35 @@ impl Renewals {
         pending.urgent = true;
     }
 
-    /// The sessions of a batch written as a `Refresh` that its tick would have renewed for
-    /// longer than their TTL: the refresh renewed them for the lease their last renewal gave
-    /// them, not for this batch's.
-    #[must_use]
-    pub fn owed_after_refresh(batch: &Batch) -> Vec<(SessionId, Option<ClockLease>)> {
-        let longer = batch.sessions.iter().filter(|(_, by_clock)| {
-            by_clock.is_some_and(|by_clock| by_clock.lease_ms(batch.factor).is_some())
-        });
-        longer.copied().collect()
-    }
-
-    /// Notes again, for the next tick, `sessions` (from [`Renewals::owed_after_refresh`], left
-    /// to those still live) of a batch taken at `stamp_ms` and written as a `Refresh`. (Review
-    /// of issue 21: without this, a fast leader expired them early again after every gap,
-    /// election or over-full batch; queued with sessions that had ended, they could overfill
-    /// every batch and keep the leader refreshing for ever.)
-    pub fn after_refresh(&self, sessions: Vec<(SessionId, Option<ClockLease>)>, stamp_ms: u64) {
-        if !sessions.is_empty() {
-            self.lock().requeue(sessions, stamp_ms);
+    /// Notes again, for the next tick, the sessions of `batch`, written as a `Refresh`, that
+    /// its tick would have renewed for longer than their TTL and that `live` (a look-up in the
+    /// applied state, made once, outside the lock) still finds: the refresh renewed them for the
+    /// lease their last renewal gave them, not for this batch's. (Review of issue 21: without
+    /// this, a fast leader expired them early again after every gap, election or over-full
+    /// batch; queued with sessions that had ended, they could overfill every batch and keep the
+    /// leader refreshing for ever.)
+    pub fn after_refresh(
+        &self,
+        batch: &Batch,
+        live: impl FnOnce(Vec<SessionId>) -> Vec<SessionId>,
+    ) {
+        let longer: BTreeMap<SessionId, Option<ClockLease>> = batch
+            .sessions
+            .iter()
+            .filter(|(_, by_clock)| {
+                by_clock.is_some_and(|by_clock| by_clock.lease_ms(batch.factor).is_some())
+            })
+            .copied()
+            .collect();
+        if longer.is_empty() {
+            return;
+        }
+        let owed: Vec<(SessionId, Option<ClockLease>)> = live(longer.keys().copied().collect())
+            .into_iter()
+            .filter_map(|session| Some((session, *longer.get(&session)?)))
+            .collect();
+        if !owed.is_empty() {
+            self.lock().requeue(owed, batch.stamp_ms);
         }
     }
 
@@ -506,17 +516,25 @@ mod tests {
         gaps.observe(10_000);
         let refreshed = renewals.take(&clock, &gaps, 10);
         assert!(refreshed.refresh);
-        let owed = Renewals::owed_after_refresh(&refreshed);
-        assert_eq!(owed.iter().map(|(session, _)| *session).collect::<Vec<_>>(), [SessionId(1)]);
-        renewals.after_refresh(owed, refreshed.stamp_ms);
+        let mut asked = Vec::new();
+        renewals.after_refresh(&refreshed, |owed| {
+            asked.clone_from(&owed);
+            owed
+        });
+        assert_eq!(asked, [SessionId(1)], "only the session owed a longer lease is looked up");
         assert!(renewals.tick_due_ms().is_some(), "a tick is due for them");
         let next = renewals.take(&clock, &gaps, 10);
         assert_eq!(
             next.tick(5),
             Command::Tick { renew: vec![], renew_for: vec![(SessionId(1), 10_720)] }
         );
-        renewals.after_refresh(Vec::new(), next.stamp_ms);
-        assert_eq!(renewals.tick_due_ms(), None, "nothing owed, nothing due");
+        // A session that ended meanwhile is not queued again.
+        renewals.note(&clock, &[SessionId(1)], Some(0.5), |_| vec![lease(u64::MAX)]);
+        gaps.observe(30_000);
+        let ended = renewals.take(&clock, &gaps, 10);
+        assert!(ended.refresh);
+        renewals.after_refresh(&ended, |_| Vec::new());
+        assert_eq!(renewals.tick_due_ms(), None, "nothing live is owed, nothing is due");
     }
 
     /// Review of issue 21: a keepalive noted on arrival was queued with no lease by its client's
@@ -535,6 +553,40 @@ mod tests {
             retried.tick(5),
             Command::Tick { renew: vec![], renew_for: vec![(SessionId(1), 10_720)] }
         );
+    }
+
+    /// Review of issue 21: a keepalive was noted on arrival without its lease by its client's
+    /// clock, so a tick taken while the leader confirmed its lease renewed the session for the
+    /// TTL only, and if the keepalive was then never answered (leadership lost) the longer
+    /// lease never came. It is noted with that lease on arrival.
+    #[test]
+    fn a_keepalive_is_noted_with_its_client_clock_lease_on_arrival() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let script = dir.path().join("clock");
+        std::fs::write(&script, "rate=1 jump_ms=0").expect("written");
+        let clock = Clock::new(&ClockSource::Scripted(script.clone()));
+        let renewals = Renewals::default();
+        let arrive = |clock_ms: f64| {
+            let reading = Some(ClientReading { clock_id: 9, clock_ms });
+            renewals
+                .note_arrival(&clock, &[SessionId(1)], (None, reading), |_| vec![lease(u64::MAX)])
+        };
+        assert_eq!(arrive(0.0), None, "one reading is no rate yet");
+        renewals.take(&clock, &GapWatch::default(), 10);
+        // Four seconds of the node's clock pass while two pass on the client's.
+        std::fs::write(&script, "rate=1 jump_ms=4000").expect("written");
+        while clock.source_ms() < 4_000.0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let rate = arrive(2_000.0).expect("a rate from one interval");
+        assert!((rate - 0.5).abs() < 0.01, "{rate}");
+        let taken_before_the_answer = renewals.take(&clock, &GapWatch::default(), 10);
+        let Command::Tick { renew, renew_for } = taken_before_the_answer.tick(5) else {
+            panic!("a tick")
+        };
+        assert!(renew.is_empty(), "{renew:?}");
+        assert_eq!(renew_for.len(), 1);
+        assert!((10_600..=10_800).contains(&renew_for[0].1), "{renew_for:?}");
     }
 
     /// Review of issue 21: a batch taken after a gap is written as a `Refresh`; when that

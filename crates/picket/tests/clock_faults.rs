@@ -486,7 +486,7 @@ fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
 /// refresh, written within the pulse's 100 ms). Counted from the refresh, the lengthened lease
 /// runs (3,000 + 500) × 1.53 of the leader's clock, 3,570 ms in real time, so the session
 /// outlives its promise. Cut to the TTL it ran 3,500 / 1.5 = 2,333 ms from the refresh, and
-/// ended before its client's 3,500 ms (checked by cutting it).
+/// ended before its client's 3,500 ms (checked by cutting it: 3,244 ms).
 fn quiet_session_outlives_a_refresh_by_its_clients_clock(clocks: &Clocks, addr: &str, rate: f64) {
     let addrs = vec![addr.to_owned()];
     let gaps_before = clock_gaps(addr);
@@ -495,6 +495,7 @@ fn quiet_session_outlives_a_refresh_by_its_clients_clock(clocks: &Clocks, addr: 
     assert_eq!(quiet_kept.status, 200, "{quiet_kept:?}");
     // The renewal waits at most 500 ms for its tick (the driver sleeps in real time).
     std::thread::sleep(Duration::from_millis(700));
+    let jumped_at = Instant::now();
     clocks.set(1, rate, 600);
     wait_until("the leader to see the jump", Duration::from_secs(10), || {
         (clock_gaps(addr) > gaps_before).then_some(())
@@ -503,7 +504,18 @@ fn quiet_session_outlives_a_refresh_by_its_clients_clock(clocks: &Clocks, addr: 
         (!live_sessions(&addrs).contains(&quiet)).then_some(())
     });
     let lived_ms = quiet_kept.sent_at.elapsed().as_secs_f64() * 1_000.0;
-    eprintln!("rate {rate}: through a refresh, the quiet session lived {lived_ms:.0} ms");
+    let after_jump_ms = jumped_at.elapsed().as_secs_f64() * 1_000.0;
+    eprintln!(
+        "rate {rate}: through a refresh, the quiet session lived {lived_ms:.0} ms, \
+         {after_jump_ms:.0} ms of them after the jump"
+    );
+    // The refresh came after the jump: from it the lengthened lease runs 3,570 ms, the cut one
+    // 2,333 ms; a late sleep before the jump cannot hide the cut from this bound.
+    assert!(
+        after_jump_ms > 3_000.0,
+        "rate {rate}: the quiet session lived only {after_jump_ms:.0} ms after the jump that \
+         refreshed it"
+    );
     assert!(
         lived_ms > 3_400.0,
         "rate {rate}: through a refresh, the quiet session lived {lived_ms:.0} ms after its \

@@ -99,9 +99,14 @@ impl Node {
                     .collect()
             })
         };
-        // Noted on arrival, so a tick taken while the lease check below waits carries it.
-        let client_rate =
-            self.renewals.note_arrival(&self.clock, sessions, (principal, reading), leases);
+        // Noted on arrival, so a tick taken while the lease check below waits carries it. A
+        // node that does not lead notes nothing: it refuses them below, and what it noted would
+        // pile up with session churn until it next leads (review of issue 21).
+        let client_rate = if self.is_leader() {
+            self.renewals.note_arrival(&self.clock, sessions, (principal, reading), leases)
+        } else {
+            None
+        };
         self.ensure_leader(ReadPolicy::LeaseRead).await?;
         let noted = self.renewals.note(&self.clock, sessions, client_rate, leases);
         let wait_for = noted.iter().filter_map(|answer| match answer {
