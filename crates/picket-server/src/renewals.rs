@@ -13,7 +13,8 @@
 //!   (the tick renews before it expires, so only a close or a revocation meanwhile ends it).
 //! - A keepalive is also noted the moment it arrives, before the leader confirms its lease
 //!   (which may wait for a heartbeat round): a tick taken meanwhile carries it, so a keepalive
-//!   the node already received is never expired by the tick it was waiting behind.
+//!   the node already received is never expired by the tick it was waiting behind. A node that
+//!   does not lead notes nothing (it refuses the keepalive).
 //! - A tick never carries only part of the pending keepalives: if more are pending than one tick
 //!   may renew, the leader writes a `Refresh` instead, which renews every session.
 //!
