@@ -41,7 +41,15 @@ impl Session {
         let timeout = Some(transport.config().request_timeout);
         let opened = transport
             .call(Retry::UnlessSent, timeout, |mut grpc| async move {
-                grpc.open_session(v1::OpenSessionRequest { ttl_ms, lock_delay_ms }).await
+                // The first reading of this process's lease clock, so the leader can pair it
+                // with the first keepalive's (see `keepalive.rs`).
+                let request = v1::OpenSessionRequest {
+                    ttl_ms,
+                    lock_delay_ms,
+                    clock_id: lease_clock::clock_id(),
+                    clock_ms: opened_at_lease_clock.as_secs_f64() * 1_000.0,
+                };
+                grpc.open_session(request).await
             })
             .await?;
         let (lost, _) = watch::channel(None);

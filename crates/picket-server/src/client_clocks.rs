@@ -7,7 +7,8 @@
 //! clocks correct the leader's ([`crate::rate`]); a single node has no peer, but it has its
 //! clients' clocks.
 //!
-//! A keepalive may carry a reading of its client's clock (`clock_id`, `clock_ms`). The node
+//! A keepalive may carry a reading of its client's clock (`clock_id`, `clock_ms`), and so may
+//! the open of a session, so that a new client's first keepalive pairs with it. The node
 //! pairs readings of one clock at least [`MIN_INTERVAL_MS`] apart with readings of its own
 //! clock's source (before any peer-rate factor) at their arrival; the clock's rate against the
 //! source is the median of its last three such ratios, and above 1 only as far as the two

@@ -224,8 +224,9 @@ impl picket_server::Picket for ClientService {
     ) -> RpcResult<v1::OpenSessionResponse> {
         let who = self.who(&request)?;
         let request = request.into_inner();
-        let opened =
-            self.node.as_caller(who).open_session(request.ttl_ms, request.lock_delay_ms).await;
+        let reading = ClientReading::from_request(request.clock_id, request.clock_ms);
+        let (ttl_ms, lock_delay_ms) = (request.ttl_ms, request.lock_delay_ms);
+        let opened = self.node.as_caller(who).open_session(ttl_ms, lock_delay_ms, reading).await;
         respond(
             opened
                 .map(|(session, ttl_ms)| v1::OpenSessionResponse { session_id: session.0, ttl_ms }),

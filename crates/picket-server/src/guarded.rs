@@ -51,10 +51,15 @@ impl Guarded<'_> {
         &self,
         ttl_ms: u64,
         lock_delay_ms: u64,
+        reading: Option<ClientReading>,
     ) -> Result<(SessionId, u64), ServiceError> {
         self.access.require_some_lock_role()?;
         let owner = self.access.owner().map(str::to_owned);
-        self.node.open_session(ttl_ms, lock_delay_ms, owner).await
+        let opened = self.node.open_session(ttl_ms, lock_delay_ms, owner).await?;
+        if let Some(reading) = reading {
+            self.node.note_clock_reading(self.principal(), reading);
+        }
+        Ok(opened)
     }
 
     /// See [`Node::keep_alive`].

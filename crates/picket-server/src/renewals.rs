@@ -173,6 +173,13 @@ impl Renewals {
         client_rate
     }
 
+    /// Records a reading of a client's clock that came without a keepalive (with the open of a
+    /// session of `principal`'s; see [`crate::client_clocks`]).
+    pub fn note_reading(&self, clock: &Clock, principal: Option<&str>, reading: ClientReading) {
+        let mut pending = self.lock();
+        pending.clocks.record(principal, reading, (clock.source_ms(), clock.rate_factor()));
+    }
+
     /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
     /// `leases` looks the sessions up in the applied state, all under one read. `client_rate`
     /// is the rate of their client's clock against the node's clock source
@@ -588,6 +595,36 @@ mod tests {
         assert!(renew.is_empty(), "{renew:?}");
         assert_eq!(renew_for.len(), 1);
         assert!((10_600..=10_800).contains(&renew_for[0].1), "{renew_for:?}");
+    }
+
+    /// Issue 21: a new client's first session was exposed to a fast leader's clock until two
+    /// of its keepalives, at least 2 s apart, had been paired. A reading sent with the open is
+    /// recorded, and the first keepalive pairs with it.
+    #[test]
+    fn a_reading_sent_with_an_open_pairs_with_the_first_keepalive() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let script = dir.path().join("clock");
+        std::fs::write(&script, "rate=1 jump_ms=0").expect("written");
+        let clock = Clock::new(&ClockSource::Scripted(script.clone()));
+        let renewals = Renewals::default();
+        renewals.note_reading(&clock, Some("worker"), ClientReading { clock_id: 3, clock_ms: 0.0 });
+        std::fs::write(&script, "rate=1 jump_ms=4000").expect("written");
+        while clock.source_ms() < 4_000.0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let first_keepalive = Some(ClientReading { clock_id: 3, clock_ms: 2_000.0 });
+        let rate = renewals
+            .note_arrival(&clock, &[SessionId(1)], (Some("worker"), first_keepalive), |_| {
+                vec![lease(u64::MAX)]
+            })
+            .expect("the first keepalive has a rate");
+        assert!((rate - 0.5).abs() < 0.01, "{rate}");
+        let other_principal = Some(ClientReading { clock_id: 3, clock_ms: 2_000.0 });
+        let unpaired =
+            renewals.note_arrival(&clock, &[SessionId(2)], (None, other_principal), |_| {
+                vec![lease(u64::MAX)]
+            });
+        assert_eq!(unpaired, None, "a clock is known by its principal too");
     }
 
     /// Review of issue 21: a batch taken after a gap is written as a `Refresh`; when that

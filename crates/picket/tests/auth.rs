@@ -499,7 +499,7 @@ async fn handles_of_one_connection_are_each_authorized_with_their_own_token() {
     let tls = ClientTls::from_files(&setup.pki.peer_ca, None).unwrap();
     let open = |handle: Connection| async move {
         let origin = handle.origin();
-        let request = OpenSessionRequest { ttl_ms: 30_000, lock_delay_ms: 0 };
+        let request = OpenSessionRequest { ttl_ms: 30_000, lock_delay_ms: 0, ..Default::default() };
         PicketClient::with_origin(handle, origin).open_session(request).await
     };
     // A leader elected a moment ago may step down: the whole check again on the next one.

@@ -168,7 +168,7 @@ enum Call {
 fn call() -> impl Strategy<Value = Call> {
     prop_oneof![
         (edge_u64(), edge_u64()).prop_map(|(ttl_ms, lock_delay_ms)| Call::Open(
-            v1::OpenSessionRequest { ttl_ms, lock_delay_ms }
+            v1::OpenSessionRequest { ttl_ms, lock_delay_ms, ..Default::default() }
         )),
         (edge_u64(), edge_u64(), any::<f64>()).prop_map(|(session_id, clock_id, clock_ms)| {
             Call::KeepAlive(v1::KeepAliveRequest { session_id, clock_id, clock_ms })

@@ -96,7 +96,11 @@ impl Honest {
                 .expect("a runtime");
             runtime.block_on(async move {
                 let mut grpc = PicketClient::connect(addr).await.expect("connects");
-                let open = v1::OpenSessionRequest { ttl_ms: 10_000, lock_delay_ms: 0 };
+                let open = v1::OpenSessionRequest {
+                    ttl_ms: 10_000,
+                    lock_delay_ms: 0,
+                    ..Default::default()
+                };
                 let session = grpc.open_session(open).await.expect("a session").into_inner();
                 let session_id = session.session_id;
                 let (mut cycles, mut slowest) = (0, Duration::ZERO);

@@ -131,7 +131,7 @@ async fn refused_commands_never_enter_the_raft_log() {
     let refused = grpc.acquire(retry).await.expect_err("refused");
     assert_eq!(grpc_code(&refused), "lock_busy");
     let refused = grpc
-        .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0 })
+        .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0, ..Default::default() })
         .await
         .expect_err("refused");
     assert_eq!(grpc_code(&refused), "ttl_out_of_range");

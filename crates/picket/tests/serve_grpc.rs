@@ -18,7 +18,7 @@ async fn start() -> (tempfile::TempDir, ServerProcess, PicketClient<Channel>) {
 
 async fn open(client: &mut PicketClient<Channel>, ttl_ms: u64, lock_delay_ms: u64) -> u64 {
     client
-        .open_session(v1::OpenSessionRequest { ttl_ms, lock_delay_ms })
+        .open_session(v1::OpenSessionRequest { ttl_ms, lock_delay_ms, ..Default::default() })
         .await
         .unwrap()
         .into_inner()
@@ -202,7 +202,7 @@ async fn bad_input_over_grpc_is_refused_without_changes() {
     let revision = client.cluster(v1::Empty {}).await.unwrap().into_inner().applied_revision;
 
     let ttl = client
-        .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0 })
+        .open_session(v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0, ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!((ttl.code(), code_of(&ttl)), (Code::InvalidArgument, "ttl_out_of_range"));

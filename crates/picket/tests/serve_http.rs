@@ -587,6 +587,11 @@ fn json_bodies_are_taken_whatever_their_label_and_errors_say_what_was_applied() 
     assert_eq!(kept.status, 200, "{}", kept.text);
     let bad_reading = format!("/v1/sessions/{holder}/keepalive?clock_id=five");
     assert_eq!(http::post(addr, &bad_reading, &json!({})).status, 400);
+    // So does an open (issue 21: a new client's first keepalive pairs with it).
+    let body = json!({ "ttl_ms": 10_000 });
+    let opened = http::post(addr, "/v1/sessions?clock_id=5&clock_ms=1300.5&trace=abc", &body);
+    assert_eq!(opened.status, 200, "{}", opened.text);
+    assert_eq!(http::post(addr, "/v1/sessions?clock_ms=x", &body).status, 400);
     // The node describes its API.
     let description = http::get(addr, "/v1/openapi.json");
     assert_eq!(description.status, 200);

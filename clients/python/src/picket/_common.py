@@ -43,6 +43,12 @@ def keepalive_path(session_id: int, sent_at: float) -> str:
     return f"/v1/sessions/{session_id}/keepalive?clock_id={CLOCK_ID}&clock_ms={sent_at * 1000.0:.3f}"
 
 
+def open_path(sent_at: float) -> str:
+    """The path that opens a session, with a reading of the lease clock taken when it is sent
+    (``sent_at``, seconds), so the service can pair this client's first keepalive with it."""
+    return f"/v1/sessions?clock_id={CLOCK_ID}&clock_ms={sent_at * 1000.0:.3f}"
+
+
 def new_request_id() -> int:
     """A fresh request id for an acquire: positive, 63 bits."""
     return random.SystemRandom().randint(1, (1 << 63) - 1)

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional
 import httpx
 
 from . import _common
-from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id
+from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id, open_path
 from ._transport import AsyncTransport, Cert, Json, Verify
 from .client import MAX_ACQUIRE_RETRIES, fence_refusal
 from .errors import NotHeld, OutcomeUnknown, PicketError, SessionLost, TokenMismatch, UnknownSession
@@ -333,7 +333,7 @@ class AsyncClient:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
         body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
         sent_at = lease_clock()
-        opened = await self.transport.call("POST", "/v1/sessions", body, safe=False)
+        opened = await self.transport.call("POST", open_path(sent_at), body, safe=False)
         session = AsyncSession(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000, sent_at)
         return await session._started()
 

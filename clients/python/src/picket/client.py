@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import httpx
 
 from . import _common
-from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id
+from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id, open_path
 from ._transport import Cert, Json, Transport, Verify
 from .errors import (
     FenceRefused,
@@ -356,7 +356,7 @@ class Client:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
         body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
         sent_at = lease_clock()
-        opened = self.transport.call("POST", "/v1/sessions", body, safe=False)
+        opened = self.transport.call("POST", open_path(sent_at), body, safe=False)
         return Session(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000, sent_at)
 
     @contextlib.contextmanager

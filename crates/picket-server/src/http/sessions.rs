@@ -27,18 +27,20 @@ pub(super) struct SessionOpened {
 pub(super) async fn open_session(
     State(node): State<Arc<Node>>,
     Who(who): Who,
+    QueryParams(query): QueryParams<ClockQuery>,
     Body(body): Body<OpenSessionBody>,
 ) -> ApiResult<SessionOpened> {
+    let reading = ClientReading::from_request(query.clock_id, query.clock_ms);
     let (session, ttl_ms) =
-        node.as_caller(who).open_session(body.ttl_ms, body.lock_delay_ms).await?;
+        node.as_caller(who).open_session(body.ttl_ms, body.lock_delay_ms, reading).await?;
     Ok(Json(SessionOpened { session_id: session.0, ttl_ms }))
 }
 
-/// A reading of the client's clock, optional: `?clock_id=N&clock_ms=M` (see
-/// [`crate::client_clocks`]). Other parameters are ignored, as they were before a keepalive
-/// took any: a client that sent one must not start getting 400.
+/// A reading of the client's clock, optional, with a keepalive or an open:
+/// `?clock_id=N&clock_ms=M` (see [`crate::client_clocks`]). Other parameters are ignored, as
+/// they were before either took any: a client that sent one must not start getting 400.
 #[derive(Deserialize)]
-pub(super) struct KeepAliveQuery {
+pub(super) struct ClockQuery {
     #[serde(default)]
     clock_id: u64,
     #[serde(default)]
@@ -49,7 +51,7 @@ pub(super) async fn keep_alive(
     State(node): State<Arc<Node>>,
     Who(who): Who,
     PathParam(id): PathParam<String>,
-    QueryParams(query): QueryParams<KeepAliveQuery>,
+    QueryParams(query): QueryParams<ClockQuery>,
 ) -> ApiResult<SessionOpened> {
     let session = session_path(&id)?;
     let reading = ClientReading::from_request(query.clock_id, query.clock_ms);

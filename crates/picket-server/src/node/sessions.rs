@@ -44,6 +44,16 @@ impl Node {
         }
     }
 
+    /// Records a reading of a client's clock sent with a session's open by `principal`'s
+    /// client (see [`crate::client_clocks`]): a new client's first keepalive then pairs with
+    /// it, where it had to wait for a second keepalive. Only a leader records it; the session
+    /// the reading came with is the principal's own, just opened.
+    pub fn note_clock_reading(&self, principal: Option<&str>, reading: ClientReading) {
+        if self.is_leader() {
+            self.renewals.note_reading(&self.clock, principal, reading);
+        }
+    }
+
     /// Keeps a session alive: it gets a full TTL from the next tick. No log entry is written
     /// for it; the leader batches keepalives into the tick that would otherwise expire them.
     /// Once answered, the session is not expired before a TTL from now by the leader's clock
