@@ -12,7 +12,10 @@
 //! rides along, instead of waking the flusher and being woken back: two thread hand-offs fewer
 //! on the path of every write (one client's acquire p50 0.24 → 0.20 ms, BENCHMARKS.md). A batch
 //! of entries ends the quiet, and the flusher's group commit takes over until a sync of its own
-//! finds the load one record at a time again. Only one batch is ever being written, by either.
+//! finds the load one record at a time again. Deferred records (a queued acquire, which nobody
+//! waits on) neither end the quiet nor keep the writer from syncing: it takes them along, which
+//! under contention saves each handoff's release the trip to the flusher and back (8 clients'
+//! handoffs ×1.06 and ×1.09 in two interleaved runs, BENCHMARKS.md). Only one batch is ever being written, by either.
 //! A leader with followers turns this off ([`Wal::allow_inline_sync`]): its core must send each
 //! entry to them while its own sync runs, not after it.
 //!
@@ -144,6 +147,9 @@ struct Batch {
     offset: u64,
     bytes: Vec<u8>,
     completions: Vec<Completion>,
+    /// How many of `completions` somebody waits on: those of records not deferred
+    /// ([`Urgency::Soon`]). Only they say whether the load is one record at a time.
+    awaited: usize,
     /// Set on a segment's first batch: sync the directory (the segment's name must survive a
     /// crash) and then delete these older segments.
     replaces: Option<Vec<PathBuf>>,
@@ -164,10 +170,11 @@ struct Queue {
     /// A batch is being written and synced (by the flusher, or inline by a writer): nothing
     /// else may start one until it is done, so batches reach the disk in order.
     flushing: bool,
-    /// The last sync served at most one waiting record and no other waiting record arrived
+    /// The last sync served at most one awaited record and no other awaited record arrived
     /// while it ran: the load is one record at a time, and a writer finding the log idle syncs
     /// its record itself instead of waking the flusher and being woken back (two thread
-    /// hand-offs per write).
+    /// hand-offs per write). Deferred records do not count: nobody waits on them, and under
+    /// contention one rides along with nearly every handoff's release.
     quiet: bool,
 }
 
@@ -192,12 +199,12 @@ impl Shared {
     /// state, and carrying on could acknowledge entries that are not durable: everything from
     /// then on is refused. Returns false then.
     fn flush_taken(&self, batches: VecDeque<Batch>) -> bool {
-        let waiting = batches.iter().map(|batch| batch.completions.len()).sum::<usize>();
+        let awaited = batches.iter().map(|batch| batch.awaited).sum::<usize>();
         self.stats.syncs.inc();
         let result = flush(batches, self);
         let mut queue = self.queue();
         queue.flushing = false;
-        queue.quiet = waiting <= 1 && !queue.urgent && queue.deferred_since.is_none();
+        queue.quiet = awaited <= 1 && !queue.urgent;
         let Err(error) = result else {
             let wake = queue.urgent || queue.deferred_since.is_some() || queue.closed;
             drop(queue);
@@ -483,6 +490,7 @@ impl Wal {
             queue.deferred_since = Some(Instant::now());
         }
         let replaces_none = replaces.is_none();
+        let awaited = usize::from(completion.is_some() && sync != Some(Urgency::Soon));
         let continues = queue.batches.back().is_some_and(|last| {
             Arc::ptr_eq(&last.segment, &self.segment)
                 && last.offset + last.bytes.len() as u64 == offset
@@ -492,27 +500,33 @@ impl Wal {
             let last = queue.batches.back_mut().expect("checked above");
             last.bytes.extend_from_slice(&bytes);
             last.completions.extend(completion);
+            last.awaited += awaited;
         } else {
             queue.batches.push_back(Batch {
                 segment: self.segment.clone(),
                 offset,
                 bytes,
                 completions: completion.into_iter().collect(),
+                awaited,
                 replaces,
             });
         }
-        // Nobody else waits for a sync (what is queued rides along with the next one): on a
-        // quiet log this writer syncs it all now, itself.
+        // Nobody else waits for a sync (what is queued rides along with the next one, deferred
+        // records included): on a quiet log this writer syncs it all now, itself. Under
+        // contention each handoff's release finds the next waiter's deferred acquire queued;
+        // taking it along saves the release two thread hand-offs (writer to flusher and back).
         let inline = sync == Some(Urgency::Alone)
             && self.shared.inline_allowed.load(Ordering::Relaxed)
             && replaces_none
             && queue.quiet
             && !queue.flushing
             && !queue.closed
-            && !queue.urgent
-            && queue.deferred_since.is_none();
+            && !queue.urgent;
         if inline {
             queue.flushing = true;
+            // The deferred records are taken too: the flusher, if it waits for their bound,
+            // finds nothing due when it wakes.
+            queue.deferred_since = None;
             let batches = std::mem::take(&mut queue.batches);
             drop(queue);
             self.shared.flush_taken(batches);
