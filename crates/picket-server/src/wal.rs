@@ -165,6 +165,12 @@ struct Queue {
     deferred_since: Option<Instant>,
     /// How long a deferred record may wait; `None` is [`MAX_SYNC_DEFER`] (tests lengthen it).
     max_defer: Option<Duration>,
+    /// A deferred record was appended since the flusher last looked (see `wait_for_work`).
+    deferred_seen: bool,
+    /// The flusher waits with a timeout no longer than a deferred record's bound, so it looks
+    /// at the queue again in time for any deferred record appended meanwhile: appending one
+    /// need not wake it.
+    flusher_timed: bool,
     closed: bool,
     failed: Option<String>,
     /// A batch is being written and synced (by the flusher, or inline by a writer): nothing
@@ -489,6 +495,7 @@ impl Wal {
         if first_deferred {
             queue.deferred_since = Some(Instant::now());
         }
+        queue.deferred_seen |= sync == Some(Urgency::Soon);
         let replaces_none = replaces.is_none();
         let awaited = usize::from(completion.is_some() && sync != Some(Urgency::Soon));
         let continues = queue.batches.back().is_some_and(|last| {
@@ -532,7 +539,7 @@ impl Wal {
             self.shared.flush_taken(batches);
             return Ok(());
         }
-        let wake = (urgent && !queue.urgent) || first_deferred;
+        let wake = (urgent && !queue.urgent) || (first_deferred && !queue.flusher_timed);
         queue.urgent |= urgent;
         drop(queue);
         // Woken after the lock is released, so the flusher does not wake only to wait for it.
@@ -637,9 +644,16 @@ fn run_flusher(shared: &Shared) {
 
 /// Waits until a sync is due: an urgent record, a deferred one that has waited
 /// [`MAX_SYNC_DEFER`], or the log closing.
+///
+/// While deferred records keep coming (a contended lock queues one acquire per handoff, and the
+/// release's writer usually syncs it itself), the flusher looks at the queue once per bound
+/// instead of being woken for each of them and then again by its timer: two thread wake-ups
+/// per handoff become one per millisecond. It waits without a timeout once a whole bound passed
+/// with no deferred record.
 fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
     let mut queue = shared.queue();
     loop {
+        queue.flusher_timed = false;
         if queue.flushing {
             // A writer syncs its own record; it wakes the flusher when it is done.
             queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -648,18 +662,26 @@ fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
         if queue.urgent || queue.closed {
             return queue;
         }
-        let Some(since) = queue.deferred_since else {
-            queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
-            continue;
-        };
         let now = Instant::now();
-        let due = since + queue.max_defer.unwrap_or(MAX_SYNC_DEFER);
-        if now >= due {
-            return queue;
-        }
+        let max_defer = queue.max_defer.unwrap_or(MAX_SYNC_DEFER);
+        let until = match queue.deferred_since {
+            Some(since) if now >= since + max_defer => return queue,
+            Some(since) => since + max_defer,
+            // Deferred records came since the last look: more are likely, so look again within
+            // a bound rather than be woken for the next one.
+            None if queue.deferred_seen => {
+                queue.deferred_seen = false;
+                now + max_defer
+            }
+            None => {
+                queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+        };
+        queue.flusher_timed = true;
         queue = shared
             .wake
-            .wait_timeout(queue, due - now)
+            .wait_timeout(queue, until - now)
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .0;
     }

@@ -39,6 +39,41 @@ fn a_deferred_record_is_synced_when_its_wait_runs_out() {
     assert_eq!(records.last().map(Vec::as_slice), Some(&b"queued waiter"[..]));
 }
 
+/// Once deferred records come, the flusher looks at the queue once per bound instead of being
+/// woken for each: a deferred record appended while it waits so is not woken for, and is still
+/// synced within its bound.
+#[test]
+fn a_deferred_record_appended_while_the_flusher_waits_timed_is_synced_without_a_wake() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
+    // Long enough that the flusher is surely seen in its timed wait, short for the test.
+    wal.shared.queue().max_defer = Some(Duration::from_millis(300));
+    let (first, first_done) = done();
+    wal.append(b"first waiter", Some(first), Urgency::Soon).expect("queued");
+    first_done.recv_timeout(Duration::from_secs(10)).expect("synced in time").expect("durable");
+    // After that sync the flusher waits one more bound for further deferred records.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut queue = wal.shared.queue();
+    while !queue.flusher_timed {
+        assert!(Instant::now() < deadline, "the flusher never waited with a timeout");
+        drop(queue);
+        std::thread::yield_now();
+        queue = wal.shared.queue();
+    }
+    drop(queue);
+    let before = syncs(&wal);
+    let (second, second_done) = done();
+    wal.append(b"second waiter", Some(second), Urgency::Soon).expect("queued");
+    second_done.recv_timeout(Duration::from_secs(10)).expect("synced in time").expect("durable");
+    assert_eq!(syncs(&wal), before + 1);
+    // A whole bound with no deferred record: the flusher waits without a timeout again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wal.shared.queue().flusher_timed || wal.shared.queue().deferred_seen {
+        assert!(Instant::now() < deadline, "the flusher kept waking");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A log in `dir` holding one deferred record, which waits up to ten minutes for a sync to
 /// share; its sync count before that record, and the record's completion.
 fn with_a_deferred_record(dir: &Path) -> (Wal, u64, mpsc::Receiver<io::Result<()>>) {
