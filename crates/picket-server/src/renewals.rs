@@ -563,16 +563,32 @@ mod tests {
         );
     }
 
+    /// A clock read from a script file (rate 1, no jump yet), the file, and the directory that
+    /// holds it (removed when dropped).
+    fn scripted_clock() -> (tempfile::TempDir, std::path::PathBuf, Clock) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let script = dir.path().join("clock");
+        std::fs::write(&script, "rate=1 jump_ms=0").expect("written");
+        let clock = Clock::new(&ClockSource::Scripted(script.clone()));
+        (dir, script, clock)
+    }
+
+    /// Jumps the scripted clock 4 s forward, so that one interval gives a rate, and waits until
+    /// the clock shows it.
+    fn jump_4_s(script: &std::path::Path, clock: &Clock) {
+        std::fs::write(script, "rate=1 jump_ms=4000").expect("written");
+        while clock.source_ms() < 4_000.0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// Review of issue 21: a keepalive was noted on arrival without its lease by its client's
     /// clock, so a tick taken while the leader confirmed its lease renewed the session for the
     /// TTL only, and if the keepalive was then never answered (leadership lost) the longer
     /// lease never came. It is noted with that lease on arrival.
     #[test]
     fn a_keepalive_is_noted_with_its_client_clock_lease_on_arrival() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let script = dir.path().join("clock");
-        std::fs::write(&script, "rate=1 jump_ms=0").expect("written");
-        let clock = Clock::new(&ClockSource::Scripted(script.clone()));
+        let (_dir, script, clock) = scripted_clock();
         let renewals = Renewals::default();
         let arrive = |clock_ms: f64| {
             let reading = Some(ClientReading { clock_id: 9, clock_ms });
@@ -582,10 +598,7 @@ mod tests {
         assert_eq!(arrive(0.0), None, "one reading is no rate yet");
         renewals.take(&clock, &GapWatch::default(), 10);
         // Four seconds of the node's clock pass while two pass on the client's.
-        std::fs::write(&script, "rate=1 jump_ms=4000").expect("written");
-        while clock.source_ms() < 4_000.0 {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        jump_4_s(&script, &clock);
         let rate = arrive(2_000.0).expect("a rate from one interval");
         assert!((rate - 0.5).abs() < 0.01, "{rate}");
         let taken_before_the_answer = renewals.take(&clock, &GapWatch::default(), 10);
@@ -602,16 +615,10 @@ mod tests {
     /// recorded, and the first keepalive pairs with it.
     #[test]
     fn a_reading_sent_with_an_open_pairs_with_the_first_keepalive() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let script = dir.path().join("clock");
-        std::fs::write(&script, "rate=1 jump_ms=0").expect("written");
-        let clock = Clock::new(&ClockSource::Scripted(script.clone()));
+        let (_dir, script, clock) = scripted_clock();
         let renewals = Renewals::default();
         renewals.note_reading(&clock, Some("worker"), ClientReading { clock_id: 3, clock_ms: 0.0 });
-        std::fs::write(&script, "rate=1 jump_ms=4000").expect("written");
-        while clock.source_ms() < 4_000.0 {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        jump_4_s(&script, &clock);
         let first_keepalive = Some(ClientReading { clock_id: 3, clock_ms: 2_000.0 });
         let rate = renewals
             .note_arrival(&clock, &[SessionId(1)], (Some("worker"), first_keepalive), |_| {
