@@ -7,15 +7,16 @@
 //!                                                             fdatasync, then the completions
 //! ```
 //!
-//! One record at a time (a lone Raft entry on a quiet log: the last sync served one waiting
-//! record and no other arrived during it), the writer writes and syncs it itself, with whatever
+//! One record at a time (a lone Raft entry on a quiet log: the last sync served at most one
+//! awaited, not deferred, record and no other arrived during it), the writer writes and syncs it itself, with whatever
 //! rides along, instead of waking the flusher and being woken back: two thread hand-offs fewer
 //! on the path of every write (one client's acquire p50 0.24 → 0.20 ms, BENCHMARKS.md). A batch
 //! of entries ends the quiet, and the flusher's group commit takes over until a sync of its own
 //! finds the load one record at a time again. Deferred records (a queued acquire, which nobody
 //! waits on) neither end the quiet nor keep the writer from syncing: it takes them along, which
 //! under contention saves each handoff's release the trip to the flusher and back (8 clients'
-//! handoffs ×1.06 and ×1.09 in two interleaved runs, BENCHMARKS.md). Only one batch is ever being written, by either.
+//! handoffs ×1.06 and ×1.09 in two interleaved runs, BENCHMARKS.md). Only one batch is ever
+//! being written, by either.
 //! A leader with followers turns this off ([`Wal::allow_inline_sync`]): its core must send each
 //! entry to them while its own sync runs, not after it.
 //!
@@ -104,8 +105,8 @@ pub enum Urgency {
     /// As soon as the flusher is free.
     Now,
     /// As [`Urgency::Now`], for a record that is all its writer has to write (one Raft entry,
-    /// not a batch of them): on a quiet log (the last sync served one waiting record and
-    /// nothing waiting arrived during it) the writer syncs it itself, with whatever rides
+    /// not a batch of them): on a quiet log (the last sync served at most one awaited record,
+    /// that is one not deferred, and no other arrived during it) the writer syncs it itself, with whatever rides
     /// along, instead of waking the flusher thread and being woken back, two thread hand-offs
     /// on the path of every write. A record with [`Urgency::Now`] and a completion means
     /// writes come in batches, and ends the quiet until the flusher finds it again.
@@ -165,7 +166,8 @@ struct Queue {
     deferred_since: Option<Instant>,
     /// How long a deferred record may wait; `None` is [`MAX_SYNC_DEFER`] (tests lengthen it).
     max_defer: Option<Duration>,
-    /// A deferred record was appended since the flusher last looked (see `wait_for_work`).
+    /// A deferred record was appended since the flusher last found none queued (see
+    /// `wait_for_work`).
     deferred_seen: bool,
     /// The flusher waits with a timeout no longer than a deferred record's bound, so it looks
     /// at the queue again in time for any deferred record appended meanwhile: appending one
@@ -489,7 +491,8 @@ impl Wal {
         if sync == Some(Urgency::Now) && completion.is_some() {
             queue.quiet = false;
         }
-        // The first deferred record wakes the flusher too, so it starts its bounded wait.
+        // The first deferred record wakes the flusher too, so it starts its bounded wait, unless
+        // the flusher already waits with a timeout (it then looks again within the bound).
         let first_deferred =
             sync == Some(Urgency::Soon) && !queue.urgent && queue.deferred_since.is_none();
         if first_deferred {
