@@ -209,13 +209,19 @@ impl RateEstimate {
         self.peers.iter().filter_map(|(peer, rate)| Some((*peer, self.fresh_rate(rate)?))).collect()
     }
 
-    /// A peer's rate, if it has enough readings and the last is recent: within
-    /// [`STALE_MS`], or [`STALE_SPEEDING_UP_MS`] for a rate above 1.
+    /// A peer's rate, if it has enough readings and the last is within [`STALE_MS`]. A rate
+    /// above 1 counts as 1 once it is older than [`STALE_SPEEDING_UP_MS`]: the peer's clock was
+    /// seen running at least as fast as the leader's, it only no longer speeds the leader up.
+    /// (Found by CI: counted as unread instead, a follower whose rate was just above 1 and
+    /// whose readings were dropped for 700 ms on a loaded machine left the leader and one slow
+    /// follower of three, and the slower of those two slowed the leader down.)
     fn fresh_rate(&self, peer: &PeerRate) -> Option<f64> {
         let unread_ms = self.now_ms - peer.ratio_at_ms;
         let rate = peer.window.rate()?;
-        let stale_after_ms = if rate > 1.0 { STALE_SPEEDING_UP_MS } else { STALE_MS };
-        (unread_ms <= stale_after_ms).then_some(rate)
+        if unread_ms > STALE_MS {
+            return None;
+        }
+        Some(if rate > 1.0 && unread_ms > STALE_SPEEDING_UP_MS { 1.0 } else { rate })
     }
 
     /// Forgets every peer not in `voters`.
@@ -762,6 +768,37 @@ mod tests {
         feed(&mut slowing, 3, 0.5, 6);
         slowing.next_round(slowing.now_ms + STALE_SPEEDING_UP_MS + 1.0);
         assert!((slowing.factor(1, &all) - 0.5).abs() < 0.01, "rates below 1 last longer");
+    }
+
+    /// Found by CI (`slow_or_fast_leader_clock_is_corrected_by_its_peers_clocks`): one
+    /// follower's clock ran at 0.5 while the other's, read just above 1, went unread for 700 ms
+    /// on a loaded machine. That rate was dropped as unread, and the slower of the two clocks
+    /// left (the leader's and the slow follower's) slowed the leader down: one faulty clock of
+    /// three moved the cluster's time.
+    #[test]
+    fn one_slow_follower_of_three_moves_nothing_while_the_other_is_unread_for_a_moment() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 1.001, 6);
+        feed(&mut estimate, 3, 0.5, 6);
+        let all = voters(&[1, 2, 3]);
+        assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "both peers read");
+        // Only 3 is read from here on, every 500 ms.
+        let read_3_until = |estimate: &mut RateEstimate, until_ms: f64| {
+            let mut sent_ms = estimate.now_ms + 498.0;
+            while sent_ms < until_ms {
+                estimate.record(3, sent_ms, sent_ms + 2.0, 50_000.0 + (sent_ms + 1.0) * 0.5);
+                sent_ms += 500.0;
+            }
+        };
+        let read_2_ms = estimate.peers[&2].ratio_at_ms;
+        read_3_until(&mut estimate, read_2_ms + STALE_SPEEDING_UP_MS + 600.0);
+        assert!((estimate.factor(1, &all) - 1.0).abs() < 1e-9, "2 unread for a moment");
+        assert!((estimate.peer_rates()[&2] - 1.0).abs() < 1e-9, "it counts at 1");
+        read_3_until(&mut estimate, read_2_ms + STALE_MS + 600.0);
+        assert!(
+            (estimate.factor(1, &all) - 0.5).abs() < 0.01,
+            "2 unread for 30 s is down: the leader follows the clocks it can read"
+        );
     }
 
     #[test]
