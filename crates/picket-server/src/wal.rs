@@ -169,10 +169,13 @@ struct Queue {
     /// A deferred record was appended since the flusher last found none queued (see
     /// `wait_for_work`).
     deferred_seen: bool,
-    /// The flusher waits with a timeout no longer than a deferred record's bound, so it looks
-    /// at the queue again in time for any deferred record appended meanwhile: appending one
-    /// need not wake it.
-    flusher_timed: bool,
+    /// When the flusher's timed wait ends, while it waits with one: no later than a deferred
+    /// record's bound from when the wait began, so it looks at the queue again in time for any
+    /// deferred record appended meanwhile, and appending one need not wake it.
+    flusher_until: Option<Instant>,
+    /// How many times an append woke the flusher (tests only).
+    #[cfg(test)]
+    wakes: u64,
     closed: bool,
     failed: Option<String>,
     /// A batch is being written and synced (by the flusher, or inline by a writer): nothing
@@ -491,8 +494,9 @@ impl Wal {
         if sync == Some(Urgency::Now) && completion.is_some() {
             queue.quiet = false;
         }
-        // The first deferred record wakes the flusher too, so it starts its bounded wait, unless
-        // the flusher already waits with a timeout (it then looks again within the bound).
+        // The first deferred record queued wakes the flusher too, so it starts its bounded wait,
+        // unless the flusher already waits with a timeout (it then looks again within the
+        // bound) or a sync is being written (its end wakes the flusher for what is queued).
         let first_deferred =
             sync == Some(Urgency::Soon) && !queue.urgent && queue.deferred_since.is_none();
         if first_deferred {
@@ -542,8 +546,13 @@ impl Wal {
             self.shared.flush_taken(batches);
             return Ok(());
         }
-        let wake = (urgent && !queue.urgent) || (first_deferred && !queue.flusher_timed);
+        let wake = !queue.flushing
+            && ((urgent && !queue.urgent) || (first_deferred && queue.flusher_until.is_none()));
         queue.urgent |= urgent;
+        #[cfg(test)]
+        {
+            queue.wakes += u64::from(wake);
+        }
         drop(queue);
         // Woken after the lock is released, so the flusher does not wake only to wait for it.
         if wake {
@@ -650,23 +659,33 @@ fn run_flusher(shared: &Shared) {
 ///
 /// While deferred records keep coming (a contended lock queues one acquire per handoff, and the
 /// release's writer usually syncs it itself), the flusher looks at the queue once per bound
-/// instead of being woken for each of them and then again by its timer: two thread wake-ups
-/// per handoff become one per millisecond. It waits without a timeout once a whole bound passed
-/// with no deferred record.
+/// instead of being woken for each of them and then again by its timer (about one thread
+/// wake-up per handoff, two when handoffs are more than a bound apart). That holds while a
+/// writer syncs its own record too. It waits without a timeout once a whole bound passed with
+/// no deferred record.
 fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
     let mut queue = shared.queue();
     loop {
-        queue.flusher_timed = false;
+        queue.flusher_until = None;
+        let now = Instant::now();
+        let max_defer = queue.max_defer.unwrap_or(MAX_SYNC_DEFER);
         if queue.flushing {
-            // A writer syncs its own record; it wakes the flusher when it is done.
-            queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
+            // A writer syncs its own batch; its end wakes the flusher if a sync is due or a
+            // deferred record waits (`Shared::flush_taken`), and appends meanwhile wake nobody.
+            // While deferred records come, the flusher still waits timed here, so that the
+            // first one appended after the writer is done need not wake it either (found in
+            // review: a timer that fired during a writer's sync left the flusher waiting
+            // untimed, to be woken by the next queued acquire).
+            if std::mem::take(&mut queue.deferred_seen) {
+                queue = wait_until(shared, queue, now + max_defer);
+            } else {
+                queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
             continue;
         }
         if queue.urgent || queue.closed {
             return queue;
         }
-        let now = Instant::now();
-        let max_defer = queue.max_defer.unwrap_or(MAX_SYNC_DEFER);
         let until = match queue.deferred_since {
             Some(since) if now >= since + max_defer => return queue,
             Some(since) => since + max_defer,
@@ -681,13 +700,19 @@ fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
                 continue;
             }
         };
-        queue.flusher_timed = true;
-        queue = shared
-            .wake
-            .wait_timeout(queue, until - now)
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0;
+        queue = wait_until(shared, queue, until);
     }
+}
+
+/// The flusher's timed wait: until `until` or a wake, whichever comes first.
+fn wait_until<'a>(
+    shared: &'a Shared,
+    mut queue: MutexGuard<'a, Queue>,
+    until: Instant,
+) -> MutexGuard<'a, Queue> {
+    queue.flusher_until = Some(until);
+    let timeout = until.saturating_duration_since(Instant::now());
+    shared.wake.wait_timeout(queue, timeout).unwrap_or_else(std::sync::PoisonError::into_inner).0
 }
 
 /// Writes `batches` in order, syncing each segment once after its last batch, and fires each

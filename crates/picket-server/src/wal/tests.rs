@@ -39,39 +39,109 @@ fn a_deferred_record_is_synced_when_its_wait_runs_out() {
     assert_eq!(records.last().map(Vec::as_slice), Some(&b"queued waiter"[..]));
 }
 
+/// Waits until the flusher of `wal` is in a timed wait; returns when that wait ends.
+fn flusher_waits_timed(wal: &Wal) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(until) = wal.shared.queue().flusher_until {
+            return until;
+        }
+        assert!(Instant::now() < deadline, "the flusher never waited with a timeout");
+        std::thread::yield_now();
+    }
+}
+
 /// Once deferred records come, the flusher looks at the queue once per bound instead of being
-/// woken for each: a deferred record appended while it waits so is not woken for, and is still
-/// synced within its bound.
+/// woken for each: a deferred record appended while it waits so wakes nobody, and the
+/// flusher's wait ends within that record's bound. (This used to catch a 300 ms timed wait
+/// and accept any sync within ten seconds, which passes a flusher woken for every record.)
 #[test]
 fn a_deferred_record_appended_while_the_flusher_waits_timed_is_synced_without_a_wake() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
-    // Long enough that the flusher is surely seen in its timed wait, short for the test.
-    wal.shared.queue().max_defer = Some(Duration::from_millis(300));
-    let (first, first_done) = done();
-    wal.append(b"first waiter", Some(first), Urgency::Soon).expect("queued");
-    first_done.recv_timeout(Duration::from_secs(10)).expect("synced in time").expect("durable");
-    // After that sync the flusher waits one more bound for further deferred records.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut queue = wal.shared.queue();
-    while !queue.flusher_timed {
-        assert!(Instant::now() < deadline, "the flusher never waited with a timeout");
-        drop(queue);
-        std::thread::yield_now();
-        queue = wal.shared.queue();
-    }
-    drop(queue);
-    let before = syncs(&wal);
+    let (mut wal, before, first_done) = with_a_deferred_record(dir.path());
+    let first_until = flusher_waits_timed(&wal);
+    // A release's writer takes the queued acquire into its own sync, as under contention.
+    let (release, release_done) = done();
+    wal.append(b"release", Some(release), Urgency::Alone).expect("written");
+    release_done.try_recv().expect("synced by its writer").expect("durable");
+    first_done.try_recv().expect("synced with it").expect("durable");
+    let wakes = wal.shared.queue().wakes;
     let (second, second_done) = done();
     wal.append(b"second waiter", Some(second), Urgency::Soon).expect("queued");
-    second_done.recv_timeout(Duration::from_secs(10)).expect("synced in time").expect("durable");
-    assert_eq!(syncs(&wal), before + 1);
-    // A whole bound with no deferred record: the flusher waits without a timeout again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while wal.shared.queue().flusher_timed || wal.shared.queue().deferred_seen {
-        assert!(Instant::now() < deadline, "the flusher kept waking");
-        std::thread::sleep(Duration::from_millis(10));
+    {
+        let queue = wal.shared.queue();
+        assert_eq!(queue.wakes, wakes, "appending a deferred record woke the timed flusher");
+        let since = queue.deferred_since.expect("the second record waits");
+        let until = queue.flusher_until.expect("the flusher still waits timed");
+        assert!(until <= since + Duration::from_secs(600), "the flusher looks too late");
+        assert!(until <= first_until, "the flusher's wait was not restarted");
     }
+    assert!(second_done.try_recv().is_err(), "synced before any sync");
+    // An urgent record ends the wait; both share its sync.
+    append_and_wait(&mut wal, b"next release");
+    second_done.recv().expect("completed").expect("durable");
+    assert_eq!(syncs(&wal), before + 2, "the release's sync and the urgent record's");
+}
+
+/// A deferred record synced within its bound with nothing to share a sync with: after that
+/// sync the flusher waits one more bound for further deferred records, then untimed again, so
+/// an idle log stops waking it.
+#[test]
+fn after_a_bound_without_deferred_records_the_flusher_waits_untimed() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut wal, _) = open(dir.path(), SEGMENT_BYTES);
+    wal.shared.queue().max_defer = Some(Duration::from_millis(20));
+    let (first, first_done) = done();
+    wal.append(b"queued waiter", Some(first), Urgency::Soon).expect("queued");
+    first_done.recv_timeout(Duration::from_secs(10)).expect("synced in time").expect("durable");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queue = wal.shared.queue();
+        if queue.flusher_until.is_none() && !queue.deferred_seen && !queue.flushing {
+            break;
+        }
+        drop(queue);
+        assert!(Instant::now() < deadline, "the flusher kept waiting timed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Found in review: a flusher whose timer fired while a writer synced its own record waited
+/// untimed until the writer was done, so the next deferred record had to wake it. While
+/// deferred records come it waits timed there too, and appends during a sync wake nobody (the
+/// sync's end wakes the flusher for what is queued).
+#[test]
+fn the_flusher_waits_timed_while_a_writer_syncs_once_deferred_records_come() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut wal, before, first_done) = with_a_deferred_record(dir.path());
+    let first_until = flusher_waits_timed(&wal);
+    // A writer's own sync begins, and the flusher's timer fires during it.
+    wal.shared.queue().flushing = true;
+    wal.shared.wake.notify_one();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let until_during_sync = loop {
+        let until = wal.shared.queue().flusher_until;
+        if until != Some(first_until) || Instant::now() > deadline {
+            break until;
+        }
+        std::thread::yield_now();
+    };
+    let wakes = wal.shared.queue().wakes;
+    let (second, second_done) = done();
+    wal.append(b"second waiter", Some(second), Urgency::Soon).expect("queued");
+    let (urgent, urgent_done) = done();
+    wal.append(b"a batch", Some(urgent), Urgency::Now).expect("queued");
+    let wakes_after = wal.shared.queue().wakes;
+    // The writer's sync ends and wakes the flusher, which takes what is queued.
+    wal.shared.queue().flushing = false;
+    wal.shared.wake.notify_one();
+    urgent_done.recv().expect("completed").expect("durable");
+    first_done.recv().expect("completed").expect("durable");
+    second_done.recv().expect("completed").expect("durable");
+    assert_eq!(syncs(&wal), before + 1, "one sync for the three");
+    assert_ne!(until_during_sync, Some(first_until), "the flusher never woke");
+    assert!(until_during_sync.is_some(), "the flusher waited untimed during the writer's sync");
+    assert_eq!(wakes_after, wakes, "appending during a sync woke the flusher");
 }
 
 /// A log in `dir` holding one deferred record, which waits up to ten minutes for a sync to
@@ -576,7 +646,8 @@ fn erasing_without_a_mark_changes_nothing() {
 }
 
 /// The writer's own sync (a lone record on a quiet log) fails as the flusher's does: the
-/// record's completion gets the error before `append` returns, nothing after it is accepted, and
+/// record's completion, and that of the deferred record it took along, get the error before
+/// `append` returns, nothing after it is accepted, and
 /// after a power cut the log holds exactly what was acknowledged.
 #[test]
 fn a_failed_sync_by_the_writer_itself_acknowledges_nothing_and_stops_the_log() {
@@ -594,14 +665,20 @@ fn a_failed_sync_by_the_writer_itself_acknowledges_nothing_and_stops_the_log() {
         assert!(std::time::Instant::now() < deadline, "the flusher never became idle");
         std::thread::yield_now();
     }
+    // A queued acquire rides in the writer's sync: it fails with it.
+    wal.shared.queue().max_defer = Some(Duration::from_secs(600));
+    let (deferred, deferred_done) = done();
+    wal.append(b"queued waiter", Some(deferred), Urgency::Soon).expect("queued");
     std::fs::write(&trigger, b"").expect("written");
     let (completion, receiver) = done();
     wal.append(b"two", Some(completion), Urgency::Alone).expect("written by its writer");
-    let error = receiver
-        .try_recv()
-        .expect("completed before append returned")
-        .expect_err("a failed sync is not durable");
-    assert!(error.to_string().contains("os error 5"), "{error}");
+    for receiver in [receiver, deferred_done] {
+        let error = receiver
+            .try_recv()
+            .expect("completed before append returned")
+            .expect_err("a failed sync is not durable");
+        assert!(error.to_string().contains("os error 5"), "{error}");
+    }
     std::fs::remove_file(&trigger).expect("removed");
     assert_stopped_holding_one(wal, dir.path(), &synced_mark, Urgency::Alone);
 }
