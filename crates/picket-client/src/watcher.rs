@@ -21,6 +21,7 @@ use crate::state::{self, SessionState};
 use crate::transport::WeakTransport;
 use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
 use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -40,18 +41,30 @@ pub(crate) const COVER_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct SessionWatcher {
     state: Mutex<State>,
     changed: Notify,
-    /// The newest registration generation that a live stream covers.
-    covered: watch::Sender<u64>,
+    /// Bumped whenever coverage changes, for [`SessionWatcher::covered`] to look again.
+    coverage_changed: watch::Sender<u64>,
     coverage: Mutex<Coverage>,
 }
 
 /// The pieces whose stream is not open yet, for [`SessionWatcher::covered`].
 #[derive(Debug, Default)]
 struct Coverage {
-    /// By piece: the lowest registration generation that no open stream covers but its own.
-    starting: HashMap<u64, u64>,
+    /// By piece: the registration generations that no open stream covers but its own, its
+    /// batch's and those of the pieces it replaced before they opened.
+    starting: HashMap<u64, Vec<RangeInclusive<u64>>>,
     /// The newest generation a piece was started for.
     newest: u64,
+}
+
+impl Coverage {
+    /// Whether a live stream covers registration `generation`: its batch's pieces have all
+    /// started, and none still starting is to cover it. (A watermark below the oldest piece
+    /// still starting held every later open to the cover timeout while one piece could not
+    /// open, though its own piece was open: found in review.)
+    fn covers(&self, generation: u64) -> bool {
+        generation <= self.newest
+            && !self.starting.values().flatten().any(|range| range.contains(&generation))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -176,20 +189,28 @@ impl SessionWatcher {
     /// Waits until a stream covers registration `generation`, at most `timeout`. Returns false
     /// on timeout (the keepalive still protects the session meanwhile).
     pub(crate) async fn covered(&self, generation: u64, timeout: Duration) -> bool {
-        let mut covered = self.covered.subscribe();
-        tokio::time::timeout(timeout, covered.wait_for(|covered| *covered >= generation))
+        let mut changed = self.coverage_changed.subscribe();
+        let covers = |_: &u64| lock_coverage(&self.coverage).covers(generation);
+        tokio::time::timeout(timeout, changed.wait_for(covers))
             .await
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Piece `piece`, started for the registrations after `previous`, opens its stream; it
-    /// also covers what the not yet open pieces in `replaced` were to cover. Its stream drops
-    /// the guard returned once it is open.
-    fn piece_starting(self: &Arc<Self>, piece: u64, previous: u64, replaced: &[u64]) -> Starting {
+    /// Piece `piece`, started for the registrations of its batch (after `previous` up to
+    /// `generation`), opens its stream; it also covers what the not yet open pieces in
+    /// `replaced` were to cover. Its stream drops the guard returned once it is open.
+    fn piece_starting(
+        self: &Arc<Self>,
+        piece: u64,
+        (previous, generation): (u64, u64),
+        replaced: &[u64],
+    ) -> Starting {
         let mut coverage = lock_coverage(&self.coverage);
-        let inherited = replaced.iter().filter_map(|old| coverage.starting.remove(old)).min();
-        let lowest = inherited.map_or(previous + 1, |inherited| inherited.min(previous + 1));
-        coverage.starting.insert(piece, lowest);
+        let mut ranges = vec![previous + 1..=generation];
+        for old in replaced {
+            ranges.extend(coverage.starting.remove(old).into_iter().flatten());
+        }
+        coverage.starting.insert(piece, ranges);
         Starting { watcher: self.clone(), piece }
     }
 
@@ -202,23 +223,16 @@ impl SessionWatcher {
     }
 
     /// Piece `piece`'s stream is open (or the piece was dropped after a newer one covered it):
-    /// every registration below the lowest that a starting piece waits for is covered.
+    /// what it was to cover is covered.
     fn piece_started(&self, piece: u64) {
         lock_coverage(&self.coverage).starting.remove(&piece);
         self.update_covered();
     }
 
+    /// Tells the waiters in [`SessionWatcher::covered`] to look again. Called with the
+    /// coverage unlocked: they lock it while the channel is locked for them.
     fn update_covered(&self) {
-        let covered = {
-            let coverage = lock_coverage(&self.coverage);
-            coverage.starting.values().min().map_or(coverage.newest, |lowest| lowest - 1)
-        };
-        self.covered.send_if_modified(|current| {
-            (*current < covered) && {
-                *current = covered;
-                true
-            }
-        });
+        self.coverage_changed.send_modify(|version| *version = version.wrapping_add(1));
     }
 
     /// A registered session that is neither dropped nor lost.
@@ -277,7 +291,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             let piece = next_piece;
             next_piece += 1;
             let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
-            let starting = watcher.piece_starting(piece, previous, &replaced_ids);
+            let starting = watcher.piece_starting(piece, (previous, generation), &replaced_ids);
             let watch = Watch::replacing(&replaced);
             let stream = tokio::spawn(follow(
                 transport.downgrade(),
@@ -431,6 +445,40 @@ mod tests {
         // Opened, the piece asks about its own sessions: a piece replacing it later need not.
         assert!(piece.watch.clone().open(), "the piece's stream, once open, asks again");
         assert!(!Watch::replacing(std::slice::from_ref(&piece)).missed_events());
+    }
+
+    /// Found in review: coverage was a watermark below the oldest piece still starting, so while
+    /// one piece's stream could not open, every later session's open waited out the cover
+    /// timeout although its own piece was open. A registration is now covered once the pieces
+    /// that are to cover it are open; a piece that absorbs one not yet open takes its
+    /// registrations over.
+    #[tokio::test(start_paused = true)]
+    async fn a_piece_that_cannot_open_holds_back_only_its_own_registrations() {
+        let watcher = Arc::new(SessionWatcher::default());
+        let stuck = watcher.piece_starting(0, (0, 3), &[]);
+        watcher.batch_started(3);
+        let later = watcher.piece_starting(1, (3, 5), &[]);
+        let not_started_yet =
+            tokio::time::timeout(Duration::from_secs(1), watcher.covered(6, COVER_TIMEOUT));
+        assert!(not_started_yet.await.is_err(), "a batch not started is covered by nobody");
+        watcher.batch_started(5);
+        assert!(!watcher.covered(4, Duration::from_millis(100)).await, "its piece is not open");
+        drop(later);
+        assert!(watcher.covered(5, Duration::ZERO).await, "its own piece is open");
+        assert!(watcher.covered(4, Duration::ZERO).await);
+        assert!(!watcher.covered(3, Duration::from_millis(100)).await, "the stuck piece's");
+        // A piece absorbing the stuck one before it opened covers its registrations once open.
+        let absorber = watcher.piece_starting(2, (5, 6), &[0]);
+        watcher.batch_started(6);
+        drop(stuck);
+        assert!(!watcher.covered(2, Duration::from_millis(100)).await, "taken over, not open");
+        let waiting = tokio::spawn({
+            let watcher = watcher.clone();
+            async move { watcher.covered(2, COVER_TIMEOUT).await }
+        });
+        drop(absorber);
+        assert!(waiting.await.unwrap(), "a waiter hears when the absorber opens");
+        assert!(watcher.covered(6, Duration::ZERO).await);
     }
 
     /// Regression: the watcher's task waited for a registration that never came once its client
