@@ -18,9 +18,11 @@
 //! itself at 1, and a peer it has not read lately also at 1), so one faulty clock in three
 //! cannot speed the cluster's time up. It is slowed down to the median of the clocks it can
 //! read (the leader at 1 and the peers with a fresh rate, the slower middle value of an even
-//! count), so a fast leader with one voter of three down is still slowed; erring slower keeps
-//! sessions longer, never shorter. A peer keeps its rate for 30 s unread (a restart moves where
-//! its clock counts from, not how fast). A factor within [`DEADBAND`] of 1 is drift, not a
+//! count), so a fast leader with one voter of three down is still slowed, once that voter has
+//! gone 30 s unread (or was never read); erring slower keeps sessions longer, never shorter. A
+//! peer keeps its rate for 30 s unread, capped at 1 after 700 ms (a restart moves where its
+//! clock counts from, not how fast): a peer briefly unread on a loaded machine is not taken for
+//! one that is down, or one slow follower of three would slow the leader meanwhile. A factor within [`DEADBAND`] of 1 is drift, not a
 //! fault, and leaves it at 1 (see ARCHITECTURE.md, "Time").
 //!
 //! Everything here is a margin against a broken clock, not a safety rule: sessions and tokens do
@@ -203,7 +205,8 @@ impl RateEstimate {
         self.now_ms = self.now_ms.max(now_ms);
     }
 
-    /// Each peer's rate against the leader's clock, for those with enough readings.
+    /// Each peer's rate against the leader's clock, for those with enough readings read within
+    /// 30 s; a rate above 1 unread for 700 ms shows as 1, as it counts.
     #[must_use]
     pub fn peer_rates(&self) -> BTreeMap<NodeId, f64> {
         self.peers.iter().filter_map(|(peer, rate)| Some((*peer, self.fresh_rate(rate)?))).collect()
@@ -232,7 +235,8 @@ impl RateEstimate {
     /// The factor the leader's clock should run at; see the module documentation.
     ///
     /// Slowing down (the safe side) follows the median of the clocks it can read: the leader
-    /// at 1 and each voter with a fresh rate, the lower middle value of an even count. Speeding
+    /// at 1 and each voter with a fresh rate (read within 30 s, capped at 1 after 700 ms), the
+    /// lower middle value of an even count. Speeding
     /// up follows only the rate a majority of *all* voters run at or above, the leader and
     /// unread voters at 1. (Found in review: with unread voters at 1 in one median, a fast leader
     /// whose one peer of two was down was not slowed at all, the tie going to 1.)
