@@ -671,12 +671,14 @@ fn wait_for_work(shared: &Shared) -> MutexGuard<'_, Queue> {
         let max_defer = queue.max_defer.unwrap_or(MAX_SYNC_DEFER);
         if queue.flushing {
             // A writer syncs its own batch; its end wakes the flusher if a sync is due or a
-            // deferred record waits (`Shared::flush_taken`), and appends meanwhile wake nobody.
+            // deferred record waits (`Shared::flush_taken`).
             // While deferred records come, the flusher still waits timed here, so that the
             // first one appended after the writer is done need not wake it either (found in
             // review: a timer that fired during a writer's sync left the flusher waiting
             // untimed, to be woken by the next queued acquire).
-            if std::mem::take(&mut queue.deferred_seen) {
+            // Not consumed here: a sync longer than a bound keeps the flusher timed throughout;
+            // the idle branch below clears it once a whole bound passed without one.
+            if queue.deferred_seen {
                 queue = wait_until(shared, queue, now + max_defer);
             } else {
                 queue = shared.wake.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
