@@ -49,10 +49,10 @@ pub(crate) struct SessionWatcher {
 /// The pieces whose stream is not open yet, for [`SessionWatcher::covered`].
 #[derive(Debug, Default)]
 struct Coverage {
-    /// By piece: the registration generations that no open stream covers but its own, its
-    /// batch's and those of the pieces it replaced before they opened.
+    /// By piece: the registration generations that no open stream covers but its own: those
+    /// of its sessions, and those of the pieces it replaced before they opened.
     starting: HashMap<u64, Vec<RangeInclusive<u64>>>,
-    /// The newest generation a piece was started for.
+    /// The newest generation whose batch's pieces have all started.
     newest: u64,
 }
 
@@ -196,21 +196,21 @@ impl SessionWatcher {
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Piece `piece`, started for the registrations of its batch (after `previous` up to
-    /// `generation`), opens its stream; it also covers what the not yet open pieces in
-    /// `replaced` were to cover. Its stream drops the guard returned once it is open.
+    /// Piece `piece`, started for the registrations `own` (those of its new sessions), opens
+    /// its stream; it also covers what the not yet open pieces in `replaced` were to cover.
+    /// Its stream drops the guard returned once it is open.
     fn piece_starting(
         self: &Arc<Self>,
         piece: u64,
-        (previous, generation): (u64, u64),
+        own: RangeInclusive<u64>,
         replaced: &[u64],
     ) -> Starting {
         let mut coverage = lock_coverage(&self.coverage);
-        let mut ranges = vec![previous + 1..=generation];
+        let mut ranges = vec![own];
         for old in replaced {
             ranges.extend(coverage.starting.remove(old).into_iter().flatten());
         }
-        coverage.starting.insert(piece, ranges);
+        coverage.starting.insert(piece, coalesce(ranges));
         Starting { watcher: self.clone(), piece }
     }
 
@@ -222,8 +222,8 @@ impl SessionWatcher {
         self.update_covered();
     }
 
-    /// Piece `piece`'s stream is open (or the piece was dropped after a newer one covered it):
-    /// what it was to cover is covered.
+    /// Piece `piece`'s stream is open, or its task ended (an absorbed piece's ranges have
+    /// already moved to its absorber): what it was to cover is no longer waited for.
     fn piece_started(&self, piece: u64) {
         lock_coverage(&self.coverage).starting.remove(&piece);
         self.update_covered();
@@ -256,6 +256,22 @@ impl SessionWatcher {
     }
 }
 
+/// `ranges` sorted and merged where they touch or overlap: a piece that absorbed others holds
+/// a few ranges, not one per batch it inherited.
+fn coalesce(mut ranges: Vec<RangeInclusive<u64>>) -> Vec<RangeInclusive<u64>> {
+    ranges.sort_unstable_by_key(|range| *range.start());
+    let mut merged: Vec<RangeInclusive<u64>> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if *range.start() <= last.end().saturating_add(1) => {
+                *last = *last.start()..=*last.end().max(range.end());
+            }
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
 /// How often an idle watcher looks whether its client and sessions are all gone.
 const GONE_CHECK: Duration = Duration::from_secs(10);
 
@@ -285,13 +301,16 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             let mut state = lock(&watcher.state);
             (std::mem::take(&mut state.fresh), state.generation)
         };
-        for chunk in fresh.chunks(CHUNK) {
+        for (index, chunk) in fresh.chunks(CHUNK).enumerate() {
+            // `fresh` holds the registrations after `previous` in order, one generation each.
+            let first = previous + (index * CHUNK) as u64 + 1;
+            let last = first + chunk.len() as u64 - 1;
             let mut ids = chunk.to_vec();
             let replaced = absorb(&mut pieces, &mut ids);
             let piece = next_piece;
             next_piece += 1;
             let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
-            let starting = watcher.piece_starting(piece, (previous, generation), &replaced_ids);
+            let starting = watcher.piece_starting(piece, first..=last, &replaced_ids);
             let watch = Watch::replacing(&replaced);
             let stream = tokio::spawn(follow(
                 transport.downgrade(),
@@ -307,7 +326,7 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
                 let watcher = watcher.clone();
                 let gap = watch.own_gap();
                 tokio::spawn(async move {
-                    if !watcher.covered(generation, COVER_TIMEOUT).await {
+                    if !watcher.covered(last, COVER_TIMEOUT).await {
                         gap.store(true, Ordering::Release);
                     }
                     for old in replaced {
@@ -449,36 +468,51 @@ mod tests {
 
     /// Found in review: coverage was a watermark below the oldest piece still starting, so while
     /// one piece's stream could not open, every later session's open waited out the cover
-    /// timeout although its own piece was open. A registration is now covered once the pieces
-    /// that are to cover it are open; a piece that absorbs one not yet open takes its
-    /// registrations over.
+    /// timeout although its own piece was open. A registration is now covered once the piece
+    /// that is to cover it is open, and its batch has started; a piece that absorbs one not
+    /// yet open takes its registrations over.
     #[tokio::test(start_paused = true)]
     async fn a_piece_that_cannot_open_holds_back_only_its_own_registrations() {
         let watcher = Arc::new(SessionWatcher::default());
-        let stuck = watcher.piece_starting(0, (0, 3), &[]);
+        let stuck = watcher.piece_starting(0, 1..=3, &[]);
         watcher.batch_started(3);
-        let later = watcher.piece_starting(1, (3, 5), &[]);
-        let not_started_yet =
-            tokio::time::timeout(Duration::from_secs(1), watcher.covered(6, COVER_TIMEOUT));
-        assert!(not_started_yet.await.is_err(), "a batch not started is covered by nobody");
-        watcher.batch_started(5);
-        assert!(!watcher.covered(4, Duration::from_millis(100)).await, "its piece is not open");
+        // A batch of two chunks: the first to open cannot vouch for the batch before the
+        // second has started.
+        let later = watcher.piece_starting(1, 4..=5, &[]);
         drop(later);
+        assert!(!watcher.covered(5, Duration::from_millis(100)).await, "its batch is starting");
+        let sibling = watcher.piece_starting(2, 6..=7, &[]);
+        watcher.batch_started(7);
         assert!(watcher.covered(5, Duration::ZERO).await, "its own piece is open");
         assert!(watcher.covered(4, Duration::ZERO).await);
+        assert!(!watcher.covered(6, Duration::from_millis(100)).await, "its piece is not open");
+        drop(sibling);
+        assert!(watcher.covered(7, Duration::ZERO).await, "a sibling opens on its own");
         assert!(!watcher.covered(3, Duration::from_millis(100)).await, "the stuck piece's");
         // A piece absorbing the stuck one before it opened covers its registrations once open.
-        let absorber = watcher.piece_starting(2, (5, 6), &[0]);
-        watcher.batch_started(6);
+        let absorber = watcher.piece_starting(3, 8..=8, &[0]);
+        watcher.batch_started(8);
         drop(stuck);
         assert!(!watcher.covered(2, Duration::from_millis(100)).await, "taken over, not open");
         let waiting = tokio::spawn({
             let watcher = watcher.clone();
             async move { watcher.covered(2, COVER_TIMEOUT).await }
         });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiting.is_finished(), "the waiter waits for the absorber");
         drop(absorber);
         assert!(waiting.await.unwrap(), "a waiter hears when the absorber opens");
-        assert!(watcher.covered(6, Duration::ZERO).await);
+        for generation in [1, 3, 8] {
+            assert!(watcher.covered(generation, Duration::ZERO).await, "{generation}");
+        }
+    }
+
+    /// A piece's inherited registrations are merged where they touch, so a piece that absorbed
+    /// many holds a few ranges, not one per batch.
+    #[test]
+    fn ranges_that_touch_or_overlap_are_merged() {
+        assert_eq!(coalesce(vec![9..=9, 1..=3, 4..=5, 7..=8, 2..=2]), vec![1..=5, 7..=9]);
+        assert_eq!(coalesce(vec![5..=5]), vec![5..=5]);
     }
 
     /// Regression: the watcher's task waited for a registration that never came once its client
