@@ -671,6 +671,53 @@ mod tests {
         assert_eq!(node.await.unwrap().len(), 2);
     }
 
+    /// The not-sent rule at the moment it matters, without a race to win: a call whose frame
+    /// was cut off mid-write may have reached the node (it must not be sent again blindly), while
+    /// one queued behind it, none of it handed to the socket, is marked not sent. An in-memory
+    /// pipe of 64 bytes holds the write in the middle of the first frame until the node's end
+    /// goes away.
+    #[tokio::test]
+    async fn a_call_cut_off_mid_write_is_unknown_and_one_queued_behind_it_is_not_sent() {
+        let (client_end, mut node_end) = tokio::io::duplex(64);
+        let node = tokio::spawn(async move {
+            let mut opening = [0_u8; MAGIC.len()];
+            node_end.read_exact(&mut opening).await.unwrap();
+            node_end.write_all(MAGIC).await.unwrap();
+            node_end.write_all(&2_u32.to_le_bytes()).await.unwrap();
+            node_end.write_all(&(1_u32 << 20).to_le_bytes()).await.unwrap();
+            // Part of the first frame, then the pipe is full and the writer waits mid-frame.
+            let mut part = [0_u8; 16];
+            node_end.read_exact(&mut part).await.unwrap();
+            node_end
+        });
+        let connection = WireConnection::start(client_end, TIMEOUT).await.unwrap().unwrap();
+        let cut = tokio::spawn({
+            let connection = connection.clone();
+            async move { connection.call("/cut", HeaderMap::new(), Bytes::from(vec![7; 4096])).await }
+        });
+        let node_end = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
+        assert_eq!(
+            connection.shared().lock().handed_through,
+            1,
+            "the first frame is being written"
+        );
+        let queued = tokio::spawn({
+            let connection = connection.clone();
+            async move { connection.call("/queued", HeaderMap::new(), Bytes::new()).await }
+        });
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        while connection.shared().lock().waiting.len() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "the second call was never queued");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(connection.shared().lock().handed_through, 1, "the writer is still mid-frame");
+        drop(node_end);
+        let cut = tokio::time::timeout(TIMEOUT, cut).await.unwrap().unwrap().unwrap_err();
+        let queued = tokio::time::timeout(TIMEOUT, queued).await.unwrap().unwrap().unwrap_err();
+        assert!(!was_not_sent(&cut), "part of it went: it may have reached the node: {cut:?}");
+        assert!(was_not_sent(&queued), "none of it went: {queued:?}");
+    }
+
     /// A call given up on (its future or body dropped) is cancelled at the node, as an HTTP/2
     /// stream reset would; one answered whole is not.
     #[tokio::test]
