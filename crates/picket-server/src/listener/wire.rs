@@ -89,6 +89,13 @@ struct Callers {
 }
 
 impl Callers {
+    /// Judges the caller again by the TLS files in force now, if they were reloaded since.
+    fn judge_again(&mut self) {
+        if let Some(tls) = &self.tls {
+            tls.judge_again(&mut self.caller);
+        }
+    }
+
     /// The longest request this connection may send. A frame is read whole before its path is
     /// known, so a connection that may send Raft messages (a member's, judged again after a TLS
     /// reload, or any without TLS, where the `Raft` service admits everyone) may send frames as
@@ -133,9 +140,7 @@ impl Callers {
                 }
             }
         }
-        if let Some(tls) = &self.tls {
-            tls.judge_again(&mut self.caller);
-        }
+        self.judge_again();
         request.extensions_mut().insert(self.caller.clone());
         Some(request)
     }
@@ -290,6 +295,10 @@ pub(super) async fn serve_wire<Io>(
                 }
             }
         }
+        // Judged again before the bound too: a member dropped by a reload of the peer CA may
+        // no longer send frames of a Raft message's length on a connection it already has,
+        // from its first frame after the reload, not its second.
+        callers.judge_again();
         let max_frame_bytes = callers.max_message_bytes(&serving) + FRAME_OVERHEAD_BYTES;
         while reading && book.waiting.len() < max_calls {
             let frame = match Frame::decode(&mut buffer, max_frame_bytes) {
