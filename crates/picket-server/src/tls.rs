@@ -10,6 +10,7 @@
 
 use picket_proto::tls::{self as files, ClientTls, TlsError};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::reload::WatchedFiles;
@@ -71,6 +72,9 @@ pub(crate) struct Loaded {
 pub struct ServerTls {
     files: TlsFiles,
     loaded: RwLock<Arc<Loaded>>,
+    /// The generation of `loaded`, read without its lock: the wire listener asks before every
+    /// frame whether a caller must be judged again, and the answer is nearly always no.
+    generation: AtomicU64,
     to_peers: ClientTls,
     watched: WatchedFiles,
 }
@@ -130,6 +134,7 @@ impl ServerTls {
         Ok(Self {
             files,
             loaded: RwLock::new(Arc::new(loaded)),
+            generation: AtomicU64::new(0),
             to_peers: ClientTls::new(to_peers),
             watched,
         })
@@ -143,6 +148,9 @@ impl ServerTls {
     /// `caller` as the files in force now judge it: a connection opened before a reload (a peer
     /// CA rotated to drop a member, say) is judged again, once, by the new files.
     pub(crate) fn judge_again(&self, caller: &mut Caller) {
+        if caller.judged_by == self.generation.load(Ordering::Acquire) {
+            return;
+        }
         let loaded = self.current();
         if caller.judged_by == loaded.generation {
             return;
@@ -168,6 +176,7 @@ impl ServerTls {
                 let mut current =
                     self.loaded.write().unwrap_or_else(std::sync::PoisonError::into_inner);
                 loaded.generation = current.generation + 1;
+                self.generation.store(loaded.generation, Ordering::Release);
                 *current = Arc::new(loaded);
                 drop(current);
                 self.to_peers.replace(to_peers);

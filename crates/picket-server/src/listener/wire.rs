@@ -140,7 +140,7 @@ impl Callers {
                 }
             }
         }
-        self.judge_again();
+        // Judged again by `serve_wire` before this frame was read.
         request.extensions_mut().insert(self.caller.clone());
         Some(request)
     }
