@@ -13,7 +13,10 @@
 //! clock's source (before any peer-rate factor) at their arrival; the clock's rate against the
 //! source is the median of its last three such ratios, and above 1 only as far as the two
 //! newest agree ([`crate::rate::RatioWindow`]); before there are three, the lowest so far (it
-//! only ever lengthens a lease). A rate is divided by the peer-rate factor in force when a tick
+//! only ever lengthens a lease). A clock's first ratio may come from a shorter interval (at
+//! least [`MIN_FIRST_INTERVAL_MS`]) where that shows the client's clock clearly slower, counted
+//! slower still by the delay it may hide, so a client whose TTL is under 6 s (keepalives under
+//! 2 s apart) is not left to a fast leader's clock until its second keepalive. A rate is divided by the peer-rate factor in force when a tick
 //! is taken ([`ClockLease::lease_ms`]). When the factor changes, the source's own rate has
 //! usually changed against the peers' clocks, so each clock's ratios start again from its next
 //! reading ([`ClientClocks::restart`]): kept, the ratios from before the change would lag it
@@ -53,6 +56,12 @@ pub const MAX_CLOCKS_PER_PRINCIPAL: usize = MAX_CLIENT_CLOCKS / 4;
 /// Two readings of one clock closer than this (the node's clock) are not paired: a keepalive's
 /// one-way delay varies by milliseconds, and over two seconds 20 ms of it is 1 %.
 const MIN_INTERVAL_MS: f64 = 2_000.0;
+/// The shortest interval (the node's clock) a clock's first ratio may come from, where it
+/// shows the client's clock clearly slower (see `ClientClock::first_short_ratio`).
+const MIN_FIRST_INTERVAL_MS: f64 = 500.0;
+/// How far the one-way delays of the two readings of a first short interval are taken to
+/// differ, either way: the 1 % of [`MIN_INTERVAL_MS`].
+const FIRST_INTERVAL_SPREAD_MS: f64 = 20.0;
 /// A clock read within this long counts in [`ClientClocks::off_rate`].
 const RECENT_MS: f64 = 60_000.0;
 
@@ -169,8 +178,9 @@ impl ClientClocks {
     /// received at `source_ms` of the node's clock source, whose lock time runs at `factor` times
     /// it. Returns the clock's rate against the source for its sessions' leases: the median of
     /// three ratios, or before there are three the lowest there is. A lease is only ever
-    /// lengthened by it, the safe side, so one interval (2 s) is enough to start, where three
-    /// (6 s) left a new client's sessions to the fast leader's clock for a whole TTL.
+    /// lengthened by it, the safe side, so one interval (2 s, or a shorter first one that shows
+    /// a clearly slower clock) is enough to start, where three (6 s) left a new client's
+    /// sessions to the fast leader's clock for a whole TTL.
     /// (Whether it runs at another rate, logged and counted, waits for three.)
     pub fn record(
         &mut self,
@@ -215,7 +225,7 @@ impl ClientClocks {
         clocks.by_recency.insert(sequence, reading.clock_id);
         clock.sequence = sequence;
         clock.read_at_ms = source_ms;
-        clock.observe(reading.clock_ms, source_ms);
+        clock.observe(reading.clock_ms, source_ms, factor);
         let source_rate = clock.window.rate();
         let off = source_rate.is_some_and(|rate| (rate / factor - 1.0).abs() > DEADBAND);
         if off != clock.off {
@@ -302,7 +312,7 @@ impl PrincipalClocks {
 }
 
 impl ClientClock {
-    fn observe(&mut self, client_ms: f64, source_ms: f64) {
+    fn observe(&mut self, client_ms: f64, source_ms: f64, factor: f64) {
         let ours_ms = source_ms - self.source_ms;
         if ours_ms < 0.0 || self.restarted {
             self.restarted = false;
@@ -312,10 +322,16 @@ impl ClientClock {
             self.source_ms = source_ms;
             return;
         }
+        let theirs_ms = client_ms - self.client_ms;
         if ours_ms < MIN_INTERVAL_MS {
+            if let Some(ratio) = self.first_short_ratio(theirs_ms, ours_ms, factor) {
+                self.window.push(ratio);
+                self.client_ms = client_ms;
+                self.source_ms = source_ms;
+            }
             return;
         }
-        let ratio = (client_ms - self.client_ms) / ours_ms;
+        let ratio = theirs_ms / ours_ms;
         // Beyond it the client restarted (its clock counts from a new origin) or its clock
         // jumped: only this interval is meaningless.
         if (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
@@ -323,6 +339,25 @@ impl ClientClock {
         }
         self.client_ms = client_ms;
         self.source_ms = source_ms;
+    }
+
+    /// The ratio a clock without one yet takes from an interval shorter than
+    /// [`MIN_INTERVAL_MS`] (at least [`MIN_FIRST_INTERVAL_MS`]), if it shows the client's clock
+    /// slower than the lock time beyond the deadband however [`FIRST_INTERVAL_SPREAD_MS`] of
+    /// one-way delay fell: counted as slow as that spread allows, so it only ever lengthens a
+    /// lease more than the true rate would. A client with a TTL under 6 s sends keepalives less
+    /// than 2 s apart, and without it a fast leader renewed its sessions for their TTL by the
+    /// leader's clock until the second keepalive: one that went quiet after its first expired
+    /// before its client gave up on it. An interval that does not show it waits for
+    /// [`MIN_INTERVAL_MS`], as before, so a client in step is not lengthened by delay noise.
+    fn first_short_ratio(&self, theirs_ms: f64, ours_ms: f64, factor: f64) -> Option<f64> {
+        if self.window.lowest().is_some() || ours_ms < MIN_FIRST_INTERVAL_MS {
+            return None;
+        }
+        let fastest = theirs_ms / (ours_ms - FIRST_INTERVAL_SPREAD_MS);
+        let slowest = theirs_ms / (ours_ms + FIRST_INTERVAL_SPREAD_MS);
+        let plausible = (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&slowest);
+        (plausible && fastest / factor < 1.0 - DEADBAND).then_some(slowest)
     }
 }
 
@@ -385,7 +420,7 @@ mod tests {
     #[test]
     fn a_client_clock_slower_than_the_leaders_lengthens_its_sessions_leases() {
         let mut clocks = ClientClocks::default();
-        assert_eq!(feed(&mut clocks, None, 9, 0.5, (1_000, 1_000, 2)), None, "no interval yet");
+        assert_eq!(feed(&mut clocks, None, 9, 0.5, (1_000, 400, 2)), None, "no interval yet");
         let first = feed(&mut clocks, None, 9, 0.5, (3_000, 1_000, 1)).expect("one interval");
         assert!((first - 0.5).abs() < 1e-9, "one interval is enough to lengthen: {first}");
         assert_eq!(clocks.off_rate(3_000.0), 0, "counted off only after three");
@@ -397,6 +432,58 @@ mod tests {
         assert_eq!(lease(rate).lease_ms(1.0), Some(20_920));
         assert_eq!(lease(1.01).lease_ms(1.0), None, "drift inside the deadband");
         assert_eq!(lease(0.1).lease_ms(1.0), Some(41_500), "bounded by the largest factor");
+    }
+
+    /// Issue 21: a client with a TTL of 1.5 s sends keepalives every 500 ms. On a leader whose
+    /// clock runs 1.5 times as fast, the first keepalive arrives 750 ms after the open's
+    /// reading, and that interval alone lengthens the client's sessions, counted slower by
+    /// 20 ms of delay either way. Before, the pair waited for 2 s of the leader's clock (the
+    /// third keepalive), and a session whose client went quiet after its first keepalive was
+    /// renewed for its TTL by the fast clock: it ended a third early.
+    #[test]
+    fn a_fast_leaders_first_short_interval_lengthens_a_short_ttl_clients_sessions() {
+        let mut clocks = ClientClocks::default();
+        let open = feed(&mut clocks, None, 4, 1.0 / 1.5, (1_000, 750, 1));
+        assert_eq!(open, None, "the open's reading alone is no interval");
+        let first = feed(&mut clocks, None, 4, 1.0 / 1.5, (1_750, 750, 1)).expect("a first rate");
+        let slowest = 500.0 / (750.0 + FIRST_INTERVAL_SPREAD_MS);
+        assert!((first - slowest).abs() < 1e-9, "counted as slow as the spread allows: {first}");
+        let lease_ms = lease(first).lease_ms(1.0).expect("lengthened");
+        assert!(lease_ms > 10_500 * 3 / 2 - 500, "{lease_ms}");
+        // The next short interval is not used: the clock has a ratio, and the next comes from
+        // 2 s of the leader's clock, as for any clock.
+        let second = feed(&mut clocks, None, 4, 1.0 / 1.5, (2_500, 750, 2)).expect("a rate");
+        assert!((second - first).abs() < 1e-9, "{second}");
+        let paired = feed(&mut clocks, None, 4, 1.0 / 1.5, (4_000, 750, 1)).expect("a rate");
+        assert!((paired - first).abs() < 1e-9, "the lowest of two, before there are three");
+        assert_eq!(clocks.off_rate(4_000.0), 0, "counted off only after three");
+    }
+
+    /// A short first interval says nothing of a clock in step with the leader's, or slower than
+    /// it by less than its delays may hide, or one whose leader's factor already corrects it:
+    /// those wait for 2 s of the leader's clock, so delay noise lengthens nobody's lease.
+    #[test]
+    fn a_short_first_interval_lengthens_nothing_it_cannot_tell_from_delay() {
+        let mut clocks = ClientClocks::default();
+        for (id, rate, every_ms) in [(1, 1.0, 750), (2, 0.99, 750), (3, 0.5, 400)] {
+            assert_eq!(feed(&mut clocks, None, id, rate, (1_000, every_ms, 2)), None, "{id}");
+        }
+        // 20 ms later than the open's, a keepalive of a clock in step reads as 0.974: within
+        // what the spread hides.
+        let open = ClientReading { clock_id: 4, clock_ms: 100.0 };
+        clocks.record(None, open, (1_000.0, 1.0));
+        let late = ClientReading { clock_id: 4, clock_ms: 850.0 };
+        assert_eq!(clocks.record(None, late, (1_770.0, 1.0)), None, "one late keepalive");
+        // The peers found this node 1.5 times fast (factor 1 / 1.5): a client in step with the
+        // lock time runs at 1 / 1.5 of the source, and is not lengthened.
+        let open = ClientReading { clock_id: 5, clock_ms: 0.0 };
+        clocks.record(None, open, (1_000.0, 1.0 / 1.5));
+        let first = ClientReading { clock_id: 5, clock_ms: 500.0 };
+        assert_eq!(clocks.record(None, first, (1_750.0, 1.0 / 1.5)), None, "corrected already");
+        // After 2 s of the leader's clock the in-step clocks pair as before, at their rate.
+        let rate = feed(&mut clocks, None, 1, 1.0, (3_250, 750, 1)).expect("a rate");
+        assert!((rate - 1.0).abs() < 1e-9, "{rate}");
+        assert_eq!(lease(rate).lease_ms(1.0), None);
     }
 
     /// Regression (review of issue 21): a lease shortened for a slow leader was written in its

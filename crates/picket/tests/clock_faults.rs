@@ -474,9 +474,42 @@ fn fast_or_slow_leader_clock_expires_no_kept_alive_session() {
             );
         }
         if rate > 1.0 {
+            new_clients_session_outlives_its_promise_from_its_first_keepalive(&server.addr, rate);
             quiet_session_outlives_a_refresh_by_its_clients_clock(&clocks, &server.addr, rate);
         }
     }
+}
+
+/// Issue 21: a new client (a clock the leader has not read) with a TTL of 3 s opens a session
+/// with a reading of its clock, keeps it alive once a third of its TTL later, and goes quiet.
+/// Its client counts on it for 2,910 ms after sending that keepalive, and the lease by its
+/// clock, grace included, is 3,500 ms. The open and the keepalive are 1,500 ms apart by the
+/// fast leader's clock, under the 2 s its pairs of readings need: the leader renewed the
+/// session for its TTL and grace by its own clock, 2,333 ms in real time (at most 3,000 ms with
+/// the renewal's and the expiring tick's delays), and it could expire before its client gave up
+/// on it. That first short interval now shows the client's clock slower, and the session lives
+/// its TTL and grace by it (counted slower by the delay the interval may hide: 3,600 ms).
+fn new_clients_session_outlives_its_promise_from_its_first_keepalive(addr: &str, rate: f64) {
+    let addrs = vec![addr.to_owned()];
+    let origin = Instant::now();
+    let reading = || format!("clock_id=78&clock_ms={:.3}", origin.elapsed().as_secs_f64() * 1e3);
+    let reply = post(&addrs, &format!("/v1/sessions?{}", reading()), &json!({ "ttl_ms": 3_000 }));
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let session = reply.body["session_id"].as_u64().expect("a session id");
+    std::thread::sleep(Duration::from_millis(1_000).saturating_sub(origin.elapsed()));
+    let path = format!("/v1/sessions/{session}/keepalive?{}", reading());
+    let kept = keep_alive_at(&addrs, &path, session);
+    assert_eq!(kept.status, 200, "{kept:?}");
+    wait_until("the new client's session to expire", Duration::from_secs(20), || {
+        (!live_sessions(&addrs).contains(&session)).then_some(())
+    });
+    let lived_ms = kept.sent_at.elapsed().as_secs_f64() * 1_000.0;
+    eprintln!("rate {rate}: the new client's quiet session lived {lived_ms:.0} ms");
+    assert!(
+        lived_ms > 3_400.0,
+        "rate {rate}: the new client's quiet session lived {lived_ms:.0} ms after its first \
+         keepalive, less than its TTL and grace by its client's clock (3,500 ms)"
+    );
 }
 
 /// Review of issue 21: a `Refresh` renewed every session for its TTL of the leader's clock,
