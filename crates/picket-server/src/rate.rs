@@ -22,7 +22,9 @@
 //! gone 30 s unread (or was never read); erring slower keeps sessions longer, never shorter. A
 //! peer keeps its rate for 30 s unread, capped at 1 after 700 ms (a restart moves where its
 //! clock counts from, not how fast): a peer briefly unread on a loaded machine is not taken for
-//! one that is down, or one slow follower of three would slow the leader meanwhile. A factor within [`DEADBAND`] of 1 is drift, not a
+//! one that is down, or one slow follower of three would slow the leader meanwhile. A rate that
+//! slows the leader down beyond the deadband is kept however long it goes unread: dropping it
+//! would speed up the leases written at the slower time. A factor within [`DEADBAND`] of 1 is drift, not a
 //! fault, and leaves it at 1 (see ARCHITECTURE.md, "Time").
 //!
 //! Everything here is a margin against a broken clock, not a safety rule: sessions and tokens do
@@ -206,23 +208,33 @@ impl RateEstimate {
     }
 
     /// Each peer's rate against the leader's clock, for those with enough readings read within
-    /// 30 s; a rate above 1 unread for 700 ms shows as 1, as it counts.
+    /// 30 s or a rate that slows the leader down; a rate above 1 unread for 700 ms shows as 1,
+    /// as it counts.
     #[must_use]
     pub fn peer_rates(&self) -> BTreeMap<NodeId, f64> {
         self.peers.iter().filter_map(|(peer, rate)| Some((*peer, self.fresh_rate(rate)?))).collect()
     }
 
-    /// A peer's rate, if it has enough readings and the last is within [`STALE_MS`]. A rate
-    /// above 1 counts as 1 once it is older than [`STALE_SPEEDING_UP_MS`]: the peer's clock was
-    /// seen running at least as fast as the leader's, it only no longer speeds the leader up.
-    /// (Found by CI: counted as unread instead, a follower whose rate was just above 1 and
-    /// whose readings were dropped for 700 ms on a loaded machine left the leader and one slow
-    /// follower of three, and the slower of those two slowed the leader down.)
+    /// A peer's rate, if it has enough readings and the last is within [`STALE_MS`], or if it
+    /// slows the leader down beyond the deadband, however old. A rate above 1 counts as 1 once
+    /// it is older than [`STALE_SPEEDING_UP_MS`]: the peer's clock was seen running at least as
+    /// fast as the leader's, it only no longer speeds the leader up. (Found by CI: counted as
+    /// unread instead, a follower whose rate was just above 1 and whose readings were dropped
+    /// for 700 ms on a loaded machine left the leader and one slow follower of three, and the
+    /// slower of those two slowed the leader down.)
+    ///
+    /// A slowing rate is kept unread because dropping it speeds the leader's time up, and the
+    /// leases it wrote at the slower time with it: a fast leader whose every peer went 30 s
+    /// unread (its probes' round trips over 5 ms, while the log still replicates) went back to
+    /// its own clock, and each silent session's rest of lease ran that much faster in real
+    /// time (review of issue 21, helper-35's finding 6). Kept, a leader whose fast clock
+    /// recovers unread keeps sessions longer than promised until a peer is read again: the
+    /// safe side.
     fn fresh_rate(&self, peer: &PeerRate) -> Option<f64> {
         let unread_ms = self.now_ms - peer.ratio_at_ms;
         let rate = peer.window.rate()?;
         if unread_ms > STALE_MS {
-            return None;
+            return (rate < 1.0 - DEADBAND).then_some(rate);
         }
         Some(if rate > 1.0 && unread_ms > STALE_SPEEDING_UP_MS { 1.0 } else { rate })
     }
@@ -506,10 +518,18 @@ mod tests {
         assert!(near(stale.factor(1, &voters(&[1, 2, 3])), 0.5));
         stale.next_round(stale.now_ms + STALE_MS + 1.0);
         assert!(
-            near(stale.factor(1, &voters(&[1, 2, 3])), 1.0),
-            "every peer stale: the leader's own"
+            near(stale.factor(1, &voters(&[1, 2, 3])), 0.5),
+            "every peer stale: rates that slow the leader are kept"
         );
-        assert!(near(stale.factor(1, &voters(&[2, 3])), 1.0), "and with no voter read at all");
+        assert!(near(stale.factor(1, &voters(&[4, 5])), 1.0), "with no voter read at all");
+        let mut in_step = RateEstimate::default();
+        feed(&mut in_step, 2, 0.5, 6);
+        feed(&mut in_step, 3, 0.99, 6);
+        in_step.next_round(in_step.now_ms + STALE_MS + 1.0);
+        assert!(
+            near(in_step.factor(1, &voters(&[1, 2, 3])), 0.5),
+            "a rate inside the deadband goes stale: 3 is down, and 2 alone slows the leader"
+        );
     }
 
     #[test]
