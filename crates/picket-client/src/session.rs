@@ -41,13 +41,16 @@ impl Session {
         let timeout = Some(transport.config().request_timeout);
         let opened = transport
             .call(Retry::UnlessSent, timeout, |mut grpc| async move {
-                // The first reading of this process's lease clock, so the leader can pair it
-                // with the first keepalive's (see `keepalive.rs`).
+                // A reading of this process's lease clock, so the leader can pair it with the
+                // first keepalive's (see `keepalive.rs`). Taken as this attempt is sent, once
+                // connected: a reading taken before a connection's setup or an earlier attempt
+                // would arrive late, and the client's clock would seem to run fast. (The lease
+                // is still counted from before the first attempt, the safe side.)
                 let request = v1::OpenSessionRequest {
                     ttl_ms,
                     lock_delay_ms,
                     clock_id: lease_clock::clock_id(),
-                    clock_ms: opened_at_lease_clock.as_secs_f64() * 1_000.0,
+                    clock_ms: lease_clock::now().as_secs_f64() * 1_000.0,
                 };
                 grpc.open_session(request).await
             })

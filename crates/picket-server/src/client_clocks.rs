@@ -13,10 +13,10 @@
 //! clock's source (before any peer-rate factor) at their arrival; the clock's rate against the
 //! source is the median of its last three such ratios, and above 1 only as far as the two
 //! newest agree ([`crate::rate::RatioWindow`]); before there are three, the lowest so far (it
-//! only ever lengthens a lease). A clock's first ratio may come from a shorter interval (at
-//! least [`MIN_FIRST_INTERVAL_MS`]) where that shows the client's clock clearly slower, counted
-//! slower still by the delay it may hide, so a client whose TTL is under 6 s (keepalives under
-//! 2 s apart) is not left to a fast leader's clock until its second keepalive. A rate is divided by the peer-rate factor in force when a tick
+//! only ever lengthens a lease). Until its first ratio, a shorter interval (at least
+//! [`MIN_FIRST_INTERVAL_MS`]) gives a clock a provisional rate where it shows the client's
+//! clock clearly slower, so a client whose keepalives come less than 2 s apart is not left to
+//! a fast leader's clock meanwhile. A rate is divided by the peer-rate factor in force when a tick
 //! is taken ([`ClockLease::lease_ms`]). When the factor changes, the source's own rate has
 //! usually changed against the peers' clocks, so each clock's ratios start again from its next
 //! reading ([`ClientClocks::restart`]): kept, the ratios from before the change would lag it
@@ -53,8 +53,10 @@ pub const MAX_CLIENT_CLOCKS: usize = 10_000;
 /// fresh ids cannot push a large legitimate one down. Clients without authentication share one
 /// principal and the whole bound, as without authentication anyone can send anything.
 pub const MAX_CLOCKS_PER_PRINCIPAL: usize = MAX_CLIENT_CLOCKS / 4;
-/// Two readings of one clock closer than this (the node's clock) are not paired: a keepalive's
-/// one-way delay varies by milliseconds, and over two seconds 20 ms of it is 1 %.
+/// Two readings of one clock closer than this (the node's clock) give no ratio: a keepalive's
+/// one-way delay varies by milliseconds, and over two seconds 20 ms of it is 1 %. (Before a
+/// clock's first ratio, a shorter interval may give a provisional rate: see
+/// `ClientClock::first_short_ratio`.)
 const MIN_INTERVAL_MS: f64 = 2_000.0;
 /// The shortest interval (the node's clock) a clock's first ratio may come from, where it
 /// shows the client's clock clearly slower (see `ClientClock::first_short_ratio`).
@@ -171,6 +173,9 @@ struct ClientClock {
     off: bool,
     /// The next reading starts a new interval: the factor changed (see [`ClientClocks::restart`]).
     restarted: bool,
+    /// A rate from intervals shorter than [`MIN_INTERVAL_MS`], used only until the window has
+    /// its first ratio (see `ClientClock::first_short_ratio`).
+    provisional: Option<f64>,
 }
 
 impl ClientClocks {
@@ -220,6 +225,7 @@ impl ClientClocks {
             sequence,
             off: false,
             restarted: false,
+            provisional: None,
         });
         clocks.by_recency.remove(&clock.sequence);
         clocks.by_recency.insert(sequence, reading.clock_id);
@@ -236,7 +242,7 @@ impl ClientClocks {
                 source_rate.filter(|_| off).map(|r| r / factor),
             );
         }
-        source_rate.or_else(|| clock.window.lowest())
+        source_rate.or_else(|| clock.window.lowest()).or(clock.provisional)
     }
 
     /// How many clocks read in the last [`RECENT_MS`] before `now_ms` (the node's source) run at
@@ -259,6 +265,7 @@ impl ClientClocks {
             clock.window = RatioWindow::default();
             clock.restarted = true;
             clock.off = false;
+            clock.provisional = None;
         }
     }
 
@@ -324,10 +331,10 @@ impl ClientClock {
         }
         let theirs_ms = client_ms - self.client_ms;
         if ours_ms < MIN_INTERVAL_MS {
+            // The interval's start stays where it is: the first long one is what it would have
+            // been without this.
             if let Some(ratio) = self.first_short_ratio(theirs_ms, ours_ms, factor) {
-                self.window.push(ratio);
-                self.client_ms = client_ms;
-                self.source_ms = source_ms;
+                self.provisional = Some(self.provisional.map_or(ratio, |kept| kept.min(ratio)));
             }
             return;
         }
@@ -336,20 +343,23 @@ impl ClientClock {
         // jumped: only this interval is meaningless.
         if (1.0 / IMPLAUSIBLE_RATIO..=IMPLAUSIBLE_RATIO).contains(&ratio) {
             self.window.push(ratio);
+            self.provisional = None;
         }
         self.client_ms = client_ms;
         self.source_ms = source_ms;
     }
 
-    /// The ratio a clock without one yet takes from an interval shorter than
+    /// A provisional rate for a clock without a ratio yet, from an interval shorter than
     /// [`MIN_INTERVAL_MS`] (at least [`MIN_FIRST_INTERVAL_MS`]), if it shows the client's clock
     /// slower than the lock time beyond the deadband however [`FIRST_INTERVAL_SPREAD_MS`] of
-    /// one-way delay fell: counted as slow as that spread allows, so it only ever lengthens a
-    /// lease more than the true rate would. A client with a TTL under 6 s sends keepalives less
-    /// than 2 s apart, and without it a fast leader renewed its sessions for their TTL by the
-    /// leader's clock until the second keepalive: one that went quiet after its first expired
-    /// before its client gave up on it. An interval that does not show it waits for
-    /// [`MIN_INTERVAL_MS`], as before, so a client in step is not lengthened by delay noise.
+    /// one-way delay fell; counted as slow as that spread allows. A client whose keepalives
+    /// come less than 2 s of the leader's clock apart (a TTL under 6 s at rate 1, under 4 s at
+    /// rate 1.5) was otherwise renewed for its TTL by a fast leader's clock until 2 s had
+    /// passed, and a session whose client went quiet after its first keepalive expired before
+    /// its client gave up on it. The provisional rate only replaces that TTL: it is dropped at
+    /// the clock's first ratio of 2 s or more, whose interval starts where it would have
+    /// without it, so from then on every lease is what it was before. An interval that does not
+    /// show a slower clock (a client in step, with delays within the spread) waits for 2 s.
     fn first_short_ratio(&self, theirs_ms: f64, ours_ms: f64, factor: f64) -> Option<f64> {
         if self.window.lowest().is_some() || ours_ms < MIN_FIRST_INTERVAL_MS {
             return None;
@@ -436,27 +446,45 @@ mod tests {
 
     /// Issue 21: a client with a TTL of 1.5 s sends keepalives every 500 ms. On a leader whose
     /// clock runs 1.5 times as fast, the first keepalive arrives 750 ms after the open's
-    /// reading, and that interval alone lengthens the client's sessions, counted slower by
-    /// 20 ms of delay either way. Before, the pair waited for 2 s of the leader's clock (the
+    /// reading, and that interval gives the clock a provisional rate, counted slower by 20 ms of
+    /// delay either way. Before, the clock had no rate until 2 s of the leader's clock (the
     /// third keepalive), and a session whose client went quiet after its first keepalive was
-    /// renewed for its TTL by the fast clock: it ended a third early.
+    /// renewed for its TTL by the fast clock: it ended a third early. The first interval of
+    /// 2 s starts at the open's reading, as it did before, and its ratio replaces the
+    /// provisional rate.
     #[test]
     fn a_fast_leaders_first_short_interval_lengthens_a_short_ttl_clients_sessions() {
         let mut clocks = ClientClocks::default();
-        let open = feed(&mut clocks, None, 4, 1.0 / 1.5, (1_000, 750, 1));
-        assert_eq!(open, None, "the open's reading alone is no interval");
-        let first = feed(&mut clocks, None, 4, 1.0 / 1.5, (1_750, 750, 1)).expect("a first rate");
+        let rate = 1.0 / 1.5;
+        assert_eq!(feed(&mut clocks, None, 4, rate, (1_000, 750, 1)), None, "no interval yet");
+        let first = feed(&mut clocks, None, 4, rate, (1_750, 750, 1)).expect("a first rate");
         let slowest = 500.0 / (750.0 + FIRST_INTERVAL_SPREAD_MS);
         assert!((first - slowest).abs() < 1e-9, "counted as slow as the spread allows: {first}");
         let lease_ms = lease(first).lease_ms(1.0).expect("lengthened");
         assert!(lease_ms > 10_500 * 3 / 2 - 500, "{lease_ms}");
-        // The next short interval is not used: the clock has a ratio, and the next comes from
-        // 2 s of the leader's clock, as for any clock.
-        let second = feed(&mut clocks, None, 4, 1.0 / 1.5, (2_500, 750, 2)).expect("a rate");
-        assert!((second - first).abs() < 1e-9, "{second}");
-        let paired = feed(&mut clocks, None, 4, 1.0 / 1.5, (4_000, 750, 1)).expect("a rate");
-        assert!((paired - first).abs() < 1e-9, "the lowest of two, before there are three");
-        assert_eq!(clocks.off_rate(4_000.0), 0, "counted off only after three");
+        let second = feed(&mut clocks, None, 4, rate, (2_500, 750, 1)).expect("a rate");
+        assert!((second - first).abs() < 1e-9, "the lowest provisional rate: {second}");
+        let paired = feed(&mut clocks, None, 4, rate, (3_250, 750, 1)).expect("a rate");
+        assert!((paired - rate).abs() < 1e-9, "2,250 ms from the open's reading: {paired}");
+        assert_eq!(clocks.off_rate(3_250.0), 0, "counted off only after three");
+    }
+
+    /// Review of the above (helper-41): an open's reading recorded 250 ms late (it used to be
+    /// recorded after the open's commit) makes its first short interval look faster than the
+    /// client's clock is. Its provisional rate lengthens less than the true rate would, but
+    /// more than the TTL the clock had before; and from the first interval of 2 s, which starts
+    /// at the open's reading, the rate is what it was without the provisional one.
+    #[test]
+    fn a_provisional_rate_ends_at_the_first_long_interval_as_if_it_never_was() {
+        let mut clocks = ClientClocks::default();
+        let rate = 1.0 / 1.5;
+        let reading = |source_ms: f64| ClientReading { clock_id: 6, clock_ms: source_ms * rate };
+        assert_eq!(clocks.record(None, reading(1_000.0), (1_250.0, 1.0)), None);
+        let early = clocks.record(None, reading(2_500.0), (2_500.0, 1.0)).expect("provisional");
+        assert!(early > rate && lease(early).lease_ms(1.0).is_some(), "{early}");
+        let first_long = clocks.record(None, reading(4_000.0), (4_000.0, 1.0)).expect("a rate");
+        let without = (4_000.0 - 1_000.0) * rate / (4_000.0 - 1_250.0);
+        assert!((first_long - without).abs() < 1e-9, "{first_long} against {without}");
     }
 
     /// A short first interval says nothing of a clock in step with the leader's, or slower than

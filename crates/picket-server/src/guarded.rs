@@ -55,9 +55,13 @@ impl Guarded<'_> {
     ) -> Result<(SessionId, u64), ServiceError> {
         self.access.require_some_lock_role()?;
         let owner = self.access.owner().map(str::to_owned);
+        // The reading is paired as of the open's arrival, as a keepalive's is: recorded as of
+        // the open's commit, its interval to the next keepalive would be short by the commit's
+        // time, and the client's clock would seem faster than it is.
+        let arrived_ms = self.node.clock().source_ms();
         let opened = self.node.open_session(ttl_ms, lock_delay_ms, owner).await?;
         if let Some(reading) = reading {
-            self.node.note_clock_reading(self.principal(), reading);
+            self.node.note_clock_reading(self.principal(), reading, arrived_ms);
         }
         Ok(opened)
     }

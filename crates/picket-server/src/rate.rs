@@ -24,8 +24,8 @@
 //! clock counts from, not how fast): a peer briefly unread on a loaded machine is not taken for
 //! one that is down, or one slow follower of three would slow the leader meanwhile. A rate that
 //! slows the leader down beyond the deadband is kept however long it goes unread: dropping it
-//! would speed up the leases written at the slower time. A factor within [`DEADBAND`] of 1 is drift, not a
-//! fault, and leaves it at 1 (see ARCHITECTURE.md, "Time").
+//! would speed up the leases written at the slower time. A factor within [`DEADBAND`] of 1 is
+//! drift, not a fault, and leaves it at 1 (see ARCHITECTURE.md, "Time").
 //!
 //! Everything here is a margin against a broken clock, not a safety rule: sessions and tokens do
 //! not depend on it. A single node has no peer to compare with and runs on its own clock.

@@ -174,10 +174,17 @@ impl Renewals {
     }
 
     /// Records a reading of a client's clock that came without a keepalive (with the open of a
-    /// session of `principal`'s; see [`crate::client_clocks`]).
-    pub fn note_reading(&self, clock: &Clock, principal: Option<&str>, reading: ClientReading) {
+    /// session of `principal`'s), which arrived at `arrived_ms` of the clock's source (see
+    /// [`crate::client_clocks`]).
+    pub fn note_reading(
+        &self,
+        clock: &Clock,
+        principal: Option<&str>,
+        reading: ClientReading,
+        arrived_ms: f64,
+    ) {
         let mut pending = self.lock();
-        pending.clocks.record(principal, reading, (clock.source_ms(), clock.rate_factor()));
+        pending.clocks.record(principal, reading, (arrived_ms, clock.rate_factor()));
     }
 
     /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
@@ -617,7 +624,8 @@ mod tests {
     fn a_reading_sent_with_an_open_pairs_with_the_first_keepalive() {
         let (_dir, script, clock) = scripted_clock();
         let renewals = Renewals::default();
-        renewals.note_reading(&clock, Some("worker"), ClientReading { clock_id: 3, clock_ms: 0.0 });
+        let opened = ClientReading { clock_id: 3, clock_ms: 0.0 };
+        renewals.note_reading(&clock, Some("worker"), opened, clock.source_ms());
         jump_4_s(&script, &clock);
         let first_keepalive = Some(ClientReading { clock_id: 3, clock_ms: 2_000.0 });
         let rate = renewals

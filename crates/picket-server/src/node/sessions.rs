@@ -45,12 +45,18 @@ impl Node {
     }
 
     /// Records a reading of a client's clock sent with a session's open by `principal`'s
-    /// client (see [`crate::client_clocks`]): a new client's first keepalive then pairs with
-    /// it, where it had to wait for a second keepalive. Only a leader records it; the session
-    /// the reading came with is the principal's own, just opened.
-    pub fn note_clock_reading(&self, principal: Option<&str>, reading: ClientReading) {
+    /// client, which arrived at `arrived_ms` of the node's clock source (see
+    /// [`crate::client_clocks`]): a new client's first keepalive 2 s later then pairs with it,
+    /// where it had to wait for another 2 s. Only a leader records it; the session the reading
+    /// came with is the principal's own, just opened.
+    pub fn note_clock_reading(
+        &self,
+        principal: Option<&str>,
+        reading: ClientReading,
+        arrived_ms: f64,
+    ) {
         if self.is_leader() {
-            self.renewals.note_reading(&self.clock, principal, reading);
+            self.renewals.note_reading(&self.clock, principal, reading, arrived_ms);
         }
     }
 
