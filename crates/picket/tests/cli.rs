@@ -596,6 +596,34 @@ fn every_command_has_help() {
     }
 }
 
+/// `picket bench --mode chain` starts a node in its own process, hands a lock between its
+/// tasks without a network, and reports the sync, the write and the handoff it measured, with
+/// the safety checks held.
+#[test]
+fn bench_chain_measures_a_node_in_its_own_process() {
+    let dir = temp_dir();
+    let output = Command::new(PICKET)
+        .args(["bench", "--mode", "chain", "--clients", "2", "--secs", "0.6"])
+        .env("TMPDIR", dir.path())
+        .output()
+        .expect("picket bench runs");
+    let text = stdout(&output);
+    assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
+    let line = text.lines().find(|line| line.starts_with("RESULT ")).expect("a RESULT line");
+    let field = |name: &str| -> f64 {
+        let prefix = format!("{name}=");
+        let value = line.split(' ').find_map(|field| field.strip_prefix(prefix.as_str()));
+        value.and_then(|value| value.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+    };
+    assert!(line.contains(" mode=chain "), "{line}");
+    assert!(field("violations") == 0.0, "{line}");
+    for measured in ["ops_per_s", "sync_p50_us", "acq_p50_us", "rel_p50_us", "handoff_us"] {
+        assert!(field(measured) > 0.0, "{measured}: {line}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).expect("the directory").collect();
+    assert!(left.is_empty(), "the node's directory is removed: {left:?}");
+}
+
 /// `picket serve --log-format json` writes one JSON object per line on standard error, with the
 /// level, the target and the event's fields, filtered by `--log`.
 #[test]

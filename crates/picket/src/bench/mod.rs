@@ -5,6 +5,7 @@
 //! exclusion (no two of its clients hold one lock at once) and that tokens of each lock only
 //! grow; both counts must be 0.
 
+mod chain;
 mod cluster;
 mod fenced;
 mod locks;
@@ -12,6 +13,7 @@ mod sessions;
 
 use crate::connect::Connect;
 use anyhow::{Context, bail};
+use chain::measure_chain;
 use clap::{Args, ValueEnum};
 use cluster::start_local_cluster;
 use fenced::run_fenced;
@@ -33,6 +35,11 @@ pub enum Mode {
     /// client; with `--kv-unfenced` also to a store running `--no-fence`, and report the fence's
     /// overhead. The lock name is `--lock` and keys go under `--prefix`.
     Fenced,
+    /// No network: start a node in this process on a temporary directory and measure, in
+    /// interleaved rounds, `fdatasync` into preallocated space there, one writer's acquire and
+    /// release through the node's own API, and handoffs among `--clients` tasks (`--secs` in
+    /// all). What a write costs above its sync is the node's pipeline.
+    Chain,
 }
 
 /// Options of `picket bench`.
@@ -139,6 +146,7 @@ async fn measure(args: &BenchArgs, connect: &Connect) -> anyhow::Result<Outcome>
     let server_pid = args.server_pid.map(|pid| pid.to_string());
     match args.mode {
         Mode::Fenced => Ok(Outcome { line: run_fenced(args, connect).await?, safe: true }),
+        Mode::Chain => measure_chain(args).await,
         Mode::Sessions => measure_sessions(args, connect, server_pid.as_deref()).await,
         Mode::Uncontended | Mode::Contended => {
             measure_locks(args, connect, server_pid.as_deref()).await

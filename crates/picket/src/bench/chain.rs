@@ -1,0 +1,244 @@
+//! `picket bench --mode chain`: the write path of a node without the network (issue 19).
+//!
+//! A contended handoff costs one durable log entry and one round trip, and a target set against
+//! that floor needs to know what the node adds in between. This mode starts a node in this
+//! process on a temporary directory (`TMPDIR`, or `/tmp`) and, in interleaved rounds, measures
+//! three things on the same file system:
+//!
+//! - `fdatasync` of 64 bytes written into preallocated space, the floor of any durable write;
+//! - one writer's acquire and release through the node's own API (`Node::acquire`,
+//!   `Node::release`): each is one log entry, proposed to openraft, written and synced by the
+//!   WAL, applied by the state machine and answered, with no socket on the way;
+//! - handoffs among `--clients` tasks taking turns on one lock through the same API.
+//!
+//! What a write costs above its sync here is what the node's pipeline costs (openraft's core,
+//! the WAL, the state machine's task and the hand-offs between them); what a handoff over the
+//! wire protocol costs above the in-process one is the network's, the connection's tasks' and
+//! the client's. The safety checks of the other modes hold here too: tokens of the lock only
+//! grow, and no two tasks hold it at once.
+
+use super::{BenchArgs, Outcome, cpu_seconds, percent};
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use picket_core::{SessionId, Wait};
+use picket_server::{AcquireRequest, Node, ServerConfig};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Rounds of the three measurements, interleaved; the figures are medians of the rounds.
+const ROUNDS: usize = 3;
+/// Syncs timed in a round.
+const SYNCS_PER_ROUND: u64 = 1_000;
+/// One writer's acquire-release cycles timed in a round.
+const CYCLES_PER_ROUND: u64 = 500;
+/// What each synced write puts down, as the WAL's small entries do.
+const SYNC_WRITE_BYTES: usize = 64;
+/// How long the node may take to lead after it starts.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// One round's figures.
+struct Round {
+    sync_p50_us: u64,
+    acquire_p50_us: u64,
+    release_p50_us: u64,
+    handoffs_per_s: f64,
+    handoff_cpu_us: Option<f64>,
+}
+
+/// Runs the chain mode; see the module documentation.
+pub(super) async fn measure_chain(args: &BenchArgs) -> anyhow::Result<Outcome> {
+    if args.clients < 2 {
+        bail!("--mode chain needs --clients 2 or more to hand a lock between them");
+    }
+    let dir = tempfile::tempdir().context("cannot create a temporary directory for the node")?;
+    let listen = "127.0.0.1:0".parse().context("a loopback address")?;
+    let handle = picket_server::start(ServerConfig::single(dir.path().join("node"), listen))
+        .await
+        .context("cannot start the node in this process")?;
+    let node = handle.node().clone();
+    wait_until_ready(&node).await?;
+    let mut sessions = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        let (session, _) = node.open_session(args.ttl_ms, 0, None).await?;
+        sessions.push(session);
+    }
+    let keeper = tokio::spawn(keep_alive(node.clone(), sessions.clone(), args.ttl_ms));
+    let violations = Arc::new(AtomicU64::new(0));
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    #[allow(clippy::cast_precision_loss)]
+    let handoff_secs = args.secs / ROUNDS as f64;
+    for _ in 0..ROUNDS {
+        let sync_dir = dir.path().to_owned();
+        let sync_p50_us = tokio::task::spawn_blocking(move || time_syncs(&sync_dir))
+            .await
+            .context("the sync measurement panicked")??;
+        let (acquire_p50_us, release_p50_us) = time_one_writer(&node, sessions[0]).await?;
+        let (handoffs_per_s, handoff_cpu_us) =
+            time_handoffs(&node, &sessions, handoff_secs, &violations).await?;
+        rounds.push(Round {
+            sync_p50_us,
+            acquire_p50_us,
+            release_p50_us,
+            handoffs_per_s,
+            handoff_cpu_us,
+        });
+    }
+    keeper.abort();
+    handle.shutdown().await;
+    let violations = violations.load(Ordering::Relaxed);
+    let median_of = |figure: fn(&Round) -> f64| median(rounds.iter().map(figure).collect());
+    #[allow(clippy::cast_precision_loss)]
+    let (sync_us, acquire_us, release_us) = (
+        median_of(|round| round.sync_p50_us as f64),
+        median_of(|round| round.acquire_p50_us as f64),
+        median_of(|round| round.release_p50_us as f64),
+    );
+    let handoffs_per_s = median_of(|round| round.handoffs_per_s);
+    let cpu: Vec<f64> = rounds.iter().filter_map(|round| round.handoff_cpu_us).collect();
+    let handoff_cpu_us = (!cpu.is_empty()).then(|| median(cpu));
+    let line = format!(
+        "RESULT system=picket mode=chain clients={} rounds={ROUNDS} sync_p50_us={sync_us:.0} \
+         acq_p50_us={acquire_us:.0} rel_p50_us={release_us:.0} write_over_sync_us={:.0} \
+         ops_per_s={handoffs_per_s:.0} handoff_us={:.1} handoff_cpu_us={} violations={violations} \
+         tag={}",
+        args.clients,
+        acquire_us.min(release_us) - sync_us,
+        1e6 / handoffs_per_s,
+        percent(handoff_cpu_us),
+        args.tag,
+    );
+    Ok(Outcome { line, safe: violations == 0 })
+}
+
+async fn wait_until_ready(node: &Arc<Node>) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while let Err(why) = node.readiness() {
+        if started.elapsed() > READY_WITHIN {
+            bail!("the node in this process did not lead within {READY_WITHIN:?}: {why:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// Keeps `sessions` alive every third of their TTL, as a client would.
+async fn keep_alive(node: Arc<Node>, sessions: Vec<SessionId>, ttl_ms: u64) {
+    let mut every = tokio::time::interval(Duration::from_millis(ttl_ms / 3));
+    loop {
+        every.tick().await;
+        for chunk in sessions.chunks(picket_server::node::MAX_KEEPALIVE_BATCH) {
+            if let Err(error) = node.keep_alive_many(chunk, None, None).await {
+                eprintln!("picket bench: a keepalive failed: {error}");
+            }
+        }
+    }
+}
+
+/// The median `fdatasync` of a small write into preallocated space in `dir`, in µs.
+fn time_syncs(dir: &Path) -> anyhow::Result<u64> {
+    let path = dir.join("sync-floor");
+    let file = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    let bytes = SYNCS_PER_ROUND * SYNC_WRITE_BYTES as u64;
+    rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes)
+        .context("cannot preallocate the sync file")?;
+    file.sync_all().context("cannot sync the preallocated file")?;
+    let mut latencies = histogram();
+    let payload = [0x5a_u8; SYNC_WRITE_BYTES];
+    for write in 0..SYNCS_PER_ROUND {
+        let started = Instant::now();
+        file.write_at(&payload, write * SYNC_WRITE_BYTES as u64).context("cannot write")?;
+        file.sync_data().context("cannot sync")?;
+        record(&mut latencies, started);
+    }
+    drop(file);
+    std::fs::remove_file(&path).ok();
+    Ok(latencies.value_at_quantile(0.5))
+}
+
+/// One writer's acquire and release, each timed; their medians in µs.
+async fn time_one_writer(node: &Arc<Node>, session: SessionId) -> anyhow::Result<(u64, u64)> {
+    let (mut acquires, mut releases) = (histogram(), histogram());
+    for _ in 0..CYCLES_PER_ROUND {
+        let started = Instant::now();
+        let grant = node.acquire(session, "chain/one", AcquireRequest::new(Wait::Try)).await?;
+        record(&mut acquires, started);
+        let started = Instant::now();
+        node.release(session, "chain/one", grant.token, None).await?;
+        record(&mut releases, started);
+    }
+    Ok((acquires.value_at_quantile(0.5), releases.value_at_quantile(0.5)))
+}
+
+/// Tasks, one per session, take turns on one lock for `secs`; handoffs per second, and the
+/// process's CPU per handoff in µs (node and tasks together).
+async fn time_handoffs(
+    node: &Arc<Node>,
+    sessions: &[SessionId],
+    secs: f64,
+    violations: &Arc<AtomicU64>,
+) -> anyhow::Result<(f64, Option<f64>)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handoffs = Arc::new(AtomicU64::new(0));
+    let held = Arc::new(AtomicBool::new(false));
+    let newest_token = Arc::new(AtomicU64::new(0));
+    let pid = std::process::id().to_string();
+    let cpu_before = cpu_seconds(&pid);
+    let started = Instant::now();
+    let tasks: Vec<_> = sessions
+        .iter()
+        .map(|&session| {
+            let (node, stop, handoffs) = (node.clone(), stop.clone(), handoffs.clone());
+            let (held, newest_token, violations) =
+                (held.clone(), newest_token.clone(), violations.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let asked = AcquireRequest::new(Wait::Forever);
+                    let grant = node.acquire(session, "chain/shared", asked).await?;
+                    // One holder at a time, and each grant's token above every earlier one.
+                    if held.swap(true, Ordering::AcqRel)
+                        || newest_token.fetch_max(grant.token, Ordering::AcqRel) >= grant.token
+                    {
+                        violations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    held.store(false, Ordering::Release);
+                    node.release(session, "chain/shared", grant.token, None).await?;
+                    handoffs.fetch_add(1, Ordering::Relaxed);
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let counted = handoffs.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = cpu_seconds(&pid);
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.context("a handoff task panicked")??;
+    }
+    if counted == 0 {
+        bail!("no handoff in {secs} s");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let counted = counted as f64;
+    let cpu_us = cpu_before.zip(cpu_after).map(|(before, after)| (after - before) * 1e6 / counted);
+    Ok((counted / elapsed, cpu_us))
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+fn record(histogram: &mut Histogram<u64>, started: Instant) {
+    let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    histogram.saturating_record(micros.max(1));
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
