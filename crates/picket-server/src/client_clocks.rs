@@ -151,6 +151,9 @@ pub struct ClientClocks {
     count: usize,
     /// Counts readings, to order each principal's clocks by recency.
     sequence: u64,
+    /// When the ratios last started again (the node's source): an open's reading that arrived
+    /// before is not used (see [`ClientClocks::record_open`]).
+    restarted_at_ms: f64,
 }
 
 #[derive(Debug, Default)]
@@ -182,10 +185,10 @@ impl ClientClocks {
     /// Records `reading`, sent by a client of `principal` (`None` without authentication) and
     /// received at `source_ms` of the node's clock source, whose lock time runs at `factor` times
     /// it. Returns the clock's rate against the source for its sessions' leases: the median of
-    /// three ratios, or before there are three the lowest there is. A lease is only ever
-    /// lengthened by it, the safe side, so one interval (2 s, or a shorter first one that shows
-    /// a clearly slower clock) is enough to start, where three (6 s) left a new client's
-    /// sessions to the fast leader's clock for a whole TTL.
+    /// three ratios, or before there are three the lowest there is, or before the first its
+    /// provisional rate (see `ClientClock::first_short_ratio`). A lease is only ever lengthened
+    /// by it, the safe side, so one interval (2 s) is enough to start, where three (6 s) left a
+    /// new client's sessions to the fast leader's clock for a whole TTL.
     /// (Whether it runs at another rate, logged and counted, waits for three.)
     pub fn record(
         &mut self,
@@ -196,6 +199,7 @@ impl ClientClocks {
         if reading.clock_id == 0 || !reading.clock_ms.is_finite() || reading.clock_ms < 0.0 {
             return None;
         }
+
         self.sequence += 1;
         let sequence = self.sequence;
         if !self.knows(principal, reading.clock_id) {
@@ -245,6 +249,23 @@ impl ClientClocks {
         source_rate.or_else(|| clock.window.lowest()).or(clock.provisional)
     }
 
+    /// Records the reading sent with a session's open, which arrived at `source_ms` of the
+    /// node's source but is recorded after the open's commit: only as a clock's first reading,
+    /// and only if it arrived after the factor last changed. A clock already known has a start
+    /// for its next interval, and a reading recorded after a later one of the same clock (a
+    /// keepalive of another session) would move that start back; one from before a factor
+    /// change would start an interval across it.
+    pub fn record_open(
+        &mut self,
+        principal: Option<&str>,
+        reading: ClientReading,
+        (source_ms, factor): (f64, f64),
+    ) {
+        if source_ms >= self.restarted_at_ms && !self.knows(principal, reading.clock_id) {
+            self.record(principal, reading, (source_ms, factor));
+        }
+    }
+
     /// How many clocks read in the last [`RECENT_MS`] before `now_ms` (the node's source) run at
     /// another rate than the lock time: a client that went away says nothing now.
     #[must_use]
@@ -256,8 +277,10 @@ impl ClientClocks {
     }
 
     /// Starts every clock's ratios again from its next reading: the lock time's factor changed
-    /// (see the module documentation). The clocks, their principals and their recency stay.
-    pub fn restart(&mut self) {
+    /// at `source_ms` of the node's source (see the module documentation). The clocks, their
+    /// principals and their recency stay.
+    pub fn restart(&mut self, source_ms: f64) {
+        self.restarted_at_ms = self.restarted_at_ms.max(source_ms);
         let named = self.named.values_mut();
         for clock in
             named.chain([&mut self.anonymous]).flat_map(|clocks| clocks.clocks.values_mut())
@@ -323,8 +346,8 @@ impl ClientClock {
         let ours_ms = source_ms - self.source_ms;
         if ours_ms < 0.0 || self.restarted {
             self.restarted = false;
-            // The node's clock went back (a jump), or the factor changed: the next interval
-            // starts here.
+            // The node's source went back (a jump in a test's scripted clock; the monotonic
+            // clock never does), or the factor changed: the next interval starts here.
             self.client_ms = client_ms;
             self.source_ms = source_ms;
             return;
@@ -487,6 +510,24 @@ mod tests {
         assert!((first_long - without).abs() < 1e-9, "{first_long} against {without}");
     }
 
+    /// Review (helper-42): an open's reading is recorded after the open's commit, as of its
+    /// arrival, so it may be older than a keepalive's of the same clock recorded meanwhile, or
+    /// than the last factor change. It starts only a clock not yet known, after that change.
+    #[test]
+    fn an_opens_reading_starts_only_a_new_clock_after_the_last_factor_change() {
+        let mut clocks = ClientClocks::default();
+        let reading = |clock_id, clock_ms| ClientReading { clock_id, clock_ms };
+        clocks.record(None, reading(1, 1_000.0), (1_000.0, 1.0));
+        clocks.record_open(None, reading(1, 600.0), (900.0, 1.0));
+        let rate = clocks.record(None, reading(1, 3_000.0), (3_000.0, 1.0)).expect("a rate");
+        assert!((rate - 1.0).abs() < 1e-9, "paired with the keepalive's, not the open's: {rate}");
+        clocks.restart(5_000.0);
+        clocks.record_open(None, reading(2, 4_900.0), (4_900.0, 1.0));
+        assert_eq!(clocks.len(), 1, "arrived before the factor changed");
+        clocks.record_open(None, reading(2, 5_100.0), (5_100.0, 1.0));
+        assert_eq!(clocks.len(), 2, "a new clock after it");
+    }
+
     /// A short first interval says nothing of a clock in step with the leader's, or slower than
     /// it by less than its delays may hide, or one whose leader's factor already corrects it:
     /// those wait for 2 s of the leader's clock, so delay noise lengthens nobody's lease.
@@ -546,7 +587,7 @@ mod tests {
     fn a_factor_change_starts_every_clocks_ratios_again() {
         let mut clocks = ClientClocks::default();
         feed(&mut clocks, Some("alice"), 1, 1.0, (1_000, 2_000, 4));
-        clocks.restart();
+        clocks.restart(0.0);
         let reading = |clock_ms| ClientReading { clock_id: 1, clock_ms };
         // The source now runs at half the client's rate: 2 s of it are 4 s of the client's.
         assert_eq!(clocks.record(Some("alice"), reading(20_000.0), (9_000.0, 2.0)), None);

@@ -22,10 +22,12 @@
 //! gone 30 s unread (or was never read); erring slower keeps sessions longer, never shorter. A
 //! peer keeps its rate for 30 s unread, capped at 1 after 700 ms (a restart moves where its
 //! clock counts from, not how fast): a peer briefly unread on a loaded machine is not taken for
-//! one that is down, or one slow follower of three would slow the leader meanwhile. A rate that
-//! slows the leader down beyond the deadband is kept however long it goes unread: dropping it
-//! would speed up the leases written at the slower time. A factor within [`DEADBAND`] of 1 is
-//! drift, not a fault, and leaves it at 1 (see ARCHITECTURE.md, "Time").
+//! one that is down, or one slow follower of three would slow the leader meanwhile. The leader
+//! is slowed to the lower of that median and one that counts every voter's last rate however
+//! old (at most 1 once stale): dropped after 30 s, the rates that slowed a fast leader whose
+//! every peer went unread sped its time up, and the leases written at the slower time with it.
+//! A factor within [`DEADBAND`] of 1 is drift, not a fault, and leaves it at 1 (see
+//! ARCHITECTURE.md, "Time").
 //!
 //! Everything here is a margin against a broken clock, not a safety rule: sessions and tokens do
 //! not depend on it. A single node has no peer to compare with and runs on its own clock.
@@ -67,8 +69,9 @@ pub const DEADBAND: f64 = 0.02;
 /// The factor is changed only when the new one differs by more than this: the estimate moves a
 /// little with every reading, and each change is logged.
 const HYSTERESIS: f64 = 0.01;
-/// A peer without a ratio for this long (the leader's clock) counts at 1 again: what it said is
-/// too old. Time, not rounds: a voter that neither answers nor refuses stretches rounds to the
+/// A peer without a ratio for this long (the leader's clock) is left out of the median of the
+/// clocks the leader reads, and counts at 1 for speeding up: what it said is too old (only the
+/// second slowing median still counts its last rate, at most 1). Time, not rounds: a voter that neither answers nor refuses stretches rounds to the
 /// probe timeout (found in review: that doubled every staleness time).
 const STALE_MS: f64 = 30_000.0;
 /// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after this
@@ -208,35 +211,31 @@ impl RateEstimate {
     }
 
     /// Each peer's rate against the leader's clock, for those with enough readings read within
-    /// 30 s or a rate that slows the leader down; a rate above 1 unread for 700 ms shows as 1,
-    /// as it counts.
+    /// 30 s; a rate above 1 unread for 700 ms shows as 1, as it counts.
     #[must_use]
     pub fn peer_rates(&self) -> BTreeMap<NodeId, f64> {
         self.peers.iter().filter_map(|(peer, rate)| Some((*peer, self.fresh_rate(rate)?))).collect()
     }
 
-    /// A peer's rate, if it has enough readings and the last is within [`STALE_MS`], or if it
-    /// slows the leader down beyond the deadband, however old. A rate above 1 counts as 1 once
-    /// it is older than [`STALE_SPEEDING_UP_MS`]: the peer's clock was seen running at least as
-    /// fast as the leader's, it only no longer speeds the leader up. (Found by CI: counted as
-    /// unread instead, a follower whose rate was just above 1 and whose readings were dropped
-    /// for 700 ms on a loaded machine left the leader and one slow follower of three, and the
-    /// slower of those two slowed the leader down.)
-    ///
-    /// A slowing rate is kept unread because dropping it speeds the leader's time up, and the
-    /// leases it wrote at the slower time with it: a fast leader whose every peer went 30 s
-    /// unread (its probes' round trips over 5 ms, while the log still replicates) went back to
-    /// its own clock, and each silent session's rest of lease ran that much faster in real
-    /// time (review of issue 21, helper-35's finding 6). Kept, a leader whose fast clock
-    /// recovers unread keeps sessions longer than promised until a peer is read again: the
-    /// safe side.
+    /// A peer's rate, if it has enough readings and the last is within [`STALE_MS`]. A rate
+    /// above 1 counts as 1 once it is older than [`STALE_SPEEDING_UP_MS`]: the peer's clock was
+    /// seen running at least as fast as the leader's, it only no longer speeds the leader up.
+    /// (Found by CI: counted as unread instead, a follower whose rate was just above 1 and
+    /// whose readings were dropped for 700 ms on a loaded machine left the leader and one slow
+    /// follower of three, and the slower of those two slowed the leader down.)
     fn fresh_rate(&self, peer: &PeerRate) -> Option<f64> {
         let unread_ms = self.now_ms - peer.ratio_at_ms;
         let rate = peer.window.rate()?;
         if unread_ms > STALE_MS {
-            return (rate < 1.0 - DEADBAND).then_some(rate);
+            return None;
         }
         Some(if rate > 1.0 && unread_ms > STALE_SPEEDING_UP_MS { 1.0 } else { rate })
+    }
+
+    /// A peer's last rate however old, at most 1 once it is not fresh: what the second
+    /// slowing median of [`RateEstimate::factor`] counts.
+    fn last_rate(&self, peer: &PeerRate) -> Option<f64> {
+        self.fresh_rate(peer).or_else(|| peer.window.rate().map(|rate| rate.min(1.0)))
     }
 
     /// Forgets every peer not in `voters`.
@@ -246,30 +245,46 @@ impl RateEstimate {
 
     /// The factor the leader's clock should run at; see the module documentation.
     ///
-    /// Slowing down (the safe side) follows the median of the clocks it can read: the leader
-    /// at 1 and each voter with a fresh rate (read within 30 s, capped at 1 after 700 ms), the
-    /// lower middle value of an even count. Speeding
-    /// up follows only the rate a majority of *all* voters run at or above, the leader and
-    /// unread voters at 1. (Found in review: with unread voters at 1 in one median, a fast leader
-    /// whose one peer of two was down was not slowed at all, the tie going to 1.)
+    /// Slowing down (the safe side) follows the lower of two medians, each the lower middle
+    /// value of an even count: that of the clocks it can read (the leader at 1 and each voter
+    /// with a fresh rate: read within 30 s, capped at 1 after 700 ms), and that of every clock
+    /// it has read, a voter no longer fresh at its last rate but at most 1. The first alone
+    /// went back to the leader's own clock when every peer went 30 s unread (its probes' round
+    /// trips over 5 ms, while the log still replicates): a fast leader's time sped up, and with
+    /// it the rest of every lease written at the slower time (helper-35's finding 6). The
+    /// second alone would keep a down voter's old rate against a leader whose clock changed
+    /// since (helper-42). The lower of the two is never faster than either. Speeding up follows
+    /// only the rate a majority of *all* voters run at or above, the leader and unread voters
+    /// at 1. (Found in review: with unread voters at 1 in one median, a fast leader whose one
+    /// peer of two was down was not slowed at all, the tie going to 1.)
     #[must_use]
     pub fn factor(&self, leader: NodeId, voters: &BTreeSet<NodeId>) -> f64 {
-        let rate_of = |voter: &NodeId| {
+        if voters.is_empty() {
+            return 1.0;
+        }
+        let rate_of = |voter: &NodeId, rate: fn(&Self, &PeerRate) -> Option<f64>| {
             if *voter == leader {
                 return Some(1.0);
             }
-            self.peers.get(voter).and_then(|rate| self.fresh_rate(rate))
+            self.peers.get(voter).and_then(|peer| rate(self, peer))
         };
-        let mut known: Vec<f64> = voters.iter().filter_map(rate_of).collect();
-        if known.is_empty() {
-            return 1.0;
-        }
-        known.sort_by(f64::total_cmp);
-        let slower = known[(known.len() - 1) / 2];
-        if slower < 1.0 - DEADBAND {
+        let lower_middle = |rate: fn(&Self, &PeerRate) -> Option<f64>| {
+            let mut known: Vec<f64> =
+                voters.iter().filter_map(|voter| rate_of(voter, rate)).collect();
+            known.sort_by(f64::total_cmp);
+            known.get(known.len().saturating_sub(1) / 2).copied()
+        };
+        let slower = [lower_middle(Self::fresh_rate), lower_middle(Self::last_rate)]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min);
+        if let Some(slower) = slower
+            && slower < 1.0 - DEADBAND
+        {
             return slower.max(1.0 / MAX_FACTOR);
         }
-        let mut all: Vec<f64> = voters.iter().map(|voter| rate_of(voter).unwrap_or(1.0)).collect();
+        let mut all: Vec<f64> =
+            voters.iter().map(|voter| rate_of(voter, Self::fresh_rate).unwrap_or(1.0)).collect();
         all.sort_by(f64::total_cmp);
         let majority = all.len() / 2 + 1;
         let faster = all[all.len() - majority];
@@ -428,7 +443,7 @@ fn set_factor(node: &Node, factor: f64) {
     clock.set_rate_factor(factor);
     // The source's rate has usually changed against the peers' clocks: clients' clocks' ratios
     // from before would lag it, and divided by the new factor correct it twice.
-    node.renewals().restart_client_clocks();
+    node.renewals().restart_client_clocks(clock.source_ms());
 }
 
 #[cfg(test)]
@@ -519,16 +534,41 @@ mod tests {
         stale.next_round(stale.now_ms + STALE_MS + 1.0);
         assert!(
             near(stale.factor(1, &voters(&[1, 2, 3])), 0.5),
-            "every peer stale: rates that slow the leader are kept"
+            "every peer stale: their last rates still slow the leader (helper-35's finding 6)"
         );
+        assert!(near(stale.factor(1, &voters(&[2, 3])), 0.5), "a leader outside the voters too");
         assert!(near(stale.factor(1, &voters(&[4, 5])), 1.0), "with no voter read at all");
-        let mut in_step = RateEstimate::default();
-        feed(&mut in_step, 2, 0.5, 6);
-        feed(&mut in_step, 3, 0.99, 6);
-        in_step.next_round(in_step.now_ms + STALE_MS + 1.0);
+        // A voter with a slow clock goes down, and the one in step goes unread for 30 s: the
+        // last rates are 0.5 and 1, and the median of all three is 1.
+        let mut one_slow = RateEstimate::default();
+        feed(&mut one_slow, 2, 0.5, 6);
+        feed(&mut one_slow, 3, 0.99, 6);
+        one_slow.next_round(one_slow.now_ms + STALE_MS + 1.0);
         assert!(
-            near(in_step.factor(1, &voters(&[1, 2, 3])), 0.5),
-            "a rate inside the deadband goes stale: 3 is down, and 2 alone slows the leader"
+            near(one_slow.factor(1, &voters(&[1, 2, 3])), 1.0),
+            "one slow clock of three, unread, moves nothing"
+        );
+    }
+
+    /// Review of helper-35's finding 6 (helper-42): a voter's last rate kept however old must
+    /// not hold back a leader whose clock changed since. 2 and 3 read the leader 5 % fast; 2
+    /// goes down, and the leader's clock then runs twice as fast, which 3 shows.
+    #[test]
+    fn a_down_voters_old_rate_does_not_hold_back_a_leader_whose_clock_changed() {
+        let mut estimate = RateEstimate::default();
+        feed(&mut estimate, 2, 0.95, 6);
+        feed(&mut estimate, 3, 0.95, 6);
+        let all = voters(&[1, 2, 3]);
+        assert!((estimate.factor(1, &all) - 0.95).abs() < 0.01);
+        let mut sent_ms = estimate.now_ms;
+        while sent_ms < estimate.peers[&2].ratio_at_ms + STALE_MS + 1_000.0 {
+            sent_ms += 500.0;
+            estimate.record(3, sent_ms, sent_ms + 2.0, 90_000.0 + (sent_ms + 1.0) * 0.5);
+        }
+        assert!(
+            (estimate.factor(1, &all) - 0.5).abs() < 0.01,
+            "slowed to 3's rate once 2 is stale: {}",
+            estimate.factor(1, &all)
         );
     }
 

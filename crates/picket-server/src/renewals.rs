@@ -184,7 +184,7 @@ impl Renewals {
         arrived_ms: f64,
     ) {
         let mut pending = self.lock();
-        pending.clocks.record(principal, reading, (arrived_ms, clock.rate_factor()));
+        pending.clocks.record_open(principal, reading, (arrived_ms, clock.rate_factor()));
     }
 
     /// Notes keepalives of `sessions` as they are answered, reading the clock inside the lock;
@@ -368,10 +368,10 @@ impl Renewals {
         pending.clocks.off_rate(clock.source_ms())
     }
 
-    /// Starts every client clock's ratios again: the leader's lock time changed its factor (see
-    /// [`crate::client_clocks`]).
-    pub fn restart_client_clocks(&self) {
-        self.lock().clocks.restart();
+    /// Starts every client clock's ratios again: the leader's lock time changed its factor at
+    /// `source_ms` of its clock's source (see [`crate::client_clocks`]).
+    pub fn restart_client_clocks(&self, source_ms: f64) {
+        self.lock().clocks.restart(source_ms);
     }
 }
 

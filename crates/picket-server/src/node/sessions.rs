@@ -46,9 +46,10 @@ impl Node {
 
     /// Records a reading of a client's clock sent with a session's open by `principal`'s
     /// client, which arrived at `arrived_ms` of the node's clock source (see
-    /// [`crate::client_clocks`]): a new client's first keepalive 2 s later then pairs with it,
-    /// where it had to wait for another 2 s. Only a leader records it; the session the reading
-    /// came with is the principal's own, just opened.
+    /// [`crate::client_clocks`]): a new client's first keepalive then pairs with it (2 s or
+    /// more later, or for a provisional rate 500 ms or more later), where it had to wait for a
+    /// later one. Only a leader records it, and only as a clock's first reading; the session
+    /// the reading came with is the principal's own, just opened.
     pub fn note_clock_reading(
         &self,
         principal: Option<&str>,

@@ -357,7 +357,7 @@ fn lease_breaks(ops: &[Completed], events: &[Event]) -> Vec<LeaseBreak> {
 
 /// How long a leader's clock correction may stay wrong after its clock is right again. A
 /// peer's rate above 1 counts only as far as its two newest intervals agree, and one left
-/// without a ratio for more than ten 100 ms rounds counts at 1 (`picket-server`'s `rate.rs`),
+/// without a ratio for more than 700 ms counts at 1 (`picket-server`'s `rate.rs`),
 /// so a slow clock's correction (running the leader's time fast) ends about 200 ms after the
 /// slow clock's end when the readings are usable (one interval straddles it, the next one at
 /// the true rate ends it, in the round that reads it), and about 1 s after it when they are
