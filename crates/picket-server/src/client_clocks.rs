@@ -35,11 +35,11 @@
 //! Trust and bounds: a clock is known by its principal and its id, so a client that lies about
 //! its clock moves only its own principal's sessions (a client may already end those), and only
 //! toward living longer. A reading is recorded only with a keepalive for a session its principal
-//! can see. Readings that are not finite non-negative numbers are ignored. An authenticated
-//! principal keeps at most [`MAX_CLOCKS_PER_PRINCIPAL`] clocks; past that, a new one evicts its
-//! own least recent, so a principal that sends many ids evicts only its own. At most
-//! [`MAX_CLIENT_CLOCKS`] clocks are remembered in all; past that, the principal holding the
-//! most loses the one it read longest ago.
+//! can see, or with the open of its own new session. Readings that are not finite non-negative
+//! numbers are ignored. An authenticated principal keeps at most [`MAX_CLOCKS_PER_PRINCIPAL`]
+//! clocks; past that, a new one evicts its own least recent, so a principal that sends many
+//! ids evicts only its own. At most [`MAX_CLIENT_CLOCKS`] clocks are remembered in all; past
+//! that, the principal holding the most loses the one it read longest ago.
 //!
 //! What it cannot do: a session whose client went silent keeps the rate its clock had.
 
@@ -250,18 +250,19 @@ impl ClientClocks {
     }
 
     /// Records the reading sent with a session's open, which arrived at `source_ms` of the
-    /// node's source but is recorded after the open's commit: only as a clock's first reading,
-    /// and only if it arrived after the factor last changed. A clock already known has a start
-    /// for its next interval, and a reading recorded after a later one of the same clock (a
-    /// keepalive of another session) would move that start back; one from before a factor
-    /// change would start an interval across it.
+    /// node's source but is recorded after the open's commit: only if it arrived after the
+    /// factor last changed and after the clock's last reading. A reading recorded after a later
+    /// one of the same clock (a keepalive of another session) would move the start of the
+    /// clock's next interval back; one from before a factor change would start an interval
+    /// across it.
     pub fn record_open(
         &mut self,
         principal: Option<&str>,
         reading: ClientReading,
         (source_ms, factor): (f64, f64),
     ) {
-        if source_ms >= self.restarted_at_ms && !self.knows(principal, reading.clock_id) {
+        let last_read_ms = self.clock(principal, reading.clock_id).map(|clock| clock.read_at_ms);
+        if source_ms >= self.restarted_at_ms && last_read_ms.is_none_or(|last| source_ms >= last) {
             self.record(principal, reading, (source_ms, factor));
         }
     }
@@ -305,11 +306,15 @@ impl ClientClocks {
     }
 
     fn knows(&self, principal: Option<&str>, clock_id: u64) -> bool {
+        self.clock(principal, clock_id).is_some()
+    }
+
+    fn clock(&self, principal: Option<&str>, clock_id: u64) -> Option<&ClientClock> {
         let clocks = match principal {
             None => Some(&self.anonymous),
             Some(principal) => self.named.get(principal),
         };
-        clocks.is_some_and(|clocks| clocks.clocks.contains_key(&clock_id))
+        clocks.and_then(|clocks| clocks.clocks.get(&clock_id))
     }
 
     fn all(&self) -> impl Iterator<Item = &ClientClock> {
@@ -510,14 +515,16 @@ mod tests {
         assert!((first_long - without).abs() < 1e-9, "{first_long} against {without}");
     }
 
-    /// Review (helper-42): an open's reading is recorded after the open's commit, as of its
-    /// arrival, so it may be older than a keepalive's of the same clock recorded meanwhile, or
-    /// than the last factor change. It starts only a clock not yet known, after that change.
+    /// Review (helper-42, helper-43): an open's reading is recorded after the open's commit,
+    /// as of its arrival, so it may be older than a keepalive's of the same clock recorded
+    /// meanwhile, or than the last factor change: it is then not used. A known clock with no
+    /// reading since the factor changed still starts its next interval at an open's reading.
     #[test]
-    fn an_opens_reading_starts_only_a_new_clock_after_the_last_factor_change() {
+    fn an_opens_reading_is_used_only_if_nothing_later_was() {
         let mut clocks = ClientClocks::default();
         let reading = |clock_id, clock_ms| ClientReading { clock_id, clock_ms };
         clocks.record(None, reading(1, 1_000.0), (1_000.0, 1.0));
+        // Out of line with the keepalives' readings, so that a pair with it would show.
         clocks.record_open(None, reading(1, 600.0), (900.0, 1.0));
         let rate = clocks.record(None, reading(1, 3_000.0), (3_000.0, 1.0)).expect("a rate");
         assert!((rate - 1.0).abs() < 1e-9, "paired with the keepalive's, not the open's: {rate}");
@@ -526,6 +533,10 @@ mod tests {
         assert_eq!(clocks.len(), 1, "arrived before the factor changed");
         clocks.record_open(None, reading(2, 5_100.0), (5_100.0, 1.0));
         assert_eq!(clocks.len(), 2, "a new clock after it");
+        // Clock 1, idle through the change, opens a session: its next keepalive 2 s later pairs.
+        clocks.record_open(None, reading(1, 6_000.0), (6_000.0, 1.0));
+        let rate = clocks.record(None, reading(1, 7_000.0), (8_000.0, 1.0)).expect("a rate");
+        assert!((rate - 0.5).abs() < 1e-9, "paired with the open's reading: {rate}");
     }
 
     /// A short first interval says nothing of a clock in step with the leader's, or slower than

@@ -71,8 +71,9 @@ pub const DEADBAND: f64 = 0.02;
 const HYSTERESIS: f64 = 0.01;
 /// A peer without a ratio for this long (the leader's clock) is left out of the median of the
 /// clocks the leader reads, and counts at 1 for speeding up: what it said is too old (only the
-/// second slowing median still counts its last rate, at most 1). Time, not rounds: a voter that neither answers nor refuses stretches rounds to the
-/// probe timeout (found in review: that doubled every staleness time).
+/// second slowing median still counts its last rate, at most 1). Time, not rounds: a voter
+/// that neither answers nor refuses stretches rounds to the probe timeout (found in review:
+/// that doubled every staleness time).
 const STALE_MS: f64 = 30_000.0;
 /// A peer whose rate is above 1 (it speeds the leader's time up) counts at 1 again after this
 /// long without a ratio: the leader's slow clock may have recovered meanwhile, and only a
@@ -539,7 +540,8 @@ mod tests {
         assert!(near(stale.factor(1, &voters(&[2, 3])), 0.5), "a leader outside the voters too");
         assert!(near(stale.factor(1, &voters(&[4, 5])), 1.0), "with no voter read at all");
         // A voter with a slow clock goes down, and the one in step goes unread for 30 s: the
-        // last rates are 0.5 and 1, and the median of all three is 1.
+        // last rates are 0.5 and 0.99, and the median of all three (the leader at 1) is 0.99,
+        // inside the deadband.
         let mut one_slow = RateEstimate::default();
         feed(&mut one_slow, 2, 0.5, 6);
         feed(&mut one_slow, 3, 0.99, 6);
