@@ -9,13 +9,15 @@
 //! - one writer's acquire and release through the node's own API (`Node::acquire`,
 //!   `Node::release`): each is one log entry, proposed to openraft, written and synced by the
 //!   WAL, applied by the state machine and answered, with no socket on the way;
-//! - handoffs among `--clients` tasks taking turns on one lock through the same API.
+//! - handoffs among `--clients` tasks taking turns on one lock through the same API;
+//! - acquire-release cycles of `--clients` tasks, each on a lock of its own.
 //!
 //! What a write costs above its sync here is what the node's pipeline costs (openraft's core,
 //! the WAL, the state machine's task and the hand-offs between them); what a handoff over the
 //! wire protocol costs above the in-process one is the network's, the connection's tasks' and
-//! the client's. The safety checks of the other modes hold here too: tokens of the lock only
-//! grow, and no two tasks hold it at once.
+//! the client's; and the process's CPU per cycle, against a node's over the wire, says the same
+//! of CPU. The safety checks of the other modes hold here too: tokens of each lock only grow,
+//! and no two tasks hold the shared one at once.
 
 use super::{BenchArgs, Outcome, cpu_seconds, percent};
 use anyhow::{Context, bail};
@@ -47,6 +49,17 @@ struct Round {
     release_p50_us: u64,
     handoffs_per_s: f64,
     handoff_cpu_us: Option<f64>,
+    own_cycles_per_s: f64,
+    own_cycle_cpu_us: Option<f64>,
+}
+
+/// Which lock each task of a timed run takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Locks {
+    /// One lock for all: each release hands it to the next task.
+    OneShared,
+    /// A lock of its own for each task.
+    OnePerTask,
 }
 
 /// Runs the chain mode; see the module documentation.
@@ -78,13 +91,17 @@ pub(super) async fn measure_chain(args: &BenchArgs) -> anyhow::Result<Outcome> {
             .context("the sync measurement panicked")??;
         let (acquire_p50_us, release_p50_us) = time_one_writer(&node, sessions[0]).await?;
         let (handoffs_per_s, handoff_cpu_us) =
-            time_handoffs(&node, &sessions, handoff_secs, &violations).await?;
+            time_cycles(&node, &sessions, handoff_secs, &violations, Locks::OneShared).await?;
+        let (own_cycles_per_s, own_cycle_cpu_us) =
+            time_cycles(&node, &sessions, handoff_secs, &violations, Locks::OnePerTask).await?;
         rounds.push(Round {
             sync_p50_us,
             acquire_p50_us,
             release_p50_us,
             handoffs_per_s,
             handoff_cpu_us,
+            own_cycles_per_s,
+            own_cycle_cpu_us,
         });
     }
     keeper.abort();
@@ -98,17 +115,22 @@ pub(super) async fn measure_chain(args: &BenchArgs) -> anyhow::Result<Outcome> {
         median_of(|round| round.release_p50_us as f64),
     );
     let handoffs_per_s = median_of(|round| round.handoffs_per_s);
-    let cpu: Vec<f64> = rounds.iter().filter_map(|round| round.handoff_cpu_us).collect();
-    let handoff_cpu_us = (!cpu.is_empty()).then(|| median(cpu));
+    let own_cycles_per_s = median_of(|round| round.own_cycles_per_s);
+    let median_cpu = |figure: fn(&Round) -> Option<f64>| {
+        let cpu: Vec<f64> = rounds.iter().filter_map(figure).collect();
+        (!cpu.is_empty()).then(|| median(cpu))
+    };
     let line = format!(
         "RESULT system=picket mode=chain clients={} rounds={ROUNDS} sync_p50_us={sync_us:.0} \
          acq_p50_us={acquire_us:.0} rel_p50_us={release_us:.0} write_over_sync_us={:.0} \
-         ops_per_s={handoffs_per_s:.0} handoff_us={:.1} handoff_cpu_us={} violations={violations} \
+         ops_per_s={handoffs_per_s:.0} handoff_us={:.1} handoff_cpu_us={} \
+         own_cycles_per_s={own_cycles_per_s:.0} own_cycle_cpu_us={} violations={violations} \
          tag={}",
         args.clients,
         acquire_us.min(release_us) - sync_us,
         1e6 / handoffs_per_s,
-        percent(handoff_cpu_us),
+        percent(median_cpu(|round| round.handoff_cpu_us)),
+        percent(median_cpu(|round| round.own_cycle_cpu_us)),
         args.tag,
     );
     Ok(Outcome { line, safe: violations == 0 })
@@ -173,16 +195,18 @@ async fn time_one_writer(node: &Arc<Node>, session: SessionId) -> anyhow::Result
     Ok((acquires.value_at_quantile(0.5), releases.value_at_quantile(0.5)))
 }
 
-/// Tasks, one per session, take turns on one lock for `secs`; handoffs per second, and the
-/// process's CPU per handoff in µs (node and tasks together).
-async fn time_handoffs(
+/// Tasks, one per session, acquire and release for `secs`, all on one lock or each on its
+/// own; cycles per second (on one lock, each is a handoff), and the process's CPU per cycle in
+/// µs (node and tasks together).
+async fn time_cycles(
     node: &Arc<Node>,
     sessions: &[SessionId],
     secs: f64,
     violations: &Arc<AtomicU64>,
+    locks: Locks,
 ) -> anyhow::Result<(f64, Option<f64>)> {
     let stop = Arc::new(AtomicBool::new(false));
-    let handoffs = Arc::new(AtomicU64::new(0));
+    let cycles = Arc::new(AtomicU64::new(0));
     let held = Arc::new(AtomicBool::new(false));
     let newest_token = Arc::new(AtomicU64::new(0));
     let pid = std::process::id().to_string();
@@ -190,38 +214,49 @@ async fn time_handoffs(
     let started = Instant::now();
     let tasks: Vec<_> = sessions
         .iter()
-        .map(|&session| {
-            let (node, stop, handoffs) = (node.clone(), stop.clone(), handoffs.clone());
+        .enumerate()
+        .map(|(index, &session)| {
+            let (node, stop, cycles) = (node.clone(), stop.clone(), cycles.clone());
             let (held, newest_token, violations) =
                 (held.clone(), newest_token.clone(), violations.clone());
+            let name = match locks {
+                Locks::OneShared => "chain/shared".to_owned(),
+                Locks::OnePerTask => format!("chain/own/{index}"),
+            };
             tokio::spawn(async move {
+                let mut own_newest_token = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let asked = AcquireRequest::new(Wait::Forever);
-                    let grant = node.acquire(session, "chain/shared", asked).await?;
-                    // One holder at a time, and each grant's token above every earlier one.
-                    if held.swap(true, Ordering::AcqRel)
-                        || newest_token.fetch_max(grant.token, Ordering::AcqRel) >= grant.token
-                    {
+                    let grant = node.acquire(session, &name, asked).await?;
+                    // Each grant's token above every earlier one of its lock, and one holder
+                    // of the shared lock at a time.
+                    let went_back = grant.token <= own_newest_token
+                        || (locks == Locks::OneShared
+                            && newest_token.fetch_max(grant.token, Ordering::AcqRel)
+                                >= grant.token);
+                    let overlapped = locks == Locks::OneShared && held.swap(true, Ordering::AcqRel);
+                    if went_back || overlapped {
                         violations.fetch_add(1, Ordering::Relaxed);
                     }
+                    own_newest_token = grant.token;
                     held.store(false, Ordering::Release);
-                    node.release(session, "chain/shared", grant.token, None).await?;
-                    handoffs.fetch_add(1, Ordering::Relaxed);
+                    node.release(session, &name, grant.token, None).await?;
+                    cycles.fetch_add(1, Ordering::Relaxed);
                 }
                 anyhow::Ok(())
             })
         })
         .collect();
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    let counted = handoffs.load(Ordering::Relaxed);
+    let counted = cycles.load(Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_seconds(&pid);
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
-        task.await.context("a handoff task panicked")??;
+        task.await.context("a timed task panicked")??;
     }
     if counted == 0 {
-        bail!("no handoff in {secs} s");
+        bail!("no acquire-release cycle in {secs} s");
     }
     #[allow(clippy::cast_precision_loss)]
     let counted = counted as f64;

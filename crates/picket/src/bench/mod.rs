@@ -37,8 +37,9 @@ pub enum Mode {
     Fenced,
     /// No network: start a node in this process on a temporary directory and measure, in
     /// interleaved rounds, `fdatasync` into preallocated space there, one writer's acquire and
-    /// release through the node's own API, and handoffs among `--clients` tasks (`--secs` in
-    /// all). What a write costs above its sync is the node's pipeline.
+    /// release through the node's own API, handoffs among `--clients` tasks, and cycles of as
+    /// many tasks each on a lock of its own (`--secs` for each of the last two). What a write
+    /// costs above its sync is the node's pipeline.
     Chain,
 }
 
