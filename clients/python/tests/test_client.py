@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import picket
-from conftest import Server, wait_until
+from conftest import Server, free_port, wait_until
 
 
 def holder(server: Server, name: str) -> object:
@@ -200,3 +200,31 @@ def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(
             proxy.swallow.clear()
     finally:
         proxy.close()
+
+
+def test_each_attempt_of_an_open_carries_a_reading_of_the_clock_taken_as_it_is_sent(
+    server: Server,
+) -> None:
+    """An open's path carries a reading of the client's lease clock, which the leader pairs
+    with the session's first keepalive. A retry that resent the first attempt's reading would
+    make the clock look faster than it is; each attempt takes its own (issue 21). The first
+    endpoint refuses connections, so the open is sent twice."""
+    from picket import _common
+    from picket._transport import Transport
+
+    refused = f"127.0.0.1:{free_port()}"
+    transport = Transport([refused, server.addr], timeout_s=10.0)
+    paths: List[str] = []
+
+    def path() -> str:
+        paths.append(_common.open_path(_common.lease_clock()))
+        return paths[-1]
+
+    try:
+        opened = transport.call("POST", path, {"ttl_ms": 5000}, safe=False)
+    finally:
+        transport.close()
+    assert int(opened["session_id"]) > 0
+    assert len(paths) == 2, paths
+    readings = [float(p.rsplit("clock_ms=", 1)[1]) for p in paths]
+    assert readings[1] > readings[0], readings

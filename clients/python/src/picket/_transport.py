@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import ssl
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
 from .errors import NotLeader, OutcomeUnknown, PicketError, Unavailable, from_response
 
 Json = Dict[str, Any]
+
+#: A request's path, or a function that gives it afresh for each attempt (a path that carries a
+#: reading of the client's clock must carry one taken as that attempt is sent: a retry that
+#: resent an earlier reading would make the clock look faster than it is).
+Path = Union[str, Callable[[], str]]
+
+
+def _path_now(path: Path) -> str:
+    return path if isinstance(path, str) else path()
 Verify = Union[bool, str]
 #: A client certificate and its key (PEM files), for nodes that take certificates.
 Cert = Optional[Tuple[str, str]]
@@ -152,15 +161,17 @@ class Transport:
     def call(
         self,
         method: str,
-        path: str,
+        path: Path,
         body: Optional[Json] = None,
         *,
         safe: bool,
         timeout_s: Optional[float] = None,
     ) -> Json:
         attempts = _Attempts(self.endpoints, timeout_s or self.timeout_s)
+        shown = ""
         while not attempts.expired():
-            url = self.endpoints.url() + path
+            shown = _path_now(path)
+            url = self.endpoints.url() + shown
             try:
                 response = self.http.request(method, url, json=body, timeout=timeout_s or self.timeout_s)
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
@@ -169,14 +180,14 @@ class Transport:
                 continue
             except httpx.TransportError as error:
                 if not safe:
-                    raise _lost_answer(path, error) from error
+                    raise _lost_answer(shown, error) from error
                 attempts.unsent(error)
                 continue
             answer = attempts.answered(response)
             if answer is not None:
                 return answer
             time.sleep(RETRY_PAUSE_S)
-        raise attempts.give_up(path)
+        raise attempts.give_up(shown or _path_now(path))
 
     def close(self) -> None:
         self.http.close()
@@ -204,7 +215,7 @@ class AsyncTransport:
     async def call(
         self,
         method: str,
-        path: str,
+        path: Path,
         body: Optional[Json] = None,
         *,
         safe: bool,
@@ -213,8 +224,10 @@ class AsyncTransport:
         import asyncio
 
         attempts = _Attempts(self.endpoints, timeout_s or self.timeout_s)
+        shown = ""
         while not attempts.expired():
-            url = self.endpoints.url() + path
+            shown = _path_now(path)
+            url = self.endpoints.url() + shown
             try:
                 response = await self.http.request(
                     method, url, json=body, timeout=timeout_s or self.timeout_s
@@ -225,14 +238,14 @@ class AsyncTransport:
                 continue
             except httpx.TransportError as error:
                 if not safe:
-                    raise _lost_answer(path, error) from error
+                    raise _lost_answer(shown, error) from error
                 attempts.unsent(error)
                 continue
             answer = attempts.answered(response)
             if answer is not None:
                 return answer
             await asyncio.sleep(RETRY_PAUSE_S)
-        raise attempts.give_up(path)
+        raise attempts.give_up(shown or _path_now(path))
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -208,7 +208,8 @@ class AsyncSession:
         period = self.ttl / _common.KEEPALIVE_DIVISOR
         while not self._closing.is_set() and not self.lost.is_set():
             sent_at = lease_clock()
-            path = _common.keepalive_path(self.id, sent_at)
+            # Each attempt carries a reading taken as it is sent; the lease counts from before.
+            path = lambda: _common.keepalive_path(self.id, lease_clock())  # noqa: E731
             # A keepalive in flight must not outlast the lease: the loss is noticed on time.
             remaining = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN) - sent_at
             if remaining <= 0:
@@ -289,7 +290,9 @@ class AsyncSession:
     async def keepalive(self) -> None:
         """Sends a keepalive now (the background task sends them anyway)."""
         sent_at = lease_clock()
-        await self.client.transport.call("POST", _common.keepalive_path(self.id, sent_at), {}, safe=True)
+        await self.client.transport.call(
+            "POST", lambda: _common.keepalive_path(self.id, lease_clock()), {}, safe=True
+        )
         self._confirmed_at = max(self._confirmed_at, sent_at)
 
     async def close(self) -> None:
@@ -333,7 +336,7 @@ class AsyncClient:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
         body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
         sent_at = lease_clock()
-        opened = await self.transport.call("POST", open_path(sent_at), body, safe=False)
+        opened = await self.transport.call("POST", lambda: open_path(lease_clock()), body, safe=False)
         session = AsyncSession(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000, sent_at)
         return await session._started()
 

@@ -226,7 +226,8 @@ class Session:
         period = self.ttl / _common.KEEPALIVE_DIVISOR
         while not self._closing.is_set() and not self.lost.is_set():
             sent_at = lease_clock()
-            path = _common.keepalive_path(self.id, sent_at)
+            # Each attempt carries a reading taken as it is sent; the lease counts from before.
+            path = lambda: _common.keepalive_path(self.id, lease_clock())  # noqa: E731
             try:
                 self.client.transport.call("POST", path, {}, safe=True, timeout_s=period)
                 self._confirmed(sent_at)
@@ -305,7 +306,9 @@ class Session:
     def keepalive(self) -> None:
         """Sends a keepalive now (the background thread sends them anyway)."""
         sent_at = lease_clock()
-        self.client.transport.call("POST", _common.keepalive_path(self.id, sent_at), {}, safe=True)
+        self.client.transport.call(
+            "POST", lambda: _common.keepalive_path(self.id, lease_clock()), {}, safe=True
+        )
         self._confirmed(sent_at)
 
     def close(self) -> None:
@@ -356,7 +359,7 @@ class Client:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
         body = {"ttl_ms": ms(ttl), "lock_delay_ms": ms(lock_delay)}
         sent_at = lease_clock()
-        opened = self.transport.call("POST", open_path(sent_at), body, safe=False)
+        opened = self.transport.call("POST", lambda: open_path(lease_clock()), body, safe=False)
         return Session(self, int(opened["session_id"]), int(opened["ttl_ms"]) / 1000, sent_at)
 
     @contextlib.contextmanager
