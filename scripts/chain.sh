@@ -15,6 +15,9 @@ PB=${5:-/tmp/peerbench-target/release/peerbench}
 PORT=${CHAIN_PORT:-17952}
 ECHO_PORT=${CHAIN_ECHO_PORT:-17953}
 DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-chain.XXXXXX")
+if [ "$(stat -f -c %T "$DATA")" = tmpfs ]; then
+  echo "chain.sh: $DATA is on tmpfs, where fdatasync does nothing; set TMPDIR to a disk" >&2
+fi
 SERVER=; ECHO=
 cleanup() {
   [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null
@@ -32,9 +35,12 @@ for round in $(seq 1 "$ROUNDS"); do
     rm -rf "$DATA/node"
     "$BIN" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA/node" >/dev/null 2>&1 &
     SERVER=$!
+    ready=
     for _ in $(seq 1 50); do
-      curl -s "127.0.0.1:$PORT/v1/cluster" | grep -q '"leader_id":[1-9]' && break; sleep 0.1
+      curl -s "127.0.0.1:$PORT/v1/cluster" | grep -q '"leader_id":[1-9]' && { ready=1; break; }
+      sleep 0.1
     done
+    [ -n "$ready" ] || { echo "chain.sh: the node on port $PORT did not lead within 5 s" >&2; exit 1; }
     timeout $((SECS + 60)) "$BIN" --endpoints "127.0.0.1:$PORT" bench --mode "$2" \
       --clients "$1" --secs "$SECS" --server-pid "$SERVER" --tag "wire/r$round" >> "$OUT"
     kill "$SERVER"; wait "$SERVER" 2>/dev/null; SERVER=

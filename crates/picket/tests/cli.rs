@@ -602,11 +602,22 @@ fn every_command_has_help() {
 #[test]
 fn bench_chain_measures_a_node_in_its_own_process() {
     let dir = temp_dir();
-    let output = Command::new(PICKET)
+    let mut child = Command::new(PICKET)
         .args(["bench", "--mode", "chain", "--clients", "2", "--secs", "0.6"])
         .env("TMPDIR", dir.path())
-        .output()
-        .expect("picket bench runs");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("picket bench starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().expect("the bench's status").is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            panic!("picket bench --mode chain did not end within 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("the bench's output");
     let text = stdout(&output);
     assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
     let line = text.lines().find(|line| line.starts_with("RESULT ")).expect("a RESULT line");
@@ -617,8 +628,8 @@ fn bench_chain_measures_a_node_in_its_own_process() {
     };
     assert!(line.contains(" mode=chain "), "{line}");
     assert!(field("violations") == 0.0, "{line}");
-    let measured = ["ops_per_s", "own_cycles_per_s", "sync_p50_us", "acq_p50_us", "handoff_us"];
-    for measured in measured {
+    let measured = ["ops_per_s", "own_cycles_per_s", "sync_p50_us", "acq_p50_us", "rel_p50_us"];
+    for measured in measured.into_iter().chain(["handoff_us"]) {
         assert!(field(measured) > 0.0, "{measured}: {line}");
     }
     let left: Vec<_> = std::fs::read_dir(dir.path()).expect("the directory").collect();

@@ -38,8 +38,9 @@ pub enum Mode {
     /// No network: start a node in this process on a temporary directory and measure, in
     /// interleaved rounds, `fdatasync` into preallocated space there, one writer's acquire and
     /// release through the node's own API, handoffs among `--clients` tasks, and cycles of as
-    /// many tasks each on a lock of its own (`--secs` for each of the last two). What a write
-    /// costs above its sync is the node's pipeline.
+    /// many tasks each on a lock of its own (`--secs` for each of the last two, split over the
+    /// rounds; no warm-up; `--endpoints`, `--server-pid` and `--max-ops` are not used). What a
+    /// write costs above its sync is the node's pipeline.
     Chain,
 }
 
@@ -49,7 +50,8 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Mode::Uncontended)]
     mode: Mode,
-    /// Concurrent clients, each with its own connection and session.
+    /// Concurrent clients, each with its own connection and session (in `chain` mode, tasks
+    /// in this process, each with its own session).
     #[arg(long, default_value_t = 64)]
     clients: usize,
     /// Measured seconds (after the warm-up).
@@ -114,6 +116,9 @@ struct Outcome {
 pub fn run(mut args: BenchArgs, connect: &Connect) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.secs <= 0.0 {
         bail!("--clients and --secs must be positive");
+    }
+    if args.mode == Mode::Chain && args.cluster {
+        bail!("--mode chain starts its own node in this process; leave out --cluster");
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let (cluster, connect) = if args.cluster {
