@@ -31,7 +31,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for spec in "8 contended" "64 uncontended"; do
     set -- $spec
     TMPDIR="$DATA" timeout $((2 * SECS + 60)) "$BIN" bench --mode chain --clients "$1" \
-      --secs "$SECS" --tag "chain/r$round" >> "$OUT"
+      --secs "$SECS" --tag "chain/r$round" >> "$OUT" || { echo "chain.sh: chain failed" >&2; exit 1; }
     rm -rf "$DATA/node"
     "$BIN" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA/node" >/dev/null 2>&1 &
     SERVER=$!
@@ -42,7 +42,8 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     [ -n "$ready" ] || { echo "chain.sh: the node on port $PORT did not lead within 5 s" >&2; exit 1; }
     timeout $((SECS + 60)) "$BIN" --endpoints "127.0.0.1:$PORT" bench --mode "$2" \
-      --clients "$1" --secs "$SECS" --server-pid "$SERVER" --tag "wire/r$round" >> "$OUT"
+      --clients "$1" --secs "$SECS" --server-pid "$SERVER" --tag "wire/r$round" >> "$OUT" \
+      || { echo "chain.sh: the wire bench failed" >&2; exit 1; }
     kill "$SERVER"; wait "$SERVER" 2>/dev/null; SERVER=
   done
   timeout $((SECS + 60)) "$PB" tcp-rr --endpoint "127.0.0.1:$ECHO_PORT" --clients 1 \

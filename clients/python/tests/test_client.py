@@ -209,22 +209,14 @@ def test_each_attempt_of_an_open_carries_a_reading_of_the_clock_taken_as_it_is_s
     with the session's first keepalive. A retry that resent the first attempt's reading would
     make the clock look faster than it is; each attempt takes its own (issue 21). The first
     endpoint refuses connections, so the open is sent twice."""
-    from picket import _common
-    from picket._transport import Transport
-
     refused = f"127.0.0.1:{free_port()}"
-    transport = Transport([refused, server.addr], timeout_s=10.0)
-    paths: List[str] = []
-
-    def path() -> str:
-        paths.append(_common.open_path(_common.lease_clock()))
-        return paths[-1]
-
-    try:
-        opened = transport.call("POST", path, {"ttl_ms": 5000}, safe=False)
-    finally:
-        transport.close()
-    assert int(opened["session_id"]) > 0
-    assert len(paths) == 2, paths
-    readings = [float(p.rsplit("clock_ms=", 1)[1]) for p in paths]
+    urls: List[str] = []
+    with picket.Client([refused, server.addr], timeout=10) as client:
+        hooks = client.transport.http.event_hooks["request"]
+        hooks.append(lambda request: urls.append(str(request.url)))
+        session = client.session(ttl=5.0)
+        session.close()
+    opens = [url for url in urls if "/v1/sessions?" in url]
+    assert len(opens) == 2, urls
+    readings = [float(url.rsplit("clock_ms=", 1)[1]) for url in opens]
     assert readings[1] > readings[0], readings

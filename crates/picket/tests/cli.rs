@@ -602,22 +602,21 @@ fn every_command_has_help() {
 #[test]
 fn bench_chain_measures_a_node_in_its_own_process() {
     let dir = temp_dir();
-    let mut child = Command::new(PICKET)
+    let child = Command::new(PICKET)
         .args(["bench", "--mode", "chain", "--clients", "2", "--secs", "0.6"])
         .env("TMPDIR", dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("picket bench starts");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while child.try_wait().expect("the bench's status").is_none() {
-        if std::time::Instant::now() > deadline {
-            child.kill().ok();
-            panic!("picket bench --mode chain did not end within 120 s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let output = child.wait_with_output().expect("the bench's output");
+    let pid = child.id();
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    let Ok(output) = ended.recv_timeout(std::time::Duration::from_secs(120)) else {
+        Command::new("kill").args(["-9", &pid.to_string()]).status().ok();
+        panic!("picket bench --mode chain did not end within 120 s");
+    };
+    let output = output.expect("the bench's output");
     let text = stdout(&output);
     assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
     let line = text.lines().find(|line| line.starts_with("RESULT ")).expect("a RESULT line");

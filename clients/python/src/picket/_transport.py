@@ -24,16 +24,16 @@ Json = Dict[str, Any]
 #: reading of the client's clock must carry one taken as that attempt is sent: a retry that
 #: resent an earlier reading would make the clock look faster than it is).
 Path = Union[str, Callable[[], str]]
-
-
-def _path_now(path: Path) -> str:
-    return path if isinstance(path, str) else path()
 Verify = Union[bool, str]
 #: A client certificate and its key (PEM files), for nodes that take certificates.
 Cert = Optional[Tuple[str, str]]
 
 #: Pause between attempts while the cluster has no leader.
 RETRY_PAUSE_S = 0.1
+
+
+def _path_now(path: Path) -> str:
+    return path if isinstance(path, str) else path()
 
 
 def normalize(endpoint: str) -> str:

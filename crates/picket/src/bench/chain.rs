@@ -173,7 +173,7 @@ async fn keep_alive(node: Arc<Node>, sessions: Vec<SessionId>, ttl_ms: u64) {
         for chunk in sessions.chunks(picket_server::node::MAX_KEEPALIVE_BATCH) {
             match node.keep_alive_many(chunk, None, None).await {
                 Ok(ttls) if ttls.iter().any(Option::is_none) => {
-                    eprintln!("picket bench: a session expired; its task's next call fails");
+                    eprintln!("picket bench: a session ended; its task's next call fails");
                 }
                 Ok(_) => {}
                 Err(error) => eprintln!("picket bench: a keepalive failed: {error}"),
