@@ -48,8 +48,9 @@ impl Node {
     /// client, which arrived at `arrived_ms` of the node's clock source (see
     /// [`crate::client_clocks`]): a new client's first keepalive then pairs with it (2 s or
     /// more later, or for a provisional rate 500 ms or more later), where it had to wait for a
-    /// later one. Only a leader records it, and only as a clock's first reading; the session
-    /// the reading came with is the principal's own, just opened.
+    /// later one. Only a leader records it, and only if nothing later of that clock was (see
+    /// [`crate::client_clocks::ClientClocks::record_open`]); the session the reading came with
+    /// is the principal's own, just opened.
     pub fn note_clock_reading(
         &self,
         principal: Option<&str>,

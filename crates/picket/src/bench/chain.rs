@@ -22,6 +22,7 @@
 //! each lock only grow, and the shared lock is granted only once its last holder has released
 //! it.
 
+use super::locks::micros;
 use super::{BenchArgs, Outcome, cpu_seconds, percent};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
@@ -342,8 +343,7 @@ fn histogram() -> Histogram<u64> {
 }
 
 fn record(histogram: &mut Histogram<u64>, started: Instant) {
-    let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    histogram.saturating_record(micros.max(1));
+    histogram.saturating_record(micros(started.elapsed()));
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
