@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import picket
-from conftest import Server
+from conftest import Server, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -102,3 +102,44 @@ async def test_fence_on_acquire_over_http(server: Server, kv: "object") -> None:
                 stale = await http.put(f"{store}/kv/res/x", content=b"old", headers=picket.fence.headers(old))
                 assert stale.status_code == 409
                 assert stale.json()["highest_token"] == grant.token
+
+
+async def test_each_attempt_of_an_open_and_a_keepalive_carries_its_own_clock_reading(
+    server: Server,
+) -> None:
+    """The async client, as the blocking one: an open whose first endpoint refuses
+    connections, and a keepalive whose first attempt fails before it is sent, are each sent
+    again with a later reading of the lease clock than their first attempt's (issue 21)."""
+    refused = f"127.0.0.1:{free_port()}"
+    urls: List[str] = []
+    failed: List[str] = []
+    armed = False
+
+    async def record(request: httpx.Request) -> None:
+        url = str(request.url)
+        urls.append(url)
+        if armed and "/keepalive?" in url and not failed:
+            failed.append(url)
+            raise httpx.ConnectError("refused by the test", request=request)
+
+    def readings(part: str, urls: List[str]) -> List[float]:
+        return [float(url.rsplit("clock_ms=", 1)[1]) for url in urls if part in url]
+
+    async with picket.AsyncClient([refused, server.addr], timeout=10) as client:
+        client.transport.http.event_hooks["request"].append(record)
+        # The TTL keeps the background task's next keepalive 20 s away once its first is sent.
+        session = await client.session(ttl=60.0)
+        deadline = time.monotonic() + 10
+        while not readings("/keepalive?", urls):
+            assert time.monotonic() < deadline, "the background task sent no keepalive"
+            await asyncio.sleep(0.02)
+        sent_before = len(urls)
+        armed = True
+        await session.keepalive()
+        await session.close()
+    opens = readings("/v1/sessions?", urls)
+    assert len(opens) == 2 and opens[1] > opens[0], urls
+    keepalives = readings("/keepalive?", urls[sent_before:])
+    # The failed attempt moves the client on to the refused endpoint, then back.
+    assert len(failed) == 1 and len(keepalives) >= 2, urls
+    assert keepalives == sorted(set(keepalives)), keepalives

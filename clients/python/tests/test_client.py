@@ -220,3 +220,37 @@ def test_each_attempt_of_an_open_carries_a_reading_of_the_clock_taken_as_it_is_s
     assert len(opens) == 2, urls
     readings = [float(url.rsplit("clock_ms=", 1)[1]) for url in opens]
     assert readings[1] > readings[0], readings
+
+
+def test_each_attempt_of_a_keepalive_carries_a_reading_of_the_clock_taken_as_it_is_sent(
+    server: Server,
+) -> None:
+    """A keepalive's first attempt fails before it is sent (a refused connection, as the
+    request hook raises it), so it is sent again: the second attempt carries a later reading
+    of the lease clock than the first, not the first's again (issue 21)."""
+    keepalives: List[str] = []
+    failed: List[str] = []
+
+    def fail_first_explicit(request: httpx.Request) -> None:
+        url = str(request.url)
+        if "/keepalive?" not in url:
+            return
+        keepalives.append(url)
+        if armed and not failed:
+            failed.append(url)
+            raise httpx.ConnectError("refused by the test", request=request)
+
+    armed = False
+    with picket.Client([server.addr], timeout=10) as client:
+        client.transport.http.event_hooks["request"].append(fail_first_explicit)
+        # The TTL keeps the background thread's next keepalive 20 s away once its first is sent.
+        session = client.session(ttl=60.0)
+        wait_until("the background thread's first keepalive", 10, lambda: len(keepalives) >= 1)
+        sent_before = len(keepalives)
+        armed = True
+        session.keepalive()
+        session.close()
+    attempts = keepalives[sent_before:]
+    assert len(failed) == 1 and len(attempts) == 2, keepalives
+    readings = [float(url.rsplit("clock_ms=", 1)[1]) for url in attempts]
+    assert readings[1] > readings[0], readings
