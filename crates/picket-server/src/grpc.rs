@@ -34,11 +34,18 @@ impl ClientService {
         authenticate(self.node.auth(), caller, authorization).map_err(|error| status(&error))
     }
 
+    /// The service for `node`.
+    #[must_use]
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
+    }
+
     /// The tonic service for `node`, decoding requests of at most `max_message_bytes`
     /// ([`crate::ServerLimits::max_grpc_message_bytes`]).
     #[must_use]
     pub fn server(node: Arc<Node>, max_message_bytes: usize) -> picket_server::PicketServer<Self> {
-        picket_server::PicketServer::new(Self { node }).max_decoding_message_size(max_message_bytes)
+        picket_server::PicketServer::new(Self::new(node))
+            .max_decoding_message_size(max_message_bytes)
     }
 }
 

@@ -35,7 +35,10 @@ use crate::tls::{Caller, ServerTls};
 use tokio::io::AsyncReadExt as _;
 use wire::Opening;
 
+mod direct;
 mod wire;
+
+pub(crate) use direct::DirectCalls;
 
 /// How long an HTTP/1 client has to send a request's headers (and how long an HTTP/1
 /// connection may sit idle between requests).
@@ -238,6 +241,8 @@ struct Serving {
     max_message_bytes: usize,
     /// Largest Raft message, for the connections that may send them.
     max_raft_message_bytes: usize,
+    /// The client API's calls a wire connection serves without the router (the client port's).
+    direct: Option<DirectCalls>,
 }
 
 /// Serves one connection until it ends, it has been idle for the idle timeout, or the node
@@ -321,13 +326,14 @@ pub struct ConnectionLimits {
 }
 
 /// Serves `app` on `listener` (over TLS when `tls` is given) within `limits` until `stop`
-/// resolves; then stops accepting and gives open connections a few seconds to finish.
+/// resolves, wire connections serving the calls `direct` takes without `app`; then stops accepting and gives open connections a few seconds to finish.
 ///
 /// # Panics
 /// If `limits.max_connections` is 0 or above [`ServerLimits::MOST_CONNECTIONS`].
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
+    direct: Option<DirectCalls>,
     limits: ConnectionLimits,
     tls: Option<Arc<ServerTls>>,
     stop: impl Future<Output = ()>,
@@ -356,6 +362,7 @@ pub async fn serve(
         max_calls: limits.max_streams_per_connection as usize,
         max_message_bytes: limits.max_message_bytes,
         max_raft_message_bytes: limits.max_raft_message_bytes,
+        direct,
     };
     let per_ip = Arc::new(PerIp::default());
     let mut stop = std::pin::pin!(stop);

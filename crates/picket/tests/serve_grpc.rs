@@ -241,3 +241,142 @@ async fn bad_input_over_grpc_is_refused_without_changes() {
         client.get_lock(v1::GetLockRequest { name: "held".into() }).await.unwrap().into_inner();
     assert_eq!((lock.holder_session_id, lock.token), (session, token));
 }
+
+/// A call's outcome as a client sees it: the answer, or the status's code, message and
+/// metadata (without `date`, which differs by the second).
+fn outcome<T: std::fmt::Debug>(result: Result<tonic::Response<T>, Status>) -> String {
+    match result {
+        Ok(answer) => format!("ok {:?}", answer.into_inner()),
+        Err(status) => {
+            let mut metadata: Vec<String> = status
+                .metadata()
+                .clone()
+                .into_headers()
+                .iter()
+                .filter(|(key, _)| *key != "date")
+                .map(|(key, value)| format!("{key}={value:?}"))
+                .collect();
+            metadata.sort();
+            format!("error {:?} {:?} {metadata:?}", status.code(), status.message())
+        }
+    }
+}
+
+/// Sends `body` as a call to `path` on `service` and gives back what the answer says: its
+/// `grpc-status` and `grpc-message` (from its headers or trailers) and its data.
+async fn raw_call<S, B>(service: &mut S, origin: &str, path: &str, body: &[u8]) -> String
+where
+    S: tonic::codegen::Service<http::Request<tonic::body::Body>, Response = http::Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body_util::BodyExt,
+    B::Error: std::fmt::Debug,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx)).await.expect("ready");
+    let request = http::Request::post(format!("{origin}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::copy_from_slice(
+            body,
+        ))))
+        .expect("a request");
+    let answer = service.call(request).await.expect("an answer");
+    let (head, body) = answer.into_parts();
+    let collected = body.collect().await.expect("the whole answer");
+    let mut said = head.headers;
+    if let Some(trailers) = collected.trailers() {
+        said.extend(trailers.clone());
+    }
+    let status = said.get("grpc-status").map(|value| value.to_str().unwrap().to_owned());
+    let message = said.get("grpc-message").map(|value| value.to_str().unwrap().to_owned());
+    format!("{} {status:?} {message:?} {:?}", head.status, collected.to_bytes())
+}
+
+/// The wire protocol serves the client API's hot calls straight from their frames, without
+/// the router and tonic's codec that gRPC over HTTP/2 goes through (issue 19). The same calls
+/// must answer the same either way: the same message, and for a refusal the same code,
+/// message and metadata; a request not in the plain form (a message that does not decode,
+/// a compressed one, two of them) is left to the router, which refuses it as over HTTP/2.
+#[tokio::test]
+async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
+    use picket_proto::connection::{Connection, Protocol};
+    let (_dir, server, mut h2) = start().await;
+    let connection =
+        Connection::open_with(&server.addr, Duration::from_secs(5), 1 << 22, None, Protocol::Wire)
+            .await
+            .expect("connected");
+    assert_eq!(connection.protocol(), Protocol::Wire);
+    let mut wire = PicketClient::new(connection.clone());
+    let session = open(&mut h2, 10_000, 0).await;
+    let other = open(&mut h2, 10_000, 0).await;
+    let token =
+        h2.acquire(acquire_request("held", session, Some(0))).await.unwrap().into_inner().token;
+
+    macro_rules! same {
+        ($method:ident, $request:expr) => {{
+            let over_wire = outcome(wire.$method($request).await);
+            let over_h2 = outcome(h2.$method($request).await);
+            assert_eq!(over_wire, over_h2, "{} over the two protocols", stringify!($method));
+            over_wire
+        }};
+    }
+    let kept =
+        same!(keep_alive, v1::KeepAliveRequest { session_id: session, ..Default::default() });
+    assert!(kept.starts_with("ok "), "{kept}");
+    let again = same!(acquire, acquire_request("held", session, Some(0)));
+    assert!(again.contains("already_held: true"), "{again}");
+    let busy = same!(acquire, acquire_request("held", other, Some(0)));
+    assert!(busy.contains("lock_busy") && busy.contains(&token.to_string()), "{busy}");
+    same!(acquire, acquire_request("", session, Some(0)));
+    same!(acquire, acquire_request("held", 987_654, Some(0)));
+    same!(
+        release,
+        v1::ReleaseRequest { name: "held".into(), session_id: session, token: token + 1 }
+    );
+    same!(release, v1::ReleaseRequest { name: "free".into(), session_id: session, token: 1 });
+    same!(keep_alive, v1::KeepAliveRequest { session_id: 987_654, ..Default::default() });
+    same!(
+        keep_alive_many,
+        v1::KeepAliveManyRequest { session_ids: vec![session, 987_654], ..Default::default() }
+    );
+    same!(
+        open_session,
+        v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0, ..Default::default() }
+    );
+    same!(close_session, v1::SessionRequest { session_id: 987_654 });
+
+    let origin = format!("http://{}", server.addr);
+    let mut channel = tonic::transport::Channel::from_shared(origin.clone())
+        .expect("an origin")
+        .connect()
+        .await
+        .expect("connected over HTTP/2");
+    let mut raw = connection;
+    let session_bytes = {
+        use prost::Message as _;
+        v1::KeepAliveRequest { session_id: session, ..Default::default() }.encode_to_vec()
+    };
+    let framed = |compressed: u8, message: &[u8]| {
+        let mut body = vec![compressed];
+        body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        body.extend_from_slice(message);
+        body
+    };
+    let mut twice = framed(0, &session_bytes);
+    twice.extend_from_slice(&framed(0, &session_bytes));
+    let bodies = [
+        ("plain", framed(0, &session_bytes)),
+        ("does not decode", framed(0, &[0xff, 0xff, 0xff])),
+        ("compressed", framed(1, &session_bytes)),
+        ("two messages", twice),
+        ("cut short", framed(0, &session_bytes)[..4].to_vec()),
+    ];
+    for (what, body) in bodies {
+        let path = "/picket.v1.Picket/KeepAlive";
+        let over_wire = raw_call(&mut raw, &origin, path, &body).await;
+        let over_h2 = raw_call(&mut channel, &origin, path, &body).await;
+        assert_eq!(over_wire, over_h2, "a request that is {what}");
+    }
+
+    let lock = h2.get_lock(v1::GetLockRequest { name: "held".into() }).await.unwrap().into_inner();
+    assert_eq!((lock.holder_session_id, lock.token), (session, token));
+}

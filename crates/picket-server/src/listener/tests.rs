@@ -177,7 +177,7 @@ async fn serve_with(
         max_message_bytes: 1 << 16,
         max_raft_message_bytes,
     };
-    let serving = tokio::spawn(serve(listener, app, limits, None, async move {
+    let serving = tokio::spawn(serve(listener, app, None, limits, None, async move {
         let _ = stopped.await;
     }));
     Listening { addr, stop: Some(stop), serving }

@@ -2,18 +2,21 @@
 //! port beside HTTP/1 and HTTP/2.
 //!
 //! Each call is handed to the same router as a gRPC call over HTTP/2 (the same handlers,
-//! authentication, limits and errors), built from its frame instead of from HTTP/2 streams. A
-//! connection is served by one task: it reads frames, runs its calls' futures itself (at most
+//! authentication, limits and errors), built from its frame instead of from HTTP/2 streams;
+//! the client API's hot unary calls in their plain form skip the request and the router and go
+//! to the same handlers straight from the frame (`direct.rs`). A connection is served by one
+//! task: it reads frames, runs its calls' futures itself (at most
 //! `max_streams_per_connection` at once, a number the client is told and waits for a place
 //! under; cancels are read at any time), and writes their answers, several per write when they
 //! come together. A call the client cancels,
 //! or every call of a connection that breaks, is dropped, as an HTTP/2 stream reset drops it.
 
+use super::direct::{DirectCall, DirectCalls};
 use super::{Phase, Serving};
 use crate::tls::{Caller, ServerTls};
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use futures_util::future::{AbortHandle, Abortable};
+use futures_util::future::{AbortHandle, Abortable, Either};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt as _, StreamExt as _};
 use http::{HeaderMap, HeaderValue};
@@ -111,12 +114,7 @@ impl Callers {
 
     /// Call `path` with `metadata` and `body` as the router takes it, `None` when the path is
     /// not one.
-    fn request(
-        &mut self,
-        path: &str,
-        metadata: HeaderMap,
-        body: Bytes,
-    ) -> Option<http::Request<Body>> {
+    fn request(&self, path: &str, metadata: HeaderMap, body: Bytes) -> Option<http::Request<Body>> {
         let uri = http::Uri::try_from(path).ok().filter(|uri| uri.path() == path)?;
         let mut request = http::Request::new(Body::from(body));
         *request.method_mut() = http::Method::POST;
@@ -126,9 +124,15 @@ impl Callers {
         let headers = request.headers_mut();
         headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        // A call's own authorization is its handle's, which may differ from the one the
-        // connection was given (handles of one client connection with different tokens); an
-        // empty one says the handle has none.
+        // Judged again by `serve_wire` before this frame was read.
+        request.extensions_mut().insert(self.caller.clone());
+        Some(request)
+    }
+
+    /// Gives a call's `headers` the authorization it is made with. A call's own authorization
+    /// is its handle's, which may differ from the one the connection was given (handles of one
+    /// client connection with different tokens); an empty one says the handle has none.
+    fn authorize(&self, headers: &mut HeaderMap) {
         match headers.get(http::header::AUTHORIZATION) {
             Some(own) if own.is_empty() => {
                 headers.remove(http::header::AUTHORIZATION);
@@ -140,10 +144,15 @@ impl Callers {
                 }
             }
         }
-        // Judged again by `serve_wire` before this frame was read.
-        request.extensions_mut().insert(self.caller.clone());
-        Some(request)
     }
+}
+
+/// A call read from the client, to be started when it has a place.
+enum Call {
+    /// Through the router, as an HTTP request.
+    Routed(Box<http::Request<Body>>),
+    /// Straight to its handler; its answer is the future's output.
+    Direct(DirectCall),
 }
 
 /// The server's side of the opening: [`MAGIC`], then how many calls the client may have open at
@@ -163,7 +172,7 @@ struct CallBook {
     running: HashMap<u64, AbortHandle>,
     /// Calls read while every place was taken: the client's places free as soon as it has an
     /// answer, which may be before this task has seen the call end.
-    waiting: VecDeque<(u64, http::Request<Body>)>,
+    waiting: VecDeque<(u64, Call)>,
     /// The last call read, and the last started (every later one read is waiting).
     last_id: u64,
     last_started: u64,
@@ -181,16 +190,23 @@ enum Taken {
 
 impl CallBook {
     /// Takes one frame from the client: a call (to wait for a place), a cancel, or the
-    /// authorization for later calls.
-    fn take(&mut self, frame: Frame, callers: &mut Callers) -> Taken {
+    /// authorization for later calls. Calls `direct` serves go to it.
+    fn take(&mut self, frame: Frame, callers: &mut Callers, direct: Option<&DirectCalls>) -> Taken {
         match frame {
-            Frame::Request { id, path, headers, body } if id > self.last_id => {
+            Frame::Request { id, path, mut headers, body } if id > self.last_id => {
                 self.last_id = id;
+                callers.authorize(&mut headers);
+                let served_directly = direct
+                    .and_then(|direct| direct.call(id, &path, &headers, &body, &callers.caller));
+                if let Some(call) = served_directly {
+                    self.waiting.push_back((id, Call::Direct(call)));
+                    return Taken::Kept;
+                }
                 let Some(request) = callers.request(&path, headers, body) else {
                     let message = format!("{path:?} is not a call path");
                     return Taken::Refused(Frame::Reset { id, message }.to_bytes());
                 };
-                self.waiting.push_back((id, request));
+                self.waiting.push_back((id, Call::Routed(Box::new(request))));
             }
             Frame::Cancel { id } => {
                 if let Some(abort) = self.running.remove(&id) {
@@ -259,8 +275,25 @@ pub(super) async fn serve_wire<Io>(
                 out.clear();
             }
             Some(ended) = calls.next(), if !calls.is_empty() => {
-                if let Ok(id) = ended {
+                let ended: Result<(u64, Option<Bytes>), _> = ended;
+                if let Ok((id, answer)) = ended {
                     book.running.remove(&id);
+                    if let Some(answer) = answer {
+                        out.extend_from_slice(&answer);
+                        // Other direct answers ready now go out in the same write.
+                        while out.len() < WRITE_BATCH_BYTES
+                            && let Some(Some(ended)) = calls.next().now_or_never()
+                        {
+                            if let Ok((id, answer)) = ended {
+                                book.running.remove(&id);
+                                out.extend_from_slice(&answer.unwrap_or_default());
+                            }
+                        }
+                        if !write(&mut writer, &out).await {
+                            return;
+                        }
+                        out.clear();
+                    }
                 }
                 if calls.is_empty() && book.waiting.is_empty() {
                     idle.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
@@ -309,7 +342,7 @@ pub(super) async fn serve_wire<Io>(
                     return;
                 }
             };
-            match book.take(frame, &mut callers) {
+            match book.take(frame, &mut callers, serving.direct.as_ref()) {
                 Taken::Kept => {}
                 Taken::Refused(reset) => {
                     if !write(&mut writer, &reset).await {
@@ -320,10 +353,16 @@ pub(super) async fn serve_wire<Io>(
             }
         }
         while book.running.len() < max_calls
-            && let Some((id, request)) = book.waiting.pop_front()
+            && let Some((id, call)) = book.waiting.pop_front()
         {
             let (abort, registration) = AbortHandle::new_pair();
-            let call = serve_call(serving.app.clone(), request, id, answers.clone());
+            let call = match call {
+                Call::Routed(request) => Either::Left(
+                    serve_call(serving.app.clone(), *request, id, answers.clone())
+                        .map(|id| (id, None::<Bytes>)),
+                ),
+                Call::Direct(call) => Either::Right(call.map(move |answer| (id, Some(answer)))),
+            };
             calls.push(Abortable::new(call, registration));
             book.running.insert(id, abort);
             book.last_started = id;

@@ -407,7 +407,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             max_message_bytes: config.limits.max_grpc_message_bytes,
             max_raft_message_bytes: crate::network::MAX_RAFT_MESSAGE_BYTES,
         };
-        tokio::spawn(serve(listener, peer_app, limits, tls.clone(), shutdown_signal.clone()))
+        tokio::spawn(serve(listener, peer_app, None, limits, tls.clone(), shutdown_signal.clone()))
     });
     let limits = crate::listener::ConnectionLimits {
         max_connections: config.limits.max_connections,
@@ -422,7 +422,11 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             crate::network::MAX_RAFT_MESSAGE_BYTES
         },
     };
-    let serving = tokio::spawn(serve(listener, app, limits, tls, shutdown_signal));
+    let direct = crate::listener::DirectCalls::new(
+        ClientService::new(node.clone()),
+        config.limits.max_grpc_message_bytes,
+    );
+    let serving = tokio::spawn(serve(listener, app, Some(direct), limits, tls, shutdown_signal));
     tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");
     Ok(ServerHandle { addr, peer_addr, node, shutdown, serving, serving_peers, duties })
 }
@@ -431,6 +435,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
 async fn serve(
     listener: TcpListener,
     app: axum::Router,
+    direct: Option<crate::listener::DirectCalls>,
     limits: crate::listener::ConnectionLimits,
     tls: Option<Arc<ServerTls>>,
     mut stop: watch::Receiver<bool>,
@@ -438,7 +443,7 @@ async fn serve(
     let stopped = async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };
-    crate::listener::serve(listener, app, limits, tls, stopped).await;
+    crate::listener::serve(listener, app, direct, limits, tls, stopped).await;
 }
 
 /// Checks that `peers` names this node as it serves: its peers must reach its Raft service where
