@@ -326,7 +326,8 @@ pub struct ConnectionLimits {
 }
 
 /// Serves `app` on `listener` (over TLS when `tls` is given) within `limits` until `stop`
-/// resolves, wire connections serving the calls `direct` takes without `app`; then stops accepting and gives open connections a few seconds to finish.
+/// resolves (wire connections serve the calls `direct` takes without `app`); then stops
+/// accepting and gives open connections a few seconds to finish.
 ///
 /// # Panics
 /// If `limits.max_connections` is 0 or above [`ServerLimits::MOST_CONNECTIONS`].

@@ -154,6 +154,7 @@ pub struct Metrics {
     snapshot_build_seconds: Histogram,
     leader_changes: Counter,
     limits_refused: Counter,
+    wire_direct_calls: Counter,
     sessions: Gauge,
     locks_held: Gauge,
     lock_waiters: Gauge,
@@ -210,6 +211,7 @@ impl Metrics {
             snapshot_build_seconds: latency_histogram(),
             leader_changes: Counter::default(),
             limits_refused: Counter::default(),
+            wire_direct_calls: Counter::default(),
             sessions: Gauge::default(),
             locks_held: Gauge::default(),
             lock_waiters: Gauge::default(),
@@ -300,6 +302,11 @@ impl Metrics {
             "limits_refused",
             "Times the state refused the limits this node's flags set, as leader",
             self.limits_refused.clone(),
+        );
+        registry.register(
+            "wire_direct_calls",
+            "Wire protocol calls served straight from their frames, past the router",
+            self.wire_direct_calls.clone(),
         );
         registry.register("wal_syncs", "Batches written and synced to the WAL", wal.syncs.clone());
         registry.register("wal_entries", "Raft entries appended to the WAL", wal.entries.clone());
@@ -490,6 +497,11 @@ impl Metrics {
     /// Counts a refusal of this node's limits by the state.
     pub fn limits_refused(&self) {
         self.limits_refused.inc();
+    }
+
+    /// Counts a wire protocol call served straight from its frame.
+    pub fn note_direct_wire_call(&self) {
+        self.wire_direct_calls.inc();
     }
 
     /// The text exposition of every metric, with the gauges set from `scrape`.

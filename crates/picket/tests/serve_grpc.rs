@@ -262,9 +262,15 @@ fn outcome<T: std::fmt::Debug>(result: Result<tonic::Response<T>, Status>) -> St
     }
 }
 
-/// Sends `body` as a call to `path` on `service` and gives back what the answer says: its
-/// `grpc-status` and `grpc-message` (from its headers or trailers) and its data.
-async fn raw_call<S, B>(service: &mut S, origin: &str, path: &str, body: &[u8]) -> String
+/// Sends `body` as a call to `path` on `service` and gives back the whole answer: its status,
+/// its headers (without `date`), its data and its trailers.
+async fn raw_call<S, B>(
+    service: &mut S,
+    origin: &str,
+    path: &str,
+    body: &[u8],
+    encoding: Option<&str>,
+) -> String
 where
     S: tonic::codegen::Service<http::Request<tonic::body::Body>, Response = http::Response<B>>,
     S::Error: std::fmt::Debug,
@@ -272,30 +278,40 @@ where
     B::Error: std::fmt::Debug,
 {
     std::future::poll_fn(|cx| service.poll_ready(cx)).await.expect("ready");
-    let request = http::Request::post(format!("{origin}{path}"))
+    let mut request = http::Request::post(format!("{origin}{path}"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
+        .header("te", "trailers");
+    if let Some(encoding) = encoding {
+        request = request.header("grpc-encoding", encoding);
+    }
+    let request = request
         .body(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::copy_from_slice(
             body,
         ))))
         .expect("a request");
     let answer = service.call(request).await.expect("an answer");
-    let (head, body) = answer.into_parts();
+    let (mut head, body) = answer.into_parts();
+    head.headers.remove("date");
     let collected = body.collect().await.expect("the whole answer");
-    let mut said = head.headers;
-    if let Some(trailers) = collected.trailers() {
-        said.extend(trailers.clone());
-    }
-    let status = said.get("grpc-status").map(|value| value.to_str().unwrap().to_owned());
-    let message = said.get("grpc-message").map(|value| value.to_str().unwrap().to_owned());
-    format!("{} {status:?} {message:?} {:?}", head.status, collected.to_bytes())
+    // The wire protocol ends every answer with a trailers frame, empty after a trailers-only
+    // answer, where HTTP/2 sends none.
+    let trailers = collected.trailers().filter(|trailers| !trailers.is_empty()).cloned();
+    format!("{} {:?} {:?} {trailers:?}", head.status, head.headers, collected.to_bytes())
+}
+
+/// How many wire calls `addr` has served straight from their frames.
+fn direct_calls(addr: &str) -> u64 {
+    let metrics = picket_testkit::http::get(addr, "/metrics").text;
+    let line = metrics.lines().find(|line| line.starts_with("picket_wire_direct_calls_total "));
+    line.and_then(|line| line.rsplit(' ').next()?.parse().ok()).expect("the counter")
 }
 
 /// The wire protocol serves the client API's hot calls straight from their frames, without
 /// the router and tonic's codec that gRPC over HTTP/2 goes through (issue 19). The same calls
 /// must answer the same either way: the same message, and for a refusal the same code,
 /// message and metadata; a request not in the plain form (a message that does not decode,
-/// a compressed one, two of them) is left to the router, which refuses it as over HTTP/2.
+/// a compressed one, two of them, one with `grpc-encoding`) is left to the router, which
+/// refuses it as over HTTP/2. The node's count of direct calls shows which path each took.
 #[tokio::test]
 async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
     use picket_proto::connection::{Connection, Protocol};
@@ -310,6 +326,7 @@ async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
     let other = open(&mut h2, 10_000, 0).await;
     let token =
         h2.acquire(acquire_request("held", session, Some(0))).await.unwrap().into_inner().token;
+    let served_before = direct_calls(&server.addr);
 
     macro_rules! same {
         ($method:ident, $request:expr) => {{
@@ -343,6 +360,26 @@ async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
         v1::OpenSessionRequest { ttl_ms: 0, lock_delay_ms: 0, ..Default::default() }
     );
     same!(close_session, v1::SessionRequest { session_id: 987_654 });
+    let opened = v1::OpenSessionRequest { ttl_ms: 7_000, lock_delay_ms: 0, ..Default::default() };
+    let wire_session = wire.open_session(opened).await.unwrap().into_inner();
+    let h2_session = h2.open_session(opened).await.unwrap().into_inner();
+    assert_eq!((wire_session.ttl_ms, h2_session.ttl_ms), (7_000, 7_000));
+    for (name, id) in [("w", wire_session.session_id), ("h", h2_session.session_id)] {
+        let granted = wire.acquire(acquire_request(name, id, Some(0))).await.unwrap().into_inner();
+        let release =
+            v1::ReleaseRequest { name: name.into(), session_id: id, token: granted.token };
+        let released =
+            if name == "w" { wire.release(release).await } else { h2.release(release).await };
+        assert_eq!(outcome(released), "ok Empty");
+    }
+    let closed_over_wire = outcome(
+        wire.close_session(v1::SessionRequest { session_id: wire_session.session_id }).await,
+    );
+    let closed_over_h2 =
+        outcome(h2.close_session(v1::SessionRequest { session_id: h2_session.session_id }).await);
+    assert_eq!(closed_over_wire, closed_over_h2);
+    // Eleven calls made over both protocols above, and five more over the wire alone.
+    assert_eq!(direct_calls(&server.addr) - served_before, 11 + 5, "served directly");
 
     let origin = format!("http://{}", server.addr);
     let mut channel = tonic::transport::Channel::from_shared(origin.clone())
@@ -370,12 +407,22 @@ async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
         ("two messages", twice),
         ("cut short", framed(0, &session_bytes)[..4].to_vec()),
     ];
+    let served_before = direct_calls(&server.addr);
     for (what, body) in bodies {
         let path = "/picket.v1.Picket/KeepAlive";
-        let over_wire = raw_call(&mut raw, &origin, path, &body).await;
-        let over_h2 = raw_call(&mut channel, &origin, path, &body).await;
+        let over_wire = raw_call(&mut raw, &origin, path, &body, None).await;
+        let over_h2 = raw_call(&mut channel, &origin, path, &body, None).await;
         assert_eq!(over_wire, over_h2, "a request that is {what}");
     }
+    let plain = framed(0, &session_bytes);
+    let over_wire =
+        raw_call(&mut raw, &origin, "/picket.v1.Picket/KeepAlive", &plain, Some("identity")).await;
+    let over_h2 =
+        raw_call(&mut channel, &origin, "/picket.v1.Picket/KeepAlive", &plain, Some("identity"))
+            .await;
+    assert_eq!(over_wire, over_h2, "a request with grpc-encoding");
+    // Only the first, plain, request was served directly.
+    assert_eq!(direct_calls(&server.addr) - served_before, 1, "served directly");
 
     let lock = h2.get_lock(v1::GetLockRequest { name: "held".into() }).await.unwrap().into_inner();
     assert_eq!((lock.holder_session_id, lock.token), (session, token));

@@ -3,11 +3,13 @@
 //!
 //! Only a request in the plain form is taken here: exactly one uncompressed message within the
 //! client API's size limit that decodes, with no `grpc-encoding`. Anything else goes to the
-//! router, so every refusal of a malformed call is tonic's own. The answer is written as tonic
+//! router, so every refusal of a malformed call is tonic's own. The handler gets the metadata
+//! and caller the router would give it. The answer is written as tonic
 //! writes it: headers, one message and `grpc-status: 0`, or, for an error, the status in the
 //! headers with no message (a "trailers-only" answer).
 
 use crate::grpc::ClientService;
+use crate::metrics::Metrics;
 use crate::tls::Caller;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use futures_util::future::BoxFuture;
@@ -15,6 +17,7 @@ use http::{HeaderMap, HeaderValue};
 use picket_proto::v1::picket_server::Picket as _;
 use picket_proto::wire::Frame;
 use std::future::Future;
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// The length of a gRPC message's prefix: whether it is compressed, and its length.
@@ -24,10 +27,50 @@ const MESSAGE_PREFIX_BYTES: usize = 5;
 const RESERVED_HEADERS: [&str; 5] =
     ["te", "content-type", "grpc-message", "grpc-message-type", "grpc-status"];
 
+/// The calls served directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hot {
+    OpenSession,
+    KeepAlive,
+    KeepAliveMany,
+    CloseSession,
+    Acquire,
+    Release,
+}
+
+impl Hot {
+    const ALL: [Self; 6] = [
+        Self::OpenSession,
+        Self::KeepAlive,
+        Self::KeepAliveMany,
+        Self::CloseSession,
+        Self::Acquire,
+        Self::Release,
+    ];
+
+    /// The call's path, as the router knows it.
+    pub(super) fn path(self) -> &'static str {
+        match self {
+            Self::OpenSession => "/picket.v1.Picket/OpenSession",
+            Self::KeepAlive => "/picket.v1.Picket/KeepAlive",
+            Self::KeepAliveMany => "/picket.v1.Picket/KeepAliveMany",
+            Self::CloseSession => "/picket.v1.Picket/CloseSession",
+            Self::Acquire => "/picket.v1.Picket/Acquire",
+            Self::Release => "/picket.v1.Picket/Release",
+        }
+    }
+
+    fn of(path: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|hot| hot.path() == path)
+    }
+}
+
 /// The calls a client port's wire connections serve themselves.
 #[derive(Clone, Debug)]
 pub(crate) struct DirectCalls {
     service: ClientService,
+    /// Counts the calls served directly (`picket_wire_direct_calls_total`).
+    metrics: Arc<Metrics>,
     /// The client API's limit on a request message (tonic's `max_decoding_message_size`).
     max_message_bytes: usize,
 }
@@ -35,60 +78,95 @@ pub(crate) struct DirectCalls {
 /// A call served directly: its answer's frames, encoded.
 pub(super) type DirectCall = BoxFuture<'static, Bytes>;
 
+/// A hot call in the plain form, read and waiting for a place. Its message is decoded when it
+/// starts, so a call that waits holds no more than its frame's bytes.
+pub(super) struct DirectRequest {
+    hot: Hot,
+    headers: HeaderMap,
+    body: Bytes,
+    caller: Caller,
+}
+
+impl DirectRequest {
+    /// The call as the router takes it: path, metadata, body and caller.
+    pub(super) fn into_routed(self) -> (&'static str, HeaderMap, Bytes, Caller) {
+        (self.hot.path(), self.headers, self.body, self.caller)
+    }
+}
+
 impl DirectCalls {
-    pub(crate) fn new(service: ClientService, max_message_bytes: usize) -> Self {
-        Self { service, max_message_bytes }
+    pub(crate) fn new(
+        service: ClientService,
+        metrics: Arc<Metrics>,
+        max_message_bytes: usize,
+    ) -> Self {
+        Self { service, metrics, max_message_bytes }
     }
 
-    /// The call `id` to `path`, served directly, or `None` when the router must take it (a path
-    /// not served here, or a request not in the plain form).
-    pub(super) fn call(
+    /// Takes a call to `path` made by `caller` if it is a hot call in the plain form: exactly
+    /// one uncompressed message within the limit and no `grpc-encoding`. Anything else is given
+    /// back for the router.
+    pub(super) fn take(
+        &self,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+        caller: &Caller,
+    ) -> Result<DirectRequest, (HeaderMap, Bytes)> {
+        let Some(hot) = Hot::of(path) else {
+            return Err((headers, body));
+        };
+        if headers.contains_key("grpc-encoding")
+            || plain_message(&body, self.max_message_bytes).is_none()
+        {
+            return Err((headers, body));
+        }
+        Ok(DirectRequest { hot, headers, body, caller: caller.clone() })
+    }
+
+    /// Starts the call `id`: its handler's future with the answer's frames as output, or the
+    /// request back for the router when its message does not decode (tonic refuses it).
+    pub(super) fn start(
         &self,
         id: u64,
-        path: &str,
-        headers: &HeaderMap,
-        body: &Bytes,
-        caller: &Caller,
-    ) -> Option<DirectCall> {
-        if headers.contains_key("grpc-encoding") {
-            return None;
-        }
-        let message = plain_message(body, self.max_message_bytes)?;
+        request: DirectRequest,
+    ) -> Result<DirectCall, DirectRequest> {
         let service = self.service.clone();
-        let parts = Parts { id, headers: headers.clone(), caller: caller.clone() };
-        match path {
-            "/picket.v1.Picket/Acquire" => {
-                unary(parts, message, move |request| async move { service.acquire(request).await })
+        let max = self.max_message_bytes;
+        let started = match request.hot {
+            Hot::Acquire => {
+                unary(id, request, max, move |call| async move { service.acquire(call).await })
             }
-            "/picket.v1.Picket/Release" => {
-                unary(parts, message, move |request| async move { service.release(request).await })
+            Hot::Release => {
+                unary(id, request, max, move |call| async move { service.release(call).await })
             }
-            "/picket.v1.Picket/KeepAlive" => {
+            Hot::KeepAlive => {
+                unary(id, request, max, move |call| async move { service.keep_alive(call).await })
+            }
+            Hot::KeepAliveMany => {
                 unary(
-                    parts,
-                    message,
-                    move |request| async move { service.keep_alive(request).await },
+                    id,
+                    request,
+                    max,
+                    move |call| async move { service.keep_alive_many(call).await },
                 )
             }
-            "/picket.v1.Picket/KeepAliveMany" => unary(parts, message, move |request| async move {
-                service.keep_alive_many(request).await
-            }),
-            "/picket.v1.Picket/OpenSession" => {
+            Hot::OpenSession => {
+                unary(id, request, max, move |call| async move { service.open_session(call).await })
+            }
+            Hot::CloseSession => {
                 unary(
-                    parts,
-                    message,
-                    move |request| async move { service.open_session(request).await },
+                    id,
+                    request,
+                    max,
+                    move |call| async move { service.close_session(call).await },
                 )
             }
-            "/picket.v1.Picket/CloseSession" => {
-                unary(
-                    parts,
-                    message,
-                    move |request| async move { service.close_session(request).await },
-                )
-            }
-            _ => None,
+        };
+        if started.is_ok() {
+            self.metrics.note_direct_wire_call();
         }
+        started
     }
 }
 
@@ -104,34 +182,33 @@ fn plain_message(body: &Bytes, max_message_bytes: usize) -> Option<&[u8]> {
     plain.then_some(message)
 }
 
-/// What a call carries beside its message.
-struct Parts {
-    id: u64,
-    headers: HeaderMap,
-    caller: Caller,
-}
-
-/// Decodes `message` as `Req` (`None` if it does not decode: the router refuses it) and runs
-/// `handler` on it as a gRPC request with the call's metadata and caller.
+/// Decodes the request's message as `Req` (the request back if it does not decode: the
+/// router refuses it) and runs `handler` on it as a gRPC request with the call's metadata and
+/// caller, as the router would make it.
 fn unary<Req, Resp, Handler, Answer>(
-    parts: Parts,
-    message: &[u8],
+    id: u64,
+    request: DirectRequest,
+    max_message_bytes: usize,
     handler: Handler,
-) -> Option<DirectCall>
+) -> Result<DirectCall, DirectRequest>
 where
     Req: prost::Message + Default + Send + 'static,
     Resp: prost::Message + 'static,
     Handler: FnOnce(Request<Req>) -> Answer + Send + 'static,
     Answer: Future<Output = Result<Response<Resp>, Status>> + Send + 'static,
 {
-    let message = Req::decode(message).ok()?;
-    let Parts { id, headers, caller } = parts;
-    Some(Box::pin(async move {
-        let mut request = http::Request::new(message);
-        *request.headers_mut() = headers;
-        request.extensions_mut().insert(caller);
-        answer(id, handler(Request::from_http(request)).await)
-    }))
+    let decoded = plain_message(&request.body, max_message_bytes)
+        .and_then(|message| Req::decode(message).ok());
+    let Some(message) = decoded else {
+        return Err(request);
+    };
+    let DirectRequest { mut headers, caller, .. } = request;
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    let mut request = http::Request::new(message);
+    *request.headers_mut() = headers;
+    request.extensions_mut().insert(caller);
+    Ok(Box::pin(async move { answer(id, handler(Request::from_http(request)).await) }))
 }
 
 /// The frames of an answer, as tonic's unary answer becomes over the wire protocol.

@@ -11,7 +11,7 @@
 //! come together. A call the client cancels,
 //! or every call of a connection that breaks, is dropped, as an HTTP/2 stream reset drops it.
 
-use super::direct::{DirectCall, DirectCalls};
+use super::direct::{DirectCalls, DirectRequest};
 use super::{Phase, Serving};
 use crate::tls::{Caller, ServerTls};
 use axum::body::Body;
@@ -112,23 +112,6 @@ impl Callers {
         }
     }
 
-    /// Call `path` with `metadata` and `body` as the router takes it, `None` when the path is
-    /// not one.
-    fn request(&self, path: &str, metadata: HeaderMap, body: Bytes) -> Option<http::Request<Body>> {
-        let uri = http::Uri::try_from(path).ok().filter(|uri| uri.path() == path)?;
-        let mut request = http::Request::new(Body::from(body));
-        *request.method_mut() = http::Method::POST;
-        *request.uri_mut() = uri;
-        *request.version_mut() = http::Version::HTTP_2;
-        *request.headers_mut() = metadata;
-        let headers = request.headers_mut();
-        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        // Judged again by `serve_wire` before this frame was read.
-        request.extensions_mut().insert(self.caller.clone());
-        Some(request)
-    }
-
     /// Gives a call's `headers` the authorization it is made with. A call's own authorization
     /// is its handle's, which may differ from the one the connection was given (handles of one
     /// client connection with different tokens); an empty one says the handle has none.
@@ -147,12 +130,55 @@ impl Callers {
     }
 }
 
+/// Call `path` with `metadata` and `body` by `caller` as the router takes it, `None` when the
+/// path is not one.
+fn routed_request(
+    path: &str,
+    metadata: HeaderMap,
+    body: Bytes,
+    caller: Caller,
+) -> Option<http::Request<Body>> {
+    let uri = http::Uri::try_from(path).ok().filter(|uri| uri.path() == path)?;
+    let mut request = http::Request::new(Body::from(body));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    *request.version_mut() = http::Version::HTTP_2;
+    *request.headers_mut() = metadata;
+    let headers = request.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    request.extensions_mut().insert(caller);
+    Some(request)
+}
+
 /// A call read from the client, to be started when it has a place.
 enum Call {
     /// Through the router, as an HTTP request.
     Routed(Box<http::Request<Body>>),
-    /// Straight to its handler; its answer is the future's output.
-    Direct(DirectCall),
+    /// Straight to its handler, if its message decodes.
+    Direct(DirectRequest),
+}
+
+impl Call {
+    /// The call to `path` by `caller`, served directly if `direct` takes it; `None` when the
+    /// path is not a call path.
+    fn new(
+        path: &str,
+        metadata: HeaderMap,
+        body: Bytes,
+        caller: &Caller,
+        direct: Option<&DirectCalls>,
+    ) -> Option<Self> {
+        let (metadata, body) = match direct {
+            Some(direct) => match direct.take(path, metadata, body, caller) {
+                Ok(request) => return Some(Self::Direct(request)),
+                Err(given_back) => given_back,
+            },
+            None => (metadata, body),
+        };
+        let request = routed_request(path, metadata, body, caller.clone())?;
+        Some(Self::Routed(Box::new(request)))
+    }
 }
 
 /// The server's side of the opening: [`MAGIC`], then how many calls the client may have open at
@@ -196,17 +222,12 @@ impl CallBook {
             Frame::Request { id, path, mut headers, body } if id > self.last_id => {
                 self.last_id = id;
                 callers.authorize(&mut headers);
-                let served_directly = direct
-                    .and_then(|direct| direct.call(id, &path, &headers, &body, &callers.caller));
-                if let Some(call) = served_directly {
-                    self.waiting.push_back((id, Call::Direct(call)));
-                    return Taken::Kept;
-                }
-                let Some(request) = callers.request(&path, headers, body) else {
+                // Judged again by `serve_wire` before this frame was read.
+                let Some(call) = Call::new(&path, headers, body, &callers.caller, direct) else {
                     let message = format!("{path:?} is not a call path");
                     return Taken::Refused(Frame::Reset { id, message }.to_bytes());
                 };
-                self.waiting.push_back((id, Call::Routed(Box::new(request))));
+                self.waiting.push_back((id, call));
             }
             Frame::Cancel { id } => {
                 if let Some(abort) = self.running.remove(&id) {
@@ -356,12 +377,22 @@ pub(super) async fn serve_wire<Io>(
             && let Some((id, call)) = book.waiting.pop_front()
         {
             let (abort, registration) = AbortHandle::new_pair();
-            let call = match call {
-                Call::Routed(request) => Either::Left(
-                    serve_call(serving.app.clone(), *request, id, answers.clone())
+            let started = match call {
+                Call::Routed(request) => Err(*request),
+                Call::Direct(request) => {
+                    let direct = serving.direct.as_ref().expect("only a direct node reads one");
+                    direct.start(id, request).map_err(|request| {
+                        let (path, metadata, body, caller) = request.into_routed();
+                        routed_request(path, metadata, body, caller).expect("a hot call's path")
+                    })
+                }
+            };
+            let call = match started {
+                Ok(call) => Either::Right(call.map(move |answer| (id, Some(answer)))),
+                Err(request) => Either::Left(
+                    serve_call(serving.app.clone(), request, id, answers.clone())
                         .map(|id| (id, None::<Bytes>)),
                 ),
-                Call::Direct(call) => Either::Right(call.map(move |answer| (id, Some(answer)))),
             };
             calls.push(Abortable::new(call, registration));
             book.running.insert(id, abort);

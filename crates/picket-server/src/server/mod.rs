@@ -424,6 +424,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     };
     let direct = crate::listener::DirectCalls::new(
         ClientService::new(node.clone()),
+        node.metrics().clone(),
         config.limits.max_grpc_message_bytes,
     );
     let serving = tokio::spawn(serve(listener, app, Some(direct), limits, tls, shutdown_signal));
