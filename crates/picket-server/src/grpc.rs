@@ -41,7 +41,9 @@ impl ClientService {
     }
 
     /// The tonic service for `node`, decoding requests of at most `max_message_bytes`
-    /// ([`crate::ServerLimits::max_grpc_message_bytes`]).
+    /// ([`crate::ServerLimits::max_grpc_message_bytes`]). The wire protocol's hot calls bypass
+    /// it (`listener/direct.rs`) and encode answers as it does with this configuration: one
+    /// that compresses answers or limits them must be mirrored there.
     #[must_use]
     pub fn server(node: Arc<Node>, max_message_bytes: usize) -> picket_server::PicketServer<Self> {
         picket_server::PicketServer::new(Self::new(node))
