@@ -4,9 +4,9 @@
 //! Only a request in the plain form is taken here: exactly one uncompressed message within the
 //! client API's size limit that decodes, with no `grpc-encoding`. Anything else goes to the
 //! router, so every refusal of a malformed call is tonic's own. The handler gets the metadata
-//! and caller the router would give it. The answer is written as tonic
-//! writes it: headers, one message and `grpc-status: 0`, or, for an error, the status in the
-//! headers with no message (a "trailers-only" answer).
+//! and caller the router would give it. The answer is written as tonic writes it: headers, one
+//! message and `grpc-status: 0`, or, for an error, the status in the headers with no message
+//! (a "trailers-only" answer).
 
 use crate::grpc::ClientService;
 use crate::metrics::Metrics;
