@@ -199,7 +199,6 @@ impl ClientClocks {
         if reading.clock_id == 0 || !reading.clock_ms.is_finite() || reading.clock_ms < 0.0 {
             return None;
         }
-
         self.sequence += 1;
         let sequence = self.sequence;
         if !self.knows(principal, reading.clock_id) {
