@@ -119,11 +119,9 @@ impl Client {
     pub async fn cluster(&self) -> Result<v1::ClusterInfo, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         self.transport
-            .call(
-                Retry::Safe,
-                timeout,
-                |mut client| async move { client.cluster(v1::Empty {}).await },
-            )
+            .call(Retry::Safe, timeout, |connection| async move {
+                connection.grpc().cluster(v1::Empty {}).await
+            })
             .await
     }
 
@@ -135,12 +133,12 @@ impl Client {
     /// (nothing partial is returned).
     pub async fn backup(&self) -> Result<Vec<u8>, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
-        let mut chunks =
-            self.transport
-                .call(Retry::Safe, timeout, |mut client| async move {
-                    client.backup(v1::Empty {}).await
-                })
-                .await?;
+        let mut chunks = self
+            .transport
+            .call(Retry::Safe, timeout, |connection| async move {
+                connection.grpc().backup(v1::Empty {}).await
+            })
+            .await?;
         let mut bytes = Vec::new();
         let broken = |status: tonic::Status| ClientError::Service {
             code: ErrorCode::BackupIncomplete,
@@ -163,9 +161,9 @@ impl Client {
     pub async fn lock_info(&self, name: &str) -> Result<LockState, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         self.transport
-            .call(Retry::Safe, timeout, |mut client| {
+            .call(Retry::Safe, timeout, |connection| {
                 let request = v1::GetLockRequest { name: name.to_owned() };
-                async move { client.get_lock(request).await }
+                async move { connection.grpc().get_lock(request).await }
             })
             .await
             .map(LockState::from)
@@ -179,10 +177,10 @@ impl Client {
         let timeout = Some(self.transport.config().request_timeout);
         let response = self
             .transport
-            .call(Retry::Safe, timeout, |mut client| {
+            .call(Retry::Safe, timeout, |connection| {
                 let request =
                     v1::ListLocksRequest { prefix: prefix.to_owned(), after: String::new(), limit };
-                async move { client.list_locks(request).await }
+                async move { connection.grpc().list_locks(request).await }
             })
             .await?;
         Ok(response.locks.into_iter().map(LockState::from).collect())
@@ -196,8 +194,8 @@ impl Client {
         let timeout = Some(self.transport.config().request_timeout);
         let response = self
             .transport
-            .call(Retry::Safe, timeout, |mut client| async move {
-                client.list_sessions(v1::ListSessionsRequest { after: 0, limit }).await
+            .call(Retry::Safe, timeout, |connection| async move {
+                connection.grpc().list_sessions(v1::ListSessionsRequest { after: 0, limit }).await
             })
             .await?;
         Ok(response.sessions.into_iter().map(SessionSummary::from).collect())
@@ -212,9 +210,9 @@ impl Client {
         let timeout = Some(self.transport.config().request_timeout);
         let answer = self
             .transport
-            .call(Retry::Safe, timeout, |mut client| {
+            .call(Retry::Safe, timeout, |connection| {
                 let request = v1::CheckRequest { sequencer: sequencer.to_owned() };
-                async move { client.check(request).await }
+                async move { connection.grpc().check(request).await }
             })
             .await?;
         crate::info::check_outcome(&answer)
@@ -263,13 +261,13 @@ impl Client {
         peer_addr: Option<&str>,
     ) -> Result<v1::ClusterInfo, ClientError> {
         self.transport
-            .call(Retry::UnlessSent, None, |mut client| {
+            .call(Retry::UnlessSent, None, |connection| {
                 let request = v1::AddMemberRequest {
                     node_id,
                     addr: addr.to_owned(),
                     peer_addr: peer_addr.unwrap_or_default().to_owned(),
                 };
-                async move { client.add_member(request).await }
+                async move { connection.grpc().add_member(request).await }
             })
             .await
     }
@@ -280,8 +278,8 @@ impl Client {
     /// A refused membership change; the cluster being unreachable.
     pub async fn remove_member(&self, node_id: u64) -> Result<v1::ClusterInfo, ClientError> {
         self.transport
-            .call(Retry::UnlessSent, None, |mut client| async move {
-                client.remove_member(v1::RemoveMemberRequest { node_id }).await
+            .call(Retry::UnlessSent, None, |connection| async move {
+                connection.grpc().remove_member(v1::RemoveMemberRequest { node_id }).await
             })
             .await
     }
@@ -293,8 +291,8 @@ impl Client {
     pub async fn revoke_session(&self, session_id: u64) -> Result<(), ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         self.transport
-            .call(Retry::Safe, timeout, |mut client| async move {
-                client.revoke_session(v1::SessionRequest { session_id }).await
+            .call(Retry::Safe, timeout, |connection| async move {
+                connection.grpc().revoke_session(v1::SessionRequest { session_id }).await
             })
             .await
             .map(|_| ())

@@ -67,13 +67,13 @@ async fn run_batcher(transport: WeakTransport, mut jobs: mpsc::Receiver<Job>) {
         let ids: Vec<u64> = batch.iter().map(|(id, _)| *id).collect();
         let timeout = Some(transport.config().request_timeout);
         let result = transport
-            .call(Retry::Safe, timeout, |mut grpc| {
+            .call(Retry::Safe, timeout, |connection| {
                 let request = v1::KeepAliveManyRequest {
                     session_ids: ids.clone(),
                     clock_id: lease_clock::clock_id(),
                     clock_ms: lease_clock::now().as_secs_f64() * 1_000.0,
                 };
-                async move { grpc.keep_alive_many(request).await }
+                async move { connection.keep_alive_many(request).await }
             })
             .await;
         drop(transport);

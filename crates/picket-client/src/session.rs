@@ -40,7 +40,7 @@ impl Session {
         let opened_at_lease_clock = lease_clock::now();
         let timeout = Some(transport.config().request_timeout);
         let opened = transport
-            .call(Retry::UnlessSent, timeout, |mut grpc| async move {
+            .call(Retry::UnlessSent, timeout, |connection| async move {
                 // A reading of this process's lease clock, so the leader can pair it with the
                 // first keepalive's (see `keepalive.rs`). Taken as this attempt is sent, once
                 // connected: a reading taken before a connection's setup or an earlier attempt
@@ -52,7 +52,7 @@ impl Session {
                     clock_id: lease_clock::clock_id(),
                     clock_ms: lease_clock::now().as_secs_f64() * 1_000.0,
                 };
-                grpc.open_session(request).await
+                connection.open_session(request).await
             })
             .await?;
         let (lost, _) = watch::channel(None);
@@ -193,8 +193,8 @@ async fn close(shared: &SessionState) -> Result<(), ClientError> {
     let timeout = Some(shared.transport.config().request_timeout);
     let result = shared
         .transport
-        .call(Retry::Safe, timeout, |mut grpc| async move {
-            grpc.close_session(v1::SessionRequest { session_id }).await
+        .call(Retry::Safe, timeout, |connection| async move {
+            connection.close_session(v1::SessionRequest { session_id }).await
         })
         .await;
     match result {

@@ -237,9 +237,9 @@ pub(crate) fn dispatch(shared: &SessionState, event: &Event) {
 async fn lock_info(transport: &Transport, name: &str) -> Result<v1::LockInfo, ClientError> {
     let timeout = Some(transport.config().request_timeout);
     transport
-        .call(Retry::Safe, timeout, |mut grpc| {
+        .call(Retry::Safe, timeout, |connection| {
             let request = v1::GetLockRequest { name: name.to_owned() };
-            async move { grpc.get_lock(request).await }
+            async move { connection.grpc().get_lock(request).await }
         })
         .await
 }

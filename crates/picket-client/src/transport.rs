@@ -6,7 +6,7 @@ use crate::error::{ClientError, ErrorCode, Failure, classify};
 use picket_core::Wait;
 use picket_proto::connection::{Connection, Protocol};
 use picket_proto::tls::ClientTls;
-use picket_proto::v1::{self, picket_client::PicketClient};
+use picket_proto::v1;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
@@ -196,7 +196,7 @@ impl Transport {
     }
 
     /// The open connection to `endpoint`, opened first if there is none or it has closed.
-    async fn connection(&self, endpoint: &str) -> Result<PicketClient<Connection>, Status> {
+    async fn connection(&self, endpoint: &str) -> Result<Connection, Status> {
         let cached = self.lock_connections().get(endpoint).filter(|c| !c.is_closed()).cloned();
         let connection = match cached {
             Some(connection) => connection,
@@ -223,8 +223,7 @@ impl Transport {
                 entry.clone()
             }
         };
-        let origin = connection.origin();
-        Ok(PicketClient::with_origin(connection, origin))
+        Ok(connection)
     }
 
     fn lock_connections(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
@@ -249,7 +248,7 @@ impl Transport {
         mut attempt: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(PicketClient<Connection>) -> Fut,
+        F: FnMut(Connection) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let config = &self.inner.config;
@@ -350,9 +349,9 @@ impl Transport {
         &self,
         request: v1::WatchRequest,
     ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
-        self.call(Retry::Safe, Some(self.inner.config.request_timeout), |mut client| {
+        self.call(Retry::Safe, Some(self.inner.config.request_timeout), |connection| {
             let request = request.clone();
-            async move { client.watch(request).await }
+            async move { connection.grpc().watch(request).await }
         })
         .await
     }
@@ -384,7 +383,7 @@ impl Transport {
             armed: true,
         };
         let result = self
-            .call(Retry::Safe, timeout, |mut grpc| {
+            .call(Retry::Safe, timeout, |connection| {
                 let attempt = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let request = v1::AcquireRequest {
                     name: name.to_owned(),
@@ -393,7 +392,7 @@ impl Transport {
                     request_id: Some(request_id),
                     attempt,
                 };
-                async move { grpc.acquire(request).await }
+                async move { connection.acquire(request).await }
             })
             .await;
         unanswered.armed = false;
@@ -458,9 +457,9 @@ impl Transport {
             let persist_until = Instant::now() + ABANDON_PERSISTS_FOR;
             let abandoned = loop {
                 let round = transport
-                    .call(Retry::Safe, timeout, |mut grpc| {
+                    .call(Retry::Safe, timeout, |connection| {
                         let request = request.clone();
-                        async move { grpc.abandon(request).await }
+                        async move { connection.grpc().abandon(request).await }
                     })
                     .await;
                 match round {
@@ -506,10 +505,10 @@ impl Transport {
         let timeout = Some(self.inner.config.request_timeout);
         let mut attempts = 0_u32;
         let result = self
-            .call(Retry::Safe, timeout, |mut grpc| {
+            .call(Retry::Safe, timeout, |connection| {
                 attempts += 1;
                 let request = v1::ReleaseRequest { name: name.to_owned(), session_id, token };
-                async move { grpc.release(request).await }
+                async move { connection.release(request).await }
             })
             .await;
         match result {

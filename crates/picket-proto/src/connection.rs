@@ -203,6 +203,24 @@ impl Connection {
         matches!(probe.poll_ready(&mut Context::from_waker(waker)), Poll::Ready(Err(_)))
     }
 
+    /// The wire link, when the connection speaks the wire protocol.
+    pub(crate) fn wire_link(&self) -> Option<&WireConnection> {
+        match &self.link {
+            Link::Wire(wire) => Some(wire),
+            Link::H2(_) => None,
+        }
+    }
+
+    /// The authorization every request on this connection carries.
+    pub(crate) fn authorization(&self) -> Option<&http::HeaderValue> {
+        self.authorization.as_ref()
+    }
+
+    /// Refuses a request body longer than this connection sends.
+    pub(crate) fn check_request_size(&self, length: usize) -> Result<(), Status> {
+        check_request_size(length, self.max_request_bytes)
+    }
+
     /// Which protocol the connection speaks.
     #[must_use]
     pub fn protocol(&self) -> Protocol {
@@ -277,15 +295,20 @@ async fn read_body(mut body: Body, max_bytes: usize) -> Result<Bytes, Status> {
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         let frame = frame?;
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > max_bytes {
-                return Err(Status::invalid_argument(format!(
-                    "the request is larger than {max_bytes} bytes; send less at once"
-                )));
-            }
+            check_request_size(buffer.len() + data.len(), max_bytes)?;
             buffer.extend_from_slice(&data);
         }
     }
     Ok(buffer.freeze())
+}
+
+fn check_request_size(length: usize, max_bytes: usize) -> Result<(), Status> {
+    if length > max_bytes {
+        return Err(Status::invalid_argument(format!(
+            "the request is larger than {max_bytes} bytes; send less at once"
+        )));
+    }
+    Ok(())
 }
 
 async fn send(

@@ -6,7 +6,8 @@
 //!   openraft's own serialized requests, so the transport never has to mirror openraft's types.
 //!
 //! Beside them: [`connection`], the connection the Rust client and the peers use (HTTP/2, or
-//! the same calls in Picket's own framing, [`wire`]);
+//! the same calls in Picket's own framing, [`wire`], where [`connection::Connection`]'s hot
+//! unary calls, such as [`connection::Connection::acquire`], skip tonic's client stack);
 //! [`http1`], the HTTP/1.1 client for the JSON API and fenced resources; [`tls`].
 //!
 //! Errors travel as a gRPC status whose message is meant for people, plus metadata for programs:
@@ -16,6 +17,7 @@
 pub mod connection;
 pub mod http1;
 pub mod tls;
+mod unary;
 pub mod wire;
 mod wire_client;
 

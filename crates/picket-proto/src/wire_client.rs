@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tonic::Status;
 
 /// Frames of one answer the reader may hold before the call reads them. A call further behind
@@ -32,7 +32,36 @@ const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 /// Most calls at once on one connection, whatever the node says.
 const MOST_CALLS: u32 = 10_000;
 
-type Answer = Result<Frame, Status>;
+/// One frame of a call's answer, or how the call ended without the rest.
+pub(crate) type Answer = Result<Frame, Status>;
+
+/// Who waits for a call's answer.
+#[derive(Debug)]
+enum Waiter {
+    /// A call whose answer is read as it comes (a stream, or any call made through
+    /// [`WireConnection::call`]): its frames are handed over one by one.
+    Frames(mpsc::Sender<Answer>),
+    /// A unary call answered whole ([`WireConnection::unary`]): its frames are gathered here and
+    /// handed over together at the answer's end, with no queue per call.
+    Whole { answers: Vec<Answer>, done: oneshot::Sender<Vec<Answer>> },
+}
+
+impl Waiter {
+    /// Ends the call with `failure`, after whatever it has received.
+    fn end(self, failure: Status) {
+        match self {
+            // A full queue drops the failure: the caller then reads the end of its answers,
+            // which says the call ended early.
+            Self::Frames(sender) => {
+                let _ = sender.try_send(Err(failure));
+            }
+            Self::Whole { mut answers, done } => {
+                answers.push(Err(failure));
+                let _ = done.send(answers);
+            }
+        }
+    }
+}
 
 /// An open wire connection. Cheap to clone; clones share it, and it closes when the last
 /// clone (or the last call's body) is dropped.
@@ -74,7 +103,7 @@ impl Shared {
 #[derive(Debug)]
 struct Calls {
     next_id: u64,
-    waiting: HashMap<u64, mpsc::Sender<Answer>>,
+    waiting: HashMap<u64, Waiter>,
     /// The writer's queue; `None` once the connection can take no more calls.
     outgoing: Option<mpsc::UnboundedSender<(u64, Bytes)>>,
     /// Bytes in the writer's queue.
@@ -114,13 +143,51 @@ impl Calls {
         self.outgoing = None;
         self.broken = true;
         shared.places.close();
-        for (id, waiting) in self.waiting.drain() {
+        for (id, waiter) in self.waiting.drain() {
             let failure = if id > self.handed_through {
                 not_sent_status(&format!("{reason}; connect again"))
             } else {
                 Status::unavailable(format!("{reason} during the call"))
             };
-            let _ = waiting.try_send(Err(failure));
+            waiter.end(failure);
+        }
+    }
+
+    /// Hands `answer` to call `id`'s waiter. A call given up on has none: its late frames are
+    /// dropped.
+    fn deliver(&mut self, shared: &Shared, id: u64, answer: Answer) {
+        let Some(waiter) = self.waiting.get_mut(&id) else {
+            return;
+        };
+        let overflow = match waiter {
+            Waiter::Frames(sender) => {
+                matches!(sender.try_send(answer), Err(mpsc::error::TrySendError::Full(_)))
+            }
+            Waiter::Whole { answers, .. } => {
+                // The head, then data: anything else (the trailers, a failure, a frame out of
+                // order) is where a response body ends.
+                let more = match &answer {
+                    Ok(Frame::Head { .. }) => answers.is_empty(),
+                    Ok(Frame::Data { .. }) => !answers.is_empty(),
+                    _ => false,
+                };
+                answers.push(answer);
+                if !more {
+                    if let Some(Waiter::Whole { answers, done }) = self.waiting.remove(&id) {
+                        let _ = done.send(answers);
+                    }
+                    return;
+                }
+                answers.len() >= ANSWER_FRAMES
+            }
+        };
+        if overflow {
+            // The caller fell behind its stream, or a whole answer ran past what a stream may
+            // queue: end that call alone, not the connection.
+            if let Some(waiter) = self.waiting.remove(&id) {
+                waiter.end(ended_early());
+            }
+            self.queue(shared, 0, Frame::Cancel { id }.to_bytes());
         }
     }
 }
@@ -204,9 +271,46 @@ impl WireConnection {
     pub(crate) async fn call(
         &self,
         path: &str,
-        mut headers: http::HeaderMap,
+        headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<http::Response<WireBody>, Status> {
+        let (answers, mut answer) = mpsc::channel(ANSWER_FRAMES);
+        let mut pending = self.send(path, headers, body, Waiter::Frames(answers)).await?;
+        let first = answer.recv().await;
+        if matches!(first, Some(Err(_))) {
+            pending.finish();
+        }
+        let head = head_of(first)?;
+        Ok(response(head, WireBody { answer, pending, ended: false }))
+    }
+
+    /// [`WireConnection::call`] for a unary call, answered whole: every frame of the answer up
+    /// to its end (its trailers, or how it failed), gathered without a queue per call.
+    /// [`replay`] reads them as [`WireConnection::call`] would have handed them over.
+    pub(crate) async fn unary(
+        &self,
+        path: &str,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<Vec<Answer>, Status> {
+        let (done, answers) = oneshot::channel();
+        let waiter = Waiter::Whole { answers: Vec::new(), done };
+        let mut pending = self.send(path, headers, body, waiter).await?;
+        let answers = answers.await.unwrap_or_else(|_| vec![Err(ended_early())]);
+        // The reader took the call off the waiting list as it handed the answers over.
+        pending.place = None;
+        Ok(answers)
+    }
+
+    /// Sends a call once it has a place, with `waiter` waiting for its answer. Refused, as not
+    /// sent, when the connection has closed.
+    async fn send(
+        &self,
+        path: &str,
+        mut headers: http::HeaderMap,
+        body: Bytes,
+        waiter: Waiter,
+    ) -> Result<Pending, Status> {
         // gRPC's 5-byte message prefix is not the node's to count.
         if body.len() > self.shared().max_request_bytes.saturating_add(5) {
             return Err(Status::invalid_argument(format!(
@@ -235,44 +339,54 @@ impl WireConnection {
         let place = self.shared().places.clone().acquire_owned().await.map_err(|_| {
             not_sent_status(&self.shared().lock().closed.clone().unwrap_or_default())
         })?;
-        let (answers, mut answer) = mpsc::channel(ANSWER_FRAMES);
-        let id = {
-            let mut calls = self.shared().lock();
-            if let Some(reason) = &calls.closed {
-                return Err(not_sent_status(reason));
-            }
-            let id = calls.next_id;
-            calls.next_id += 1;
-            // Decided under the lock that orders frames: a link authorized meanwhile by
-            // another handle is authorized before this call on the node too.
-            if authorization != calls.authorization {
-                let own = authorization.unwrap_or_else(|| http::HeaderValue::from_static(""));
-                headers.insert(http::header::AUTHORIZATION, own);
-            }
-            let request = Frame::Request { id, path: path.to_owned(), headers, body }.to_bytes();
-            // Queued under the lock, so the writer sends calls in the order of their ids.
-            if !calls.queue(self.shared(), id, request) {
-                return Err(not_sent_status("the connection closed; connect again"));
-            }
-            calls.waiting.insert(id, answers);
-            id
-        };
-        let mut pending = Pending { connection: self.clone(), id, place: Some(place) };
-        let head = match answer.recv().await {
-            Some(Ok(Frame::Head { status, headers, .. })) => (status, headers),
-            Some(Ok(_)) => return Err(Status::internal("the node answered without headers")),
-            Some(Err(status)) => {
-                pending.finish();
-                return Err(status);
-            }
-            None => return Err(ended_early()),
-        };
-        let mut response = http::Response::new(WireBody { answer, pending, ended: false });
-        *response.status_mut() =
-            http::StatusCode::from_u16(head.0).unwrap_or(http::StatusCode::BAD_GATEWAY);
-        *response.headers_mut() = head.1;
-        Ok(response)
+        let mut calls = self.shared().lock();
+        if let Some(reason) = &calls.closed {
+            return Err(not_sent_status(reason));
+        }
+        let id = calls.next_id;
+        calls.next_id += 1;
+        // Decided under the lock that orders frames: a link authorized meanwhile by another
+        // handle is authorized before this call on the node too.
+        if authorization != calls.authorization {
+            let own = authorization.unwrap_or_else(|| http::HeaderValue::from_static(""));
+            headers.insert(http::header::AUTHORIZATION, own);
+        }
+        let request = Frame::Request { id, path: path.to_owned(), headers, body }.to_bytes();
+        // Queued under the lock, so the writer sends calls in the order of their ids.
+        if !calls.queue(self.shared(), id, request) {
+            return Err(not_sent_status("the connection closed; connect again"));
+        }
+        calls.waiting.insert(id, waiter);
+        drop(calls);
+        Ok(Pending { connection: self.clone(), id, place: Some(place) })
     }
+}
+
+/// The response head a call's first answer carries, or why there is none.
+fn head_of(first: Option<Answer>) -> Result<(u16, http::HeaderMap), Status> {
+    match first {
+        Some(Ok(Frame::Head { status, headers, .. })) => Ok((status, headers)),
+        Some(Ok(_)) => Err(Status::internal("the node answered without headers")),
+        Some(Err(status)) => Err(status),
+        None => Err(ended_early()),
+    }
+}
+
+/// A response of `head` with `body`.
+fn response<B>((status, headers): (u16, http::HeaderMap), body: B) -> http::Response<B> {
+    let mut response = http::Response::new(body);
+    *response.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *response.headers_mut() = headers;
+    response
+}
+
+/// A whole answer ([`WireConnection::unary`]) as [`WireConnection::call`] would have returned
+/// it: the same head, then the same body frames, or the same refusal.
+pub(crate) fn replay(answers: Vec<Answer>) -> Result<http::Response<ReplayBody>, Status> {
+    let mut answers = std::collections::VecDeque::from(answers);
+    let head = head_of(answers.pop_front())?;
+    Ok(response(head, ReplayBody { answers, ended: false }))
 }
 
 /// A call's end without its whole answer, as its body sees it.
@@ -336,22 +450,69 @@ impl http_body::Body for WireBody {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(next) => next,
         };
-        let frame = match next {
-            Some(Ok(Frame::Data { data, .. })) => {
-                return Poll::Ready(Some(Ok(BodyFrame::data(data))));
-            }
-            Some(Ok(Frame::Trailers { trailers, .. })) => {
+        let (frame, step) = body_frame(next);
+        match step {
+            BodyStep::More => {}
+            BodyStep::Answered => {
                 self.pending.finish();
-                Ok(BodyFrame::trailers(trailers))
+                self.ended = true;
             }
-            Some(Ok(_)) => Err(Status::internal("the node sent a frame out of order")),
-            Some(Err(status)) => {
-                self.pending.finish();
-                Err(status)
-            }
-            None => Err(ended_early()),
-        };
-        self.ended = true;
+            BodyStep::Ended => self.ended = true,
+        }
+        Poll::Ready(Some(frame))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+}
+
+/// Where a body stands after one of its frames.
+enum BodyStep {
+    /// More frames follow.
+    More,
+    /// The call was answered whole (or failed at the node's end): nothing to cancel.
+    Answered,
+    /// The body ended short of a whole answer.
+    Ended,
+}
+
+/// The body frame a call's next answer makes.
+fn body_frame(next: Option<Answer>) -> (Result<BodyFrame<Bytes>, Status>, BodyStep) {
+    match next {
+        Some(Ok(Frame::Data { data, .. })) => (Ok(BodyFrame::data(data)), BodyStep::More),
+        Some(Ok(Frame::Trailers { trailers, .. })) => {
+            (Ok(BodyFrame::trailers(trailers)), BodyStep::Answered)
+        }
+        Some(Ok(_)) => {
+            (Err(Status::internal("the node sent a frame out of order")), BodyStep::Ended)
+        }
+        Some(Err(status)) => (Err(status), BodyStep::Answered),
+        None => (Err(ended_early()), BodyStep::Ended),
+    }
+}
+
+/// A whole answer's body, handed over frame by frame as [`WireBody`] hands over a call's.
+#[derive(Debug)]
+pub(crate) struct ReplayBody {
+    answers: std::collections::VecDeque<Answer>,
+    ended: bool,
+}
+
+impl http_body::Body for ReplayBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, Status>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let next = self.answers.pop_front();
+        let (frame, step) = body_frame(next);
+        self.ended = !matches!(step, BodyStep::More);
         Poll::Ready(Some(frame))
     }
 
@@ -430,15 +591,7 @@ async fn read<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>) {
             }
             frame => Ok(frame),
         };
-        let mut calls = shared.lock();
-        // A call given up on has no one waiting: its late frames are dropped.
-        if let Some(waiting) = calls.waiting.get(&id)
-            && let Err(mpsc::error::TrySendError::Full(_)) = waiting.try_send(answer)
-        {
-            // The caller fell behind its stream: end that call alone, not the connection.
-            calls.waiting.remove(&id);
-            calls.queue(&shared, 0, Frame::Cancel { id }.to_bytes());
-        }
+        shared.lock().deliver(&shared, id, answer);
     };
     shared.lock().close(&shared, &reason);
 }
@@ -450,16 +603,16 @@ fn go_away(shared: &Shared, last_id: u64) {
     shared.places.close();
     let unread: Vec<u64> = calls.waiting.keys().copied().filter(|id| *id > last_id).collect();
     for id in unread {
-        if let Some(waiting) = calls.waiting.remove(&id) {
-            let _ = waiting.try_send(Err(not_sent_status(
+        if let Some(waiter) = calls.waiting.remove(&id) {
+            waiter.end(not_sent_status(
                 "the node closed the connection before reading the call; connect again",
-            )));
+            ));
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::connection::{Connection, Protocol, was_not_sent};
     use http::{HeaderMap, HeaderValue};
@@ -469,13 +622,13 @@ mod tests {
     const TIMEOUT: Duration = Duration::from_secs(5);
 
     /// A node's end of a wire connection, driven by the test.
-    struct Node {
+    pub(crate) struct Node {
         stream: TcpStream,
         buffer: BytesMut,
     }
 
     impl Node {
-        async fn accept(listener: &TcpListener) -> Self {
+        pub(crate) async fn accept(listener: &TcpListener) -> Self {
             let (mut stream, _) = listener.accept().await.unwrap();
             let mut opening = [0_u8; MAGIC.len()];
             stream.read_exact(&mut opening).await.unwrap();
@@ -486,7 +639,7 @@ mod tests {
             Self { stream, buffer: BytesMut::new() }
         }
 
-        async fn next(&mut self) -> Option<Frame> {
+        pub(crate) async fn next(&mut self) -> Option<Frame> {
             loop {
                 if let Some(frame) = Frame::decode(&mut self.buffer, 1 << 20).unwrap() {
                     return Some(frame);
@@ -497,12 +650,12 @@ mod tests {
             }
         }
 
-        async fn send(&mut self, frame: Frame) {
+        pub(crate) async fn send(&mut self, frame: Frame) {
             self.stream.write_all(&frame.to_bytes()).await.unwrap();
         }
     }
 
-    async fn listener() -> (TcpListener, String) {
+    pub(crate) async fn listener() -> (TcpListener, String) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         (listener, addr)
@@ -782,5 +935,83 @@ mod tests {
         drop(clone);
         let last = tokio::time::timeout(TIMEOUT, node).await.expect("closed").unwrap();
         assert_eq!(last, None);
+    }
+    /// A unary call answered whole hears how the connection failed as a streamed call does: a
+    /// call the node never read is not sent, one it read and lost is not.
+    #[tokio::test]
+    async fn a_whole_answer_cut_off_keeps_the_not_sent_rule() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            let mut ids = Vec::new();
+            while ids.len() < 2 {
+                if let Some(Frame::Request { id, .. }) = node.next().await {
+                    ids.push(id);
+                }
+            }
+            // The first call's head arrives, then the node says it never read the second and
+            // the connection breaks.
+            let headers = HeaderMap::new();
+            node.send(Frame::Head { id: ids[0], status: 200, headers }).await;
+            node.send(Frame::GoAway { last_id: ids[0] }).await;
+        });
+        let connection = open(&addr).await;
+        let (read, unread) = tokio::join!(
+            connection.unary("/read", HeaderMap::new(), Bytes::new()),
+            connection.unary("/unread", HeaderMap::new(), Bytes::new()),
+        );
+        let (read, unread) = (read.unwrap(), unread.unwrap());
+        assert!(matches!(&read[0], Ok(Frame::Head { .. })), "{read:?}");
+        let read = replay(read).unwrap();
+        let mut body = read.into_body();
+        let cut = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let cut = cut.unwrap().unwrap_err();
+        assert!(!was_not_sent(&cut), "{cut:?}");
+        let unread = replay(unread).unwrap_err();
+        assert!(was_not_sent(&unread), "{unread:?}");
+        node.await.unwrap();
+    }
+
+    /// A unary call given up on is cancelled at the node, and one whose answer runs past the
+    /// frames a stream may queue is ended and cancelled rather than gathered without bound.
+    #[tokio::test]
+    async fn a_whole_answer_given_up_on_or_too_long_is_cancelled() {
+        let (listener, addr) = listener().await;
+        let node = tokio::spawn(async move {
+            let mut node = Node::accept(&listener).await;
+            let mut cancels = Vec::new();
+            while let Some(frame) = node.next().await {
+                match frame {
+                    Frame::Request { id, path, .. } if path == "/long" => {
+                        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
+                        for _ in 0..ANSWER_FRAMES {
+                            node.send(Frame::Data { id, data: Bytes::from_static(b"x") }).await;
+                        }
+                    }
+                    Frame::Cancel { id } => {
+                        cancels.push(id);
+                        if cancels.len() == 2 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            cancels
+        });
+        let connection = open(&addr).await;
+        let waiting = tokio::time::timeout(
+            Duration::from_millis(50),
+            connection.unary("/wait", HeaderMap::new(), Bytes::new()),
+        )
+        .await;
+        assert!(waiting.is_err(), "the node never answers");
+        let long = connection.unary("/long", HeaderMap::new(), Bytes::new()).await.unwrap();
+        assert_eq!(long.len(), ANSWER_FRAMES + 1, "the head, data, and how it ended");
+        let ended = long.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+        let cancels = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
+        assert_eq!(cancels, [1, 2]);
+        assert!(connection.shared().lock().waiting.is_empty());
     }
 }
