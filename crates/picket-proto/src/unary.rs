@@ -5,16 +5,21 @@
 //! `Grpc` and the connection's `tower` service, and its answer is handed over frame by frame
 //! through a queue of its own and decoded by tonic's `Streaming`: work paid on every lock
 //! operation, on the client's share of the CPU and in its latency. Here the call is encoded
-//! straight into its frame, its answer is gathered whole by the connection's reader, and the
-//! plain answer the node sends nearly always (the message and `grpc-status: 0`, or a refusal's
-//! status in the head alone) is decoded directly. Anything else is replayed through tonic's own
-//! client code frame by frame, so every answer is read exactly as the generated client reads
-//! it. On an HTTP/2 connection the calls are the generated client's.
+//! straight into the request frame the generated client sends. While its answer may still be
+//! plain (one uncompressed message within tonic's bound and `grpc-status: 0`, or a refusal's
+//! status in the head, the two answers a node sends), the connection's reader gathers it, at
+//! most those three frames, and the plain answer is decoded directly. An answer that turns out
+//! otherwise is handed to tonic's own unary client, from the frame that showed it on, as the
+//! generated client would have read it. The result is the generated client's in every case
+//! (tests below compare them on twenty-five forms of answer); what differs is only that no
+//! cancel is sent for a call whose answer had ended (tonic's body sends one when it stops
+//! reading before the trailers of a refusal it has already read in the head). On an HTTP/2
+//! connection the calls are tonic's.
 
 use crate::connection::Connection;
 use crate::v1;
 use crate::wire::Frame;
-use crate::wire_client::{Answer, ReplayBody, replay};
+use crate::wire_client::{Answer, Unary, replay};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::future::{Ready, ready};
 use std::task::{Context, Poll};
@@ -26,8 +31,48 @@ use tonic::{Code, Response, Status};
 const MAX_ANSWER_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Headers of an answer that only tonic reads: a compressed answer, and a status's details
-/// (which tonic decodes, and refuses when they are not base64).
+/// (which tonic decodes, and on which it panics when they are not base64).
 const LEFT_TO_TONIC: [&str; 2] = ["grpc-encoding", "grpc-status-details-bin"];
+
+/// Whether a unary call's answer, of which `answers` came so far, may still be plain once
+/// `next` is added (see [`crate::wire_client::WireConnection::unary`]).
+pub(crate) enum Plain {
+    /// It may: keep gathering.
+    Gather,
+    /// Its end: a head carrying a refusal's status (all tonic reads of such an answer), the
+    /// trailers after one message, or a failure.
+    Ended,
+    /// It cannot be plain: hand it over to be read as it comes, as tonic reads it.
+    Not,
+}
+
+/// See [`Plain`]. Only a head, one message within tonic's bound and the trailers are gathered,
+/// so a whole answer holds at most that, and tonic meets any other answer as early as the
+/// generated client would.
+pub(crate) fn still_plain(answers: &[Answer], next: &Answer) -> Plain {
+    match (answers, next) {
+        (_, Err(_)) => Plain::Ended,
+        ([], Ok(Frame::Head { status, headers, .. })) if !left_to_tonic(headers) => {
+            match headers.get("grpc-status").map(|code| Code::from_bytes(code.as_bytes())) {
+                // A refusal's status in the head is all tonic reads of its answer.
+                Some(code) if code != Code::Ok => Plain::Ended,
+                // A head saying OK ends the answer for tonic only once it has read the body.
+                Some(_) => Plain::Not,
+                None if *status == 200 => Plain::Gather,
+                None => Plain::Not,
+            }
+        }
+        ([_], Ok(Frame::Data { data, .. })) if data.len() <= 5 + MAX_ANSWER_MESSAGE_BYTES => {
+            Plain::Gather
+        }
+        ([_, _], Ok(Frame::Trailers { .. })) => Plain::Ended,
+        _ => Plain::Not,
+    }
+}
+
+fn left_to_tonic(headers: &http::HeaderMap) -> bool {
+    LEFT_TO_TONIC.iter().any(|name| headers.contains_key(*name))
+}
 
 impl Connection {
     /// `OpenSession`, as [`v1::picket_client::PicketClient::open_session`] answers it.
@@ -123,10 +168,12 @@ impl Connection {
         if let Some(authorization) = self.authorization() {
             headers.insert(http::header::AUTHORIZATION, authorization.clone());
         }
-        let answers = wire.unary(path, headers, body).await?;
-        match plain_answer(answers) {
-            Ok(answer) => answer,
-            Err(answers) => read_by_tonic(path, answers).await,
+        match wire.unary(path, headers, body).await? {
+            Unary::Whole(answers) => match plain_answer(answers) {
+                Ok(answer) => answer,
+                Err(answers) => read_by_tonic(path, replay(answers)).await,
+            },
+            Unary::Live(response) => read_by_tonic(path, response).await,
         }
     }
 }
@@ -137,7 +184,7 @@ fn grpc_message(message: &impl prost::Message) -> Bytes {
     let length = message.encoded_len();
     let mut body = BytesMut::with_capacity(5 + length);
     body.put_u8(0);
-    // A message past u32 cannot be framed; the request bound refuses it long before.
+    // A message past u32 cannot be framed; the request bound, checked next, refuses it.
     body.put_u32(u32::try_from(length).unwrap_or(u32::MAX));
     message.encode(&mut body).expect("the buffer holds the message's encoded length");
     body.freeze()
@@ -152,7 +199,7 @@ where
     let Some(Ok(Frame::Head { headers, .. })) = answers.first() else {
         return Err(answers);
     };
-    if LEFT_TO_TONIC.iter().any(|name| headers.contains_key(*name)) {
+    if left_to_tonic(headers) {
         return Err(answers);
     }
     if headers.contains_key("grpc-status") {
@@ -193,7 +240,7 @@ where
 
 /// Whether `trailers` end a call as answered, and carry nothing only tonic reads.
 fn answered_ok(trailers: &http::HeaderMap) -> bool {
-    !LEFT_TO_TONIC.iter().any(|name| trailers.contains_key(*name))
+    !left_to_tonic(trailers)
         && Status::from_header_map(trailers).is_some_and(|status| status.code() == Code::Ok)
 }
 
@@ -205,26 +252,27 @@ fn one_message(data: &Bytes) -> Option<&[u8]> {
         .then_some(message)
 }
 
-/// The answers read by tonic's own unary client, frame by frame, as if the call had gone
-/// through it (its request is not sent again: the replay answers it).
-async fn read_by_tonic<Resp>(
+/// An answer read by tonic's own unary client, as if the call had gone through it (its
+/// request is not sent again: the answer is already there, or on its way).
+async fn read_by_tonic<Resp, B>(
     path: &'static str,
-    answers: Vec<Answer>,
+    response: Result<http::Response<B>, Status>,
 ) -> Result<Response<Resp>, Status>
 where
     Resp: prost::Message + Default + Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = Status> + Send + 'static,
 {
-    let mut grpc = tonic::client::Grpc::new(Replay(Some(answers)));
+    let mut grpc = tonic::client::Grpc::new(Answered(Some(response)));
     let codec = tonic_prost::ProstCodec::<(), Resp>::default();
     let path = http::uri::PathAndQuery::from_static(path);
     grpc.unary(tonic::Request::new(()), path, codec).await
 }
 
-/// A service that answers its one call with answers already received.
-struct Replay(Option<Vec<Answer>>);
+/// A service that answers its one call with a response it was given.
+struct Answered<B>(Option<Result<http::Response<B>, Status>>);
 
-impl tower_service::Service<http::Request<tonic::body::Body>> for Replay {
-    type Response = http::Response<ReplayBody>;
+impl<B> tower_service::Service<http::Request<tonic::body::Body>> for Answered<B> {
+    type Response = http::Response<B>;
     type Error = Status;
     type Future = Ready<Result<Self::Response, Status>>;
 
@@ -233,14 +281,14 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Replay {
     }
 
     fn call(&mut self, _request: http::Request<tonic::body::Body>) -> Self::Future {
-        ready(replay(self.0.take().unwrap_or_default()))
+        ready(self.0.take().unwrap_or_else(|| Err(Status::internal("the answer was read once"))))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connection::Protocol;
+    use crate::connection::{Protocol, not_sent_status, was_not_sent};
     use crate::wire_client::tests::{Node, listener};
     use http::HeaderMap;
     use std::time::Duration;
@@ -261,8 +309,35 @@ mod tests {
         Bytes::from(body)
     }
 
-    /// The answer forms a node may send, each with whether it is read directly: the message
-    /// and `grpc-status: 0`, or a refusal in the head alone (as the node sends them), and
+    fn head(entries: &[(&'static str, &str)]) -> Answer {
+        Ok(Frame::Head { id: 0, status: 200, headers: headers(entries) })
+    }
+
+    fn data(data: Bytes) -> Answer {
+        Ok(Frame::Data { id: 0, data })
+    }
+
+    fn trailers(entries: &[(&'static str, &str)]) -> Answer {
+        Ok(Frame::Trailers { id: 0, trailers: headers(entries) })
+    }
+
+    const CONTENT: (&str, &str) = ("content-type", "application/grpc");
+    const OK: (&str, &str) = ("grpc-status", "0");
+
+    /// A grant whose encoded message is `extra` bytes longer than tonic's bound (negative:
+    /// shorter).
+    fn grant_of_length(extra: isize) -> Vec<u8> {
+        // The token's field takes 2 bytes, the sequencer's tag 1 and its length 4.
+        let length = MAX_ANSWER_MESSAGE_BYTES.checked_add_signed(extra - 7).unwrap();
+        let grant =
+            v1::AcquireResponse { token: 7, sequencer: "s".repeat(length), already_held: false };
+        let encoded = prost::Message::encode_to_vec(&grant);
+        assert_eq!(encoded.len(), MAX_ANSWER_MESSAGE_BYTES.checked_add_signed(extra).unwrap());
+        encoded
+    }
+
+    /// The answer forms a node may send, each with whether it is read directly: one message
+    /// and `grpc-status: 0`, or a refusal in the head (as the node sends them), and
     /// everything else, left to tonic.
     fn answer_forms() -> Vec<(&'static str, bool, Vec<Answer>)> {
         let granted = prost::Message::encode_to_vec(&v1::AcquireResponse {
@@ -271,86 +346,140 @@ mod tests {
             already_held: false,
         });
         let plain = message_body(0, &granted, granted.len());
-        let head = |entries: &[(&'static str, &str)]| {
-            Ok(Frame::Head { id: 0, status: 200, headers: headers(entries) })
-        };
-        let data = |data: Bytes| Ok(Frame::Data { id: 0, data });
-        let trailers = |entries: &[(&'static str, &str)]| {
-            Ok(Frame::Trailers { id: 0, trailers: headers(entries) })
-        };
-        let content = ("content-type", "application/grpc");
-        let ok = ("grpc-status", "0");
+        let longest = grant_of_length(0);
+        let too_long = grant_of_length(1);
+        let refused = [
+            CONTENT,
+            ("grpc-status", "9"),
+            ("grpc-message", "lock%20busy"),
+            ("picket-error-code", "lock_busy"),
+            ("picket-holder-token", "5"),
+        ];
+        let (half, rest) = plain.split_at(4);
         vec![
             (
                 "granted",
                 true,
-                vec![head(&[content]), data(plain.clone()), trailers(&[ok, ("x-late", "1")])],
+                vec![head(&[CONTENT]), data(plain.clone()), trailers(&[OK, ("x-late", "1")])],
             ),
             (
-                "refused in the head",
+                "granted, metadata in both",
                 true,
                 vec![
-                    head(&[
-                        content,
-                        ("grpc-status", "9"),
-                        ("grpc-message", "lock%20busy"),
-                        ("picket-error-code", "lock_busy"),
-                        ("picket-holder-token", "5"),
-                    ]),
+                    head(&[CONTENT, ("x-both", "a"), ("x-both", "b")]),
+                    data(plain.clone()),
+                    trailers(&[OK, ("x-both", "c")]),
+                ],
+            ),
+            (
+                "granted, the longest message",
+                true,
+                vec![
+                    head(&[CONTENT]),
+                    data(message_body(0, &longest, longest.len())),
+                    trailers(&[OK]),
+                ],
+            ),
+            ("refused in the head", true, vec![head(&refused), trailers(&[])]),
+            ("refused, no trailers", true, vec![head(&refused)]),
+            (
+                "refused, data after",
+                true,
+                vec![head(&refused), data(plain.clone()), trailers(&[OK])],
+            ),
+            (
+                "refused, not found",
+                true,
+                vec![
+                    Ok(Frame::Head { id: 0, status: 404, headers: headers(&refused) }),
                     trailers(&[]),
                 ],
+            ),
+            (
+                "refused, a status not a number",
+                true,
+                vec![head(&[("grpc-status", "abc")]), trailers(&[])],
+            ),
+            (
+                "refused, a message badly escaped",
+                true,
+                vec![head(&[("grpc-status", "9"), ("grpc-message", "100%zz")]), trailers(&[])],
             ),
             (
                 "refused after the message",
                 false,
                 vec![
-                    head(&[content]),
+                    head(&[CONTENT]),
                     data(plain.clone()),
                     trailers(&[("grpc-status", "14"), ("grpc-message", "gone")]),
+                ],
+            ),
+            (
+                "too long a message",
+                false,
+                vec![
+                    head(&[CONTENT]),
+                    data(message_body(0, &too_long, too_long.len())),
+                    trailers(&[OK]),
                 ],
             ),
             (
                 "compressed",
                 false,
                 vec![
-                    head(&[content]),
+                    head(&[CONTENT]),
                     data(message_body(1, &granted, granted.len())),
-                    trailers(&[ok]),
+                    trailers(&[OK]),
                 ],
             ),
             (
                 "cut short",
                 false,
                 vec![
-                    head(&[content]),
+                    head(&[CONTENT]),
                     data(message_body(0, &granted[..3], granted.len())),
-                    trailers(&[ok]),
+                    trailers(&[OK]),
+                ],
+            ),
+            (
+                "split over two frames",
+                false,
+                vec![
+                    head(&[CONTENT]),
+                    data(Bytes::copy_from_slice(half)),
+                    data(Bytes::copy_from_slice(rest)),
+                    trailers(&[OK]),
                 ],
             ),
             (
                 "two messages",
                 false,
                 vec![
-                    head(&[content]),
+                    head(&[CONTENT]),
                     data([plain.clone(), plain.clone()].concat().into()),
-                    trailers(&[ok]),
+                    trailers(&[OK]),
                 ],
             ),
             (
                 "undecodable",
                 false,
-                vec![head(&[content]), data(message_body(0, &[0xff, 0xff], 2)), trailers(&[ok])],
+                vec![head(&[CONTENT]), data(message_body(0, &[0xff, 0xff], 2)), trailers(&[OK])],
             ),
-            ("no message", false, vec![head(&[content, ok]), trailers(&[])]),
-            ("no status", false, vec![head(&[content]), data(plain.clone()), trailers(&[])]),
+            ("no message", false, vec![head(&[CONTENT, OK]), trailers(&[])]),
+            ("no status", false, vec![head(&[CONTENT]), data(plain.clone()), trailers(&[])]),
             (
                 "encoded",
                 false,
                 vec![
-                    head(&[content, ("grpc-encoding", "gzip")]),
+                    head(&[CONTENT, ("grpc-encoding", "gzip")]),
                     data(plain.clone()),
-                    trailers(&[ok]),
+                    trailers(&[OK]),
                 ],
+            ),
+            (
+                "refused, encoded",
+                false,
+                vec![head(&[("grpc-status", "9"), ("grpc-encoding", "gzip")]), trailers(&[])],
             ),
             (
                 "not found",
@@ -363,32 +492,36 @@ mod tests {
             (
                 "reset",
                 false,
-                vec![head(&[content]), Err(Status::internal("the node ended the call: gone"))],
+                vec![head(&[CONTENT]), Err(Status::internal("the node ended the call: gone"))],
             ),
-            ("no head", false, vec![data(plain.clone()), trailers(&[ok])]),
+            ("no head", false, vec![data(plain.clone()), trailers(&[OK])]),
+            ("trailers first", false, vec![trailers(&[OK])]),
             (
                 "details",
                 false,
                 vec![
-                    head(&[content, ("grpc-status", "9"), ("grpc-status-details-bin", "AA")]),
+                    head(&[CONTENT, ("grpc-status", "9"), ("grpc-status-details-bin", "AA")]),
                     trailers(&[]),
                 ],
             ),
         ]
     }
 
-    /// What a caller can see of an answer: the message and metadata, or the status.
-    fn seen(answer: Result<Response<v1::AcquireResponse>, Status>) -> String {
+    /// What a caller can see of an answer: the message and metadata, or the status with its
+    /// not-sent mark.
+    fn seen<T: std::fmt::Debug>(answer: Result<Response<T>, Status>) -> String {
         match answer {
             Ok(response) => {
-                format!("{:?} {:?}", response.get_ref(), response.metadata().clone().into_headers())
+                let metadata = response.metadata().clone().into_headers();
+                format!("{:?} {metadata:?}", response.into_inner())
             }
             Err(status) => format!(
-                "{:?} {:?} {:?} {:?}",
+                "{:?} {:?} {:?} {:?} not sent: {}",
                 status.code(),
                 status.message(),
                 status.details(),
-                status.metadata().clone().into_headers()
+                status.metadata().clone().into_headers(),
+                was_not_sent(&status),
             ),
         }
     }
@@ -396,8 +529,11 @@ mod tests {
     /// Every form is read as tonic's own client reads it, and only the plain forms directly.
     #[tokio::test]
     async fn answers_read_directly_are_read_as_tonic_reads_them() {
-        for (form, direct, answers) in answer_forms() {
-            let by_tonic = seen(read_by_tonic("/picket.v1.Picket/Acquire", answers.clone()).await);
+        let failed = ("failed, not sent", false, vec![Err(not_sent_status("gone"))]);
+        for (form, direct, answers) in answer_forms().into_iter().chain([failed]) {
+            let path = "/picket.v1.Picket/Acquire";
+            let by_tonic =
+                seen(read_by_tonic::<v1::AcquireResponse, _>(path, replay(answers.clone())).await);
             match plain_answer::<v1::AcquireResponse>(answers) {
                 Ok(answer) => {
                     assert!(direct, "{form} is left to tonic");
@@ -408,74 +544,143 @@ mod tests {
         }
     }
 
-    /// Over a wire connection, a hot call sends the frame the generated client sends and
-    /// returns what it returns, for every form of answer.
+    /// Answers one request after another with `script`'s answers, the call's id set in each,
+    /// and returns the requests read (path, metadata, body). The link's authorization and the
+    /// cancels tonic sends for an answer it stopped reading early are passed over.
+    async fn answer_in_turn(
+        mut node: Node,
+        script: Vec<Vec<Answer>>,
+    ) -> (Node, Vec<(String, HeaderMap, Bytes)>) {
+        let mut requests = Vec::new();
+        for answers in script {
+            let (id, path, headers, body) = loop {
+                match node.next().await {
+                    Some(Frame::Request { id, path, headers, body }) => {
+                        break (id, path, headers, body);
+                    }
+                    Some(Frame::Authorization { .. } | Frame::Cancel { .. }) => {}
+                    other => panic!("a request was due, not {other:?}"),
+                }
+            };
+            requests.push((path, headers, body));
+            for answer in answers {
+                let frame = match answer {
+                    Ok(Frame::Head { status, headers, .. }) => Frame::Head { id, status, headers },
+                    Ok(Frame::Data { data, .. }) => Frame::Data { id, data },
+                    Ok(Frame::Trailers { trailers, .. }) => Frame::Trailers { id, trailers },
+                    Err(status) => {
+                        let message = status.message().strip_prefix("the node ended the call: ");
+                        Frame::Reset { id, message: message.unwrap().to_owned() }
+                    }
+                    Ok(other) => panic!("not an answer: {other:?}"),
+                };
+                node.send(frame).await;
+            }
+        }
+        (node, requests)
+    }
+
+    async fn within<T>(call: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(TIMEOUT, call).await.expect("answered in time")
+    }
+
+    /// Over a wire connection, each hot call sends the frame the generated client sends and
+    /// returns what it returns, for every form of answer, and as soon as it does; a call the
+    /// node never read is not sent either way.
     #[tokio::test]
     async fn a_hot_call_over_the_wire_is_the_generated_clients_call() {
         let forms = answer_forms();
-        let count = forms.len();
+        let empty = vec![head(&[CONTENT]), data(message_body(0, &[], 0)), trailers(&[OK])];
+        // Each answer serves two calls: the direct one, then the generated client's.
+        let script: Vec<Vec<Answer>> = forms
+            .iter()
+            .map(|(_, _, answers)| answers.clone())
+            .chain(std::iter::repeat_n(empty, 6))
+            .flat_map(|answers| [answers.clone(), answers])
+            .collect();
+        let calls = script.len();
         let (listener, addr) = listener().await;
         let node = tokio::spawn(async move {
-            let mut node = Node::accept(&listener).await;
-            let mut requests = Vec::new();
-            // Each form answers two calls: the direct one, then the generated client's.
-            for (_, _, answers) in forms.iter().flat_map(|form| [form, form]) {
-                // The link's authorization comes first, once; tonic cancels a call whose answer
-                // it stopped reading before the end (a refusal in the head).
-                let (id, path, headers, body) = loop {
-                    match node.next().await {
-                        Some(Frame::Request { id, path, headers, body }) => {
-                            break (id, path, headers, body);
-                        }
-                        Some(Frame::Authorization { .. } | Frame::Cancel { .. }) => {}
-                        other => panic!("a request was due, not {other:?}"),
+            let node = Node::accept(&listener).await;
+            let (mut node, requests) = answer_in_turn(node, script).await;
+            // One more call, which the node says it never read.
+            loop {
+                match node.next().await {
+                    Some(Frame::Request { id, .. }) => {
+                        node.send(Frame::GoAway { last_id: id - 1 }).await;
+                        break;
                     }
-                };
-                requests.push((path, headers, body));
-                for answer in answers {
-                    let frame = match answer.clone() {
-                        Ok(Frame::Head { status, headers, .. }) => {
-                            Frame::Head { id, status, headers }
-                        }
-                        Ok(Frame::Data { data, .. }) => Frame::Data { id, data },
-                        Ok(Frame::Trailers { trailers, .. }) => Frame::Trailers { id, trailers },
-                        Err(status) => Frame::Reset {
-                            id,
-                            message: status
-                                .message()
-                                .strip_prefix("the node ended the call: ")
-                                .unwrap()
-                                .to_owned(),
-                        },
-                        Ok(other) => panic!("unexpected {other:?}"),
-                    };
-                    node.send(frame).await;
+                    Some(_) => {}
+                    None => panic!("the last call never came"),
                 }
             }
-            requests
+            (node, requests)
         });
-        let connection = Connection::open_with(&addr, TIMEOUT, 1024, None, Protocol::Wire)
+        let connection = Connection::open_with(&addr, TIMEOUT, 1 << 20, None, Protocol::Wire)
             .await
             .unwrap()
             .with_bearer_token("secret")
             .unwrap();
-        let request = v1::AcquireRequest {
+        let acquire = v1::AcquireRequest {
             name: "orders".into(),
             session_id: 3,
             wait_ms: Some(250),
             request_id: Some(9),
             attempt: 1,
         };
-        for (form, ..) in answer_forms() {
-            let direct = seen(connection.acquire(request.clone()).await);
-            let generated = seen(connection.grpc().acquire(request.clone()).await);
+        for (form, ..) in forms {
+            let direct = seen(within(connection.acquire(acquire.clone())).await);
+            let generated = seen(within(connection.grpc().acquire(acquire.clone())).await);
             assert_eq!(direct, generated, "{form}");
         }
-        let requests = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
-        assert_eq!(requests.len(), 2 * count);
+        let open =
+            v1::OpenSessionRequest { ttl_ms: 5_000, lock_delay_ms: 0, clock_id: 2, clock_ms: 1.5 };
+        let keepalive = v1::KeepAliveRequest { session_id: 3, clock_id: 2, clock_ms: 2.5 };
+        let many = v1::KeepAliveManyRequest { session_ids: vec![3, 4], clock_id: 2, clock_ms: 3.5 };
+        let session = v1::SessionRequest { session_id: 3 };
+        let release = v1::ReleaseRequest { name: "orders".into(), session_id: 3, token: 7 };
+        let pairs = [
+            (
+                seen(within(connection.open_session(open)).await),
+                seen(within(connection.grpc().open_session(open)).await),
+            ),
+            (
+                seen(within(connection.keep_alive(keepalive)).await),
+                seen(within(connection.grpc().keep_alive(keepalive)).await),
+            ),
+            (
+                seen(within(connection.keep_alive_many(many.clone())).await),
+                seen(within(connection.grpc().keep_alive_many(many)).await),
+            ),
+            (
+                seen(within(connection.close_session(session)).await),
+                seen(within(connection.grpc().close_session(session)).await),
+            ),
+            (
+                seen(within(connection.release(release.clone())).await),
+                seen(within(connection.grpc().release(release)).await),
+            ),
+            (
+                seen(within(connection.acquire(acquire.clone())).await),
+                seen(within(connection.grpc().acquire(acquire.clone())).await),
+            ),
+        ];
+        for (direct, generated) in pairs {
+            assert_eq!(direct, generated);
+        }
+        let unread = within(connection.acquire(acquire.clone())).await.unwrap_err();
+        assert!(was_not_sent(&unread), "{unread:?}");
+        let (_node, requests) = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
+        assert_eq!(requests.len(), calls);
         for pair in requests.chunks(2) {
             assert_eq!(pair[0], pair[1], "the same request frame");
-            assert_eq!(pair[0].0, "/picket.v1.Picket/Acquire");
         }
+        let paths: Vec<&str> =
+            requests.iter().rev().step_by(2).take(6).map(|(path, ..)| path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["Acquire", "Release", "CloseSession", "KeepAliveMany", "KeepAlive", "OpenSession"]
+                .map(|method| format!("/picket.v1.Picket/{method}"))
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! The client end of [`crate::wire`]: one connection to one node, its calls multiplexed by id.
 //!
 //! A writer task sends the calls' frames in the order their ids were given; a reader task hands
-//! each answer's frames to the call waiting for them, never waiting for a call to read them. A
+//! each answer's frames to the call waiting for them, never waiting for a call to read them (a
+//! hot unary call's plain answer is gathered and handed over whole: see [`crate::unary`]). A
 //! call that may be sent again after a failure is told so the same way as on HTTP/2
 //! ([`crate::connection::NotSent`]): when the connection broke before any of its frame was
 //! handed to the socket, or the node said it never read it ([`Frame::GoAway`]). At most as many
@@ -9,6 +10,7 @@
 //! place before it is sent, as an HTTP/2 stream waits for the node's stream bound.
 
 use crate::connection::not_sent_status;
+use crate::unary::{Plain, still_plain};
 use crate::wire::{Frame, MAGIC, MAX_HEADERS, WRITE_BATCH_BYTES};
 use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
@@ -21,9 +23,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tonic::Status;
 
-/// Frames of one answer the reader may hold before the call reads them. A call further behind
-/// (a watch stream nobody reads) is ended and cancelled at the node, rather than slowing the
-/// connection's other calls.
+/// Frames of one answer the reader may hold before the call reads them (a unary answer gathered
+/// whole holds at most three). A call further behind (a watch stream nobody reads) is ended and
+/// cancelled at the node, rather than slowing the connection's other calls.
 const ANSWER_FRAMES: usize = 1024;
 /// Longest frame accepted from a node: a watch event or a backup chunk is far smaller.
 const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
@@ -41,9 +43,28 @@ enum Waiter {
     /// A call whose answer is read as it comes (a stream, or any call made through
     /// [`WireConnection::call`]): its frames are handed over one by one.
     Frames(mpsc::Sender<Answer>),
-    /// A unary call answered whole ([`WireConnection::unary`]): its frames are gathered here and
-    /// handed over together at the answer's end, with no queue per call.
-    Whole { answers: Vec<Answer>, done: oneshot::Sender<Vec<Answer>> },
+    /// A unary call ([`WireConnection::unary`]) whose answer may still be plain: its frames are
+    /// gathered here, at most a head, a message and the trailers, and handed over together at
+    /// the answer's end, with no queue per call.
+    Whole { answers: Vec<Answer>, done: oneshot::Sender<Gathered> },
+}
+
+/// What a unary call's waiter hands over.
+#[derive(Debug)]
+enum Gathered {
+    /// The whole answer, up to its end.
+    Whole(Vec<Answer>),
+    /// The answer is not plain: its frames so far, and every later one, come through this queue.
+    Live(mpsc::Receiver<Answer>),
+}
+
+/// A unary call's answer (see [`WireConnection::unary`]).
+#[derive(Debug)]
+pub(crate) enum Unary {
+    /// The whole answer, gathered while it could be plain, up to its end.
+    Whole(Vec<Answer>),
+    /// An answer that cannot be plain, read as it comes, as [`WireConnection::call`] returns it.
+    Live(Result<http::Response<WireBody>, Status>),
 }
 
 impl Waiter {
@@ -57,7 +78,7 @@ impl Waiter {
             }
             Self::Whole { mut answers, done } => {
                 answers.push(Err(failure));
-                let _ = done.send(answers);
+                let _ = done.send(Gathered::Whole(answers));
             }
         }
     }
@@ -164,26 +185,32 @@ impl Calls {
                 matches!(sender.try_send(answer), Err(mpsc::error::TrySendError::Full(_)))
             }
             Waiter::Whole { answers, .. } => {
-                // The head, then data: anything else (the trailers, a failure, a frame out of
-                // order) is where a response body ends.
-                let more = match &answer {
-                    Ok(Frame::Head { .. }) => answers.is_empty(),
-                    Ok(Frame::Data { .. }) => !answers.is_empty(),
-                    _ => false,
-                };
-                answers.push(answer);
-                if !more {
-                    if let Some(Waiter::Whole { answers, done }) = self.waiting.remove(&id) {
-                        let _ = done.send(answers);
+                match still_plain(answers, &answer) {
+                    Plain::Gather => answers.push(answer),
+                    Plain::Ended => {
+                        answers.push(answer);
+                        if let Some(Waiter::Whole { answers, done }) = self.waiting.remove(&id) {
+                            let _ = done.send(Gathered::Whole(answers));
+                        }
                     }
-                    return;
+                    Plain::Not => {
+                        // From here the call is read as it comes, as any other call is.
+                        let (sender, receiver) = mpsc::channel(ANSWER_FRAMES);
+                        let gathered = std::mem::replace(waiter, Waiter::Frames(sender.clone()));
+                        if let Waiter::Whole { answers, done } = gathered {
+                            // At most three were gathered: the queue holds them and this one.
+                            for answer in answers.into_iter().chain([answer]) {
+                                let _ = sender.try_send(answer);
+                            }
+                            let _ = done.send(Gathered::Live(receiver));
+                        }
+                    }
                 }
-                answers.len() >= ANSWER_FRAMES
+                false
             }
         };
         if overflow {
-            // The caller fell behind its stream, or a whole answer ran past what a stream may
-            // queue: end that call alone, not the connection.
+            // The caller fell behind its stream: end that call alone, not the connection.
             if let Some(waiter) = self.waiting.remove(&id) {
                 waiter.end(ended_early());
             }
@@ -274,32 +301,35 @@ impl WireConnection {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<http::Response<WireBody>, Status> {
-        let (answers, mut answer) = mpsc::channel(ANSWER_FRAMES);
-        let mut pending = self.send(path, headers, body, Waiter::Frames(answers)).await?;
-        let first = answer.recv().await;
-        if matches!(first, Some(Err(_))) {
-            pending.finish();
-        }
-        let head = head_of(first)?;
-        Ok(response(head, WireBody { answer, pending, ended: false }))
+        let (answers, answer) = mpsc::channel(ANSWER_FRAMES);
+        let pending = self.send(path, headers, body, Waiter::Frames(answers)).await?;
+        answered(pending, answer).await
     }
 
-    /// [`WireConnection::call`] for a unary call, answered whole: every frame of the answer up
-    /// to its end (its trailers, or how it failed), gathered without a queue per call.
-    /// [`replay`] reads them as [`WireConnection::call`] would have handed them over.
+    /// [`WireConnection::call`] for a unary call, cheaper for the answers a node nearly always
+    /// sends. While the answer may still be plain (see [`still_plain`]) the reader gathers it,
+    /// without a queue per call, and hands it over whole at its end; an answer that cannot be
+    /// plain is handed over as [`WireConnection::call`] would have returned it, and read as it
+    /// comes from then on.
     pub(crate) async fn unary(
         &self,
         path: &str,
         headers: http::HeaderMap,
         body: Bytes,
-    ) -> Result<Vec<Answer>, Status> {
-        let (done, answers) = oneshot::channel();
+    ) -> Result<Unary, Status> {
+        let (done, gathered) = oneshot::channel();
         let waiter = Waiter::Whole { answers: Vec::new(), done };
         let mut pending = self.send(path, headers, body, waiter).await?;
-        let answers = answers.await.unwrap_or_else(|_| vec![Err(ended_early())]);
-        // The reader took the call off the waiting list as it handed the answers over.
-        pending.place = None;
-        Ok(answers)
+        match gathered.await {
+            Ok(Gathered::Whole(answers)) => {
+                // The reader took the call off the waiting list as it handed the answer over.
+                pending.place = None;
+                Ok(Unary::Whole(answers))
+            }
+            Ok(Gathered::Live(answer)) => Ok(Unary::Live(answered(pending, answer).await)),
+            // A waiter is always ended with a word; should one not be, the call ends early.
+            Err(_) => Ok(Unary::Whole(vec![Err(ended_early())])),
+        }
     }
 
     /// Sends a call once it has a place, with `waiter` waiting for its answer. Refused, as not
@@ -360,6 +390,20 @@ impl WireConnection {
         drop(calls);
         Ok(Pending { connection: self.clone(), id, place: Some(place) })
     }
+}
+
+/// Waits for the head of call `pending`'s answer, whose frames come through `answer`; its body
+/// follows.
+async fn answered(
+    mut pending: Pending,
+    mut answer: mpsc::Receiver<Answer>,
+) -> Result<http::Response<WireBody>, Status> {
+    let first = answer.recv().await;
+    if matches!(first, Some(Err(_))) {
+        pending.finish();
+    }
+    let head = head_of(first)?;
+    Ok(response(head, WireBody { answer, pending, ended: false }))
 }
 
 /// The response head a call's first answer carries, or why there is none.
@@ -936,6 +980,13 @@ pub(crate) mod tests {
         let last = tokio::time::timeout(TIMEOUT, node).await.expect("closed").unwrap();
         assert_eq!(last, None);
     }
+    fn whole(unary: Unary) -> Vec<Answer> {
+        match unary {
+            Unary::Whole(answers) => answers,
+            Unary::Live(response) => panic!("handed over live: {response:?}"),
+        }
+    }
+
     /// A unary call answered whole hears how the connection failed as a streamed call does: a
     /// call the node never read is not sent, one it read and lost is not.
     #[tokio::test]
@@ -960,10 +1011,9 @@ pub(crate) mod tests {
             connection.unary("/read", HeaderMap::new(), Bytes::new()),
             connection.unary("/unread", HeaderMap::new(), Bytes::new()),
         );
-        let (read, unread) = (read.unwrap(), unread.unwrap());
-        assert!(matches!(&read[0], Ok(Frame::Head { .. })), "{read:?}");
-        let read = replay(read).unwrap();
-        let mut body = read.into_body();
+        let (read, unread) = (whole(read.unwrap()), whole(unread.unwrap()));
+        assert!(matches!(&read[..], [Ok(Frame::Head { .. }), Err(_)]), "{read:?}");
+        let mut body = replay(read).unwrap().into_body();
         let cut = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
         let cut = cut.unwrap().unwrap_err();
         assert!(!was_not_sent(&cut), "{cut:?}");
@@ -972,46 +1022,59 @@ pub(crate) mod tests {
         node.await.unwrap();
     }
 
-    /// A unary call given up on is cancelled at the node, and one whose answer runs past the
-    /// frames a stream may queue is ended and cancelled rather than gathered without bound.
+    /// A unary call's answer is gathered only while it may be plain: a refusal in the head is
+    /// handed over at once, without waiting for the trailers; an answer that cannot be plain
+    /// (here a second data frame) is handed over as soon as that shows, and read as it comes.
+    /// A unary call given up on is cancelled at the node.
     #[tokio::test]
-    async fn a_whole_answer_given_up_on_or_too_long_is_cancelled() {
+    async fn a_unary_answer_is_gathered_only_while_it_may_be_plain() {
         let (listener, addr) = listener().await;
-        let node = tokio::spawn(async move {
+        let (cancelled, mut cancels) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
             let mut node = Node::accept(&listener).await;
-            let mut cancels = Vec::new();
             while let Some(frame) = node.next().await {
                 match frame {
-                    Frame::Request { id, path, .. } if path == "/long" => {
+                    Frame::Request { id, path, .. } if path == "/refused" => {
+                        let mut headers = HeaderMap::new();
+                        headers.insert("grpc-status", HeaderValue::from_static("9"));
+                        node.send(Frame::Head { id, status: 200, headers }).await;
+                    }
+                    Frame::Request { id, path, .. } if path == "/split" => {
                         node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
-                        for _ in 0..ANSWER_FRAMES {
-                            node.send(Frame::Data { id, data: Bytes::from_static(b"x") }).await;
+                        for part in [&b"one"[..], b"two"] {
+                            node.send(Frame::Data { id, data: Bytes::from_static(part) }).await;
                         }
                     }
-                    Frame::Cancel { id } => {
-                        cancels.push(id);
-                        if cancels.len() == 2 {
-                            break;
-                        }
-                    }
+                    Frame::Cancel { id } => cancelled.send(id).unwrap(),
                     _ => {}
                 }
             }
-            cancels
         });
         let connection = open(&addr).await;
+        let refused = connection.unary("/refused", HeaderMap::new(), Bytes::new());
+        let refused = whole(tokio::time::timeout(TIMEOUT, refused).await.unwrap().unwrap());
+        assert!(matches!(&refused[..], [Ok(Frame::Head { .. })]), "{refused:?}");
+        let split = connection.unary("/split", HeaderMap::new(), Bytes::new());
+        let split = match tokio::time::timeout(TIMEOUT, split).await.unwrap().unwrap() {
+            Unary::Live(response) => response.unwrap(),
+            Unary::Whole(answers) => panic!("gathered: {answers:?}"),
+        };
+        let mut body = split.into_body();
+        for part in ["one", "two"] {
+            let data = next_frame(&mut body).await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(data, part.as_bytes());
+        }
+        drop(body);
+        let cancelled = tokio::time::timeout(TIMEOUT, cancels.recv()).await.unwrap();
+        assert_eq!(cancelled, Some(2), "the split call, given up on; the refused one had ended");
         let waiting = tokio::time::timeout(
             Duration::from_millis(50),
             connection.unary("/wait", HeaderMap::new(), Bytes::new()),
         )
         .await;
         assert!(waiting.is_err(), "the node never answers");
-        let long = connection.unary("/long", HeaderMap::new(), Bytes::new()).await.unwrap();
-        assert_eq!(long.len(), ANSWER_FRAMES + 1, "the head, data, and how it ended");
-        let ended = long.last().unwrap().as_ref().unwrap_err();
-        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
-        let cancels = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
-        assert_eq!(cancels, [1, 2]);
+        let cancelled = tokio::time::timeout(TIMEOUT, cancels.recv()).await.unwrap();
+        assert_eq!(cancelled, Some(3), "the call given up on while it waited");
         assert!(connection.shared().lock().waiting.is_empty());
     }
 }
