@@ -6,14 +6,16 @@
 //! through a queue of its own and decoded by tonic's `Streaming`: work paid on every lock
 //! operation, on the client's share of the CPU and in its latency. Here the call is encoded
 //! straight into the request frame the generated client sends. While its answer may still be
-//! plain (one uncompressed message within tonic's bound and `grpc-status: 0`, or a refusal's
-//! status in the head, the two answers a node sends), the connection's reader gathers it, at
-//! most those three frames, and the plain answer is decoded directly. An answer that turns out
-//! otherwise is handed to tonic's own unary client, from the frame that showed it on, as the
-//! generated client would have read it. The result is the generated client's in every case
-//! (tests below compare them on twenty-five forms of answer); what differs is only that no
-//! cancel is sent for a call whose answer had ended (tonic's body sends one when it stops
-//! reading before the trailers of a refusal it has already read in the head). On an HTTP/2
+//! plain (a head without a status, then one uncompressed message within tonic's bound that
+//! decodes, then `grpc-status: 0`; or a refusal's status in the head: the two answers a node
+//! sends), the connection's reader gathers it, at most those three frames, and the plain answer
+//! is decoded directly. At the first frame that shows otherwise the answer is handed to tonic's
+//! own unary client, which reads it from there as it comes, as the generated client would have;
+//! an answer whose end shows it (trailers with a failure, or without a status) is replayed to
+//! tonic whole. The result and its timing are the generated client's in every case (tests
+//! below compare them on twenty-eight forms of answer). One thing differs on the wire: no
+//! cancel is sent for an answer that had ended, where the generated client's body, dropped
+//! before it read the trailers that follow a refusal in the head, cancels the call. On an HTTP/2
 //! connection the calls are tonic's.
 
 use crate::connection::Connection;
@@ -34,22 +36,27 @@ const MAX_ANSWER_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// (which tonic decodes, and on which it panics when they are not base64).
 const LEFT_TO_TONIC: [&str; 2] = ["grpc-encoding", "grpc-status-details-bin"];
 
+/// Whether an answer message (without its 5-byte prefix) decodes as the call's answer type.
+pub(crate) type MessageCheck = fn(&[u8]) -> bool;
+
 /// Whether a unary call's answer, of which `answers` came so far, may still be plain once
 /// `next` is added (see [`crate::wire_client::WireConnection::unary`]).
 pub(crate) enum Plain {
     /// It may: keep gathering.
     Gather,
     /// Its end: a head carrying a refusal's status (all tonic reads of such an answer), the
-    /// trailers after one message, or a failure.
+    /// trailers after the message, or a failure.
     Ended,
     /// It cannot be plain: hand it over to be read as it comes, as tonic reads it.
     Not,
 }
 
-/// See [`Plain`]. Only a head, one message within tonic's bound and the trailers are gathered,
-/// so a whole answer holds at most that, and tonic meets any other answer as early as the
-/// generated client would.
-pub(crate) fn still_plain(answers: &[Answer], next: &Answer) -> Plain {
+/// See [`Plain`]. Only a head without a status, one data frame holding exactly one
+/// uncompressed message within tonic's bound that `decodes`, and the trailers are gathered: a
+/// whole answer holds at most that. Any other frame is one at which tonic either decides the
+/// call or goes on reading, so it is handed to tonic then, as early as the generated client
+/// would meet it.
+pub(crate) fn still_plain(answers: &[Answer], next: &Answer, decodes: MessageCheck) -> Plain {
     match (answers, next) {
         (_, Err(_)) => Plain::Ended,
         ([], Ok(Frame::Head { status, headers, .. })) if !left_to_tonic(headers) => {
@@ -62,7 +69,7 @@ pub(crate) fn still_plain(answers: &[Answer], next: &Answer) -> Plain {
                 None => Plain::Not,
             }
         }
-        ([_], Ok(Frame::Data { data, .. })) if data.len() <= 5 + MAX_ANSWER_MESSAGE_BYTES => {
+        ([_], Ok(Frame::Data { data, .. })) if one_message(data).is_some_and(decodes) => {
             Plain::Gather
         }
         ([_, _], Ok(Frame::Trailers { .. })) => Plain::Ended,
@@ -156,25 +163,44 @@ impl Connection {
         Req: prost::Message + Send + 'static,
         Resp: prost::Message + Default + Send + 'static,
     {
+        self.read_unary(path, request).await.0
+    }
+
+    /// [`Connection::unary`]'s answer, and whether it was read directly.
+    async fn read_unary<Req, Resp>(
+        &self,
+        path: &'static str,
+        request: Req,
+    ) -> (Result<Response<Resp>, Status>, bool)
+    where
+        Req: prost::Message + Send + 'static,
+        Resp: prost::Message + Default + Send + 'static,
+    {
         let Some(wire) = self.wire_link() else {
             let mut grpc = tonic::client::Grpc::with_origin(self.clone(), self.origin());
             let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
             let path = http::uri::PathAndQuery::from_static(path);
-            return grpc.unary(tonic::Request::new(request), path, codec).await;
+            return (grpc.unary(tonic::Request::new(request), path, codec).await, false);
         };
         let body = grpc_message(&request);
-        self.check_request_size(body.len())?;
+        if let Err(refused) = self.check_request_size(body.len()) {
+            return (Err(refused), false);
+        }
         let mut headers = http::HeaderMap::new();
         if let Some(authorization) = self.authorization() {
             headers.insert(http::header::AUTHORIZATION, authorization.clone());
         }
-        match wire.unary(path, headers, body).await? {
-            Unary::Whole(answers) => match plain_answer(answers) {
-                Ok(answer) => answer,
-                Err(answers) => read_by_tonic(path, replay(answers)).await,
+        let answer = match wire.unary(path, headers, body, decodes::<Resp>).await {
+            Err(refused) => return (Err(refused), false),
+            Ok(Unary::Whole(answers)) => match plain_answer(answers) {
+                Ok(answer) => return (answer, true),
+                Err(answers) => replay(answers),
             },
-            Unary::Live(response) => read_by_tonic(path, response).await,
-        }
+            Ok(Unary::Live(response)) => {
+                return (read_by_tonic(path, response).await, false);
+            }
+        };
+        (read_by_tonic(path, answer).await, false)
     }
 }
 
@@ -242,6 +268,13 @@ where
 fn answered_ok(trailers: &http::HeaderMap) -> bool {
     !left_to_tonic(trailers)
         && Status::from_header_map(trailers).is_some_and(|status| status.code() == Code::Ok)
+}
+
+/// Whether `message` decodes as a `Resp`. The reader checks a message before it gathers it, so
+/// that one tonic would refuse is handed to tonic at once; the plain answer then decodes it
+/// again, a small cost against tonic's stack.
+fn decodes<Resp: prost::Message + Default>(message: &[u8]) -> bool {
+    Resp::decode(message).is_ok()
 }
 
 /// The message of a body that holds exactly one uncompressed message within the bound.
@@ -465,6 +498,24 @@ mod tests {
                 false,
                 vec![head(&[CONTENT]), data(message_body(0, &[0xff, 0xff], 2)), trailers(&[OK])],
             ),
+            (
+                "compressed, no trailers",
+                false,
+                vec![head(&[CONTENT]), data(message_body(1, &granted, granted.len()))],
+            ),
+            (
+                "too long a message declared, no trailers",
+                false,
+                vec![
+                    head(&[CONTENT]),
+                    data(message_body(0, &granted, MAX_ANSWER_MESSAGE_BYTES + 1)),
+                ],
+            ),
+            (
+                "undecodable, no trailers",
+                false,
+                vec![head(&[CONTENT]), data(message_body(0, &[0xff, 0xff], 2))],
+            ),
             ("no message", false, vec![head(&[CONTENT, OK]), trailers(&[])]),
             ("no status", false, vec![head(&[CONTENT]), data(plain.clone()), trailers(&[])]),
             (
@@ -544,25 +595,36 @@ mod tests {
         }
     }
 
-    /// Answers one request after another with `script`'s answers, the call's id set in each,
-    /// and returns the requests read (path, metadata, body). The link's authorization and the
-    /// cancels tonic sends for an answer it stopped reading early are passed over.
-    async fn answer_in_turn(
-        mut node: Node,
-        script: Vec<Vec<Answer>>,
-    ) -> (Node, Vec<(String, HeaderMap, Bytes)>) {
-        let mut requests = Vec::new();
-        for answers in script {
-            let (id, path, headers, body) = loop {
-                match node.next().await {
-                    Some(Frame::Request { id, path, headers, body }) => {
-                        break (id, path, headers, body);
+    /// What the test node read: each request (id, path, metadata, body) and the calls cancelled.
+    #[derive(Default)]
+    struct Read {
+        requests: Vec<(u64, String, HeaderMap, Bytes)>,
+        cancelled: std::collections::HashSet<u64>,
+    }
+
+    impl Read {
+        /// The next request's id, path and frame; the link's authorization is passed over.
+        async fn next_request(&mut self, node: &mut Node) -> Option<u64> {
+            loop {
+                match node.next().await? {
+                    Frame::Request { id, path, headers, body } => {
+                        self.requests.push((id, path, headers, body));
+                        return Some(id);
                     }
-                    Some(Frame::Authorization { .. } | Frame::Cancel { .. }) => {}
-                    other => panic!("a request was due, not {other:?}"),
+                    Frame::Cancel { id } => {
+                        self.cancelled.insert(id);
+                    }
+                    _ => {}
                 }
-            };
-            requests.push((path, headers, body));
+            }
+        }
+    }
+
+    /// Answers one request after another with `script`'s answers, the call's id set in each.
+    async fn answer_in_turn(node: &mut Node, script: Vec<Vec<Answer>>) -> Read {
+        let mut read = Read::default();
+        for answers in script {
+            let id = read.next_request(node).await.expect("a request was due");
             for answer in answers {
                 let frame = match answer {
                     Ok(Frame::Head { status, headers, .. }) => Frame::Head { id, status, headers },
@@ -577,7 +639,7 @@ mod tests {
                 node.send(frame).await;
             }
         }
-        (node, requests)
+        read
     }
 
     async fn within<T>(call: impl std::future::Future<Output = T>) -> T {
@@ -601,20 +663,12 @@ mod tests {
         let calls = script.len();
         let (listener, addr) = listener().await;
         let node = tokio::spawn(async move {
-            let node = Node::accept(&listener).await;
-            let (mut node, requests) = answer_in_turn(node, script).await;
+            let mut node = Node::accept(&listener).await;
+            let mut read = answer_in_turn(&mut node, script).await;
             // One more call, which the node says it never read.
-            loop {
-                match node.next().await {
-                    Some(Frame::Request { id, .. }) => {
-                        node.send(Frame::GoAway { last_id: id - 1 }).await;
-                        break;
-                    }
-                    Some(_) => {}
-                    None => panic!("the last call never came"),
-                }
-            }
-            (node, requests)
+            let id = read.next_request(&mut node).await.expect("the last call came");
+            node.send(Frame::GoAway { last_id: id - 1 }).await;
+            (node, read)
         });
         let connection = Connection::open_with(&addr, TIMEOUT, 1 << 20, None, Protocol::Wire)
             .await
@@ -628,10 +682,14 @@ mod tests {
             request_id: Some(9),
             attempt: 1,
         };
-        for (form, ..) in forms {
-            let direct = seen(within(connection.acquire(acquire.clone())).await);
+        let path = "/picket.v1.Picket/Acquire";
+        for (form, plain, _) in &forms {
+            let (direct, read_directly) =
+                within(connection.read_unary::<_, v1::AcquireResponse>(path, acquire.clone()))
+                    .await;
+            assert_eq!(read_directly, *plain, "{form}");
             let generated = seen(within(connection.grpc().acquire(acquire.clone())).await);
-            assert_eq!(direct, generated, "{form}");
+            assert_eq!(seen(direct), generated, "{form}");
         }
         let open =
             v1::OpenSessionRequest { ttl_ms: 5_000, lock_delay_ms: 0, clock_id: 2, clock_ms: 1.5 };
@@ -670,13 +728,33 @@ mod tests {
         }
         let unread = within(connection.acquire(acquire.clone())).await.unwrap_err();
         assert!(was_not_sent(&unread), "{unread:?}");
-        let (_node, requests) = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
-        assert_eq!(requests.len(), calls);
-        for pair in requests.chunks(2) {
-            assert_eq!(pair[0], pair[1], "the same request frame");
+        let (_node, read) = tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap();
+        assert_eq!(read.requests.len(), calls + 1);
+        for pair in read.requests[..calls].chunks(2) {
+            let (direct, generated) = (&pair[0], &pair[1]);
+            let frame = |request: &(u64, String, HeaderMap, Bytes)| {
+                (request.1.clone(), request.2.clone(), request.3.clone())
+            };
+            assert_eq!(frame(direct), frame(generated), "the same request frame");
         }
-        let paths: Vec<&str> =
-            requests.iter().rev().step_by(2).take(6).map(|(path, ..)| path.as_str()).collect();
+        // The calls the two cancel are the same, but that the direct call sends no cancel for
+        // an answer that ended with a refusal in its head.
+        for ((form, plain, _), pair) in forms.iter().zip(read.requests.chunks(2)) {
+            let (direct, generated) = (pair[0].0, pair[1].0);
+            let cancelled = (read.cancelled.contains(&direct), read.cancelled.contains(&generated));
+            if *plain {
+                assert!(!cancelled.0, "{form}: an answer read whole is not cancelled");
+            } else {
+                assert_eq!(cancelled.0, cancelled.1, "{form}: cancelled (direct, generated)");
+            }
+        }
+        let paths: Vec<&str> = read.requests[..calls]
+            .iter()
+            .rev()
+            .step_by(2)
+            .take(6)
+            .map(|request| request.1.as_str())
+            .collect();
         assert_eq!(
             paths,
             ["Acquire", "Release", "CloseSession", "KeepAliveMany", "KeepAlive", "OpenSession"]

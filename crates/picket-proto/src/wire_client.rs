@@ -10,7 +10,7 @@
 //! place before it is sent, as an HTTP/2 stream waits for the node's stream bound.
 
 use crate::connection::not_sent_status;
-use crate::unary::{Plain, still_plain};
+use crate::unary::{MessageCheck, Plain, still_plain};
 use crate::wire::{Frame, MAGIC, MAX_HEADERS, WRITE_BATCH_BYTES};
 use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
@@ -44,9 +44,9 @@ enum Waiter {
     /// [`WireConnection::call`]): its frames are handed over one by one.
     Frames(mpsc::Sender<Answer>),
     /// A unary call ([`WireConnection::unary`]) whose answer may still be plain: its frames are
-    /// gathered here, at most a head, a message and the trailers, and handed over together at
-    /// the answer's end, with no queue per call.
-    Whole { answers: Vec<Answer>, done: oneshot::Sender<Gathered> },
+    /// gathered here, at most a head, one message that `decodes` and the trailers, and handed
+    /// over together at the answer's end, with no queue per call.
+    Whole { answers: Vec<Answer>, done: oneshot::Sender<Gathered>, decodes: MessageCheck },
 }
 
 /// What a unary call's waiter hands over.
@@ -63,7 +63,8 @@ enum Gathered {
 pub(crate) enum Unary {
     /// The whole answer, gathered while it could be plain, up to its end.
     Whole(Vec<Answer>),
-    /// An answer that cannot be plain, read as it comes, as [`WireConnection::call`] returns it.
+    /// An answer shown not to be plain before its end, read from then on as it comes, as
+    /// [`WireConnection::call`] returns it.
     Live(Result<http::Response<WireBody>, Status>),
 }
 
@@ -76,7 +77,7 @@ impl Waiter {
             Self::Frames(sender) => {
                 let _ = sender.try_send(Err(failure));
             }
-            Self::Whole { mut answers, done } => {
+            Self::Whole { mut answers, done, .. } => {
                 answers.push(Err(failure));
                 let _ = done.send(Gathered::Whole(answers));
             }
@@ -184,12 +185,13 @@ impl Calls {
             Waiter::Frames(sender) => {
                 matches!(sender.try_send(answer), Err(mpsc::error::TrySendError::Full(_)))
             }
-            Waiter::Whole { answers, .. } => {
-                match still_plain(answers, &answer) {
+            Waiter::Whole { answers, decodes, .. } => {
+                match still_plain(answers, &answer, *decodes) {
                     Plain::Gather => answers.push(answer),
                     Plain::Ended => {
                         answers.push(answer);
-                        if let Some(Waiter::Whole { answers, done }) = self.waiting.remove(&id) {
+                        if let Some(Waiter::Whole { answers, done, .. }) = self.waiting.remove(&id)
+                        {
                             let _ = done.send(Gathered::Whole(answers));
                         }
                     }
@@ -197,8 +199,8 @@ impl Calls {
                         // From here the call is read as it comes, as any other call is.
                         let (sender, receiver) = mpsc::channel(ANSWER_FRAMES);
                         let gathered = std::mem::replace(waiter, Waiter::Frames(sender.clone()));
-                        if let Waiter::Whole { answers, done } = gathered {
-                            // At most three were gathered: the queue holds them and this one.
+                        if let Waiter::Whole { answers, done, .. } = gathered {
+                            // At most two were gathered: the queue holds them and this one.
                             for answer in answers.into_iter().chain([answer]) {
                                 let _ = sender.try_send(answer);
                             }
@@ -210,10 +212,9 @@ impl Calls {
             }
         };
         if overflow {
-            // The caller fell behind its stream: end that call alone, not the connection.
-            if let Some(waiter) = self.waiting.remove(&id) {
-                waiter.end(ended_early());
-            }
+            // The caller fell behind its stream: end that call alone, not the connection. Its
+            // queue closes, so it reads that the call ended early.
+            self.waiting.remove(&id);
             self.queue(shared, 0, Frame::Cancel { id }.to_bytes());
         }
     }
@@ -307,7 +308,8 @@ impl WireConnection {
     }
 
     /// [`WireConnection::call`] for a unary call, cheaper for the answers a node nearly always
-    /// sends. While the answer may still be plain (see [`still_plain`]) the reader gathers it,
+    /// sends. While the answer may still be plain (see [`still_plain`]; `decodes` says whether
+    /// the call's answer message decodes) the reader gathers it,
     /// without a queue per call, and hands it over whole at its end; an answer that cannot be
     /// plain is handed over as [`WireConnection::call`] would have returned it, and read as it
     /// comes from then on.
@@ -316,9 +318,10 @@ impl WireConnection {
         path: &str,
         headers: http::HeaderMap,
         body: Bytes,
+        decodes: MessageCheck,
     ) -> Result<Unary, Status> {
         let (done, gathered) = oneshot::channel();
-        let waiter = Waiter::Whole { answers: Vec::new(), done };
+        let waiter = Waiter::Whole { answers: Vec::new(), done, decodes };
         let mut pending = self.send(path, headers, body, waiter).await?;
         match gathered.await {
             Ok(Gathered::Whole(answers)) => {
@@ -980,6 +983,10 @@ pub(crate) mod tests {
         let last = tokio::time::timeout(TIMEOUT, node).await.expect("closed").unwrap();
         assert_eq!(last, None);
     }
+    fn any_message(_: &[u8]) -> bool {
+        true
+    }
+
     fn whole(unary: Unary) -> Vec<Answer> {
         match unary {
             Unary::Whole(answers) => answers,
@@ -1008,8 +1015,8 @@ pub(crate) mod tests {
         });
         let connection = open(&addr).await;
         let (read, unread) = tokio::join!(
-            connection.unary("/read", HeaderMap::new(), Bytes::new()),
-            connection.unary("/unread", HeaderMap::new(), Bytes::new()),
+            connection.unary("/read", HeaderMap::new(), Bytes::new(), any_message),
+            connection.unary("/unread", HeaderMap::new(), Bytes::new(), any_message),
         );
         let (read, unread) = (whole(read.unwrap()), whole(unread.unwrap()));
         assert!(matches!(&read[..], [Ok(Frame::Head { .. }), Err(_)]), "{read:?}");
@@ -1051,10 +1058,10 @@ pub(crate) mod tests {
             }
         });
         let connection = open(&addr).await;
-        let refused = connection.unary("/refused", HeaderMap::new(), Bytes::new());
+        let refused = connection.unary("/refused", HeaderMap::new(), Bytes::new(), any_message);
         let refused = whole(tokio::time::timeout(TIMEOUT, refused).await.unwrap().unwrap());
         assert!(matches!(&refused[..], [Ok(Frame::Head { .. })]), "{refused:?}");
-        let split = connection.unary("/split", HeaderMap::new(), Bytes::new());
+        let split = connection.unary("/split", HeaderMap::new(), Bytes::new(), any_message);
         let split = match tokio::time::timeout(TIMEOUT, split).await.unwrap().unwrap() {
             Unary::Live(response) => response.unwrap(),
             Unary::Whole(answers) => panic!("gathered: {answers:?}"),
@@ -1069,7 +1076,7 @@ pub(crate) mod tests {
         assert_eq!(cancelled, Some(2), "the split call, given up on; the refused one had ended");
         let waiting = tokio::time::timeout(
             Duration::from_millis(50),
-            connection.unary("/wait", HeaderMap::new(), Bytes::new()),
+            connection.unary("/wait", HeaderMap::new(), Bytes::new(), any_message),
         )
         .await;
         assert!(waiting.is_err(), "the node never answers");
