@@ -6,16 +6,18 @@
 //! through a queue of its own and decoded by tonic's `Streaming`: work paid on every lock
 //! operation, on the client's share of the CPU and in its latency. Here the call is encoded
 //! straight into the request frame the generated client sends. While its answer may still be
-//! plain (a head without a status, then one uncompressed message within tonic's bound that
+//! plain (a head without a status, then one uncompressed message of at most 64 KiB that
 //! decodes, then `grpc-status: 0`; or a refusal's status in the head: the two answers a node
 //! sends), the connection's reader gathers it, at most those three frames, and the plain answer
 //! is decoded directly. At the first frame that shows otherwise the answer is handed to tonic's
 //! own unary client, which reads it from there as it comes, as the generated client would have;
-//! an answer whose end shows it (trailers with a failure, or without a status) is replayed to
-//! tonic whole. The result and its timing are the generated client's in every case (tests
-//! below compare them on twenty-eight forms of answer). One thing differs on the wire: no
-//! cancel is sent for an answer that had ended, where the generated client's body, dropped
-//! before it read the trailers that follow a refusal in the head, cancels the call. On an HTTP/2
+//! an answer whose trailers show it (a failure, or no status, after the message) is replayed
+//! to tonic whole. The result and its timing are the generated client's (tests below compare
+//! them on thirty forms of answer), but for the reader's check of a gathered message, one
+//! decoding of at most 64 KiB that frames behind it on the connection wait for (a hot answer is
+//! tens of bytes). One thing differs on the wire: no cancel is sent for an answer that had
+//! ended, where the generated client's body, dropped before it read the trailers that follow a
+//! refusal in the head, cancels the call. On an HTTP/2
 //! connection the calls are tonic's.
 
 use crate::connection::Connection;
@@ -28,9 +30,11 @@ use std::task::{Context, Poll};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Response, Status};
 
-/// The longest answer message tonic's client decodes by default (its
-/// `DEFAULT_MAX_RECV_MESSAGE_SIZE`); a longer one is left to tonic, which refuses it.
-const MAX_ANSWER_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// The longest answer message read directly. The connection's reader decodes it once to check
+/// it, so every frame behind it waits that long; a longer one (a keepalive-many answer for
+/// more than about ten thousand sessions) is read by tonic on its caller's task. Far below
+/// tonic's own bound (4 MiB, its `DEFAULT_MAX_RECV_MESSAGE_SIZE`), which tonic enforces.
+const PLAIN_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// Headers of an answer that only tonic reads: a compressed answer, and a status's details
 /// (which tonic decodes, and on which it panics when they are not base64).
@@ -52,11 +56,13 @@ pub(crate) enum Plain {
 }
 
 /// See [`Plain`]. Only a head without a status, one data frame holding exactly one
-/// uncompressed message within tonic's bound that `decodes`, and the trailers are gathered: a
+/// uncompressed message within [`PLAIN_MESSAGE_BYTES`] that decodes as the call's answer
+/// (`decodes`: checked by the reader with the call's [`MessageCheck`]), and the trailers are
+/// gathered: a
 /// whole answer holds at most that. Any other frame is one at which tonic either decides the
 /// call or goes on reading, so it is handed to tonic then, as early as the generated client
 /// would meet it.
-pub(crate) fn still_plain(answers: &[Answer], next: &Answer, decodes: MessageCheck) -> Plain {
+pub(crate) fn still_plain(answers: &[Answer], next: &Answer, decodes: bool) -> Plain {
     match (answers, next) {
         (_, Err(_)) => Plain::Ended,
         ([], Ok(Frame::Head { status, headers, .. })) if !left_to_tonic(headers) => {
@@ -69,9 +75,7 @@ pub(crate) fn still_plain(answers: &[Answer], next: &Answer, decodes: MessageChe
                 None => Plain::Not,
             }
         }
-        ([_], Ok(Frame::Data { data, .. })) if one_message(data).is_some_and(decodes) => {
-            Plain::Gather
-        }
+        ([_], Ok(Frame::Data { .. })) if decodes => Plain::Gather,
         ([_, _], Ok(Frame::Trailers { .. })) => Plain::Ended,
         _ => Plain::Not,
     }
@@ -270,19 +274,19 @@ fn answered_ok(trailers: &http::HeaderMap) -> bool {
         && Status::from_header_map(trailers).is_some_and(|status| status.code() == Code::Ok)
 }
 
-/// Whether `message` decodes as a `Resp`. The reader checks a message before it gathers it, so
-/// that one tonic would refuse is handed to tonic at once; the plain answer then decodes it
-/// again, a small cost against tonic's stack.
+/// Whether `message` decodes as a `Resp`. The connection's reader checks a message before it
+/// gathers it (outside the connection's lock), so that one tonic would refuse is handed to tonic
+/// at once; the plain answer then decodes it again. Both are small against tonic's stack: a hot
+/// answer is tens of bytes.
 fn decodes<Resp: prost::Message + Default>(message: &[u8]) -> bool {
     Resp::decode(message).is_ok()
 }
 
 /// The message of a body that holds exactly one uncompressed message within the bound.
-fn one_message(data: &Bytes) -> Option<&[u8]> {
+pub(crate) fn one_message(data: &Bytes) -> Option<&[u8]> {
     let (prefix, message) = data.split_at_checked(5)?;
     let length = u32::from_be_bytes(prefix[1..].try_into().ok()?) as usize;
-    (prefix[0] == 0 && length == message.len() && length <= MAX_ANSWER_MESSAGE_BYTES)
-        .then_some(message)
+    (prefix[0] == 0 && length == message.len() && length <= PLAIN_MESSAGE_BYTES).then_some(message)
 }
 
 /// An answer read by tonic's own unary client, as if the call had gone through it (its
@@ -357,16 +361,20 @@ mod tests {
     const CONTENT: (&str, &str) = ("content-type", "application/grpc");
     const OK: (&str, &str) = ("grpc-status", "0");
 
-    /// A grant whose encoded message is `extra` bytes longer than tonic's bound (negative:
-    /// shorter).
-    fn grant_of_length(extra: isize) -> Vec<u8> {
-        // The token's field takes 2 bytes, the sequencer's tag 1 and its length 4.
-        let length = MAX_ANSWER_MESSAGE_BYTES.checked_add_signed(extra - 7).unwrap();
-        let grant =
-            v1::AcquireResponse { token: 7, sequencer: "s".repeat(length), already_held: false };
-        let encoded = prost::Message::encode_to_vec(&grant);
-        assert_eq!(encoded.len(), MAX_ANSWER_MESSAGE_BYTES.checked_add_signed(extra).unwrap());
-        encoded
+    /// tonic's bound on an answer message.
+    const TONIC_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+    /// A grant whose encoded message is `length` bytes long.
+    fn grant_of_length(length: usize) -> Vec<u8> {
+        // The token's field takes 2 bytes, the sequencer's tag 1, and its length 1 to 4.
+        (4..=7)
+            .map(|overhead| {
+                let sequencer = "s".repeat(length - overhead);
+                let grant = v1::AcquireResponse { token: 7, sequencer, already_held: false };
+                prost::Message::encode_to_vec(&grant)
+            })
+            .find(|encoded| encoded.len() == length)
+            .expect("a sequencer of some length makes it")
     }
 
     /// The answer forms a node may send, each with whether it is read directly: one message
@@ -379,8 +387,9 @@ mod tests {
             already_held: false,
         });
         let plain = message_body(0, &granted, granted.len());
-        let longest = grant_of_length(0);
-        let too_long = grant_of_length(1);
+        let longest = grant_of_length(PLAIN_MESSAGE_BYTES);
+        let longer = grant_of_length(PLAIN_MESSAGE_BYTES + 1);
+        let too_long = grant_of_length(TONIC_MESSAGE_BYTES + 1);
         let refused = [
             CONTENT,
             ("grpc-status", "9"),
@@ -405,11 +414,20 @@ mod tests {
                 ],
             ),
             (
-                "granted, the longest message",
+                "granted, the longest message read directly",
                 true,
                 vec![
                     head(&[CONTENT]),
                     data(message_body(0, &longest, longest.len())),
+                    trailers(&[OK]),
+                ],
+            ),
+            (
+                "granted, a longer message",
+                false,
+                vec![
+                    head(&[CONTENT]),
+                    data(message_body(0, &longer, longer.len())),
                     trailers(&[OK]),
                 ],
             ),
@@ -506,10 +524,7 @@ mod tests {
             (
                 "too long a message declared, no trailers",
                 false,
-                vec![
-                    head(&[CONTENT]),
-                    data(message_body(0, &granted, MAX_ANSWER_MESSAGE_BYTES + 1)),
-                ],
+                vec![head(&[CONTENT]), data(message_body(0, &granted, TONIC_MESSAGE_BYTES + 1))],
             ),
             (
                 "undecodable, no trailers",
@@ -544,6 +559,15 @@ mod tests {
                 "reset",
                 false,
                 vec![head(&[CONTENT]), Err(Status::internal("the node ended the call: gone"))],
+            ),
+            (
+                "reset after the message",
+                false,
+                vec![
+                    head(&[CONTENT]),
+                    data(plain.clone()),
+                    Err(Status::internal("the node ended the call: gone")),
+                ],
             ),
             ("no head", false, vec![data(plain.clone()), trailers(&[OK])]),
             ("trailers first", false, vec![trailers(&[OK])]),

@@ -2,7 +2,8 @@
 //!
 //! A writer task sends the calls' frames in the order their ids were given; a reader task hands
 //! each answer's frames to the call waiting for them, never waiting for a call to read them (a
-//! hot unary call's plain answer is gathered and handed over whole: see [`crate::unary`]). A
+//! hot unary call's plain answer is gathered and handed over whole, its message checked by the
+//! reader: see [`crate::unary`]). A
 //! call that may be sent again after a failure is told so the same way as on HTTP/2
 //! ([`crate::connection::NotSent`]): when the connection broke before any of its frame was
 //! handed to the socket, or the node said it never read it ([`Frame::GoAway`]). At most as many
@@ -10,7 +11,7 @@
 //! place before it is sent, as an HTTP/2 stream waits for the node's stream bound.
 
 use crate::connection::not_sent_status;
-use crate::unary::{MessageCheck, Plain, still_plain};
+use crate::unary::{MessageCheck, Plain, one_message, still_plain};
 use crate::wire::{Frame, MAGIC, MAX_HEADERS, WRITE_BATCH_BYTES};
 use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
@@ -40,8 +41,9 @@ pub(crate) type Answer = Result<Frame, Status>;
 /// Who waits for a call's answer.
 #[derive(Debug)]
 enum Waiter {
-    /// A call whose answer is read as it comes (a stream, or any call made through
-    /// [`WireConnection::call`]): its frames are handed over one by one.
+    /// A call whose answer is read as it comes (a stream, any call made through
+    /// [`WireConnection::call`], or a unary call whose answer showed it is not plain): its
+    /// frames are handed over one by one.
     Frames(mpsc::Sender<Answer>),
     /// A unary call ([`WireConnection::unary`]) whose answer may still be plain: its frames are
     /// gathered here, at most a head, one message that `decodes` and the trailers, and handed
@@ -61,7 +63,8 @@ enum Gathered {
 /// A unary call's answer (see [`WireConnection::unary`]).
 #[derive(Debug)]
 pub(crate) enum Unary {
-    /// The whole answer, gathered while it could be plain, up to its end.
+    /// The whole answer, gathered while it could be plain, up to its end or to the failure that
+    /// cut it off.
     Whole(Vec<Answer>),
     /// An answer shown not to be plain before its end, read from then on as it comes, as
     /// [`WireConnection::call`] returns it.
@@ -175,9 +178,18 @@ impl Calls {
         }
     }
 
-    /// Hands `answer` to call `id`'s waiter. A call given up on has none: its late frames are
-    /// dropped.
-    fn deliver(&mut self, shared: &Shared, id: u64, answer: Answer) {
+    /// How call `id` checks a message it may gather: a unary call's while it gathers.
+    fn message_check(&self, id: u64) -> Option<MessageCheck> {
+        match self.waiting.get(&id)? {
+            Waiter::Whole { decodes, .. } => Some(*decodes),
+            Waiter::Frames(_) => None,
+        }
+    }
+
+    /// Hands `answer` to call `id`'s waiter; `decodes` says whether `answer` is a data frame
+    /// holding one message that the waiter's check accepts. A call given up on has no waiter:
+    /// its late frames are dropped.
+    fn deliver(&mut self, shared: &Shared, id: u64, answer: Answer, decodes: bool) {
         let Some(waiter) = self.waiting.get_mut(&id) else {
             return;
         };
@@ -185,8 +197,8 @@ impl Calls {
             Waiter::Frames(sender) => {
                 matches!(sender.try_send(answer), Err(mpsc::error::TrySendError::Full(_)))
             }
-            Waiter::Whole { answers, decodes, .. } => {
-                match still_plain(answers, &answer, *decodes) {
+            Waiter::Whole { answers, .. } => {
+                match still_plain(answers, &answer, decodes) {
                     Plain::Gather => answers.push(answer),
                     Plain::Ended => {
                         answers.push(answer);
@@ -302,8 +314,11 @@ impl WireConnection {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<http::Response<WireBody>, Status> {
-        let (answers, answer) = mpsc::channel(ANSWER_FRAMES);
-        let pending = self.send(path, headers, body, Waiter::Frames(answers)).await?;
+        let queue = || {
+            let (answers, answer) = mpsc::channel(ANSWER_FRAMES);
+            (Waiter::Frames(answers), answer)
+        };
+        let (pending, answer) = self.send(path, headers, body, queue).await?;
         answered(pending, answer).await
     }
 
@@ -320,9 +335,11 @@ impl WireConnection {
         body: Bytes,
         decodes: MessageCheck,
     ) -> Result<Unary, Status> {
-        let (done, gathered) = oneshot::channel();
-        let waiter = Waiter::Whole { answers: Vec::new(), done, decodes };
-        let mut pending = self.send(path, headers, body, waiter).await?;
+        let gatherer = || {
+            let (done, gathered) = oneshot::channel();
+            (Waiter::Whole { answers: Vec::new(), done, decodes }, gathered)
+        };
+        let (mut pending, gathered) = self.send(path, headers, body, gatherer).await?;
         match gathered.await {
             Ok(Gathered::Whole(answers)) => {
                 // The reader took the call off the waiting list as it handed the answer over.
@@ -335,15 +352,16 @@ impl WireConnection {
         }
     }
 
-    /// Sends a call once it has a place, with `waiter` waiting for its answer. Refused, as not
-    /// sent, when the connection has closed.
-    async fn send(
+    /// Sends a call once it has a place, with the waiter `waiter` makes waiting for its answer
+    /// (and gives back what `waiter` returns beside it, the caller's end). Refused, as not sent,
+    /// when the connection has closed.
+    async fn send<R>(
         &self,
         path: &str,
         mut headers: http::HeaderMap,
         body: Bytes,
-        waiter: Waiter,
-    ) -> Result<Pending, Status> {
+        waiter: impl FnOnce() -> (Waiter, R),
+    ) -> Result<(Pending, R), Status> {
         // gRPC's 5-byte message prefix is not the node's to count.
         if body.len() > self.shared().max_request_bytes.saturating_add(5) {
             return Err(Status::invalid_argument(format!(
@@ -389,9 +407,11 @@ impl WireConnection {
         if !calls.queue(self.shared(), id, request) {
             return Err(not_sent_status("the connection closed; connect again"));
         }
+        // Made only now: a call waiting for its place holds no queue.
+        let (waiter, answer) = waiter();
         calls.waiting.insert(id, waiter);
         drop(calls);
-        Ok(Pending { connection: self.clone(), id, place: Some(place) })
+        Ok((Pending { connection: self.clone(), id, place: Some(place) }, answer))
     }
 }
 
@@ -638,7 +658,16 @@ async fn read<R: AsyncRead + Unpin>(mut reader: R, shared: Arc<Shared>) {
             }
             frame => Ok(frame),
         };
-        shared.lock().deliver(&shared, id, answer);
+        // A message a unary call may gather is checked before the lock is taken: the
+        // connection's callers and its writer do not wait for the decoding.
+        let decodes = match &answer {
+            Ok(Frame::Data { data, .. }) => {
+                let check = shared.lock().message_check(id);
+                check.is_some_and(|decodes| one_message(data).is_some_and(decodes))
+            }
+            _ => false,
+        };
+        shared.lock().deliver(&shared, id, answer, decodes);
     };
     shared.lock().close(&shared, &reason);
 }
@@ -1032,7 +1061,8 @@ pub(crate) mod tests {
     /// A unary call's answer is gathered only while it may be plain: a refusal in the head is
     /// handed over at once, without waiting for the trailers; an answer that cannot be plain
     /// (here a second data frame) is handed over as soon as that shows, and read as it comes.
-    /// A unary call given up on is cancelled at the node.
+    /// A unary call given up on, before any answer or with part of it gathered, is cancelled at
+    /// the node and frees its place.
     #[tokio::test]
     async fn a_unary_answer_is_gathered_only_while_it_may_be_plain() {
         let (listener, addr) = listener().await;
@@ -1051,6 +1081,11 @@ pub(crate) mod tests {
                         for part in [&b"one"[..], b"two"] {
                             node.send(Frame::Data { id, data: Bytes::from_static(part) }).await;
                         }
+                    }
+                    Frame::Request { id, path, .. } if path == "/partial" => {
+                        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
+                        let message = Bytes::from_static(&[0, 0, 0, 0, 1, b'x']);
+                        node.send(Frame::Data { id, data: message }).await;
                     }
                     Frame::Cancel { id } => cancelled.send(id).unwrap(),
                     _ => {}
@@ -1082,6 +1117,15 @@ pub(crate) mod tests {
         assert!(waiting.is_err(), "the node never answers");
         let cancelled = tokio::time::timeout(TIMEOUT, cancels.recv()).await.unwrap();
         assert_eq!(cancelled, Some(3), "the call given up on while it waited");
+        let partial = tokio::time::timeout(
+            Duration::from_millis(50),
+            connection.unary("/partial", HeaderMap::new(), Bytes::new(), any_message),
+        )
+        .await;
+        assert!(partial.is_err(), "the trailers never come");
+        let cancelled = tokio::time::timeout(TIMEOUT, cancels.recv()).await.unwrap();
+        assert_eq!(cancelled, Some(4), "the call given up on with its head and message gathered");
+        assert_eq!(connection.shared().places.available_permits(), 2, "every place is free");
         assert!(connection.shared().lock().waiting.is_empty());
     }
 }
