@@ -13,7 +13,7 @@
 //! own unary client, which reads it from there as it comes, as the generated client would have;
 //! an answer whose trailers show it (a failure, or no status, after the message) is replayed
 //! to tonic whole. The result and its timing are the generated client's (tests below compare
-//! them on thirty forms of answer), but for the reader's check of a gathered message, one
+//! them on thirty-two forms of answer), but for the reader's check of a gathered message, one
 //! decoding of at most 64 KiB that frames behind it on the connection wait for (a hot answer is
 //! tens of bytes). One thing differs on the wire: no cancel is sent for an answer that had
 //! ended, where the generated client's body, dropped before it read the trailers that follow a
@@ -25,6 +25,7 @@ use crate::v1;
 use crate::wire::Frame;
 use crate::wire_client::{Answer, Unary, replay};
 use bytes::{BufMut, Bytes, BytesMut};
+use http::HeaderName;
 use std::future::{Ready, ready};
 use std::task::{Context, Poll};
 use tonic::metadata::MetadataMap;
@@ -38,7 +39,12 @@ const PLAIN_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// Headers of an answer that only tonic reads: a compressed answer, and a status's details
 /// (which tonic decodes, and on which it panics when they are not base64).
-const LEFT_TO_TONIC: [&str; 2] = ["grpc-encoding", "grpc-status-details-bin"];
+const LEFT_TO_TONIC: [HeaderName; 2] =
+    [HeaderName::from_static("grpc-encoding"), HeaderName::from_static("grpc-status-details-bin")];
+
+/// The answer's gRPC status code and message.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// Whether an answer message (without its 5-byte prefix) decodes as the call's answer type.
 pub(crate) type MessageCheck = fn(&[u8]) -> bool;
@@ -66,7 +72,7 @@ pub(crate) fn still_plain(answers: &[Answer], next: &Answer, decodes: bool) -> P
     match (answers, next) {
         (_, Err(_)) => Plain::Ended,
         ([], Ok(Frame::Head { status, headers, .. })) if !left_to_tonic(headers) => {
-            match headers.get("grpc-status").map(|code| Code::from_bytes(code.as_bytes())) {
+            match headers.get(GRPC_STATUS).map(|code| Code::from_bytes(code.as_bytes())) {
                 // A refusal's status in the head is all tonic reads of its answer.
                 Some(code) if code != Code::Ok => Plain::Ended,
                 // A head saying OK ends the answer for tonic only once it has read the body.
@@ -82,7 +88,7 @@ pub(crate) fn still_plain(answers: &[Answer], next: &Answer, decodes: bool) -> P
 }
 
 fn left_to_tonic(headers: &http::HeaderMap) -> bool {
-    LEFT_TO_TONIC.iter().any(|name| headers.contains_key(*name))
+    LEFT_TO_TONIC.iter().any(|name| headers.contains_key(name))
 }
 
 impl Connection {
@@ -232,7 +238,7 @@ where
     if left_to_tonic(headers) {
         return Err(answers);
     }
-    if headers.contains_key("grpc-status") {
+    if headers.contains_key(GRPC_STATUS) {
         // A status in the head is the whole answer to tonic, whatever follows it.
         return match Status::from_header_map(headers) {
             Some(status) if status.code() != Code::Ok => Ok(Err(status)),
@@ -270,8 +276,17 @@ where
 
 /// Whether `trailers` end a call as answered, and carry nothing only tonic reads.
 fn answered_ok(trailers: &http::HeaderMap) -> bool {
-    !left_to_tonic(trailers)
-        && Status::from_header_map(trailers).is_some_and(|status| status.code() == Code::Ok)
+    if left_to_tonic(trailers) {
+        return false;
+    }
+    if !trailers.contains_key(GRPC_MESSAGE) {
+        // The node's form, read without a copy of the trailers: with no message to decode,
+        // tonic's status is the code alone.
+        let code = trailers.get(GRPC_STATUS).map(|code| Code::from_bytes(code.as_bytes()));
+        return code == Some(Code::Ok);
+    }
+    // A message that does not decode makes tonic's status `Unknown`, whatever the code.
+    Status::from_header_map(trailers).is_some_and(|status| status.code() == Code::Ok)
 }
 
 /// Whether `message` decodes as a `Resp`. The connection's reader checks a message before it
@@ -431,6 +446,24 @@ mod tests {
                     trailers(&[OK]),
                 ],
             ),
+            (
+                "granted, with a message beside the status",
+                true,
+                vec![
+                    head(&[CONTENT]),
+                    data(plain.clone()),
+                    trailers(&[OK, ("grpc-message", "fine")]),
+                ],
+            ),
+            (
+                "granted, with a message badly escaped beside the status",
+                false,
+                vec![
+                    head(&[CONTENT]),
+                    data(plain.clone()),
+                    trailers(&[OK, ("grpc-message", "%FF")]),
+                ],
+            ),
             ("refused in the head", true, vec![head(&refused), trailers(&[])]),
             ("refused, no trailers", true, vec![head(&refused)]),
             (
@@ -454,7 +487,7 @@ mod tests {
             (
                 "refused, a message badly escaped",
                 true,
-                vec![head(&[("grpc-status", "9"), ("grpc-message", "100%zz")]), trailers(&[])],
+                vec![head(&[("grpc-status", "9"), ("grpc-message", "100%FF")]), trailers(&[])],
             ),
             (
                 "refused after the message",
