@@ -324,10 +324,9 @@ impl WireConnection {
 
     /// [`WireConnection::call`] for a unary call, cheaper for the answers a node nearly always
     /// sends. While the answer may still be plain (see [`still_plain`]; `decodes` says whether
-    /// the call's answer message decodes) the reader gathers it,
-    /// without a queue per call, and hands it over whole at its end; an answer that cannot be
-    /// plain is handed over as [`WireConnection::call`] would have returned it, and read as it
-    /// comes from then on.
+    /// a message decodes as the call's answer) the reader gathers it, without a queue per call,
+    /// and hands it over whole at its end; an answer shown not to be plain is handed over as
+    /// [`WireConnection::call`] would have returned it, and read as it comes from then on.
     pub(crate) async fn unary(
         &self,
         path: &str,
