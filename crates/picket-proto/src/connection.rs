@@ -1,4 +1,5 @@
-//! One HTTP/2 connection to one endpoint, driven through the `h2` crate directly.
+//! One connection to one endpoint: Picket's wire protocol ([`crate::wire`]), or HTTP/2 driven
+//! through the `h2` crate directly.
 //!
 //! tonic's `Channel` puts a `tower::Buffer` in front of hyper's client, and hyper's client hands
 //! every request to its connection task and spawns a task per request to wait for the response:
