@@ -37,7 +37,7 @@ pub struct Guard {
     pub(crate) name: String,
     pub(crate) token: u64,
     pub(crate) sequencer: Sequencer,
-    pub(crate) lost: Arc<LostSender>,
+    pub(crate) lost: LostSender,
     pub(crate) released: bool,
 }
 
@@ -134,7 +134,7 @@ async fn release(
     shared: &SessionState,
     name: &str,
     token: u64,
-    signal: &Arc<LostSender>,
+    signal: &LostSender,
 ) -> Result<Released, ClientError> {
     shared.unregister_grant(name, signal);
     let released = match shared.transport.release(shared.id, name, token).await {

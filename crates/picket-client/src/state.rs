@@ -20,7 +20,7 @@ pub(crate) const ENDED_GRANTS_KEPT: usize = 1_024;
 
 /// The guards' lost signals of one lock in one session: usually one, two while an
 /// `already_held` answer made a second guard of a grant (or a stale guard awaits its drop).
-pub(crate) type GrantSignals = Vec<(u64, Arc<LostSender>)>;
+pub(crate) type GrantSignals = Vec<(u64, LostSender)>;
 
 /// What a session's handle, its guards, its keepalive task and the client's watcher share: its
 /// identity, whether (and why) it is lost, and the lost signal of each grant it holds.
@@ -119,14 +119,14 @@ impl SessionState {
     /// Registers a guard's lost signal for grant `token` of `name`. It starts lost when the
     /// session is, or when the grant already ended; registered under the grants lock, the lock
     /// `mark_lost` and `grant_ended` take, so a loss either shows here or finds the guard.
-    pub(crate) fn register_grant(&self, name: &str, token: u64) -> Arc<LostSender> {
+    pub(crate) fn register_grant(&self, name: &str, token: u64) -> LostSender {
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let ended = self.ended_grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let ended_reason = ended
             .get(name)
             .filter(|(newest_ended, _)| token <= *newest_ended)
             .map(|(_, reason)| *reason);
-        let signal = Arc::new(watch::channel(self.lost.borrow().or(ended_reason)).0);
+        let signal = watch::Sender::new(self.lost.borrow().or(ended_reason));
         #[cfg(test)]
         tests::BETWEEN_SIGNAL_AND_INSERT.with(|hook| hook.borrow().as_ref().map(|hook| hook()));
         grants.entry(name.to_owned()).or_default().push((token, signal.clone()));
@@ -134,10 +134,10 @@ impl SessionState {
     }
 
     /// Forgets a guard's signal (it released its grant, or was dropped), and no other's.
-    pub(crate) fn unregister_grant(&self, name: &str, signal: &Arc<LostSender>) {
+    pub(crate) fn unregister_grant(&self, name: &str, signal: &LostSender) {
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(signals) = grants.get_mut(name) {
-            signals.retain(|(_, held)| !Arc::ptr_eq(held, signal));
+            signals.retain(|(_, held)| !held.same_channel(signal));
             if signals.is_empty() {
                 grants.remove(name);
             }

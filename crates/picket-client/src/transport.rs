@@ -94,10 +94,19 @@ pub(crate) struct Transport {
 struct Inner {
     endpoints: Vec<String>,
     config: ClientConfig,
-    leader: Mutex<Option<String>>,
+    /// The node last found to lead, if any.
+    leader: Mutex<Option<Leader>>,
     connections: Mutex<HashMap<String, Connection>>,
     /// Abandons on their way, by (session, lock): each sets its flag when done.
     abandons: Mutex<HashMap<(u64, String), tokio::sync::watch::Receiver<bool>>>,
+}
+
+/// The node a call goes to first: the leader as last found, with its connection once a call
+/// there was answered, so that the calls after it go straight to it.
+#[derive(Debug)]
+struct Leader {
+    endpoint: Arc<str>,
+    connection: Option<Connection>,
 }
 
 /// A handle that does not keep the connections open, for background tasks: they stop once
@@ -230,12 +239,41 @@ impl Transport {
         self.inner.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn leader_hint(&self) -> Option<String> {
-        self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    fn lock_leader(&self) -> std::sync::MutexGuard<'_, Option<Leader>> {
+        self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn set_leader_hint(&self, leader: Option<String>) {
-        *self.inner.leader.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = leader;
+    fn set_leader_hint(&self, endpoint: Option<&str>) {
+        *self.lock_leader() =
+            endpoint.map(|endpoint| Leader { endpoint: endpoint.into(), connection: None });
+    }
+
+    /// Notes that `endpoint` answered a call made on `connection`: the calls after it go there
+    /// first, on that connection. Nothing changes when it was already so.
+    fn answered_at(&self, endpoint: &Arc<str>, connection: Option<Connection>) {
+        let mut leader = self.lock_leader();
+        match leader.as_mut() {
+            Some(known) if Arc::ptr_eq(&known.endpoint, endpoint) => {
+                if connection.is_some() {
+                    known.connection = connection;
+                }
+            }
+            _ => *leader = Some(Leader { endpoint: endpoint.clone(), connection }),
+        }
+    }
+
+    /// Where the next attempt goes, and the connection to it if it is the leader's and open.
+    fn next_target(&self, next_endpoint: usize) -> (Arc<str>, Option<Connection>) {
+        match self.lock_leader().as_ref() {
+            Some(leader) => (
+                leader.endpoint.clone(),
+                leader.connection.as_ref().filter(|open| !open.is_closed()).cloned(),
+            ),
+            None => {
+                let endpoints = &self.inner.endpoints;
+                (endpoints[next_endpoint % endpoints.len()].as_str().into(), None)
+            }
+        }
     }
 
     /// Runs one call against the cluster: at the leader if known, following `not_leader`
@@ -259,10 +297,17 @@ impl Transport {
         let mut reached_any = false;
         let mut refused = 0;
         loop {
-            let target = self.leader_hint().unwrap_or_else(|| {
-                self.inner.endpoints[next_endpoint % self.inner.endpoints.len()].clone()
-            });
-            let result = match self.connection(&target).await {
+            let (target, known) = self.next_target(next_endpoint);
+            // A connection opened or looked up here is kept with the leader once a call on it
+            // is answered; the leader's own is already there.
+            let (connected, keep) = match known {
+                Some(connection) => (Ok(connection), None),
+                None => match self.connection(&target).await {
+                    Ok(connection) => (Ok(connection.clone()), Some(connection)),
+                    Err(unsent) => (Err(unsent), None),
+                },
+            };
+            let result = match connected {
                 Err(unsent) => Err(unsent),
                 Ok(connection) => {
                     let call = attempt(connection);
@@ -278,16 +323,16 @@ impl Transport {
             };
             let failure = match result {
                 Ok(response) => {
-                    self.set_leader_hint(Some(target));
+                    self.answered_at(&target, keep);
                     return Ok(response.into_inner());
                 }
                 Err(status) => classify(&status),
             };
             match failure {
                 Failure::Final(error) => return Err(error),
-                Failure::NotLeader(Some(leader)) if leader != target => {
+                Failure::NotLeader(Some(leader)) if *leader != *target => {
                     reached_any = true;
-                    self.set_leader_hint(Some(leader));
+                    self.set_leader_hint(Some(&leader));
                     continue;
                 }
                 Failure::NotLeader(_) => {
