@@ -38,6 +38,19 @@ impl Node {
     pub(crate) async fn send(&mut self, frame: Frame) {
         self.stream.write_all(&frame.to_bytes()).await.unwrap();
     }
+
+    /// Reads frames until `count` requests have come, and returns their ids.
+    async fn request_ids(&mut self, count: usize) -> Vec<u64> {
+        let mut ids = Vec::new();
+        while ids.len() < count {
+            match self.next().await {
+                Some(Frame::Request { id, .. }) => ids.push(id),
+                Some(_) => {}
+                None => panic!("the connection closed after {} of {count} requests", ids.len()),
+            }
+        }
+        ids
+    }
 }
 
 pub(crate) async fn listener() -> (TcpListener, String) {
@@ -184,12 +197,7 @@ async fn a_call_past_a_go_away_is_not_sent_and_one_before_it_is_unknown() {
     let (listener, addr) = listener().await;
     let node = tokio::spawn(async move {
         let mut node = Node::accept(&listener).await;
-        let mut ids = Vec::new();
-        while ids.len() < 2 {
-            if let Some(Frame::Request { id, .. }) = node.next().await {
-                ids.push(id);
-            }
-        }
+        let ids = node.request_ids(2).await;
         node.send(Frame::GoAway { last_id: ids[0] }).await;
         // The first call was read; the connection then breaks before its answer.
         drop(node);
@@ -335,12 +343,7 @@ async fn a_whole_answer_cut_off_keeps_the_not_sent_rule() {
     let (listener, addr) = listener().await;
     let node = tokio::spawn(async move {
         let mut node = Node::accept(&listener).await;
-        let mut ids = Vec::new();
-        while ids.len() < 2 {
-            if let Some(Frame::Request { id, .. }) = node.next().await {
-                ids.push(id);
-            }
-        }
+        let ids = node.request_ids(2).await;
         // The first call's head arrives, then the node says it never read the second and
         // the connection breaks.
         let headers = HeaderMap::new();
