@@ -94,15 +94,16 @@ pub(crate) struct Transport {
 struct Inner {
     endpoints: Vec<String>,
     config: ClientConfig,
-    /// The node last found to lead, if any.
+    /// Where calls go first, if anywhere.
     leader: Mutex<Option<Leader>>,
     connections: Mutex<HashMap<String, Connection>>,
     /// Abandons on their way, by (session, lock): each sets its flag when done.
     abandons: Mutex<HashMap<(u64, String), tokio::sync::watch::Receiver<bool>>>,
 }
 
-/// The node a call goes to first: the leader as last found, with its connection once a call
-/// there was answered, so that the calls after it go straight to it.
+/// The node calls go to first: the last one to answer a call, or the one a refusal named as
+/// leader. Once a call there succeeded, its connection is kept with it, so that the calls after
+/// go straight to it.
 #[derive(Debug)]
 struct Leader {
     endpoint: Arc<str>,
@@ -149,6 +150,10 @@ fn check_transport(
     }
     Ok(())
 }
+
+/// Refusals naming a leader followed at once before the client backs off: a node that just
+/// lost the leadership may name one that names it back until the election settles.
+const MAX_REDIRECTS: u32 = 3;
 
 /// Largest request the client sends; the server's own limit is far smaller, so a larger one is a
 /// bug in the caller, not a request worth buffering.
@@ -248,8 +253,8 @@ impl Transport {
             endpoint.map(|endpoint| Leader { endpoint: endpoint.into(), connection: None });
     }
 
-    /// Notes that `endpoint` answered a call made on `connection`: the calls after it go there
-    /// first, on that connection. Nothing changes when it was already so.
+    /// Notes that a call to `endpoint`, made on `connection`, succeeded: the calls after it go
+    /// there first, on that connection. Nothing changes when it was already so.
     fn answered_at(&self, endpoint: &Arc<str>, connection: Option<Connection>) {
         let mut leader = self.lock_leader();
         match leader.as_mut() {
@@ -296,6 +301,7 @@ impl Transport {
         let mut last_failure;
         let mut reached_any = false;
         let mut refused = 0;
+        let mut redirects = 0;
         loop {
             let (target, known) = self.next_target(next_endpoint);
             // A connection opened or looked up here is kept with the leader once a call on it
@@ -333,7 +339,15 @@ impl Transport {
                 Failure::NotLeader(Some(leader)) if *leader != *target => {
                     reached_any = true;
                     self.set_leader_hint(Some(&leader));
-                    continue;
+                    // Nodes with stale views during an election can name each other: follow a
+                    // few names at once, then back off as for no leader.
+                    redirects += 1;
+                    if redirects <= MAX_REDIRECTS {
+                        continue;
+                    }
+                    redirects = 0;
+                    last_failure =
+                        format!("{target}: names {leader} as leader, which has not served");
                 }
                 Failure::NotLeader(_) => {
                     reached_any = true;
@@ -649,6 +663,74 @@ fn fresh_request_id() -> u64 {
 mod tests {
     use super::*;
     use crate::error::LostReason;
+
+    /// A node that takes wire connections and answers nothing: the calls under test make their
+    /// own answers.
+    async fn silent_node() -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut opening = [0_u8; picket_proto::wire::MAGIC.len()];
+                    stream.read_exact(&mut opening).await?;
+                    stream.write_all(picket_proto::wire::MAGIC).await?;
+                    stream.write_all(&16_u32.to_le_bytes()).await?;
+                    stream.write_all(&(1_u32 << 20).to_le_bytes()).await?;
+                    let mut sink = [0_u8; 1024];
+                    while stream.read(&mut sink).await? > 0 {}
+                    std::io::Result::Ok(())
+                });
+            }
+        });
+        addr
+    }
+
+    /// Two nodes that name each other as leader (stale views during an election) are not
+    /// called in a loop without end: the client backs off after a few redirects and gives up
+    /// when its retry window closes.
+    #[tokio::test]
+    async fn nodes_naming_each_other_as_leader_are_not_called_without_end() {
+        let nodes = [silent_node().await, silent_node().await];
+        let config = ClientConfig {
+            retry_for: Duration::from_millis(300),
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(20),
+            protocol: Protocol::Wire,
+            ..ClientConfig::default()
+        };
+        let transport = Transport::new(nodes.clone(), config).unwrap();
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        // Each attempt is refused at once, so a client that never backs off never yields
+        // either: the refusals turn final after 1,000 attempts instead of spinning for ever.
+        let call = transport.call(Retry::Safe, None, |connection| {
+            let attempt = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let called = connection.origin().authority().map(ToString::to_string);
+            let other = nodes.iter().find(|node| Some(node.as_str()) != called.as_deref());
+            let mut refusal = Status::unavailable("not the leader");
+            let code = if attempt < 1_000 { ErrorCode::NotLeader } else { ErrorCode::InvalidName };
+            refusal
+                .metadata_mut()
+                .insert(picket_proto::ERROR_CODE_KEY, code.as_str().parse().unwrap());
+            refusal
+                .metadata_mut()
+                .insert(picket_proto::LEADER_KEY, other.unwrap().parse().unwrap());
+            async move { Err::<Response<()>, _>(refusal) }
+        });
+        let error = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("the call was not given up in time")
+            .unwrap_err();
+        let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            error.code(),
+            Some(ErrorCode::Unavailable),
+            "{error}: still following redirects after {attempts} attempts"
+        );
+        assert!(error.to_string().contains("names"), "{error}");
+        assert!((4..=200).contains(&attempts), "{attempts} attempts in 300 ms");
+    }
 
     #[test]
     fn a_given_up_acquire_is_abandoned_unless_its_last_attempt_was_answered() {

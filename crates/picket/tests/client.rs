@@ -437,35 +437,44 @@ async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
     }
 }
 
-/// The client finds the leader from a follower's answer and follows the next leader when that
-/// one stops: it keeps the leader it found (with its connection) for the calls after, and once
-/// that node is gone it moves on through the other endpoints until one names the new leader.
+/// The client finds the leader from a follower's refusal and follows the next leader when that
+/// one is killed: a follower listed first answers the client's first look at the cluster, and
+/// refuses the session's open with the leader's name, which the client follows; once that
+/// leader is gone, the client moves on through the other endpoints until one names the new
+/// leader, and the same session and client go on there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_finds_the_leader_and_follows_the_next_one_when_it_stops() {
     let binary = Path::new(env!("CARGO_BIN_EXE_picket"));
     let mut cluster = picket_testkit::cluster::Cluster::start(binary, 3, &[]);
     let leader = cluster.leader(Duration::from_secs(30));
     let addrs = cluster.addrs();
-    // A follower first, so the first call is refused with the leader's name.
     let endpoints: Vec<String> = (1..=3).map(|step| addrs[(leader + step) % 3].clone()).collect();
     let client = Client::connect(endpoints).await.unwrap();
-    let session = client.session(Duration::from_secs(60)).await.unwrap();
-    let mut last_token = 0;
-    for _ in 0..3 {
-        let guard = session.try_lock("followed").await.unwrap();
-        assert!(guard.token() > last_token);
-        last_token = guard.token();
-        assert_eq!(guard.release().await.unwrap(), Released::Now);
-    }
+    let (session, last_token) = tokio::time::timeout(Duration::from_secs(60), async {
+        let session = client.session(Duration::from_secs(60)).await.unwrap();
+        let mut last_token = 0;
+        for _ in 0..3 {
+            let guard = session.try_lock("followed").await.unwrap();
+            assert!(guard.token() > last_token);
+            last_token = guard.token();
+            assert_eq!(guard.release().await.unwrap(), Released::Now);
+        }
+        (session, last_token)
+    })
+    .await
+    .expect("finding the leader took over a minute");
 
     cluster.nodes[leader].kill();
     let next = cluster.leader(Duration::from_secs(30));
     assert_ne!(next, leader);
-    // The session lives on the new leader (a new leader gives every session a full TTL), and
-    // the same client reaches it: its leader's connection is gone, so it looks again.
-    let guard = session.try_lock("followed").await.unwrap();
-    assert!(guard.token() > last_token, "{} after {last_token}", guard.token());
-    assert_eq!(guard.release().await.unwrap(), Released::Now);
-    let other = client.session(Duration::from_secs(60)).await.unwrap();
-    assert!(other.try_lock("followed").await.unwrap().token() > last_token);
+    // The session lives on under the new leader (a new leader gives every session a full TTL).
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let guard = session.try_lock("followed").await.unwrap();
+        assert!(guard.token() > last_token, "{} after {last_token}", guard.token());
+        assert_eq!(guard.release().await.unwrap(), Released::Now);
+        let other = client.session(Duration::from_secs(60)).await.unwrap();
+        assert!(other.try_lock("followed").await.unwrap().token() > last_token);
+    })
+    .await
+    .expect("following the next leader took over a minute");
 }
