@@ -101,7 +101,7 @@ struct Inner {
     abandons: Mutex<HashMap<(u64, String), tokio::sync::watch::Receiver<bool>>>,
 }
 
-/// The node calls go to first: the last one to answer a call, or the one a refusal named as
+/// The node calls go to first: the last one a call succeeded at, or the one a refusal named as
 /// leader. Once a call there succeeded, its connection is kept with it, so that the calls after
 /// go straight to it.
 #[derive(Debug)]
@@ -305,7 +305,7 @@ impl Transport {
         loop {
             let (target, known) = self.next_target(next_endpoint);
             // A connection opened or looked up here is kept with the leader once a call on it
-            // is answered; the leader's own is already there.
+            // succeeds; the leader's own is already there.
             let (connected, keep) = match known {
                 Some(connection) => (Ok(connection), None),
                 None => match self.connection(&target).await {
@@ -340,12 +340,11 @@ impl Transport {
                     reached_any = true;
                     self.set_leader_hint(Some(&leader));
                     // Nodes with stale views during an election can name each other: follow a
-                    // few names at once, then back off as for no leader.
+                    // few names at once, then back off before calling the last one named.
                     redirects += 1;
                     if redirects <= MAX_REDIRECTS {
                         continue;
                     }
-                    redirects = 0;
                     last_failure =
                         format!("{target}: names {leader} as leader, which has not served");
                 }
@@ -399,6 +398,8 @@ impl Transport {
                 });
             }
             tokio::time::sleep(backoff).await;
+            // Only redirects with no pause between them count toward the bound.
+            redirects = 0;
             backoff = (backoff * 2).min(config.max_backoff);
         }
     }
