@@ -27,6 +27,9 @@ pub mod v1 {
     tonic::include_proto!("picket.v1");
 }
 
+/// Largest Raft message a node sends or takes, and largest answer to one it reads, in bytes:
+/// bounds what a peer can make a node allocate (an `InstallSnapshot` carries the whole state).
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
 /// Most sessions one batched keepalive (`KeepAliveMany`, `POST /v1/sessions/keepalive`) may
 /// name. Part of the wire contract: the server refuses more, the client never sends more.
 pub const MAX_KEEPALIVE_BATCH: usize = 10_000;

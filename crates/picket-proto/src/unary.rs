@@ -1,5 +1,6 @@
-//! The hot unary calls of the client service, sent on a [`Connection`] without tonic's client
-//! stack when the connection speaks the wire protocol.
+//! The hot unary calls of the client service, and the Raft messages nodes send their peers,
+//! sent on a [`Connection`] without tonic's client stack when the connection speaks the wire
+//! protocol.
 //!
 //! Through the generated client, a call is encoded by a body stream, passed through tonic's
 //! `Grpc` and the connection's `tower` service, and its answer is handed over frame by frame
@@ -34,14 +35,29 @@ use tonic::{Code, Response, Status};
 /// The longest answer message read directly. The connection's reader decodes it once to check
 /// it, so every frame behind it waits that long; a longer one is read by tonic on its caller's
 /// task. The hot answers stay far below it (a keepalive-many answer for the 10,000 sessions a
-/// batch may name is about 40 KB at most), as below tonic's own bound (4 MiB, its
-/// `DEFAULT_MAX_RECV_MESSAGE_SIZE`), which tonic enforces.
+/// batch may name is about 40 KB at most, an answer to a Raft message tens of bytes), as below
+/// the bound tonic enforces on longer ones ([`CLIENT_ANSWER_BYTES`] for the client service,
+/// [`crate::MAX_RAFT_MESSAGE_BYTES`] for Raft messages).
 const PLAIN_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// The longest answer to a client service call: the generated client's bound (tonic's
+/// `DEFAULT_MAX_RECV_MESSAGE_SIZE`, 4 MiB), which the Rust client keeps.
+const CLIENT_ANSWER_BYTES: usize = 4 << 20;
 
 /// Headers of an answer that only tonic reads: a compressed answer, and a status's details
 /// (which tonic decodes, and on which it panics when they are not base64).
 const LEFT_TO_TONIC: [HeaderName; 2] =
     [HeaderName::from_static("grpc-encoding"), HeaderName::from_static("grpc-status-details-bin")];
+
+/// Metadata tonic's client leaves out of a request (its `into_sanitized_headers`): the
+/// protocol's own headers, which it writes itself or which only an answer carries.
+const RESERVED_HEADERS: [HeaderName; 5] = [
+    http::header::TE,
+    http::header::CONTENT_TYPE,
+    HeaderName::from_static("grpc-message"),
+    HeaderName::from_static("grpc-message-type"),
+    HeaderName::from_static("grpc-status"),
+];
 
 /// The answer's gRPC status code and message.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -94,7 +110,7 @@ fn left_to_tonic(headers: &http::HeaderMap) -> bool {
 
 impl Connection {
     /// `OpenSession`, as [`v1::picket_client::PicketClient::open_session`] answers it. Over the
-    /// wire protocol this and the five calls below skip tonic's client stack; the result is the
+    /// wire protocol this and the nine calls below skip tonic's client stack; the result is the
     /// generated client's (see `unary.rs` in the source for how, and for the one difference on
     /// the wire: no cancel follows an answer that had ended).
     ///
@@ -162,6 +178,58 @@ impl Connection {
         self.unary("/picket.v1.Picket/Release", request).await
     }
 
+    /// `Raft/AppendEntries`, as [`v1::raft_client::RaftClient::append_entries`] answers it
+    /// with its decoding bound at [`crate::MAX_RAFT_MESSAGE_BYTES`]: the same as the client
+    /// service's hot calls above, but that it takes a request with metadata (the target node,
+    /// the deadline) and sends it as the generated client sends it.
+    ///
+    /// # Errors
+    /// The call's status, as the generated client returns it.
+    pub async fn append_entries(
+        &self,
+        request: tonic::Request<v1::RaftPayload>,
+    ) -> Result<Response<v1::RaftPayload>, Status> {
+        self.read_unary("/picket.v1.Raft/AppendEntries", request, crate::MAX_RAFT_MESSAGE_BYTES)
+            .await
+            .0
+    }
+
+    /// `Raft/Vote`, as the generated client answers it (see [`Connection::append_entries`]).
+    ///
+    /// # Errors
+    /// The call's status, as the generated client returns it.
+    pub async fn vote(
+        &self,
+        request: tonic::Request<v1::RaftPayload>,
+    ) -> Result<Response<v1::RaftPayload>, Status> {
+        self.read_unary("/picket.v1.Raft/Vote", request, crate::MAX_RAFT_MESSAGE_BYTES).await.0
+    }
+
+    /// `Raft/PreVote`, as the generated client answers it (see [`Connection::append_entries`]).
+    ///
+    /// # Errors
+    /// The call's status, as the generated client returns it.
+    pub async fn pre_vote(
+        &self,
+        request: tonic::Request<v1::RaftPayload>,
+    ) -> Result<Response<v1::RaftPayload>, Status> {
+        self.read_unary("/picket.v1.Raft/PreVote", request, crate::MAX_RAFT_MESSAGE_BYTES).await.0
+    }
+
+    /// `Raft/InstallSnapshot`, as the generated client answers it (see
+    /// [`Connection::append_entries`]).
+    ///
+    /// # Errors
+    /// The call's status, as the generated client returns it.
+    pub async fn install_snapshot(
+        &self,
+        request: tonic::Request<v1::RaftPayload>,
+    ) -> Result<Response<v1::RaftPayload>, Status> {
+        self.read_unary("/picket.v1.Raft/InstallSnapshot", request, crate::MAX_RAFT_MESSAGE_BYTES)
+            .await
+            .0
+    }
+
     /// The generated client on this connection, for every other call. On a wire connection it
     /// speaks the wire protocol too, through tonic's client stack.
     #[must_use]
@@ -178,30 +246,41 @@ impl Connection {
         Req: prost::Message + Send + 'static,
         Resp: prost::Message + Default + Send + 'static,
     {
-        self.read_unary(path, request).await.0
+        self.read_unary(path, tonic::Request::new(request), CLIENT_ANSWER_BYTES).await.0
     }
 
-    /// [`Connection::unary`]'s answer, and whether it was read directly.
+    /// [`Connection::unary`]'s answer, and whether it was read directly. The request's metadata
+    /// is sent as the generated client sends it, but for the headers tonic keeps for itself; an
+    /// answer message longer than `max_answer_bytes` is refused, as the generated client
+    /// configured with that bound refuses it.
     async fn read_unary<Req, Resp>(
         &self,
         path: &'static str,
-        request: Req,
+        request: tonic::Request<Req>,
+        max_answer_bytes: usize,
     ) -> (Result<Response<Resp>, Status>, bool)
     where
         Req: prost::Message + Send + 'static,
         Resp: prost::Message + Default + Send + 'static,
     {
         let Some(wire) = self.wire_link() else {
-            let mut grpc = tonic::client::Grpc::with_origin(self.clone(), self.origin());
+            let mut grpc = tonic::client::Grpc::with_origin(self.clone(), self.origin())
+                .max_decoding_message_size(max_answer_bytes);
             let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
             let path = http::uri::PathAndQuery::from_static(path);
-            return (grpc.unary(tonic::Request::new(request), path, codec).await, false);
+            return (grpc.unary(request, path, codec).await, false);
         };
-        let body = grpc_message(&request);
+        let (metadata, _, message) = request.into_parts();
+        let body = grpc_message(&message);
         if let Err(refused) = self.check_request_size(body.len()) {
             return (Err(refused), false);
         }
-        let mut headers = http::HeaderMap::new();
+        let mut headers = metadata.into_headers();
+        for reserved in RESERVED_HEADERS {
+            headers.remove(reserved);
+        }
+        // As on the generated client's way (`Connection`'s `call`), the connection's own
+        // authorization stands in for any the request carries.
         if let Some(authorization) = self.authorization() {
             headers.insert(http::header::AUTHORIZATION, authorization.clone());
         }
@@ -212,10 +291,10 @@ impl Connection {
                 Err(answers) => replay(answers),
             },
             Ok(Unary::Live(response)) => {
-                return (read_by_tonic(path, response).await, false);
+                return (read_by_tonic(path, response, max_answer_bytes).await, false);
             }
         };
-        (read_by_tonic(path, answer).await, false)
+        (read_by_tonic(path, answer, max_answer_bytes).await, false)
     }
 }
 
@@ -314,12 +393,14 @@ pub(crate) fn one_message(data: &Bytes) -> Option<&[u8]> {
 async fn read_by_tonic<Resp, B>(
     path: &'static str,
     response: Result<http::Response<B>, Status>,
+    max_answer_bytes: usize,
 ) -> Result<Response<Resp>, Status>
 where
     Resp: prost::Message + Default + Send + 'static,
     B: http_body::Body<Data = Bytes, Error = Status> + Send + 'static,
 {
-    let mut grpc = tonic::client::Grpc::new(Answered(Some(response)));
+    let mut grpc = tonic::client::Grpc::new(Answered(Some(response)))
+        .max_decoding_message_size(max_answer_bytes);
     let codec = tonic_prost::ProstCodec::<(), Resp>::default();
     let path = http::uri::PathAndQuery::from_static(path);
     grpc.unary(tonic::Request::new(()), path, codec).await

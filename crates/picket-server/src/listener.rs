@@ -241,7 +241,8 @@ struct Serving {
     max_message_bytes: usize,
     /// Largest Raft message, for the connections that may send them.
     max_raft_message_bytes: usize,
-    /// The client API's calls a wire connection serves without the router (the client port's).
+    /// The calls a wire connection serves without the router: the client API's hot calls on the
+    /// client port, and Raft messages where the port serves the `Raft` service.
     direct: Option<DirectCalls>,
 }
 

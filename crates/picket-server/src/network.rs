@@ -4,6 +4,12 @@
 //! bytes raw after a JSON header), so the protobuf schema does not mirror openraft's types. Every
 //! request names the node it is meant for; a node that receives a request for another id refuses
 //! it, so a peer that moved to another address is never mistaken for the one that left.
+//!
+//! Peers speak the wire protocol to each other (gRPC over HTTP/2 to a peer of an older build).
+//! There the four Raft messages skip tonic's stacks at both ends, as the client API's hot calls
+//! do: the sender's [`Connection`] encodes them into their frame itself, and the receiver's
+//! connection task hands them to [`RaftService`] straight from the frame
+//! (`listener/direct.rs`). The bytes on the wire are those of the generated client and server.
 
 mod contacts;
 
@@ -37,7 +43,7 @@ use tonic::{Request, Response, Status};
 /// Metadata key naming the node a Raft request is meant for.
 const TARGET_NODE_KEY: &str = "picket-target-node";
 /// Largest Raft message, in bytes: bounds what a peer can make this node allocate.
-pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 << 20;
+pub const MAX_RAFT_MESSAGE_BYTES: usize = picket_proto::MAX_RAFT_MESSAGE_BYTES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Creates a client per peer for openraft, over TLS when the cluster runs it.
@@ -93,7 +99,8 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
 }
 
 impl PeerClient {
-    async fn client(&mut self) -> Result<RaftClient<Connection>, Unreachable<TypeConfig>> {
+    /// The connection to the peer, opened now if none is open.
+    async fn connection(&mut self) -> Result<Connection, Unreachable<TypeConfig>> {
         let connection = match self.connection.take().filter(|open| !open.is_closed()) {
             Some(open) => open,
             // The same calls in the wire protocol (a peer of an older build is spoken to in
@@ -112,6 +119,13 @@ impl PeerClient {
             })?,
         };
         self.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// The generated client on the peer's connection, for the calls `Connection` does not make
+    /// itself.
+    async fn client(&mut self) -> Result<RaftClient<Connection>, Unreachable<TypeConfig>> {
+        let connection = self.connection().await?;
         let origin = connection.origin();
         Ok(RaftClient::with_origin(connection, origin)
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -138,7 +152,7 @@ impl PeerClient {
     ) -> Result<Resp, Unreachable<TypeConfig>>
     where
         Resp: DeserializeOwned,
-        F: FnOnce(RaftClient<Connection>, Request<RaftPayload>) -> Fut,
+        F: FnOnce(Connection, Request<RaftPayload>) -> Fut,
         Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
     {
         let result = self.call_once(data, timeout, send).await;
@@ -157,14 +171,14 @@ impl PeerClient {
     ) -> Result<Resp, Unreachable<TypeConfig>>
     where
         Resp: DeserializeOwned,
-        F: FnOnce(RaftClient<Connection>, Request<RaftPayload>) -> Fut,
+        F: FnOnce(Connection, Request<RaftPayload>) -> Fut,
         Fut: Future<Output = Result<Response<RaftPayload>, Status>>,
     {
-        let client = self.client().await?;
+        let connection = self.connection().await?;
         let request = self.request(RaftPayload { data, error: String::new() }, timeout);
         // The deadline travels as `grpc-timeout` too; it is enforced here so a peer that stops
         // answering cannot hold replication longer than openraft allowed.
-        let answer = tokio::time::timeout(timeout, send(client, request))
+        let answer = tokio::time::timeout(timeout, send(connection, request))
             .await
             .unwrap_or_else(|_| Err(Status::deadline_exceeded("the peer did not answer in time")));
         let payload = match answer {
@@ -236,8 +250,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(encode(&rpc), option.soft_ttl(), |mut client, request| async move {
-            client.append_entries(request).await
+        self.call(encode(&rpc), option.soft_ttl(), |connection, request| async move {
+            connection.append_entries(request).await
         })
         .await
         .map_err(RPCError::Unreachable)
@@ -248,8 +262,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(encode(&rpc), option.soft_ttl(), |mut client, request| async move {
-            client.vote(request).await
+        self.call(encode(&rpc), option.soft_ttl(), |connection, request| async move {
+            connection.vote(request).await
         })
         .await
         .map_err(RPCError::Unreachable)
@@ -260,8 +274,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(encode(&rpc), option.soft_ttl(), |mut client, request| async move {
-            client.pre_vote(request).await
+        self.call(encode(&rpc), option.soft_ttl(), |connection, request| async move {
+            connection.pre_vote(request).await
         })
         .await
         .map_err(RPCError::Unreachable)
@@ -275,8 +289,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let data = encode_snapshot(&vote, &snapshot.meta, &snapshot.snapshot);
-        let send = self.call(data, option.hard_ttl(), |mut client, request| async move {
-            client.install_snapshot(request).await
+        let send = self.call(data, option.hard_ttl(), |connection, request| async move {
+            connection.install_snapshot(request).await
         });
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
@@ -304,32 +318,38 @@ pub struct MembersOnly(bool);
 
 impl tonic::service::Interceptor for MembersOnly {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let caller = request.extensions().get::<Caller>();
-        if !self.0 || caller.is_some_and(|caller| caller.member) {
-            return Ok(request);
-        }
-        let remote = caller.and_then(|caller| caller.remote);
-        let (code, error_code, reason) = match caller.and_then(|caller| caller.certificate.as_ref())
-        {
-            None => (
-                tonic::Code::Unauthenticated,
-                ErrorCode::Unauthenticated,
-                "only a cluster member may send Raft messages: this connection presented no certificate",
-            ),
-            Some(_) => (
-                tonic::Code::PermissionDenied,
-                ErrorCode::PermissionDenied,
-                "only a cluster member may send Raft messages: this connection's certificate is not signed by the cluster's peer CA",
-            ),
-        };
-        tracing::warn!(target: "picket::audit", ?remote, reason, "refused a Raft message");
-        let mut status = Status::new(code, reason);
-        status.metadata_mut().insert(
-            picket_proto::ERROR_CODE_KEY,
-            tonic::metadata::MetadataValue::from_static(error_code.as_str()),
-        );
-        Err(status)
+        admit(self.0, request.extensions().get::<Caller>())?;
+        Ok(request)
     }
+}
+
+/// Refuses `caller` unless it may send Raft messages: with `members_only` (a TLS cluster), only a
+/// cluster member may. The router's [`MembersOnly`] and the wire protocol's direct calls keep
+/// the same gate.
+fn admit(members_only: bool, caller: Option<&Caller>) -> Result<(), Status> {
+    if !members_only || caller.is_some_and(|caller| caller.member) {
+        return Ok(());
+    }
+    let remote = caller.and_then(|caller| caller.remote);
+    let (code, error_code, reason) = match caller.and_then(|caller| caller.certificate.as_ref()) {
+        None => (
+            tonic::Code::Unauthenticated,
+            ErrorCode::Unauthenticated,
+            "only a cluster member may send Raft messages: this connection presented no certificate",
+        ),
+        Some(_) => (
+            tonic::Code::PermissionDenied,
+            ErrorCode::PermissionDenied,
+            "only a cluster member may send Raft messages: this connection's certificate is not signed by the cluster's peer CA",
+        ),
+    };
+    tracing::warn!(target: "picket::audit", ?remote, reason, "refused a Raft message");
+    let mut status = Status::new(code, reason);
+    status.metadata_mut().insert(
+        picket_proto::ERROR_CODE_KEY,
+        tonic::metadata::MetadataValue::from_static(error_code.as_str()),
+    );
+    Err(status)
 }
 
 /// On a client port of a node that serves peers on a port of its own: answers every Raft RPC
@@ -425,7 +445,9 @@ impl RaftService {
 
     /// The tonic service, with message size bounds. In a TLS cluster, a request from a
     /// connection that is not a cluster member's is refused by an interceptor, before its
-    /// message is read.
+    /// message is read. The wire protocol's Raft messages bypass it (`listener/direct.rs`),
+    /// through the same gate, and encode answers as it does with this configuration: one that
+    /// compresses answers or limits them must be mirrored there.
     #[must_use]
     pub fn into_server(self) -> InterceptedService<raft_server::RaftServer<Self>, MembersOnly> {
         let members_only = MembersOnly(self.members_only);
@@ -433,6 +455,14 @@ impl RaftService {
             .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         InterceptedService::new(server, members_only)
+    }
+
+    /// Refuses `caller`'s Raft messages unless it may send them (see [`MembersOnly`]).
+    ///
+    /// # Errors
+    /// `Unauthenticated` or `PermissionDenied`, as the router's interceptor refuses it.
+    pub(crate) fn admit(&self, caller: &Caller) -> Result<(), Status> {
+        admit(self.members_only, Some(caller))
     }
 
     /// Refuses a request meant for another node.

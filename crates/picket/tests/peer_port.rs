@@ -2,9 +2,8 @@
 //! cannot keep peers from reaching a node, clients cannot send Raft messages on the client
 //! port, and the peer port serves nothing but Raft.
 
-use picket_proto::connection::Connection;
+use picket_proto::connection::{Connection, Protocol};
 use picket_proto::v1::RaftPayload;
-use picket_proto::v1::raft_client::RaftClient;
 use picket_testkit::cluster::{Cluster, send};
 use picket_testkit::http::try_request;
 use picket_testkit::wait_until;
@@ -223,24 +222,49 @@ fn the_same_flood_stops_a_cluster_whose_peers_share_the_client_port() {
 }
 
 /// A client cannot send Raft messages on the client port of a node with a peer port: it is
-/// told where Raft is served, before anything is read. The peer port serves no client API.
+/// told where Raft is served, before anything is read, in gRPC and in the wire protocol (whose
+/// Raft messages the peer port serves straight from their frames, and the client port does
+/// not). The peer port serves no client API.
 #[tokio::test]
 async fn raft_messages_on_the_client_port_are_refused_and_the_peer_port_serves_only_raft() {
     let cluster = start_cluster(true);
     let addr = cluster.nodes[0].addr.clone();
     let peer_addr = cluster.peer_addrs()[0].clone().expect("a peer port");
+    let vote = |target: &str| {
+        let mut request =
+            tonic::Request::new(RaftPayload { data: b"{}".to_vec(), error: String::new() });
+        request.metadata_mut().insert("picket-target-node", target.parse().expect("metadata"));
+        request
+    };
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let connection =
+            Connection::open_with(&addr, Duration::from_secs(2), 1 << 20, None, protocol)
+                .await
+                .expect("connects");
+        assert_eq!(connection.protocol(), protocol);
+        let refused = connection.vote(vote("1")).await.expect_err("refused on the client port");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{protocol:?}: {refused:?}");
+        assert!(refused.message().contains(&peer_addr), "{protocol:?}: {refused:?}");
+        let code = refused.metadata().get("picket-error-code").and_then(|code| code.to_str().ok());
+        assert_eq!(code, Some("peer_port_elsewhere"), "{protocol:?}");
+    }
+    // On the peer port a Raft message is served, in the wire protocol past the router: this one,
+    // meant for another node, is refused by the node's Raft service.
+    let direct_calls = || {
+        let metrics = picket_testkit::http::get(&addr, "/metrics").text;
+        let line = metrics.lines().find(|line| line.starts_with("picket_wire_direct_calls_total "));
+        line.and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok()).expect("the counter")
+    };
     let connection =
-        Connection::open(&addr, Duration::from_secs(2), 1 << 20, None).await.expect("connects");
-    let origin = connection.origin();
-    let mut raft = RaftClient::with_origin(connection, origin);
-    let mut request =
-        tonic::Request::new(RaftPayload { data: b"{}".to_vec(), error: String::new() });
-    request.metadata_mut().insert("picket-target-node", "1".parse().expect("metadata"));
-    let refused = raft.vote(request).await.expect_err("refused on the client port");
+        Connection::open_with(&peer_addr, Duration::from_secs(2), 1 << 20, None, Protocol::Wire)
+            .await
+            .expect("connects to the peer port");
+    assert_eq!(connection.protocol(), Protocol::Wire);
+    let served_before = direct_calls();
+    let refused = connection.vote(vote("100")).await.expect_err("meant for another node");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
-    assert!(refused.message().contains(&peer_addr), "{refused:?}");
-    let code = refused.metadata().get("picket-error-code").and_then(|code| code.to_str().ok());
-    assert_eq!(code, Some("peer_port_elsewhere"));
+    assert!(refused.message().contains("not node 100"), "{refused:?}");
+    assert_eq!(direct_calls() - served_before, 1, "served straight from its frame");
     let addr_for_blocking = peer_addr.clone();
     let on_peer_port = tokio::task::spawn_blocking(move || {
         try_request(&addr_for_blocking, "GET", "/v1/cluster", None)

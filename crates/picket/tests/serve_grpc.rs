@@ -427,3 +427,77 @@ async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
     let lock = h2.get_lock(v1::GetLockRequest { name: "held".into() }).await.unwrap().into_inner();
     assert_eq!((lock.holder_session_id, lock.token), (session, token));
 }
+
+/// The wire protocol serves peers' Raft messages straight from their frames too, as it serves
+/// the client API's hot calls (issue 19): each must answer as the router and tonic answer it
+/// over HTTP/2, whether the node takes the message, refuses it as meant for another node or
+/// without one named, or cannot decode it. A single node serves the `Raft` service on its client
+/// port. The node's count of direct calls shows the wire's calls took the direct path.
+#[tokio::test]
+async fn raft_messages_answer_the_same_over_the_wire_protocol_and_http2() {
+    use picket_proto::connection::{Connection, Protocol};
+    use picket_proto::v1::RaftPayload;
+    use picket_proto::v1::raft_client::RaftClient;
+    let (_dir, server, mut client) = start().await;
+    let node_id = client.cluster(v1::Empty {}).await.unwrap().into_inner().leader_id;
+    let connection =
+        Connection::open_with(&server.addr, Duration::from_secs(5), 1 << 22, None, Protocol::Wire)
+            .await
+            .expect("connected");
+    assert_eq!(connection.protocol(), Protocol::Wire);
+    let mut h2 = RaftClient::connect(format!("http://{}", server.addr)).await.unwrap();
+    let message = |target: Option<u64>, data: &str| {
+        let mut request = tonic::Request::new(RaftPayload {
+            data: data.as_bytes().to_vec(),
+            error: String::new(),
+        });
+        if let Some(target) = target {
+            request
+                .metadata_mut()
+                .insert("picket-target-node", target.to_string().parse().unwrap());
+        }
+        request.set_timeout(Duration::from_secs(5));
+        request
+    };
+    // A leader of term 0, long behind this node's: refused with the node's own vote.
+    let stale = r#"{"vote":{"leader_id":{"term":0,"node_id":7},"committed":true},
+        "prev_log_id":null,"leader_commit":null,"entries":[]}"#;
+    let served_before = direct_calls(&server.addr);
+    let mut outcomes = Vec::new();
+    for (target, data) in
+        [(Some(node_id), stale), (Some(node_id + 100), stale), (None, stale), (Some(node_id), "{")]
+    {
+        let over_wire = outcome(connection.append_entries(message(target, data)).await);
+        let over_h2 = outcome(h2.append_entries(message(target, data)).await);
+        assert_eq!(over_wire, over_h2, "append entries to {target:?} of {data}");
+        outcomes.push(over_wire);
+        for (over_wire, over_h2) in [
+            (
+                outcome(connection.vote(message(target, data)).await),
+                outcome(h2.vote(message(target, data)).await),
+            ),
+            (
+                outcome(connection.pre_vote(message(target, data)).await),
+                outcome(h2.pre_vote(message(target, data)).await),
+            ),
+            (
+                outcome(connection.install_snapshot(message(target, data)).await),
+                outcome(h2.install_snapshot(message(target, data)).await),
+            ),
+        ] {
+            assert_eq!(over_wire, over_h2, "a message to {target:?} of {data}");
+        }
+    }
+    assert!(outcomes[0].starts_with("ok RaftPayload"), "the node answers: {}", outcomes[0]);
+    assert!(outcomes[1].contains("FailedPrecondition"), "another node's: {}", outcomes[1]);
+    assert!(outcomes[2].contains("without a target node id"), "no node named: {}", outcomes[2]);
+    assert!(outcomes[3].contains("undecodable raft message"), "no message: {}", outcomes[3]);
+    assert_eq!(direct_calls(&server.addr) - served_before, 4 * 4, "served directly");
+    // A Raft message far longer than a client's request may be (128 KiB) is served directly
+    // too: the `Raft` service's own bound holds for it.
+    let long = format!("{stale}{}", " ".repeat(1 << 20));
+    let served_before = direct_calls(&server.addr);
+    let over_wire = outcome(connection.append_entries(message(Some(node_id), &long)).await);
+    assert_eq!(over_wire, outcomes[0], "a long message is read as a short one");
+    assert_eq!(direct_calls(&server.addr) - served_before, 1, "served directly");
+}

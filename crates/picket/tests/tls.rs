@@ -132,14 +132,20 @@ async fn a_tls_cluster_with_peer_ports_replicates_over_them_and_admits_only_memb
     let index = usize::try_from(leader_id).unwrap() - 1;
     let peer_addr = cluster.peer_addrs()[index].clone().expect("a peer port");
     let empty = || RaftPayload { data: b"{}".to_vec(), error: String::new() };
-    let as_client = trusting(&pki.peer_ca, Some(&pki.client));
-    let mut raft = raft_client(&peer_addr, &as_client).await.unwrap();
-    let status = raft.vote(addressed_to(leader_id, empty())).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
-    let as_member = trusting(&pki.peer_ca, Some(&pki.node));
-    let mut raft = raft_client(&peer_addr, &as_member).await.unwrap();
-    let status = raft.vote(addressed_to(leader_id + 100, empty())).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "past the gate: {status:?}");
+    // In gRPC, and in the wire protocol, whose Raft messages the peer port serves past the
+    // router (through the same gate).
+    for protocol in [Protocol::Grpc, Protocol::Wire] {
+        let as_client = trusting(&pki.peer_ca, Some(&pki.client));
+        let mut raft = raft_client_with(&peer_addr, &as_client, protocol).await.unwrap();
+        let status = raft.vote(addressed_to(leader_id, empty())).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{protocol:?}: {status:?}");
+        let status = raft.append_entries(addressed_to(leader_id, empty())).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{protocol:?}: {status:?}");
+        let as_member = trusting(&pki.peer_ca, Some(&pki.node));
+        let mut raft = raft_client_with(&peer_addr, &as_member, protocol).await.unwrap();
+        let status = raft.vote(addressed_to(leader_id + 100, empty())).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "past the gate: {status:?}");
+    }
 }
 
 /// `[8-byte little-endian length][snapshot meta JSON][state]`, as a node writes `snapshot.bin`.
@@ -163,8 +169,8 @@ async fn raft_client(addr: &str, tls: &ClientTls) -> Result<RaftClient<Connectio
     raft_client_with(addr, tls, Protocol::Grpc).await
 }
 
-/// The Raft service as a client may call it: in gRPC, or in the wire protocol, which serves
-/// the same router on the client port.
+/// The Raft service as a client may call it: in gRPC, or in the wire protocol, whose Raft
+/// messages a node serves past its router, through the same gate.
 async fn raft_client_with(
     addr: &str,
     tls: &ClientTls,

@@ -265,8 +265,9 @@ async fn answers_read_directly_are_read_as_tonic_reads_them() {
     let failed = ("failed, not sent", false, vec![Err(not_sent_status("gone"))]);
     for (form, direct, answers) in answer_forms().into_iter().chain([failed]) {
         let path = "/picket.v1.Picket/Acquire";
-        let by_tonic =
-            seen(read_by_tonic::<v1::AcquireResponse, _>(path, replay(answers.clone())).await);
+        let by_tonic = seen(
+            read_by_tonic::<v1::AcquireResponse, _>(path, replay(answers.clone()), 4 << 20).await,
+        );
         match plain_answer::<v1::AcquireResponse>(answers) {
             Ok(answer) => {
                 assert!(direct, "{form} is left to tonic");
@@ -339,7 +340,7 @@ async fn a_hot_call_over_the_wire_is_the_generated_clients_call() {
     let script: Vec<Vec<Answer>> = forms
         .iter()
         .map(|(_, _, answers)| answers.clone())
-        .chain(std::iter::repeat_n(empty, 6))
+        .chain(std::iter::repeat_n(empty, 10))
         .flat_map(|answers| [answers.clone(), answers])
         .collect();
     let calls = script.len();
@@ -366,8 +367,12 @@ async fn a_hot_call_over_the_wire_is_the_generated_clients_call() {
     };
     let path = "/picket.v1.Picket/Acquire";
     for (form, plain, _) in &forms {
-        let (direct, read_directly) =
-            within(connection.read_unary::<_, v1::AcquireResponse>(path, acquire.clone())).await;
+        let (direct, read_directly) = within(connection.read_unary::<_, v1::AcquireResponse>(
+            path,
+            tonic::Request::new(acquire.clone()),
+            CLIENT_ANSWER_BYTES,
+        ))
+        .await;
         assert_eq!(read_directly, *plain, "{form}");
         let generated = seen(within(connection.grpc().acquire(acquire.clone())).await);
         assert_eq!(seen(direct), generated, "{form}");
@@ -404,6 +409,41 @@ async fn a_hot_call_over_the_wire_is_the_generated_clients_call() {
             seen(within(connection.grpc().acquire(acquire.clone())).await),
         ),
     ];
+    // The Raft messages carry their metadata (the node they are for, a deadline) as the
+    // generated client sends it, without the headers it keeps for itself, and read answers
+    // as it does with a Raft message's bound (a node's Raft client).
+    let raft = v1::raft_client::RaftClient::with_origin(connection.clone(), connection.origin())
+        .max_decoding_message_size(crate::MAX_RAFT_MESSAGE_BYTES);
+    let message = || {
+        let mut request =
+            tonic::Request::new(v1::RaftPayload { data: b"{}".to_vec(), error: String::new() });
+        let metadata = request.metadata_mut();
+        metadata.insert("picket-target-node", "2".parse().unwrap());
+        for reserved in ["te", "content-type", "grpc-status", "grpc-message", "grpc-message-type"] {
+            metadata.insert(reserved, "kept by tonic".parse().unwrap());
+        }
+        request.set_timeout(TIMEOUT);
+        request
+    };
+    let raft_pairs = [
+        (
+            seen(within(connection.append_entries(message())).await),
+            seen(within(raft.clone().append_entries(message())).await),
+        ),
+        (
+            seen(within(connection.vote(message())).await),
+            seen(within(raft.clone().vote(message())).await),
+        ),
+        (
+            seen(within(connection.pre_vote(message())).await),
+            seen(within(raft.clone().pre_vote(message())).await),
+        ),
+        (
+            seen(within(connection.install_snapshot(message())).await),
+            seen(within(raft.clone().install_snapshot(message())).await),
+        ),
+    ];
+    let pairs = pairs.into_iter().chain(raft_pairs);
     for (direct, generated) in pairs {
         assert_eq!(direct, generated);
     }
@@ -433,12 +473,13 @@ async fn a_hot_call_over_the_wire_is_the_generated_clients_call() {
         .iter()
         .rev()
         .step_by(2)
-        .take(6)
+        .take(10)
         .map(|request| request.1.as_str())
         .collect();
-    assert_eq!(
-        paths,
+    let raft_paths = ["InstallSnapshot", "PreVote", "Vote", "AppendEntries"]
+        .map(|method| format!("/picket.v1.Raft/{method}"));
+    let client_paths =
         ["Acquire", "Release", "CloseSession", "KeepAliveMany", "KeepAlive", "OpenSession"]
-            .map(|method| format!("/picket.v1.Picket/{method}"))
-    );
+            .map(|method| format!("/picket.v1.Picket/{method}"));
+    assert_eq!(paths, [raft_paths.as_slice(), client_paths.as_slice()].concat());
 }

@@ -1,20 +1,25 @@
-//! The client API's hot unary calls served straight from a wire frame: the same handlers as the
-//! router's, without building an HTTP request, routing it and going through tonic's codec.
+//! The hot unary calls served straight from a wire frame: the client API's lock and session
+//! calls, and the Raft messages peers send one another. The same handlers as the router's,
+//! without building an HTTP request, routing it and going through tonic's codec.
 //!
 //! Only a request in the plain form is taken here: exactly one uncompressed message within the
-//! client API's size limit that decodes, with no `grpc-encoding`. Anything else goes to the
+//! service's size limit that decodes, with no `grpc-encoding`. Anything else goes to the
 //! router, so every refusal of a malformed call is tonic's own. The handler gets the metadata
-//! and caller the router would give it. The answer is written as tonic writes it: headers, one
-//! message and `grpc-status: 0`, or, for an error, the status in the headers with no message
-//! (a "trailers-only" answer).
+//! and caller the router would give it, and a Raft message passes the same gate as the router's
+//! interceptor (only a cluster member's connection, in a TLS cluster). The answer is written as
+//! tonic writes it: headers, one message and `grpc-status: 0`, or, for an error, the status in
+//! the headers with no message (a "trailers-only" answer).
 
 use crate::grpc::ClientService;
 use crate::metrics::Metrics;
+use crate::network::{MAX_RAFT_MESSAGE_BYTES, RaftService};
 use crate::tls::Caller;
 use bytes::{BufMut as _, Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue};
+use picket_proto::v1::RaftPayload;
 use picket_proto::v1::picket_server::Picket as _;
+use picket_proto::v1::raft_server::Raft as _;
 use picket_proto::wire::Frame;
 use std::future::Future;
 use std::sync::Arc;
@@ -30,6 +35,13 @@ const RESERVED_HEADERS: [&str; 5] =
 /// The calls served directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Hot {
+    Client(ClientCall),
+    Raft(RaftMessage),
+}
+
+/// The client API's hot calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ClientCall {
     OpenSession,
     KeepAlive,
     KeepAliveMany,
@@ -38,25 +50,43 @@ pub(super) enum Hot {
     Release,
 }
 
+/// The Raft messages a leader and candidates send (not the clock reads and abandons, which are
+/// rare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RaftMessage {
+    AppendEntries,
+    Vote,
+    PreVote,
+    InstallSnapshot,
+}
+
 impl Hot {
-    const ALL: [Self; 6] = [
-        Self::OpenSession,
-        Self::KeepAlive,
-        Self::KeepAliveMany,
-        Self::CloseSession,
-        Self::Acquire,
-        Self::Release,
+    const ALL: [Self; 10] = [
+        Self::Client(ClientCall::OpenSession),
+        Self::Client(ClientCall::KeepAlive),
+        Self::Client(ClientCall::KeepAliveMany),
+        Self::Client(ClientCall::CloseSession),
+        Self::Client(ClientCall::Acquire),
+        Self::Client(ClientCall::Release),
+        Self::Raft(RaftMessage::AppendEntries),
+        Self::Raft(RaftMessage::Vote),
+        Self::Raft(RaftMessage::PreVote),
+        Self::Raft(RaftMessage::InstallSnapshot),
     ];
 
     /// The call's path, as the router knows it.
     pub(super) fn path(self) -> &'static str {
         match self {
-            Self::OpenSession => "/picket.v1.Picket/OpenSession",
-            Self::KeepAlive => "/picket.v1.Picket/KeepAlive",
-            Self::KeepAliveMany => "/picket.v1.Picket/KeepAliveMany",
-            Self::CloseSession => "/picket.v1.Picket/CloseSession",
-            Self::Acquire => "/picket.v1.Picket/Acquire",
-            Self::Release => "/picket.v1.Picket/Release",
+            Self::Client(ClientCall::OpenSession) => "/picket.v1.Picket/OpenSession",
+            Self::Client(ClientCall::KeepAlive) => "/picket.v1.Picket/KeepAlive",
+            Self::Client(ClientCall::KeepAliveMany) => "/picket.v1.Picket/KeepAliveMany",
+            Self::Client(ClientCall::CloseSession) => "/picket.v1.Picket/CloseSession",
+            Self::Client(ClientCall::Acquire) => "/picket.v1.Picket/Acquire",
+            Self::Client(ClientCall::Release) => "/picket.v1.Picket/Release",
+            Self::Raft(RaftMessage::AppendEntries) => "/picket.v1.Raft/AppendEntries",
+            Self::Raft(RaftMessage::Vote) => "/picket.v1.Raft/Vote",
+            Self::Raft(RaftMessage::PreVote) => "/picket.v1.Raft/PreVote",
+            Self::Raft(RaftMessage::InstallSnapshot) => "/picket.v1.Raft/InstallSnapshot",
         }
     }
 
@@ -65,10 +95,12 @@ impl Hot {
     }
 }
 
-/// The calls a client port's wire connections serve themselves.
+/// The calls a port's wire connections serve themselves: the client API's on a client port,
+/// the Raft messages wherever the port serves the `Raft` service.
 #[derive(Clone, Debug)]
 pub(crate) struct DirectCalls {
-    service: ClientService,
+    client: Option<ClientService>,
+    raft: Option<RaftService>,
     /// Counts the calls served directly (`picket_wire_direct_calls_total`).
     metrics: Arc<Metrics>,
     /// The client API's limit on a request message (tonic's `max_decoding_message_size`).
@@ -95,12 +127,41 @@ impl DirectRequest {
 }
 
 impl DirectCalls {
-    pub(crate) fn new(
-        service: ClientService,
-        metrics: Arc<Metrics>,
-        max_message_bytes: usize,
-    ) -> Self {
-        Self { service, metrics, max_message_bytes }
+    /// Serves no call directly until given a service ([`DirectCalls::with_client`],
+    /// [`DirectCalls::with_raft`]).
+    pub(crate) fn new(metrics: Arc<Metrics>, max_message_bytes: usize) -> Self {
+        Self { client: None, raft: None, metrics, max_message_bytes }
+    }
+
+    /// Serves the client API's hot calls with `service`.
+    pub(crate) fn with_client(mut self, service: ClientService) -> Self {
+        self.client = Some(service);
+        self
+    }
+
+    /// Serves Raft messages with `service`, as the `Raft` service on this port would.
+    pub(crate) fn with_raft(mut self, service: RaftService) -> Self {
+        self.raft = Some(service);
+        self
+    }
+
+    /// The call at `path` if it is one served here.
+    fn hot(&self, path: &str) -> Option<Hot> {
+        let hot = Hot::of(path)?;
+        let served = match hot {
+            Hot::Client(_) => self.client.is_some(),
+            Hot::Raft(_) => self.raft.is_some(),
+        };
+        served.then_some(hot)
+    }
+
+    /// The longest request message `hot` takes: a Raft message's bound for the `Raft` service,
+    /// as its tonic server is configured, and the client API's for the others.
+    fn max_message_bytes(&self, hot: Hot) -> usize {
+        match hot {
+            Hot::Client(_) => self.max_message_bytes,
+            Hot::Raft(_) => MAX_RAFT_MESSAGE_BYTES,
+        }
     }
 
     /// Takes a call to `path` made by `caller` if it is a hot call in the plain form: exactly
@@ -113,11 +174,11 @@ impl DirectCalls {
         body: Bytes,
         caller: &Caller,
     ) -> Result<DirectRequest, (HeaderMap, Bytes)> {
-        let Some(hot) = Hot::of(path) else {
+        let Some(hot) = self.hot(path) else {
             return Err((headers, body));
         };
         if headers.contains_key("grpc-encoding")
-            || plain_message(&body, self.max_message_bytes).is_none()
+            || plain_message(&body, self.max_message_bytes(hot)).is_none()
         {
             return Err((headers, body));
         }
@@ -131,43 +192,73 @@ impl DirectCalls {
         id: u64,
         request: DirectRequest,
     ) -> Result<DirectCall, DirectRequest> {
-        let service = self.service.clone();
-        let max = self.max_message_bytes;
-        let started = match request.hot {
-            Hot::Acquire => {
-                unary(id, request, max, move |call| async move { service.acquire(call).await })
-            }
-            Hot::Release => {
-                unary(id, request, max, move |call| async move { service.release(call).await })
-            }
-            Hot::KeepAlive => {
-                unary(id, request, max, move |call| async move { service.keep_alive(call).await })
-            }
-            Hot::KeepAliveMany => {
-                unary(
-                    id,
-                    request,
-                    max,
-                    move |call| async move { service.keep_alive_many(call).await },
-                )
-            }
-            Hot::OpenSession => {
-                unary(id, request, max, move |call| async move { service.open_session(call).await })
-            }
-            Hot::CloseSession => {
-                unary(
-                    id,
-                    request,
-                    max,
-                    move |call| async move { service.close_session(call).await },
-                )
-            }
+        let max = self.max_message_bytes(request.hot);
+        let started = match (request.hot, &self.client, &self.raft) {
+            (Hot::Client(call), Some(client), _) => client_call(id, call, request, max, client),
+            (Hot::Raft(message), _, Some(raft)) => raft_call(id, message, request, max, raft),
+            // Not served here (`take` takes no such call): the router serves it.
+            _ => Err(request),
         };
         if started.is_ok() {
             self.metrics.note_direct_wire_call();
         }
         started
     }
+}
+
+/// Starts the client API's hot call `request` (a `call`), as [`DirectCalls::start`] does.
+fn client_call(
+    id: u64,
+    call: ClientCall,
+    request: DirectRequest,
+    max: usize,
+    service: &ClientService,
+) -> Result<DirectCall, DirectRequest> {
+    let service = service.clone();
+    match call {
+        ClientCall::Acquire => {
+            unary(id, request, max, move |call| async move { service.acquire(call).await })
+        }
+        ClientCall::Release => {
+            unary(id, request, max, move |call| async move { service.release(call).await })
+        }
+        ClientCall::KeepAlive => {
+            unary(id, request, max, move |call| async move { service.keep_alive(call).await })
+        }
+        ClientCall::KeepAliveMany => {
+            unary(id, request, max, move |call| async move { service.keep_alive_many(call).await })
+        }
+        ClientCall::OpenSession => {
+            unary(id, request, max, move |call| async move { service.open_session(call).await })
+        }
+        ClientCall::CloseSession => {
+            unary(id, request, max, move |call| async move { service.close_session(call).await })
+        }
+    }
+}
+
+/// Starts the Raft `message` of `request`, as [`DirectCalls::start`] does. It goes first
+/// through the gate the router's interceptor keeps: a connection that may not send Raft messages
+/// is refused as it is there, before its message is decoded.
+fn raft_call(
+    id: u64,
+    message: RaftMessage,
+    request: DirectRequest,
+    max: usize,
+    raft: &RaftService,
+) -> Result<DirectCall, DirectRequest> {
+    if let Err(refused) = raft.admit(&request.caller) {
+        return Ok(Box::pin(async move { answer::<RaftPayload>(id, Err(refused)) }));
+    }
+    let raft = raft.clone();
+    unary(id, request, max, move |call| async move {
+        match message {
+            RaftMessage::AppendEntries => raft.append_entries(call).await,
+            RaftMessage::Vote => raft.vote(call).await,
+            RaftMessage::PreVote => raft.pre_vote(call).await,
+            RaftMessage::InstallSnapshot => raft.install_snapshot(call).await,
+        }
+    })
 }
 
 /// The message of a body that holds exactly one, uncompressed and of at most

@@ -1,15 +1,15 @@
 //! Serving [`picket_proto::wire`]: the gRPC API's calls in Picket's own framing, on the client
-//! port beside HTTP/1 and HTTP/2.
+//! port beside HTTP/1 and HTTP/2, and on the peer port beside HTTP/2.
 //!
 //! Each call is handed to the same router as a gRPC call over HTTP/2 (the same handlers,
 //! authentication, limits and errors), built from its frame instead of from HTTP/2 streams;
-//! the client API's hot unary calls in their plain form skip the request and the router and go
-//! to the same handlers straight from the frame (`direct.rs`). A connection is served by one
-//! task: it reads frames, runs its calls' futures itself (at most `max_streams_per_connection`
-//! at once, a number the client is told and waits for a place under; cancels are read at any
-//! time), and writes their answers, several per write when they come together. A call the
-//! client cancels, or every call of a connection that breaks, is dropped, as an HTTP/2 stream
-//! reset drops it.
+//! the client API's hot unary calls and peers' Raft messages in their plain form skip the
+//! request and the router and go to the same handlers straight from the frame (`direct.rs`).
+//! A connection is served by one task: it reads frames, runs its calls' futures itself (at
+//! most `max_streams_per_connection` at once, a number the client is told and waits for a
+//! place under; cancels are read at any time), and writes their answers, several per write
+//! when they come together. A call the client cancels, or every call of a connection that
+//! breaks, is dropped, as an HTTP/2 stream reset drops it.
 
 use super::direct::{DirectCalls, DirectRequest};
 use super::{Phase, Serving};

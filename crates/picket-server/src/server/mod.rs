@@ -355,8 +355,9 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let duties = tokio::spawn(driver::run(node.clone(), shutdown_signal.clone()));
     tokio::spawn(crate::snapshot_cadence::run(raft.clone(), cadence, shutdown_signal.clone()));
     tokio::spawn(crate::rate::run(node.clone(), shutdown_signal.clone()));
-    let raft_service =
-        RaftService::new(node.clone(), log_handle, clock, tls.is_some()).into_server();
+    // Served by the router, and straight from wire frames (`DirectCalls`) beside it.
+    let raft_calls = RaftService::new(node.clone(), log_handle, clock, tls.is_some());
+    let raft_service = raft_calls.clone().into_server();
     let mut grpc = tonic::service::Routes::new(ClientService::server(
         node.clone(),
         config.limits.max_grpc_message_bytes,
@@ -407,7 +408,14 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             max_message_bytes: config.limits.max_grpc_message_bytes,
             max_raft_message_bytes: crate::network::MAX_RAFT_MESSAGE_BYTES,
         };
-        tokio::spawn(serve(listener, peer_app, None, limits, tls.clone(), shutdown_signal.clone()))
+        let direct = crate::listener::DirectCalls::new(
+            node.metrics().clone(),
+            config.limits.max_grpc_message_bytes,
+        )
+        .with_raft(raft_calls.clone());
+        let serving =
+            serve(listener, peer_app, Some(direct), limits, tls.clone(), shutdown_signal.clone());
+        tokio::spawn(serving)
     });
     let limits = crate::listener::ConnectionLimits {
         max_connections: config.limits.max_connections,
@@ -422,11 +430,15 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             crate::network::MAX_RAFT_MESSAGE_BYTES
         },
     };
-    let direct = crate::listener::DirectCalls::new(
-        ClientService::new(node.clone()),
+    let mut direct = crate::listener::DirectCalls::new(
         node.metrics().clone(),
         config.limits.max_grpc_message_bytes,
-    );
+    )
+    .with_client(ClientService::new(node.clone()));
+    // The client port serves the Raft service unless the node has a peer port.
+    if peer_addr.is_none() {
+        direct = direct.with_raft(raft_calls);
+    }
     let serving = tokio::spawn(serve(listener, app, Some(direct), limits, tls, shutdown_signal));
     tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");
     Ok(ServerHandle { addr, peer_addr, node, shutdown, serving, serving_peers, duties })
