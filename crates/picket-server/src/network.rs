@@ -12,6 +12,7 @@
 //! (`listener/direct.rs`). The bytes on the wire are those of the generated client and server.
 
 mod contacts;
+mod stream;
 
 use crate::clock::Clock;
 use crate::framing;
@@ -20,12 +21,13 @@ use crate::node::Node;
 use crate::raft_types::{LogId, Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::tls::Caller;
 use contacts::Contacts;
-use openraft::RaftNetworkV2;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
+use openraft::{OptionalSend, RaftNetworkV2};
 use picket_core::ErrorCode;
 use picket_proto::connection::{Connection, Protocol};
 use picket_proto::tls::ClientTls;
@@ -255,6 +257,23 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         })
         .await
         .map_err(RPCError::Unreachable)
+    }
+
+    /// openraft's sequential stream, but that a request carrying only a new commit index after
+    /// a log id the follower confirmed on this stream waits a moment to give way to the next
+    /// one, and gets no answer of its own when it does (see [`stream`]).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, stream::StreamItem>, RPCError<TypeConfig>>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        Box::pin(async move { Ok(stream::replicate(self, input, option)) })
     }
 
     async fn vote(
