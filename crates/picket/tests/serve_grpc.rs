@@ -380,6 +380,33 @@ async fn hot_calls_answer_the_same_over_the_wire_protocol_and_http2() {
     assert_eq!(closed_over_wire, closed_over_h2);
     // Eleven calls made over both protocols above, and five more over the wire alone.
     assert_eq!(direct_calls(&server.addr) - served_before, 11 + 5, "served directly");
+    // The client's own hot calls on an HTTP/2 connection (`Connection::acquire` and the rest,
+    // which skip tonic's client stack only over the wire) answer as the generated client does.
+    let over_h2_link =
+        Connection::open_with(&server.addr, Duration::from_secs(5), 1 << 22, None, Protocol::Grpc)
+            .await
+            .expect("connected over HTTP/2");
+    assert_eq!(over_h2_link.protocol(), Protocol::Grpc);
+    for request in [
+        acquire_request("held", session, Some(0)),
+        acquire_request("held", other, Some(0)),
+        acquire_request("", session, Some(0)),
+        acquire_request("held", 987_654, Some(0)),
+    ] {
+        let own = outcome(over_h2_link.acquire(request.clone()).await);
+        assert_eq!(own, outcome(h2.acquire(request).await), "acquire over HTTP/2");
+    }
+    let unknown = v1::KeepAliveRequest { session_id: 987_654, ..Default::default() };
+    assert_eq!(
+        outcome(over_h2_link.keep_alive(unknown).await),
+        outcome(h2.keep_alive(unknown).await)
+    );
+    let wrong_token = v1::ReleaseRequest { name: "held".into(), session_id: session, token: 1 };
+    assert_eq!(
+        outcome(over_h2_link.release(wrong_token.clone()).await),
+        outcome(h2.release(wrong_token).await)
+    );
+    assert_eq!(direct_calls(&server.addr) - served_before, 11 + 5, "none served directly");
 
     let origin = format!("http://{}", server.addr);
     let mut channel = tonic::transport::Channel::from_shared(origin.clone())
@@ -446,6 +473,10 @@ async fn raft_messages_answer_the_same_over_the_wire_protocol_and_http2() {
             .expect("connected");
     assert_eq!(connection.protocol(), Protocol::Wire);
     let mut h2 = RaftClient::connect(format!("http://{}", server.addr)).await.unwrap();
+    let h2_link =
+        Connection::open_with(&server.addr, Duration::from_secs(5), 1 << 22, None, Protocol::Grpc)
+            .await
+            .expect("connected over HTTP/2");
     let message = |target: Option<u64>, data: &str| {
         let mut request = tonic::Request::new(RaftPayload {
             data: data.as_bytes().to_vec(),
@@ -470,6 +501,9 @@ async fn raft_messages_answer_the_same_over_the_wire_protocol_and_http2() {
         let over_wire = outcome(connection.append_entries(message(target, data)).await);
         let over_h2 = outcome(h2.append_entries(message(target, data)).await);
         assert_eq!(over_wire, over_h2, "append entries to {target:?} of {data}");
+        // `Connection`'s own call on an HTTP/2 connection is tonic's: the same answer.
+        let over_h2_link = outcome(h2_link.append_entries(message(target, data)).await);
+        assert_eq!(over_h2_link, over_h2, "append entries over an HTTP/2 link");
         outcomes.push(over_wire);
         for (over_wire, over_h2) in [
             (
