@@ -39,6 +39,7 @@ use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+pub use stream::OnlyQueueWaiters;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
@@ -53,13 +54,23 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Network {
     tls: Option<ClientTls>,
     contacts: Contacts,
+    only_queue_waiters: Option<OnlyQueueWaiters>,
 }
 
 impl Network {
     /// Peers reached over TLS with `tls`, or in plaintext.
     #[must_use]
     pub fn new(tls: Option<ClientTls>) -> Self {
-        Self { tls, contacts: Contacts::default() }
+        Self { tls, contacts: Contacts::default(), only_queue_waiters: None }
+    }
+
+    /// Replication streams that send entries only queueing waiters (as `only_queue_waiters`
+    /// says) with the next request, if it comes within a moment (see [`stream`]). Without it,
+    /// only requests that carry nothing but a commit index wait.
+    #[must_use]
+    pub fn with_only_queue_waiters(mut self, only_queue_waiters: OnlyQueueWaiters) -> Self {
+        self.only_queue_waiters = Some(only_queue_waiters);
+        self
     }
 }
 
@@ -73,6 +84,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             tls: self.tls.clone(),
             connection: None,
             contacts: Some(self.contacts.clone()),
+            only_queue_waiters: self.only_queue_waiters.clone(),
         }
     }
 }
@@ -86,6 +98,8 @@ pub struct PeerClient {
     connection: Option<Connection>,
     /// Where Raft's clients report reaching or losing the peer; `None` for clock probes.
     contacts: Option<Contacts>,
+    /// Which entries only queue waiters, for the replication stream.
+    only_queue_waiters: Option<OnlyQueueWaiters>,
 }
 
 fn unreachable(message: impl ToString) -> Unreachable<TypeConfig> {
@@ -211,7 +225,16 @@ pub(crate) struct ClockProbe {
 impl ClockProbe {
     /// A probe of node `target` at `addr`; connects on first use.
     pub(crate) fn new(target: NodeId, addr: String, tls: Option<ClientTls>) -> Self {
-        Self { peer: PeerClient { target, addr, tls, connection: None, contacts: None } }
+        Self {
+            peer: PeerClient {
+                target,
+                addr,
+                tls,
+                connection: None,
+                contacts: None,
+                only_queue_waiters: None,
+            },
+        }
     }
 
     /// The peer's address.
@@ -259,9 +282,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         .map_err(RPCError::Unreachable)
     }
 
-    /// openraft's sequential stream, but that a request carrying only a new commit index after
-    /// a log id the follower confirmed on this stream waits a moment to give way to the next
-    /// one, and gets no answer of its own when it does (see [`stream`]).
+    /// openraft's sequential stream, but that a request nobody waits on (a new commit index
+    /// alone, or entries that only queue waiters) after a log id the follower confirmed on this
+    /// stream waits a moment to go with the next one (see [`stream`]).
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,

@@ -17,7 +17,7 @@ use crate::snapshot_cadence::{SnapshotCadence, next_index};
 use futures_util::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use picket_core::{Limits, StateMachine};
+use picket_core::{Command, Limits, StateMachine};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -121,16 +121,28 @@ impl StateStore {
         self.inner.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether `entries` (about to be appended to the log) are all acquires that will only queue
-    /// behind another session's grant, going by the state applied so far. Nothing is
-    /// acknowledged on such an entry: its caller hears back when a later entry grants it, and
-    /// that entry's sync covers this one. A wrong guess (the holder's release is already in the
-    /// log but not applied) only delays the grant's reply by at most the WAL's deferral bound.
+    /// Whether `entries` (about to be appended to the log, or sent to a follower) are all
+    /// acquires that will only queue behind another session's grant, going by the state applied
+    /// so far. Nothing is acknowledged on such an entry: its caller hears back when a later
+    /// entry grants it, and that entry's sync (or request to a follower) covers this one. A
+    /// wrong guess (the holder's release is already in the log but not applied) only delays the
+    /// grant's reply by at most the deferral bound of the caller (the WAL's, or the replication
+    /// stream's).
+    ///
+    /// Answers false, the safe side, without waiting when the applied state is locked for
+    /// writing or waited for: the log's writer and the replication streams ask this on their
+    /// way, and a long reader (a backup, a snapshot's copy) must not stall them.
     pub fn only_queue_waiters(&self, entries: &[Entry]) -> bool {
-        if entries.is_empty() {
+        let all_acquires = !entries.is_empty()
+            && entries.iter().all(|entry| {
+                matches!(&entry.payload, EntryPayload::Normal(input) if matches!(input.command, Command::Acquire { .. }))
+            });
+        if !all_acquires {
             return false;
         }
-        let state = self.read();
+        let Ok(state) = self.inner.state.try_read() else {
+            return false;
+        };
         entries.iter().all(|entry| match &entry.payload {
             EntryPayload::Normal(input) => state.machine.only_queues(&input.command),
             _ => false,

@@ -15,7 +15,7 @@ use crate::http;
 use crate::hub::Hub;
 use crate::log_store::{LogStore, WriterStats};
 use crate::metrics::Metrics;
-use crate::network::{Network, RaftService};
+use crate::network::{Network, OnlyQueueWaiters, RaftService};
 use crate::node::Node;
 use crate::raft_types::{Member, NodeId, Raft};
 use crate::snapshot_cadence::SnapshotCadence;
@@ -314,7 +314,10 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let raft = Raft::new(
         config.node_id,
         raft_config(&config.tuning)?,
-        Network::new(to_peers.clone()),
+        Network::new(to_peers.clone()).with_only_queue_waiters(OnlyQueueWaiters::new({
+            let applied = store.clone();
+            move |entries: &[_]| applied.only_queue_waiters(entries)
+        })),
         log,
         store.clone(),
     )
