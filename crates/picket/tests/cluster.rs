@@ -497,3 +497,52 @@ fn a_follower_names_the_leader_in_the_body_a_header_and_a_location() {
     let location = format!("//{}/v1/sessions?from=follower", addrs[leader]);
     assert_eq!(refused.header("location"), Some(location.as_str()));
 }
+
+/// Waiters queued on one lock take it in turn on a 3-node cluster. Their acquires only queue
+/// while another holds the lock, so the leader sends them to the followers together with the
+/// release behind them, one request for both (`network/stream.rs`): every grant must still
+/// come, with a token above every earlier one, and the replicas must converge.
+#[test]
+fn waiters_on_one_lock_take_it_in_turn_and_the_replicas_converge() {
+    const WAITERS: usize = 4;
+    const TURNS: usize = 25;
+    let cluster = start_cluster();
+    let _leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let addrs = addrs.clone();
+            std::thread::spawn(move || take_turns(&addrs, TURNS))
+        })
+        .collect();
+    let mut tokens: Vec<u64> =
+        waiters.into_iter().flat_map(|waiter| waiter.join().unwrap()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), WAITERS * TURNS, "every grant has a token of its own");
+    cluster.wait_converged(Duration::from_secs(10));
+}
+
+/// Acquires the lock `turns`, waiting for it, and releases it `turns` times; returns the tokens
+/// granted, each above the one before.
+fn take_turns(addrs: &[String], turns: usize) -> Vec<u64> {
+    let timeout = Duration::from_secs(30);
+    let session = send(addrs, "POST", "/v1/sessions", Some(&json!({ "ttl_ms": 30_000 })), timeout)
+        .expect("a session opens");
+    let session = session.body["session_id"].as_u64().unwrap();
+    let mut tokens: Vec<u64> = Vec::with_capacity(turns);
+    for _ in 0..turns {
+        let acquire = json!({ "name": "turns", "session_id": session, "wait_ms": 20_000 });
+        let reply = send(addrs, "POST", "/v1/locks/acquire", Some(&acquire), timeout)
+            .expect("the acquire is answered");
+        assert_eq!(reply.status, 200, "acquire: {}", reply.text);
+        let token = reply.body["token"].as_u64().unwrap();
+        assert!(tokens.last().is_none_or(|last| token > *last), "token {token} after {tokens:?}");
+        tokens.push(token);
+        let release = json!({ "name": "turns", "session_id": session, "token": token });
+        let reply = send(addrs, "POST", "/v1/locks/release", Some(&release), timeout)
+            .expect("the release is answered");
+        assert_eq!(reply.status, 200, "release: {}", reply.text);
+    }
+    tokens
+}
