@@ -20,6 +20,7 @@
 //! no record nears the WAL's limit however long the live log grows.
 
 use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
+use crate::state_machine::OnlyQueueWaiters;
 use crate::wal::{Completion, Urgency, Wal};
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
@@ -103,14 +104,10 @@ struct Inner {
     view: Mutex<View>,
     wal: Mutex<Wal>,
     stats: Arc<WriterStats>,
-    defer_sync: Option<DeferSync>,
+    defer_sync: Option<OnlyQueueWaiters>,
     /// Whether `defer_sync` is asked at all: only on a leader (see [`LogStore::follow_role`]).
     deferred_sync_allowed: AtomicBool,
 }
-
-/// Says of appended entries whether nothing will be acknowledged on them alone, so their sync
-/// may wait to be shared with the next one (see [`Urgency::Soon`]).
-pub type DeferSync = Box<dyn Fn(&[Entry]) -> bool + Send + Sync>;
 
 /// What the log looks like to openraft, including changes not yet on disk.
 #[derive(Default)]
@@ -271,7 +268,7 @@ impl LogStore {
     pub fn open(
         data_dir: &Path,
         segment_bytes: u64,
-        defer_sync: Option<DeferSync>,
+        defer_sync: Option<OnlyQueueWaiters>,
     ) -> io::Result<Self> {
         Self::open_counted(data_dir, segment_bytes, defer_sync, Arc::default())
     }
@@ -283,7 +280,7 @@ impl LogStore {
     pub fn open_counted(
         data_dir: &Path,
         segment_bytes: u64,
-        defer_sync: Option<DeferSync>,
+        defer_sync: Option<OnlyQueueWaiters>,
         stats: Arc<WriterStats>,
     ) -> io::Result<Self> {
         if let Some(old) = OLD_LOG_PATHS.iter().find(|old| data_dir.join(old).exists()) {
@@ -555,7 +552,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Encoded before the locks are taken, so readers of the view do not wait for it.
         let payloads = append_records(&entries);
         let defer = self.inner.deferred_sync_allowed.load(Ordering::Relaxed)
-            && self.inner.defer_sync.as_ref().is_some_and(|defer| defer(&entries));
+            && self.inner.defer_sync.as_ref().is_some_and(|defer| defer.judge(&entries));
         let urgency = match (defer, entries.len()) {
             (true, _) => Urgency::Soon,
             (false, 1) => Urgency::Alone,

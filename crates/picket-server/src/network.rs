@@ -19,6 +19,7 @@ use crate::framing;
 use crate::log_store::LogStore;
 use crate::node::Node;
 use crate::raft_types::{LogId, Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use crate::state_machine::OnlyQueueWaiters;
 use crate::tls::Caller;
 use contacts::Contacts;
 use openraft::base::{BoxFuture, BoxStream};
@@ -39,7 +40,6 @@ use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-pub use stream::OnlyQueueWaiters;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 

@@ -60,6 +60,35 @@ struct Inner {
     metrics: Arc<Metrics>,
 }
 
+/// Says of entries whether they only queue waiters on locks, so that nobody is answered when
+/// they commit ([`StateStore::only_queue_waiters`]). The log's writer asks it to defer a sync,
+/// and each replication stream to wait for the request behind. The state may change before the
+/// entries apply; that only makes them wait when somebody would have heard sooner, never a
+/// wrong answer.
+#[derive(Clone)]
+pub struct OnlyQueueWaiters(Arc<Judge>);
+
+/// What [`OnlyQueueWaiters`] asks.
+type Judge = dyn Fn(&[Entry]) -> bool + Send + Sync;
+
+impl OnlyQueueWaiters {
+    /// Entries are judged by `only_queue_waiters`.
+    pub fn new(only_queue_waiters: impl Fn(&[Entry]) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(only_queue_waiters))
+    }
+
+    /// Whether `entries` only queue waiters.
+    pub fn judge(&self, entries: &[Entry]) -> bool {
+        (self.0)(entries)
+    }
+}
+
+impl std::fmt::Debug for OnlyQueueWaiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnlyQueueWaiters")
+    }
+}
+
 impl StateStore {
     /// Restores the state from the snapshot in `dir`, or starts empty with `limits`.
     ///
@@ -119,6 +148,13 @@ impl StateStore {
     /// Reads the applied state. Hold the guard briefly: applying waits for it.
     pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
         self.inner.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// [`StateStore::only_queue_waiters`] as a judgement to hand to the log's writer and the
+    /// replication streams.
+    pub fn queue_judge(&self) -> OnlyQueueWaiters {
+        let applied = self.clone();
+        OnlyQueueWaiters::new(move |entries: &[Entry]| applied.only_queue_waiters(entries))
     }
 
     /// Whether `entries` (about to be appended to the log, or sent to a follower) are all

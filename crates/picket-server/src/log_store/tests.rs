@@ -371,7 +371,7 @@ fn a_snapshot_contradicting_a_committed_entry_is_found_and_nothing_else_is() {
 async fn an_entry_that_only_queues_is_synced_at_once_where_deferral_is_not_allowed() {
     use futures_util::FutureExt as _;
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let always: DeferSync = Box::new(|_: &[Entry]| true);
+    let always = OnlyQueueWaiters::new(|_: &[Entry]| true);
     let mut store = LogStore::open(dir.path(), 1 << 20, Some(always)).expect("opens");
     // A follower of a three-node cluster.
     store.follow_role(false, 3);

@@ -39,14 +39,14 @@
 //! per request): check it again on any upgrade of openraft.
 
 use super::PeerClient;
-use crate::raft_types::{Entry, LogId, TypeConfig};
+use crate::raft_types::{LogId, TypeConfig};
+use crate::state_machine::OnlyQueueWaiters;
 use futures_util::{Stream, StreamExt as _};
 use openraft::RaftNetworkV2;
 use openraft::base::BoxStream;
 use openraft::error::RPCError;
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, StreamAppendResult};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a request nobody waits on waits for the next request to go out with (tokio's timer
@@ -62,29 +62,6 @@ pub(crate) const NOBODY_WAITS_WAIT: Duration = Duration::from_millis(1);
 /// beside openraft's own per request (`max_payload_entries`, 300 by default). A request that
 /// would take it past goes next, on its own.
 pub(crate) const MAX_ENTRIES_GATHERED: usize = 1024;
-
-/// Says of entries whether they only queue waiters on locks, so that nobody is answered when
-/// they commit (`StateStore::only_queue_waiters`). The state may change before they apply;
-/// that only makes them wait to be sent when somebody would have heard sooner, never a wrong
-/// answer.
-#[derive(Clone)]
-pub struct OnlyQueueWaiters(Arc<Judge>);
-
-/// What [`OnlyQueueWaiters`] asks.
-type Judge = dyn Fn(&[Entry]) -> bool + Send + Sync;
-
-impl OnlyQueueWaiters {
-    /// Entries are asked about with `only_queue_waiters`.
-    pub fn new(only_queue_waiters: impl Fn(&[Entry]) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(only_queue_waiters))
-    }
-}
-
-impl std::fmt::Debug for OnlyQueueWaiters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OnlyQueueWaiters")
-    }
-}
 
 /// One answer of the stream, as openraft reads it.
 pub(super) type StreamItem = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -218,7 +195,7 @@ where
     /// Whether nobody waits on `request`'s entries: it has none, or they only queue waiters.
     fn nobody_waits_on(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
         request.entries.is_empty()
-            || self.only_queue_waiters.as_ref().is_some_and(|only| (only.0)(&request.entries))
+            || self.only_queue_waiters.as_ref().is_some_and(|only| only.judge(&request.entries))
     }
 }
 

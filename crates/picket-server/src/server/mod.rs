@@ -15,7 +15,7 @@ use crate::http;
 use crate::hub::Hub;
 use crate::log_store::{LogStore, WriterStats};
 use crate::metrics::Metrics;
-use crate::network::{Network, OnlyQueueWaiters, RaftService};
+use crate::network::{Network, RaftService};
 use crate::node::Node;
 use crate::raft_types::{Member, NodeId, Raft};
 use crate::snapshot_cadence::SnapshotCadence;
@@ -298,12 +298,13 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         metrics.clone(),
     )
     .map_err(data_error)?;
-    let applied = store.clone();
-    let defer_sync = Box::new(move |entries: &[_]| applied.only_queue_waiters(entries));
+    // One judgement of queued acquires for the log's writer (defer the sync) and the
+    // replication streams (wait for the release behind).
+    let queue_judge = store.queue_judge();
     let log = LogStore::open_counted(
         &config.data_dir,
         segment_bytes,
-        Some(defer_sync),
+        Some(queue_judge.clone()),
         log_stats.clone(),
     )
     .map_err(data_error)?;
@@ -314,10 +315,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     let raft = Raft::new(
         config.node_id,
         raft_config(&config.tuning)?,
-        Network::new(to_peers.clone()).with_only_queue_waiters(OnlyQueueWaiters::new({
-            let applied = store.clone();
-            move |entries: &[_]| applied.only_queue_waiters(entries)
-        })),
+        Network::new(to_peers.clone()).with_only_queue_waiters(queue_judge),
         log,
         store.clone(),
     )
