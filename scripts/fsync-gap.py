@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# fdatasync latency inside a posix_fallocate'd file as a function of the pause between syncs:
+# Time of a 200-byte pwrite plus fdatasync inside a posix_fallocate'd file, as a function of the pause between syncs:
 # a tight loop (the floor's `peerbench fsync`) against syncs spaced as a request chain spaces
 # them (a round trip and the processing between one sync and the next). The pause sleeps, as a
 # server thread waiting for its next request does. Python's sleep overshoots short pauses, so
