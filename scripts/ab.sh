@@ -4,7 +4,9 @@
 # clients with that build's bench, stop the server. Extra environment for the server (e.g.
 # PICKET_SERVER_ENV="TOKIO_WORKER_THREADS=1") applies to both builds. With AB_CLUSTER=1 each run
 # is `picket bench --cluster` instead (a 3-node loopback cluster of that build, started and
-# stopped by the bench itself).
+# stopped by the bench itself). With AB_DATA_B=DIR, build B's nodes keep their data under DIR
+# instead (for example /dev/shm, a tmpfs, where a sync costs almost nothing: what the node
+# costs without its disk, A and B then being the same binary under two names).
 #
 # usage: scripts/ab.sh OUTFILE ROUNDS SECS BIN_A BIN_B
 #   summarize: python3 ../shared/peerbench/scripts/summarize.py OUTFILE (rows named by binary)
@@ -13,7 +15,8 @@ OUT=$1; ROUNDS=$2; SECS=$3; A=$4; B=$5
 PORT=${AB_PORT:-17951}
 DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-ab.XXXXXX")
 SERVER=
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DATA"; }
+DATA_B=$(mktemp -d "${AB_DATA_B:-${TMPDIR:-/tmp}}/picket-ab.XXXXXX")
+cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DATA" "$DATA_B"; }
 trap cleanup EXIT
 for round in $(seq 1 "$ROUNDS"); do
   for bin in "$A" "$B"; do
@@ -21,13 +24,15 @@ for round in $(seq 1 "$ROUNDS"); do
     if [ -n "${AB_CLUSTER:-}" ]; then
       for spec in "uncontended 1" "uncontended 64" "contended 8" "contended 64"; do
         set -- $spec
-        timeout $((SECS + 90)) "$bin" bench --cluster --mode "$1" --clients "$2" \
+        tmp=${TMPDIR:-/tmp}; [ "$bin" = "$B" ] && tmp=${AB_DATA_B:-$tmp}
+        TMPDIR=$tmp timeout $((SECS + 90)) "$bin" bench --cluster --mode "$1" --clients "$2" \
           --secs "$SECS" --tag "$name/r$round" >> "$OUT"
       done
       continue
     fi
-    rm -rf "$DATA/node"
-    env ${PICKET_SERVER_ENV:-} "$bin" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA/node" >/dev/null 2>&1 &
+    dir=$DATA; [ "$bin" = "$B" ] && dir=$DATA_B
+    rm -rf "$dir/node"
+    env ${PICKET_SERVER_ENV:-} "$bin" serve --listen "127.0.0.1:$PORT" --data-dir "$dir/node" >/dev/null 2>&1 &
     SERVER=$!
     for _ in $(seq 1 50); do
       curl -s "127.0.0.1:$PORT/v1/cluster" | grep -q '"leader_id":[1-9]' && break; sleep 0.1
