@@ -6,18 +6,20 @@
 # is `picket bench --cluster` instead (a 3-node loopback cluster of that build, started and
 # stopped by the bench itself). With AB_DATA_B=DIR, build B's nodes keep their data under DIR
 # instead (for example /dev/shm, a tmpfs, where a sync costs almost nothing: what the node
-# costs without its disk, A and B then being the same binary under two names).
+# costs without its disk). B is told apart from A by its path, so give one binary two names
+# (hard links) to compare it with itself.
 #
 # usage: scripts/ab.sh OUTFILE ROUNDS SECS BIN_A BIN_B
 #   summarize: python3 ../shared/peerbench/scripts/summarize.py OUTFILE (rows named by binary)
 set -u
 OUT=$1; ROUNDS=$2; SECS=$3; A=$4; B=$5
 PORT=${AB_PORT:-17951}
-DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-ab.XXXXXX")
+DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-ab.XXXXXX") || exit 1
 SERVER=
-DATA_B=$(mktemp -d "${AB_DATA_B:-${TMPDIR:-/tmp}}/picket-ab.XXXXXX")
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DATA" "$DATA_B"; }
+DATA_B=
+cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DATA" ${DATA_B:+"$DATA_B"}; }
 trap cleanup EXIT
+DATA_B=$(mktemp -d "${AB_DATA_B:-${TMPDIR:-/tmp}}/picket-ab.XXXXXX") || exit 1
 for round in $(seq 1 "$ROUNDS"); do
   for bin in "$A" "$B"; do
     name=$(basename "$bin")
