@@ -29,6 +29,24 @@ pub enum Watched {
     SessionLosses(Vec<SessionId>),
 }
 
+impl Watched {
+    /// The same watch with each of its sessions named once. A set that names a session twice
+    /// registered the stream twice under it: the stream got each of that session's events
+    /// twice, and one request of 10,000 copies of one id took 10,000 places in the fan-out.
+    pub(crate) fn each_session_once(self) -> Self {
+        let once = |mut sessions: Vec<SessionId>| {
+            sessions.sort_unstable();
+            sessions.dedup();
+            sessions
+        };
+        match self {
+            Self::Sessions(sessions) => Self::Sessions(once(sessions)),
+            Self::SessionLosses(sessions) => Self::SessionLosses(once(sessions)),
+            other => other,
+        }
+    }
+}
+
 /// An item delivered to a watcher.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -376,6 +394,7 @@ impl Hub {
 
     /// Starts a watch of `target` from the next applied command on.
     pub fn watch(&self, target: Watched) -> Subscription {
+        let target = target.each_session_once();
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         let lagged = Arc::new(AtomicBool::new(false));
         let mut watchers = lock(&self.watchers);

@@ -436,3 +436,109 @@ async fn request_bounds_follow_their_flags() {
     let read = grpc.acquire(named(3_000)).await.expect_err("over the name bound");
     assert_eq!(grpc_code(&read), "invalid_name");
 }
+
+/// Found in review (2026-12-06): a stream may follow 10,000 sessions and a node takes 10,000
+/// streams, so one caller could make a node hold 10⁸ places in the fan-out of every applied
+/// command (a set could even name one session 10,000 times). A set now counts each session
+/// once, against a bound on all the sessions a node's sets follow; past it a watch gets 429
+/// `too_many_watched_sessions`, and a stream that ends gives its sessions' places back.
+#[tokio::test]
+async fn the_sessions_followed_by_watches_are_bounded_per_node_and_counted_once() {
+    let (_dir, server) =
+        ServerProcess::start_ready(picket_binary(), &["--max-watched-sessions", "3"]);
+    let grpc = PicketClient::connect(format!("http://{}", server.addr)).await.expect("connects");
+    let watch = |sessions: Vec<u64>| {
+        let mut grpc = grpc.clone();
+        async move {
+            let request = v1::WatchRequest {
+                target: Some(v1::watch_request::Target::Sessions(v1::SessionSet {
+                    session_ids: sessions,
+                })),
+                losses_only: true,
+            };
+            grpc.watch(request).await
+        }
+    };
+    let first = watch(vec![7, 7, 7, 8]).await.expect("two sessions, counted once each");
+    let refused = watch(vec![9, 10]).await.expect_err("two more than the node allows");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(grpc_code(&refused), "too_many_watched_sessions", "{refused:?}");
+    let _third = watch(vec![9, 9]).await.expect("the last place");
+    drop(first);
+    let _freed = wait_until_async("the places of an ended stream", || watch(vec![10, 11])).await;
+}
+
+/// Calls `attempt` until it succeeds, for at most 10 s.
+async fn wait_until_async<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    attempt: impl Fn() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(error) if tokio::time::Instant::now() > deadline => {
+                panic!("timed out waiting for {what}: {error:?}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Sends one HTTP/1.1 POST of `body` to `addr` and waits at most `wait` for the answer; gives
+/// up (closing the connection, as a client that times out does) and returns `None` when none
+/// came. The answer's status and text otherwise.
+fn post_giving_up(addr: &str, path: &str, body: &str, wait: Duration) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(wait)).ok()?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = Vec::new();
+    // Read until the node closes the connection after its answer, or the wait runs out.
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    Some((status, text))
+}
+
+/// A leader cut off from its majority must not take writes without bound: each would wait in
+/// its log and memory for a commit that comes only when the partition heals, and a client that
+/// gives up and writes again would grow both for as long as the partition lasts. openraft's
+/// CheckQuorum refuses proposals once the leader has not heard from a quorum within its lease
+/// (the maximum election timeout); Picket answers them 421 with no leader named, so clients
+/// try the other nodes. This pins that behaviour: the log stops growing.
+#[test]
+fn a_leader_cut_off_from_its_majority_refuses_writes_after_its_lease_and_stops_growing_its_log() {
+    let args: Vec<String> =
+        ["--heartbeat-ms", "50", "--election-timeout-ms", "300"].map(str::to_owned).to_vec();
+    let mut cluster = picket_testkit::cluster::Cluster::start(picket_binary(), 3, &args);
+    let leader = cluster.leader(Duration::from_secs(30));
+    let addr = cluster.addrs()[leader].clone();
+    let session = r#"{"ttl_ms": 10000}"#;
+    let opened = post_giving_up(&addr, "/v1/sessions", session, Duration::from_secs(10));
+    assert_eq!(opened.as_ref().map(|(status, _)| *status), Some(200), "{opened:?}");
+    for (index, node) in cluster.nodes.iter_mut().enumerate() {
+        if index != leader {
+            node.kill();
+        }
+    }
+    // A write taken within the lease waits for a commit that cannot come; once the lease has
+    // run out, writes are refused at once.
+    let refusal = wait_until("a write refused at once", Duration::from_secs(30), || {
+        let answer = post_giving_up(&addr, "/v1/sessions", session, Duration::from_millis(300));
+        answer.filter(|(status, _)| *status == 421).map(|(_, text)| text)
+    });
+    assert!(refusal.contains("\"not_leader\""), "{refusal}");
+    assert!(refusal.contains("\"not_applied\""), "{refusal}");
+    let entries = metric(&addr, "picket_wal_entries_total");
+    for _ in 0..20 {
+        let answer = post_giving_up(&addr, "/v1/sessions", session, Duration::from_millis(300));
+        assert_eq!(answer.map(|(status, _)| status), Some(421), "every further write is refused");
+    }
+    assert_eq!(metric(&addr, "picket_wal_entries_total"), entries, "the log grew");
+}

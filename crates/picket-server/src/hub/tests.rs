@@ -5,6 +5,15 @@ fn granted(name: &str, session: u64, token: u64) -> Event {
     Event::Granted { name: name.into(), session: SessionId(session), token }
 }
 
+/// The revisions of what `subscription` has received so far.
+fn revisions(subscription: &mut Subscription) -> Vec<u64> {
+    std::iter::from_fn(|| subscription.receiver.try_recv().ok())
+        .map(|delivery| match delivery {
+            Delivery::Event { revision, .. } | Delivery::Resync { revision } => revision,
+        })
+        .collect()
+}
+
 /// Issue 13, point 2: every applied event scanned every prefix watcher. With more watched
 /// prefixes than the name has bytes, the event looks up its name's prefixes instead; both
 /// ways reach exactly the watchers of the name's prefixes.
@@ -42,17 +51,28 @@ fn events_reach_only_the_watchers_they_concern() {
     let mut elsewhere = hub.watch(Watched::Prefix("b/".into()));
     hub.publish(5, &[granted("a/x", 1, 5)]);
     hub.publish(6, &[granted("a/y", 2, 6)]);
-    let received = |subscription: &mut Subscription| -> Vec<u64> {
-        std::iter::from_fn(|| subscription.receiver.try_recv().ok())
-            .map(|delivery| match delivery {
-                Delivery::Event { revision, .. } | Delivery::Resync { revision } => revision,
-            })
-            .collect()
-    };
-    assert_eq!(received(&mut by_session), [5]);
-    assert_eq!(received(&mut by_lock), [5]);
-    assert_eq!(received(&mut by_prefix), [5, 6]);
-    assert_eq!(received(&mut elsewhere), Vec::<u64>::new());
+    assert_eq!(revisions(&mut by_session), [5]);
+    assert_eq!(revisions(&mut by_lock), [5]);
+    assert_eq!(revisions(&mut by_prefix), [5, 6]);
+    assert_eq!(revisions(&mut elsewhere), Vec::<u64>::new());
+}
+
+/// Found in review (2026-12-06): a set of sessions that named one twice registered the
+/// stream twice under it, so each of its events came twice, and one request of 10,000 copies
+/// of one id took 10,000 places in the fan-out.
+#[test]
+fn a_session_named_twice_in_a_watch_gets_each_event_once() {
+    let hub = Hub::default();
+    let mut watch = hub.watch(Watched::Sessions(vec![SessionId(1); 10_000]));
+    let mut losses = hub.watch(Watched::SessionLosses(vec![SessionId(2), SessionId(2)]));
+    hub.publish(5, &[granted("x", 1, 5)]);
+    hub.publish(
+        6,
+        &[Event::SessionEnded { session: SessionId(2), cause: picket_core::SessionEnd::Revoked }],
+    );
+    assert_eq!(revisions(&mut watch), [5]);
+    assert_eq!(revisions(&mut losses), [6]);
+    assert_eq!(lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>(), 2);
 }
 
 #[test]

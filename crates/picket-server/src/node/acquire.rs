@@ -79,7 +79,7 @@ impl Node {
         let place = self.pending_acquires.take()?;
         let registration = self.hub().register_waiter(session, name, request);
         let mut guard = AcquireGuard {
-            _place: place,
+            place: Some(place),
             node: self.clone(),
             session,
             name: name.to_owned(),
@@ -178,8 +178,8 @@ impl Node {
     }
 
     /// Abandons a request wherever the leader is: here, or forwarded to the leader this node
-    /// names, retried across leader changes for [`ABANDON_RETRY_FOR`]. Returns what the
-    /// abandon did, or the last failure.
+    /// names, retried across leader changes for [`ABANDON_RETRY_FOR`] in all, every attempt
+    /// included. Returns what the abandon did, or the last failure.
     async fn abandon_on_leader(
         &self,
         session: SessionId,
@@ -189,23 +189,15 @@ impl Node {
         let deadline = tokio::time::Instant::now() + ABANDON_RETRY_FOR;
         let mut pause = std::time::Duration::from_millis(50);
         loop {
-            let result = match self.abandon(session, name, request, attempt, None).await {
-                Err(ServiceError::NotLeader { leader_id: Some(leader), .. }) => {
-                    // The hand-over is a peer RPC: it goes to the leader's peer address, which
-                    // is its client address only when it has no peer port.
-                    match self.peer_addr_of(leader) {
-                        Some(addr) => {
-                            let to_peers = self.to_peers();
-                            forward_abandon(&addr, to_peers, session, name, (request, attempt))
-                                .await
-                        }
-                        None => Err(ServiceError::Unavailable(format!(
-                            "the leader, node {leader}, is not in this node's membership yet"
-                        ))),
-                    }
-                }
-                other => other,
-            };
+            // An attempt on a leader that cannot commit would wait for as long as it cannot;
+            // the deadline bounds each attempt, not only the retries between them.
+            let attempt_once = self.abandon_once(session, name, (request, attempt));
+            let result =
+                tokio::time::timeout_at(deadline, attempt_once).await.unwrap_or_else(|_| {
+                    Err(ServiceError::OutcomeUnknown(format!(
+                        "the abandon was not committed within {ABANDON_RETRY_FOR:?}"
+                    )))
+                });
             let retry = matches!(
                 result,
                 Err(ServiceError::NotLeader { .. }
@@ -217,6 +209,32 @@ impl Node {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(std::time::Duration::from_secs(1));
+        }
+    }
+
+    /// One attempt of [`Node::abandon_on_leader`]: here, or handed to the leader this node
+    /// names.
+    async fn abandon_once(
+        &self,
+        session: SessionId,
+        name: &str,
+        (request, attempt): (RequestId, u32),
+    ) -> Result<Option<u64>, ServiceError> {
+        match self.abandon(session, name, request, attempt, None).await {
+            Err(ServiceError::NotLeader { leader_id: Some(leader), .. }) => {
+                // The hand-over is a peer RPC: it goes to the leader's peer address, which is
+                // its client address only when it has no peer port.
+                match self.peer_addr_of(leader) {
+                    Some(addr) => {
+                        let to_peers = self.to_peers();
+                        forward_abandon(&addr, to_peers, session, name, (request, attempt)).await
+                    }
+                    None => Err(ServiceError::Unavailable(format!(
+                        "the leader, node {leader}, is not in this node's membership yet"
+                    ))),
+                }
+            }
+            other => other,
         }
     }
 
@@ -313,8 +331,10 @@ fn error_code(status: &tonic::Status) -> Option<ErrorCode> {
 
 /// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.
 struct AcquireGuard {
-    /// The request's place under `--max-pending-acquires`, given back when it is answered.
-    _place: tokio::sync::OwnedSemaphorePermit,
+    /// The request's place under `--max-pending-acquires`, given back when it is answered, or,
+    /// when its caller went away first, once its abandonment ends: a caller that gives up at
+    /// once and asks again cannot pile abandonments up past the bound.
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
     node: Arc<Node>,
     session: SessionId,
     name: String,
@@ -339,8 +359,10 @@ impl Drop for AcquireGuard {
         let (node, session) = (self.node.clone(), self.session);
         let name = std::mem::take(&mut self.name);
         let (request, attempt) = (self.request, self.attempt);
+        let place = self.place.take();
         // Drop cannot wait; the abandon runs on its own, on whichever node leads.
         tokio::spawn(async move {
+            let _place = place;
             match node.abandon_on_leader(session, &name, (request, attempt)).await {
                 Ok(Some(token)) => {
                     tracing::info!(%session, name, token, %request, attempt, "released a grant whose caller went away");
