@@ -257,6 +257,9 @@ impl Guarded<'_> {
     /// # Errors
     /// As the node's, and [`ServiceError::PermissionDenied`].
     pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
+        // Once per session: each check below, and the recheck kept for the stream's life, costs
+        // one per session named.
+        let target = target.each_session_once();
         may_read_target(&self.access, &target)?;
         match &target {
             Watched::Lock(_) | Watched::Prefix(_) => {}

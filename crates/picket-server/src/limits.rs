@@ -15,15 +15,12 @@ pub struct ServerLimits {
     /// Most watch streams open on this node at once (default 10,000). Each holds a buffer of
     /// events and a place in the fan-out of every applied command.
     pub max_watch_streams: usize,
-    /// Most sessions that this node's watches of session sets follow in all (default
-    /// 2,000,000; a set counts each of its sessions once). One stream may follow 10,000
-    /// sessions, so without this bound `max_watch_streams` such streams could hold 10⁸ places
-    /// in the fan-out of every applied command, gigabytes of memory (found in review).
-    pub max_watched_sessions: usize,
     /// Most acquire requests in flight on this node at once, waiting ones included (default
     /// 100,000). Each holds a registration for its outcome until it is answered; one whose
-    /// caller went away before its answer holds its place until its abandonment ends (at most
-    /// about 30 s), so callers that give up at once cannot pile abandonments up without bound.
+    /// caller went away before its answer, or whose outcome is unknown, holds its place until
+    /// its abandonment ends (at most about 30 s), so callers that give up at once cannot pile
+    /// abandonments up without bound. While no leader can commit, acquires retried that often
+    /// may find the bound full (429) rather than get 503.
     pub max_pending_acquires: usize,
     /// Most connections open on this node's client port at once (default 10,000), peers'
     /// included unless they have a port of their own (`ServerConfig::peer_listen`). Past it the
@@ -123,16 +120,12 @@ impl ServerLimits {
     pub const MOST_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
     /// The most streams per connection a node takes.
     pub const MOST_STREAMS_PER_CONNECTION: u64 = 10_000;
-    /// The most sessions a node's watches may follow in all that it takes (far above any
-    /// memory it would have for them).
-    pub const MOST_WATCHED_SESSIONS: u64 = 1 << 30;
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             max_watch_streams: 10_000,
-            max_watched_sessions: 2_000_000,
             max_pending_acquires: 100_000,
             max_connections: 10_000,
             max_connections_per_ip: 1_000,
@@ -154,8 +147,6 @@ pub enum ServerLimit {
     WatchStreams,
     /// [`ServerLimits::max_pending_acquires`].
     PendingAcquires,
-    /// [`ServerLimits::max_watched_sessions`].
-    WatchedSessions,
 }
 
 impl ServerLimit {
@@ -165,7 +156,6 @@ impl ServerLimit {
         match self {
             Self::WatchStreams => ErrorCode::TooManyWatchStreams,
             Self::PendingAcquires => ErrorCode::TooManyPendingAcquires,
-            Self::WatchedSessions => ErrorCode::TooManyWatchedSessions,
         }
     }
 
@@ -176,9 +166,6 @@ impl ServerLimit {
             Self::WatchStreams => "watch streams open on this node (--max-watch-streams)",
             Self::PendingAcquires => {
                 "acquire requests in flight on this node (--max-pending-acquires)"
-            }
-            Self::WatchedSessions => {
-                "sessions followed by this node's watches of session sets (--max-watched-sessions)"
             }
         }
     }
@@ -199,17 +186,9 @@ impl Budget {
 
     /// Takes a place, or says which bound is full.
     pub(crate) fn take(&self) -> Result<OwnedSemaphorePermit, crate::ServiceError> {
-        self.take_many(1)
-    }
-
-    /// Takes `count` places at once, or none and says which bound is full.
-    pub(crate) fn take_many(
-        &self,
-        count: u32,
-    ) -> Result<OwnedSemaphorePermit, crate::ServiceError> {
         self.permits
             .clone()
-            .try_acquire_many_owned(count)
+            .try_acquire_owned()
             .map_err(|_| crate::ServiceError::Exhausted { limit: self.limit, max: self.max })
     }
 }

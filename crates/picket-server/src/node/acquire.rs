@@ -369,7 +369,7 @@ impl Drop for AcquireGuard {
                 }
                 Ok(None) | Err(ServiceError::Command(CommandError::UnknownSession { .. })) => {}
                 Err(error) => {
-                    tracing::warn!(%session, name, %request, attempt, %error, "could not abandon an acquire whose caller went away; its wait or grant stays until the session ends");
+                    tracing::warn!(%session, name, %request, attempt, %error, "could not abandon an acquire whose caller went away; its wait or grant may stay until the session ends");
                 }
             }
         });

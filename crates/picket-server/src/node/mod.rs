@@ -55,7 +55,6 @@ pub struct Node {
     renewals: Renewals,
     /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
     watch_streams: Budget,
-    watched_sessions: Budget,
     pending_acquires: Budget,
     log_stats: Arc<WriterStats>,
     /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
@@ -163,10 +162,6 @@ impl Node {
             gaps: GapWatch::default(),
             renewals: Renewals::default(),
             watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
-            watched_sessions: Budget::new(
-                ServerLimit::WatchedSessions,
-                limits.max_watched_sessions,
-            ),
             pending_acquires: Budget::new(
                 ServerLimit::PendingAcquires,
                 limits.max_pending_acquires,

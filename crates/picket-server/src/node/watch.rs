@@ -17,9 +17,6 @@ pub struct WatchStream {
     recheck: Option<Recheck>,
     /// This stream's place under `--max-watch-streams`, given back when it is dropped.
     _place: tokio::sync::OwnedSemaphorePermit,
-    /// The places of the sessions it follows under `--max-watched-sessions`, when it follows
-    /// a set of them.
-    _sessions_places: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl WatchStream {
@@ -125,27 +122,10 @@ impl Node {
     /// too far behind; it then has to re-read the state and watch again.
     ///
     /// # Errors
-    /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows, or
-    /// its watches of session sets follow as many sessions as it allows.
+    /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows.
     pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
-        let target = target.each_session_once();
         let place = self.watch_streams.take()?;
-        let sessions_places = match &target {
-            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
-                // A set is bounded by `MAX_WATCHED_SESSIONS` where it enters; one beyond `u32`
-                // could never fit the budget either.
-                let count = u32::try_from(sessions.len()).unwrap_or(u32::MAX);
-                Some(self.watched_sessions.take_many(count)?)
-            }
-            _ => None,
-        };
         let subscription = self.hub().watch(target);
-        Ok(WatchStream {
-            subscription,
-            ended: false,
-            recheck: None,
-            _place: place,
-            _sessions_places: sessions_places,
-        })
+        Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
     }
 }
