@@ -10,7 +10,7 @@
 
 use picket_core::{Event, RequestId, SessionId, StateMachine, WaitEnd};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, oneshot};
 
@@ -96,6 +96,10 @@ struct Watcher {
     lagged: Arc<AtomicBool>,
     /// Offered only events that are losses (and every resync and end).
     losses_only: bool,
+    /// For a watch of a set of sessions: how many of its sessions the stream is still
+    /// registered under. An ended session has no further event, so its entry is dropped then,
+    /// unless it is the stream's last: dropping that one would close the stream.
+    registrations: Option<Arc<AtomicUsize>>,
 }
 
 impl Watcher {
@@ -158,6 +162,9 @@ impl Watchers {
         }
         let delivery = Delivery::Event { revision, event: event.clone() };
         offer_key(&mut self.by_session, &event.session(), &delivery);
+        if let Event::SessionEnded { session, .. } = event {
+            self.forget_ended(*session);
+        }
         if let Some(name) = event.lock_name() {
             offer_key(&mut self.by_lock, &name.to_owned(), &delivery);
             if !self.by_prefix.is_empty() {
@@ -198,6 +205,24 @@ impl Watchers {
             .chain(self.by_prefix.values_mut())
         {
             offer_all(watchers, delivery);
+        }
+    }
+
+    /// Drops the entries of an ended session from the watches of sets that follow other
+    /// sessions too. A client's long-lived stream keeps the sessions it closed (the Rust
+    /// client's does), so without this the hub held an entry for every session such a stream
+    /// ever followed, for as long as it lived.
+    fn forget_ended(&mut self, session: SessionId) {
+        let Some(watchers) = self.by_session.get_mut(&session) else { return };
+        watchers.retain(|watcher| match &watcher.registrations {
+            Some(registrations) if registrations.load(Ordering::Relaxed) > 1 => {
+                registrations.fetch_sub(1, Ordering::Relaxed);
+                false
+            }
+            _ => true,
+        });
+        if watchers.is_empty() {
+            self.by_session.remove(&session);
         }
     }
 
@@ -408,7 +433,13 @@ impl Hub {
             watchers.sweep_closed();
         }
         let losses_only = matches!(target, Watched::SessionLosses(_));
-        let watcher = Watcher { sender, lagged: lagged.clone(), losses_only };
+        let registrations = match &target {
+            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
+                Some(Arc::new(AtomicUsize::new(sessions.len())))
+            }
+            _ => None,
+        };
+        let watcher = Watcher { sender, lagged: lagged.clone(), losses_only, registrations };
         match target {
             Watched::Session(session) => {
                 watchers.by_session.entry(session).or_default().push(watcher)

@@ -75,6 +75,33 @@ fn a_session_named_twice_in_a_watch_gets_each_event_once() {
     assert_eq!(lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>(), 2);
 }
 
+/// Found in review (2026-12-06): a stream that follows a set of sessions kept an entry for
+/// each of them in the hub for as long as it lived, ended sessions included; a long-lived
+/// client that opens and closes sessions grew the hub without bound. An ended session's entry
+/// is now dropped, but for the stream's last, which keeps the stream open.
+#[test]
+fn an_ended_sessions_entry_is_dropped_but_for_a_streams_last() {
+    let hub = Hub::default();
+    let mut watch = hub.watch(Watched::SessionLosses(vec![SessionId(1), SessionId(2)]));
+    let mut other = hub.watch(Watched::Sessions(vec![SessionId(2)]));
+    let ended = |session| Event::SessionEnded {
+        session: SessionId(session),
+        cause: picket_core::SessionEnd::Expired,
+    };
+    let entries = |hub: &Hub| -> usize {
+        lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>()
+    };
+    assert_eq!(entries(&hub), 3);
+    hub.publish(5, &[ended(1)]);
+    assert_eq!(entries(&hub), 2, "session 1's entry goes");
+    hub.publish(6, &[ended(2)]);
+    assert_eq!(entries(&hub), 2, "each stream keeps its last entry");
+    hub.publish(7, &[granted("x", 2, 7)]);
+    assert_eq!(revisions(&mut watch), [5, 6]);
+    assert_eq!(revisions(&mut other), [6, 7]);
+    assert!(!watch.receiver.is_closed() && !other.receiver.is_closed(), "a stream closed");
+}
+
 #[test]
 fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
     let hub = Hub::default();
