@@ -45,6 +45,35 @@ impl Watched {
             other => other,
         }
     }
+
+    /// The same watch without the sessions of its set that `machine` shows ended (an id at or
+    /// below its revision that names no live session: ids are revisions, never reused), but
+    /// one, so that the stream stays open. An ended session has no further event; a client
+    /// that registers its closed sessions again (the Rust client does, on every reconnect and
+    /// merge of its streams) would otherwise leave an entry for each in the hub. A session
+    /// newer than `machine` (this node has not applied its opening yet) stays.
+    pub(crate) fn without_ended(self, machine: &StateMachine) -> Self {
+        let live = |sessions: Vec<SessionId>| {
+            let first = sessions.first().copied();
+            let mut live: Vec<SessionId> =
+                sessions.into_iter().filter(|session| !has_ended(machine, *session)).collect();
+            if live.is_empty() {
+                live.extend(first);
+            }
+            live
+        };
+        match self {
+            Self::Sessions(sessions) => Self::Sessions(live(sessions)),
+            Self::SessionLosses(sessions) => Self::SessionLosses(live(sessions)),
+            other => other,
+        }
+    }
+}
+
+/// Whether `session` ended by `machine`'s state: its id (the revision that opened it) is not
+/// past the state, and no live session has it.
+fn has_ended(machine: &StateMachine, session: SessionId) -> bool {
+    session.0 <= machine.revision() && machine.session(session).is_none()
 }
 
 /// An item delivered to a watcher.
@@ -137,6 +166,18 @@ struct Watchers {
     by_prefix: HashMap<String, Vec<Watcher>>,
 }
 
+/// Drops, from the watchers of one ended session, the watches of sets that still follow
+/// another session (a stream's last entry keeps its channel, and so the stream, open).
+fn forget_from_sets(watchers: &mut Vec<Watcher>) {
+    watchers.retain(|watcher| match &watcher.registrations {
+        Some(registrations) if registrations.load(Ordering::Relaxed) > 1 => {
+            registrations.fetch_sub(1, Ordering::Relaxed);
+            false
+        }
+        _ => true,
+    });
+}
+
 fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
     watchers.retain(|watcher| watcher.offer(delivery));
 }
@@ -197,14 +238,25 @@ impl Watchers {
         }
     }
 
+    /// Offers `delivery` to every stream once. A watch of a set is registered under each of
+    /// its sessions, and was offered a resync as many times (found with the test of
+    /// `forget_all_ended`); a stream is known by its `lagged` flag, one per stream.
     fn deliver_everywhere(&mut self, delivery: &Delivery) {
+        let mut offered: std::collections::HashSet<*const AtomicBool> =
+            std::collections::HashSet::new();
         for watchers in self
             .by_session
             .values_mut()
             .chain(self.by_lock.values_mut())
             .chain(self.by_prefix.values_mut())
         {
-            offer_all(watchers, delivery);
+            watchers.retain(|watcher| {
+                if offered.insert(Arc::as_ptr(&watcher.lagged)) {
+                    watcher.offer(delivery)
+                } else {
+                    !watcher.sender.is_closed() && !watcher.lagged.load(Ordering::Relaxed)
+                }
+            });
         }
     }
 
@@ -214,16 +266,21 @@ impl Watchers {
     /// ever followed, for as long as it lived.
     fn forget_ended(&mut self, session: SessionId) {
         let Some(watchers) = self.by_session.get_mut(&session) else { return };
-        watchers.retain(|watcher| match &watcher.registrations {
-            Some(registrations) if registrations.load(Ordering::Relaxed) > 1 => {
-                registrations.fetch_sub(1, Ordering::Relaxed);
-                false
-            }
-            _ => true,
-        });
+        forget_from_sets(watchers);
         if watchers.is_empty() {
             self.by_session.remove(&session);
         }
+    }
+
+    /// [`Watchers::forget_ended`] for every session `machine` shows ended: after a snapshot,
+    /// whose gap no `SessionEnded` crossed.
+    fn forget_all_ended(&mut self, machine: &StateMachine) {
+        for (session, watchers) in &mut self.by_session {
+            if has_ended(machine, *session) {
+                forget_from_sets(watchers);
+            }
+        }
+        self.forget_empty();
     }
 
     /// Drops watchers whose stream has ended. Events drop them lazily too, but a watch of a
@@ -488,7 +545,7 @@ impl Hub {
         let revision = machine.revision();
         let mut watchers = lock(&self.watchers);
         watchers.deliver_everywhere(&Delivery::Resync { revision });
-        watchers.forget_empty();
+        watchers.forget_all_ended(machine);
     }
 }
 

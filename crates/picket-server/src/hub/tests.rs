@@ -102,6 +102,41 @@ fn an_ended_sessions_entry_is_dropped_but_for_a_streams_last() {
     assert!(!watch.receiver.is_closed() && !other.receiver.is_closed(), "a stream closed");
 }
 
+/// helper-69's review: sessions that had ended before a stream registered them (the Rust
+/// client registers its closed sessions again when it reconnects or merges its streams), and
+/// sessions that ended in a snapshot's gap, never had a `SessionEnded` to drop their entries.
+/// A watch now leaves out the sessions the state shows ended (but one, if all did), and a
+/// resync drops the entries of sessions the new state shows ended (but each stream's last).
+#[test]
+fn sessions_ended_before_a_watch_or_in_a_snapshots_gap_leave_no_entry() {
+    use picket_core::{Command, Input, Limits, Response};
+    let mut machine = StateMachine::new(Limits::default());
+    let mut apply = |command| machine.apply(&Input::new(0, command));
+    let open = || Command::OpenSession { ttl_ms: 10_000, lock_delay_ms: 0, owner: None };
+    let mut opened = || {
+        let Ok(Response::SessionOpened { session, .. }) = apply(open()).result else { panic!() };
+        session
+    };
+    let (a, b, c) = (opened(), opened(), opened());
+    apply(Command::CloseSession { session: a });
+    // An id past the state's revision: a session this node has not applied the opening of.
+    let later = SessionId(machine.revision() + 100);
+    let hub = Hub::default();
+    let entries = |hub: &Hub| -> usize {
+        lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>()
+    };
+    let mut watch = hub.watch(Watched::SessionLosses(vec![a, b, c, later]).without_ended(&machine));
+    assert_eq!(entries(&hub), 3, "the ended session a is left out");
+    let _only_ended = hub.watch(Watched::Sessions(vec![a]).without_ended(&machine));
+    assert_eq!(entries(&hub), 4, "a watch of ended sessions alone keeps one");
+    // Session b ends in a gap the hub never sees; the snapshot's state shows it.
+    machine.apply(&Input::new(0, Command::CloseSession { session: b }));
+    hub.resync(&machine);
+    assert_eq!(entries(&hub), 3, "b's entry goes, a's lone one stays");
+    assert_eq!(revisions(&mut watch), [machine.revision()], "the resync itself");
+    assert!(!watch.receiver.is_closed());
+}
+
 #[test]
 fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
     let hub = Hub::default();

@@ -125,6 +125,7 @@ impl Node {
     /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows.
     pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
         let place = self.watch_streams.take()?;
+        let target = self.read_local(|state| target.without_ended(&state.machine));
         let subscription = self.hub().watch(target);
         Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
     }
