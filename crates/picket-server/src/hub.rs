@@ -73,7 +73,7 @@ impl Watched {
 /// Whether `session` ended by `machine`'s state: its id (the revision that opened it) is not
 /// past the state, and no live session has it.
 fn has_ended(machine: &StateMachine, session: SessionId) -> bool {
-    session.0 <= machine.revision() && machine.session(session).is_none()
+    session.0 <= machine.revision() && machine.session_lease(session).is_none()
 }
 
 /// An item delivered to a watcher.
@@ -134,6 +134,10 @@ struct Watcher {
 impl Watcher {
     /// Delivers without waiting; false when the watcher must be dropped (gone or too slow).
     fn offer(&self, delivery: &Delivery) -> bool {
+        // Cut off under another of its sessions: this entry goes too.
+        if self.lagged.load(Ordering::Relaxed) {
+            return false;
+        }
         // Checked before the delivery is copied: most events skip a losses-only watcher.
         if self.losses_only
             && let Delivery::Event { event, .. } = delivery

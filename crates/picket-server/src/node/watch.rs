@@ -27,6 +27,13 @@ impl WatchStream {
             return None;
         }
         let delivery = self.subscription.receiver.recv().await;
+        // A watch of a set is registered under each of its sessions, and an entry cut off for a
+        // full buffer left the others holding the channel open: the stream went on after a gap
+        // it never reported (found in review). The flag, not the channel's end, says so.
+        if delivery.is_some() && self.subscription.fell_behind() {
+            self.ended = true;
+            return Some(Err(fell_behind()));
+        }
         // Checked before anything more is delivered: a caller whose credentials were revoked or
         // whose roles no longer cover the target sees nothing after the change.
         if delivery.is_some()
@@ -43,14 +50,17 @@ impl WatchStream {
             Some(Delivery::Resync { revision }) => Some(Ok(WatchItem::Resync { revision })),
             None => {
                 self.ended = true;
-                self.subscription.fell_behind().then(|| {
-                    Err(ServiceError::Unavailable(
-                        "the watch fell too far behind and was stopped; re-read the state and watch again".into(),
-                    ))
-                })
+                self.subscription.fell_behind().then(|| Err(fell_behind()))
             }
         }
     }
+}
+
+/// The end of a watch that did not keep up.
+fn fell_behind() -> ServiceError {
+    ServiceError::Unavailable(
+        "the watch fell too far behind and was stopped; re-read the state and watch again".into(),
+    )
 }
 
 impl WatchStream {
@@ -125,8 +135,39 @@ impl Node {
     /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows.
     pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
         let place = self.watch_streams.take()?;
-        let target = self.read_local(|state| target.without_ended(&state.machine));
-        let subscription = self.hub().watch(target);
+        // Registered under the state's read lock, so a session that ends meanwhile has its
+        // `SessionEnded` published after this stream is registered, and its entry goes then.
+        // (The state's lock before the hub's, as a snapshot's install takes them.)
+        let state = self.store.read();
+        let subscription = self.hub().watch(target.without_ended(&state.machine));
+        drop(state);
         Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::{Hub, WATCH_BUFFER};
+    use picket_core::SessionId;
+
+    /// Found in review (2026-12-06): a watch of a set cut off for a full buffer under one
+    /// session stayed registered under the others, so it went on delivering after a gap it
+    /// never reported, and a lost `SessionEnded` went unseen.
+    #[tokio::test]
+    async fn a_set_watch_that_fell_behind_says_so_at_once() {
+        let hub = Hub::default();
+        let subscription = hub.watch(Watched::Sessions(vec![SessionId(1), SessionId(2)]));
+        let place = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("one");
+        let mut stream = WatchStream { subscription, ended: false, recheck: None, _place: place };
+        let granted =
+            |session| Event::Granted { name: "x".into(), session: SessionId(session), token: 1 };
+        for revision in 0..=WATCH_BUFFER as u64 {
+            hub.publish(revision, &[granted(1)]);
+        }
+        hub.publish(WATCH_BUFFER as u64 + 1, &[granted(2)]);
+        let first = stream.next().await.expect("an item");
+        assert!(matches!(first, Err(ServiceError::Unavailable(_))), "{first:?}");
+        assert!(stream.next().await.is_none(), "the stream ended");
     }
 }
