@@ -34,16 +34,11 @@ impl Watched {
     /// registered the stream twice under it: the stream got each of that session's events
     /// twice, and one request of 10,000 copies of one id took 10,000 places in the fan-out.
     pub(crate) fn each_session_once(self) -> Self {
-        let once = |mut sessions: Vec<SessionId>| {
+        self.map_set(|mut sessions| {
             sessions.sort_unstable();
             sessions.dedup();
             sessions
-        };
-        match self {
-            Self::Sessions(sessions) => Self::Sessions(once(sessions)),
-            Self::SessionLosses(sessions) => Self::SessionLosses(once(sessions)),
-            other => other,
-        }
+        })
     }
 
     /// The same watch without the sessions of its set that `machine` shows ended (an id at or
@@ -53,7 +48,7 @@ impl Watched {
     /// merge of its streams) would otherwise leave an entry for each in the hub. A session
     /// newer than `machine` (this node has not applied its opening yet) stays.
     pub(crate) fn without_ended(self, machine: &StateMachine) -> Self {
-        let live = |sessions: Vec<SessionId>| {
+        self.map_set(|sessions| {
             let first = sessions.first().copied();
             let mut live: Vec<SessionId> =
                 sessions.into_iter().filter(|session| !has_ended(machine, *session)).collect();
@@ -61,10 +56,14 @@ impl Watched {
                 live.extend(first);
             }
             live
-        };
+        })
+    }
+
+    /// The same watch with `change` applied to its set of sessions, if it watches a set.
+    fn map_set(self, change: impl FnOnce(Vec<SessionId>) -> Vec<SessionId>) -> Self {
         match self {
-            Self::Sessions(sessions) => Self::Sessions(live(sessions)),
-            Self::SessionLosses(sessions) => Self::SessionLosses(live(sessions)),
+            Self::Sessions(sessions) => Self::Sessions(change(sessions)),
+            Self::SessionLosses(sessions) => Self::SessionLosses(change(sessions)),
             other => other,
         }
     }
