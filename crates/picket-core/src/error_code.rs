@@ -84,6 +84,8 @@ pub enum ErrorCode {
     Unauthenticated,
     /// The node has as many watch streams open as it may.
     TooManyWatchStreams,
+    /// The node's watches already follow as many sessions as it may.
+    TooManyWatchedSessions,
     /// The node has as many acquires in flight as it may.
     TooManyPendingAcquires,
     /// A Raft message sent to the client port of a node that serves peers on a port of its own.
@@ -142,6 +144,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::Stopped, "stopped"),
     (ErrorCode::Unauthenticated, "unauthenticated"),
     (ErrorCode::TooManyWatchStreams, "too_many_watch_streams"),
+    (ErrorCode::TooManyWatchedSessions, "too_many_watched_sessions"),
     (ErrorCode::TooManyPendingAcquires, "too_many_pending_acquires"),
     (ErrorCode::PeerPortElsewhere, "peer_port_elsewhere"),
     (ErrorCode::PeerPort, "peer_port"),

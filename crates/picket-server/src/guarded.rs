@@ -270,7 +270,7 @@ impl Guarded<'_> {
                 }
             }
         }
-        let stream = self.node.watch(target.clone())?;
+        let stream = self.node.watch(target)?;
         let auth = match (&self.access, self.node.auth_file()) {
             (Access::Principal(..), Some(auth)) => auth.clone(),
             _ => return Ok(stream),
@@ -279,15 +279,18 @@ impl Guarded<'_> {
         // is no longer an admin watching another's session, sees nothing more on this stream.
         let access = self.access.clone();
         let node = self.node.clone();
-        let allowed = move |auth: &AuthFile| {
+        // It checks what the stream follows, kept once by the stream (not a copy of the
+        // request's set, whose sessions that had ended the stream leaves out).
+        let allowed = move |auth: &AuthFile, target: &Watched| {
             let access = auth.reauthenticate(&access)?;
-            may_read_target(&access, &target)?;
-            for session in watched_sessions(&target) {
+            may_read_target(&access, target)?;
+            for session in watched_sessions(target) {
                 access.require_owner(session.0, false, |name| node.ownership(*session, name))?;
             }
             Ok(())
         };
-        Ok(stream.with_recheck(Recheck::new(auth, Box::new(allowed))?))
+        let recheck = Recheck::new(auth, Box::new(allowed), stream.target())?;
+        Ok(stream.with_recheck(recheck))
     }
 
     /// The sequencer of a lock's holder as this caller may see it: signed for the principal

@@ -8,11 +8,13 @@
 //! wake every watch on every command. Delivery never blocks the apply path: a watcher whose
 //! buffer is full is cut off and told it fell behind.
 
+use crate::error::ServiceError;
+use crate::limits::{Budget, ServerLimit, ServerLimits};
 use picket_core::{Event, RequestId, SessionId, StateMachine, WaitEnd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 /// What a watch follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +59,16 @@ impl Watched {
             }
             live
         })
+    }
+
+    /// How many places under `--max-watched-sessions` the watch holds: one per session it
+    /// follows.
+    fn sessions_followed(&self) -> usize {
+        match self {
+            Self::Session(_) => 1,
+            Self::Sessions(sessions) | Self::SessionLosses(sessions) => sessions.len(),
+            Self::Lock(_) | Self::Prefix(_) => 0,
+        }
     }
 
     /// The same watch with `change` applied to its set of sessions, if it watches a set.
@@ -118,7 +130,7 @@ const SWEEP_EVERY: usize = 256;
 /// Most deliveries a watch buffers before it is cut off.
 pub const WATCH_BUFFER: usize = 1_024;
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Watcher {
     sender: mpsc::Sender<Delivery>,
     lagged: Arc<AtomicBool>,
@@ -128,9 +140,23 @@ struct Watcher {
     /// registered under. An ended session has no further event, so its entry is dropped then,
     /// unless it is the stream's last: dropping that one would close the stream.
     registrations: Option<Arc<AtomicUsize>>,
+    /// This entry's place under `--max-watched-sessions`, for an entry under a session: it
+    /// comes back when the entry is dropped, however that happens.
+    _place: Option<OwnedSemaphorePermit>,
 }
 
 impl Watcher {
+    /// The same stream's entry under another session, holding `place`.
+    fn entry(&self, place: Option<OwnedSemaphorePermit>) -> Self {
+        Self {
+            sender: self.sender.clone(),
+            lagged: self.lagged.clone(),
+            losses_only: self.losses_only,
+            registrations: self.registrations.clone(),
+            _place: place,
+        }
+    }
+
     /// Delivers without waiting; false when the watcher must be dropped (gone or too slow).
     fn offer(&self, delivery: &Delivery) -> bool {
         // Cut off under another of its sessions: this entry goes too.
@@ -389,11 +415,13 @@ impl Waiters {
 pub struct Hub {
     waiters: Mutex<Waiters>,
     watchers: Mutex<Watchers>,
+    /// A place for each entry under a session ([`ServerLimits::max_watched_sessions`]).
+    watched_sessions: Budget,
 }
 
 impl Default for Hub {
     fn default() -> Self {
-        Self { waiters: Mutex::new(Waiters::default()), watchers: Mutex::new(Watchers::default()) }
+        Self::new(ServerLimits::default().max_watched_sessions)
     }
 }
 
@@ -411,6 +439,22 @@ pub struct WaiterRegistration {
 }
 
 impl Hub {
+    /// A hub whose watches follow at most `max_watched_sessions` sessions in all.
+    #[must_use]
+    pub fn new(max_watched_sessions: usize) -> Self {
+        Self {
+            waiters: Mutex::new(Waiters::default()),
+            watchers: Mutex::new(Watchers::default()),
+            watched_sessions: Budget::new(ServerLimit::WatchedSessions, max_watched_sessions),
+        }
+    }
+
+    /// How many places under `--max-watched-sessions` this hub's watches hold.
+    #[must_use]
+    pub fn watched_sessions(&self) -> usize {
+        self.watched_sessions.taken()
+    }
+
     /// Registers `request`'s interest in how `session`'s wait for `name` ends. Register before
     /// proposing the acquire, so no outcome can be applied before somebody listens for it.
     pub fn register_waiter(
@@ -478,20 +522,33 @@ impl Hub {
     }
 
     /// Starts a watch of `target` from the next applied command on.
-    pub fn watch(&self, target: Watched) -> Subscription {
+    ///
+    /// # Errors
+    /// [`ServiceError::Exhausted`] when the watches would follow more sessions than
+    /// `--max-watched-sessions` allows.
+    pub fn watch(&self, target: Watched) -> Result<Subscription, ServiceError> {
         let target = target.each_session_once();
-        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
-        let lagged = Arc::new(AtomicBool::new(false));
+        let followed = target.sessions_followed();
+        // A set is bounded by `MAX_WATCHED_SESSIONS` where it enters; one beyond `u32` could
+        // never fit the budget either.
+        let count = u32::try_from(followed).unwrap_or(u32::MAX);
         let mut watchers = lock(&self.watchers);
         // Sweeping costs a pass over every watcher; once per as many registrations keeps it
         // cheap.
-        watchers.since_sweep += match &target {
-            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => sessions.len(),
-            _ => 1,
-        };
+        watchers.since_sweep += followed.max(1);
         if watchers.since_sweep >= watchers.after_sweep.max(SWEEP_EVERY) {
             watchers.sweep_closed();
         }
+        let mut places = match self.watched_sessions.take_many(count) {
+            Ok(places) => places,
+            Err(_) => {
+                // Streams that ended keep their places until a sweep drops their entries.
+                watchers.sweep_closed();
+                self.watched_sessions.take_many(count)?
+            }
+        };
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        let lagged = Arc::new(AtomicBool::new(false));
         let losses_only = matches!(target, Watched::SessionLosses(_));
         let registrations = match &target {
             Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
@@ -499,22 +556,24 @@ impl Hub {
             }
             _ => None,
         };
-        let watcher = Watcher { sender, lagged: lagged.clone(), losses_only, registrations };
+        let watcher =
+            Watcher { sender, lagged: lagged.clone(), losses_only, registrations, _place: None };
         match target {
             Watched::Session(session) => {
-                watchers.by_session.entry(session).or_default().push(watcher)
+                watchers.by_session.entry(session).or_default().push(watcher.entry(Some(places)));
             }
             Watched::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
             Watched::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
             Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
                 // One channel, registered under each session: the stream gets each event once,
-                // since an event names one session.
+                // since an event names one session. Each entry holds one place.
                 for session in sessions {
-                    watchers.by_session.entry(session).or_default().push(watcher.clone());
+                    let place = places.split(1);
+                    watchers.by_session.entry(session).or_default().push(watcher.entry(place));
                 }
             }
         }
-        Subscription { receiver, lagged }
+        Ok(Subscription { receiver, lagged })
     }
 
     /// Delivers the events of one applied command.

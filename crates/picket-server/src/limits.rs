@@ -15,6 +15,15 @@ pub struct ServerLimits {
     /// Most watch streams open on this node at once (default 10,000). Each holds a buffer of
     /// events and a place in the fan-out of every applied command.
     pub max_watch_streams: usize,
+    /// Most places this node's watches of sessions hold in all (default 2,000,000): a watch of
+    /// one session holds one, a watch of a set one for each session it names (each counted
+    /// once) that has not ended, or one if every session of the set has. A session's place
+    /// comes back when it ends, and every place of a stream when the stream ends. One stream
+    /// may follow 10,000 sessions, so without this bound `max_watch_streams` such streams
+    /// could hold 10⁸ places in the fan-out of applied commands, gigabytes of memory (found in
+    /// review). Keep it well above `max_sessions`: the Rust client follows each of its
+    /// sessions, and for a moment twice while it merges its streams.
+    pub max_watched_sessions: usize,
     /// Most acquire requests in flight on this node at once, waiting ones included (default
     /// 100,000). Each holds a registration for its outcome until it is answered; one whose
     /// caller went away before its answer, or whose outcome is unknown, holds its place until
@@ -120,12 +129,16 @@ impl ServerLimits {
     pub const MOST_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
     /// The most streams per connection a node takes.
     pub const MOST_STREAMS_PER_CONNECTION: u64 = 10_000;
+    /// The most places for watched sessions a node takes (far above any memory it would have
+    /// for them).
+    pub const MOST_WATCHED_SESSIONS: u64 = 1 << 30;
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             max_watch_streams: 10_000,
+            max_watched_sessions: 2_000_000,
             max_pending_acquires: 100_000,
             max_connections: 10_000,
             max_connections_per_ip: 1_000,
@@ -147,6 +160,8 @@ pub enum ServerLimit {
     WatchStreams,
     /// [`ServerLimits::max_pending_acquires`].
     PendingAcquires,
+    /// [`ServerLimits::max_watched_sessions`].
+    WatchedSessions,
 }
 
 impl ServerLimit {
@@ -156,6 +171,7 @@ impl ServerLimit {
         match self {
             Self::WatchStreams => ErrorCode::TooManyWatchStreams,
             Self::PendingAcquires => ErrorCode::TooManyPendingAcquires,
+            Self::WatchedSessions => ErrorCode::TooManyWatchedSessions,
         }
     }
 
@@ -167,6 +183,7 @@ impl ServerLimit {
             Self::PendingAcquires => {
                 "acquire requests in flight on this node (--max-pending-acquires)"
             }
+            Self::WatchedSessions => "sessions followed by its watches (--max-watched-sessions)",
         }
     }
 }
@@ -184,11 +201,24 @@ impl Budget {
         Self { limit, max, permits: Arc::new(Semaphore::new(max)) }
     }
 
+    /// How many places are taken.
+    pub(crate) fn taken(&self) -> usize {
+        self.max.saturating_sub(self.permits.available_permits())
+    }
+
     /// Takes a place, or says which bound is full.
     pub(crate) fn take(&self) -> Result<OwnedSemaphorePermit, crate::ServiceError> {
+        self.take_many(1)
+    }
+
+    /// Takes `count` places at once, or none and says which bound is full.
+    pub(crate) fn take_many(
+        &self,
+        count: u32,
+    ) -> Result<OwnedSemaphorePermit, crate::ServiceError> {
         self.permits
             .clone()
-            .try_acquire_owned()
+            .try_acquire_many_owned(count)
             .map_err(|_| crate::ServiceError::Exhausted { limit: self.limit, max: self.max })
     }
 }

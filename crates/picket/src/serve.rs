@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// Most watch streams open on this node at once; more get 429 `too_many_watch_streams`.
     #[arg(long, env = "PICKET_MAX_WATCH_STREAMS", default_value_t = ServerLimits::default().max_watch_streams)]
     max_watch_streams: usize,
+    /// Most sessions this node's watches follow in all (a watch counts each session it names
+    /// once, and none that has ended); a watch past it gets 429 `too_many_watched_sessions`.
+    #[arg(long, env = "PICKET_MAX_WATCHED_SESSIONS", default_value_t = ServerLimits::default().max_watched_sessions, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_WATCHED_SESSIONS))]
+    max_watched_sessions: usize,
     /// Most acquire requests in flight on this node at once (waiting ones included); more get
     /// 429 `too_many_pending_acquires`.
     #[arg(long, env = "PICKET_MAX_PENDING_ACQUIRES", default_value_t = ServerLimits::default().max_pending_acquires)]
@@ -305,6 +309,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         clock: args.test_clock_file.map_or(ClockSource::Monotonic, ClockSource::Scripted),
         limits: ServerLimits {
             max_watch_streams: args.max_watch_streams,
+            max_watched_sessions: args.max_watched_sessions,
             max_pending_acquires: args.max_pending_acquires,
             max_connections: args.max_connections,
             max_connections_per_ip: args.max_connections_per_ip,

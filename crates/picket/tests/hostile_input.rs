@@ -467,6 +467,71 @@ async fn a_watch_that_names_a_session_three_times_gets_each_event_once() {
     assert_eq!(next_kind().await, "released", "the grant came twice");
 }
 
+/// helper-67's audit (2026-12-06): a stream may follow 10,000 sessions and a node takes 10,000
+/// streams, so one caller could make a node hold 10⁸ entries in the fan-out of applied
+/// commands, gigabytes of memory. Each session a watch follows now holds a place of
+/// `--max-watched-sessions` (a set counts each session once; 429 `too_many_watched_sessions`
+/// past it), and gives it back when the session ends or the stream does; a watch leaves out
+/// sessions that had already ended, so a client that watches its closed sessions again uses
+/// up nothing.
+#[tokio::test]
+async fn the_sessions_followed_by_watches_are_bounded_per_node_and_ended_ones_hold_no_place() {
+    let (_dir, server) =
+        ServerProcess::start_ready(picket_binary(), &["--max-watched-sessions", "3"]);
+    let addr = server.addr.clone();
+    let grpc = PicketClient::connect(format!("http://{addr}")).await.expect("connects");
+    let watch = |sessions: Vec<u64>| {
+        let mut grpc = grpc.clone();
+        async move {
+            let request = v1::WatchRequest {
+                target: Some(v1::watch_request::Target::Sessions(v1::SessionSet {
+                    session_ids: sessions,
+                })),
+                losses_only: true,
+            };
+            grpc.watch(request).await
+        }
+    };
+    let open = || {
+        let opened = post(&addr, "/v1/sessions", &json!({ "ttl_ms": 60_000 }));
+        opened.body["session_id"].as_u64().expect("a session")
+    };
+    let (a, b) = (open(), open());
+    let first = watch(vec![a, a, b]).await.expect("two sessions, counted once each");
+    // Ids far past the state: sessions not opened yet, which hold places too.
+    let future = |n: u64| 1_000_000 + n;
+    let refused = watch(vec![future(1), future(2)]).await.expect_err("two more than the bound");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(grpc_code(&refused), "too_many_watched_sessions", "{refused:?}");
+    let closed = picket_testkit::http::request(&addr, "DELETE", &format!("/v1/sessions/{a}"), None);
+    assert_eq!(closed.status, 200, "{}", closed.text);
+    // Session a's place comes back when its end is applied: [b] and [b] hold two.
+    let again = wait_until_async("session a's place", || watch(vec![a, b])).await;
+    let _last = watch(vec![future(1)]).await.expect("the third place: a is left out");
+    let refused = watch(vec![future(2)]).await.expect_err("the bound is full again");
+    assert_eq!(grpc_code(&refused), "too_many_watched_sessions", "{refused:?}");
+    drop((first, again));
+    let _freed =
+        wait_until_async("the places of ended streams", || watch(vec![future(2), future(3)])).await;
+}
+
+/// Calls `attempt` until it succeeds, for at most 10 s.
+async fn wait_until_async<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    attempt: impl Fn() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(error) if tokio::time::Instant::now() > deadline => {
+                panic!("timed out waiting for {what}: {error:?}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
 /// Sends one HTTP/1.1 POST of `body` to `addr` and waits at most `wait` for the answer; gives
 /// up (closing the connection, as a client that times out does) and returns `None` when none
 /// came. The answer's status and text otherwise.

@@ -177,6 +177,7 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "too_many_locks_for_session": Exhausted,
     "too_many_waiters": Exhausted,
     "too_many_watch_streams": Exhausted,
+    "too_many_watched_sessions": Exhausted,
     "too_many_pending_acquires": Exhausted,
     "unavailable": Unavailable,
     "outcome_unknown": OutcomeUnknown,

@@ -22,10 +22,11 @@ fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
     let hub = Hub::default();
     let mut nested: Vec<Subscription> = ["", "j", "jobs/", "jobs/é", "jobs/éx"]
         .iter()
-        .map(|p| hub.watch(Watched::Prefix((*p).into())))
+        .map(|p| hub.watch(Watched::Prefix((*p).into())).expect("a watch"))
         .collect();
-    let mut others: Vec<Subscription> =
-        (0..50).map(|n| hub.watch(Watched::Prefix(format!("other/{n}")))).collect();
+    let mut others: Vec<Subscription> = (0..50)
+        .map(|n| hub.watch(Watched::Prefix(format!("other/{n}"))).expect("a watch"))
+        .collect();
     for name in ["jobs/éx", "jobs/é"] {
         hub.publish(7, &[granted(name, 1, 7)]);
     }
@@ -45,10 +46,10 @@ fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
 #[test]
 fn events_reach_only_the_watchers_they_concern() {
     let hub = Hub::default();
-    let mut by_session = hub.watch(Watched::Session(SessionId(1)));
-    let mut by_lock = hub.watch(Watched::Lock("a/x".into()));
-    let mut by_prefix = hub.watch(Watched::Prefix("a/".into()));
-    let mut elsewhere = hub.watch(Watched::Prefix("b/".into()));
+    let mut by_session = hub.watch(Watched::Session(SessionId(1))).expect("a watch");
+    let mut by_lock = hub.watch(Watched::Lock("a/x".into())).expect("a watch");
+    let mut by_prefix = hub.watch(Watched::Prefix("a/".into())).expect("a watch");
+    let mut elsewhere = hub.watch(Watched::Prefix("b/".into())).expect("a watch");
     hub.publish(5, &[granted("a/x", 1, 5)]);
     hub.publish(6, &[granted("a/y", 2, 6)]);
     assert_eq!(revisions(&mut by_session), [5]);
@@ -63,8 +64,9 @@ fn events_reach_only_the_watchers_they_concern() {
 #[test]
 fn a_session_named_twice_in_a_watch_gets_each_event_once() {
     let hub = Hub::default();
-    let mut watch = hub.watch(Watched::Sessions(vec![SessionId(1); 10_000]));
-    let mut losses = hub.watch(Watched::SessionLosses(vec![SessionId(2), SessionId(2)]));
+    let mut watch = hub.watch(Watched::Sessions(vec![SessionId(1); 10_000])).expect("a watch");
+    let mut losses =
+        hub.watch(Watched::SessionLosses(vec![SessionId(2), SessionId(2)])).expect("a watch");
     hub.publish(5, &[granted("x", 1, 5)]);
     hub.publish(
         6,
@@ -82,8 +84,9 @@ fn a_session_named_twice_in_a_watch_gets_each_event_once() {
 #[test]
 fn an_ended_sessions_entry_is_dropped_but_for_a_streams_last() {
     let hub = Hub::default();
-    let mut watch = hub.watch(Watched::SessionLosses(vec![SessionId(1), SessionId(2)]));
-    let mut other = hub.watch(Watched::Sessions(vec![SessionId(2)]));
+    let mut watch =
+        hub.watch(Watched::SessionLosses(vec![SessionId(1), SessionId(2)])).expect("a watch");
+    let mut other = hub.watch(Watched::Sessions(vec![SessionId(2)])).expect("a watch");
     let ended = |session| Event::SessionEnded {
         session: SessionId(session),
         cause: picket_core::SessionEnd::Expired,
@@ -97,6 +100,7 @@ fn an_ended_sessions_entry_is_dropped_but_for_a_streams_last() {
     hub.publish(6, &[ended(2)]);
     assert_eq!(entries(&hub), 2, "each stream keeps its last entry");
     hub.publish(7, &[granted("x", 2, 7)]);
+    assert_eq!(hub.watched_sessions(), entries(&hub), "each entry holds one place");
     assert_eq!(revisions(&mut watch), [5, 6]);
     assert_eq!(revisions(&mut other), [6, 7]);
     assert!(!watch.receiver.is_closed() && !other.receiver.is_closed(), "a stream closed");
@@ -125,14 +129,18 @@ fn sessions_ended_before_a_watch_or_in_a_snapshots_gap_leave_no_entry() {
     let entries = |hub: &Hub| -> usize {
         lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>()
     };
-    let mut watch = hub.watch(Watched::SessionLosses(vec![a, b, c, later]).without_ended(&machine));
+    let mut watch = hub
+        .watch(Watched::SessionLosses(vec![a, b, c, later]).without_ended(&machine))
+        .expect("a watch");
     assert_eq!(entries(&hub), 3, "the ended session a is left out");
-    let _only_ended = hub.watch(Watched::Sessions(vec![a]).without_ended(&machine));
+    let _only_ended =
+        hub.watch(Watched::Sessions(vec![a]).without_ended(&machine)).expect("a watch");
     assert_eq!(entries(&hub), 4, "a watch of ended sessions alone keeps one");
     // Session b ends in a gap the hub never sees; the snapshot's state shows it.
     machine.apply(&Input::new(0, Command::CloseSession { session: b }));
     hub.resync(&machine);
     assert_eq!(entries(&hub), 3, "b's entry goes, a's lone one stays");
+    assert_eq!(hub.watched_sessions(), 3, "b's place comes back");
     assert_eq!(revisions(&mut watch), [machine.revision()], "the resync itself");
     assert!(!watch.receiver.is_closed());
 }
@@ -140,7 +148,7 @@ fn sessions_ended_before_a_watch_or_in_a_snapshots_gap_leave_no_entry() {
 #[test]
 fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
     let hub = Hub::default();
-    let mut losses = hub.watch(Watched::SessionLosses(vec![SessionId(1)]));
+    let mut losses = hub.watch(Watched::SessionLosses(vec![SessionId(1)])).expect("a watch");
     let released =
         |cause| Event::Released { name: "x".into(), session: SessionId(1), token: 5, cause };
     hub.publish(5, &[granted("x", 1, 5)]);
@@ -165,7 +173,7 @@ fn a_losses_watch_gets_only_what_the_session_did_not_ask_for() {
 #[test]
 fn a_watcher_that_does_not_keep_up_is_cut_off_and_told() {
     let hub = Hub::default();
-    let mut slow = hub.watch(Watched::Lock("x".into()));
+    let mut slow = hub.watch(Watched::Lock("x".into())).expect("a watch");
     for revision in 0..=WATCH_BUFFER as u64 {
         hub.publish(revision, &[granted("x", 1, revision)]);
     }
@@ -292,20 +300,57 @@ impl Hub {
 #[test]
 fn closed_watchers_are_swept_without_piling_up() {
     let hub = Hub::default();
-    let live = hub.watch(Watched::SessionLosses((1..=5_000).map(SessionId).collect()));
+    let live =
+        hub.watch(Watched::SessionLosses((1..=5_000).map(SessionId).collect())).expect("a watch");
     for round in 0..200_u64 {
         let first = 10_000 + round * 1_000;
-        let dropped =
-            hub.watch(Watched::SessionLosses((first..first + 1_000).map(SessionId).collect()));
+        let dropped = hub
+            .watch(Watched::SessionLosses((first..first + 1_000).map(SessionId).collect()))
+            .expect("a watch");
         drop(dropped);
         assert!(hub.watcher_entries() <= 3 * 5_000 + 1_000, "{}", hub.watcher_entries());
     }
     drop(live);
     for _ in 0..SWEEP_EVERY {
-        drop(hub.watch(Watched::Session(SessionId(1))));
+        drop(hub.watch(Watched::Session(SessionId(1))).expect("a watch"));
     }
     for _ in 0..(3 * 5_000) {
-        drop(hub.watch(Watched::Session(SessionId(2))));
+        drop(hub.watch(Watched::Session(SessionId(2))).expect("a watch"));
     }
     assert!(hub.watcher_entries() < 5_000, "{}", hub.watcher_entries());
+}
+
+/// helper-67's audit (2026-12-06): 10,000 streams of 10,000 sessions each could make a node
+/// hold 10⁸ entries in the fan-out. Every entry under a session now holds a place of
+/// `--max-watched-sessions`; past it a watch gets 429 `too_many_watched_sessions`. A place comes
+/// back when its entry goes: its session ended (but a stream's last), or its stream ended. (The
+/// first version counted a stream's sessions for its whole life, so a long-lived client's
+/// closed sessions would have used the bound up; found in review.)
+#[test]
+fn watched_sessions_are_bounded_per_node_and_come_back_as_sessions_and_streams_end() {
+    let hub = Hub::new(3);
+    let ended = |session| Event::SessionEnded {
+        session: SessionId(session),
+        cause: picket_core::SessionEnd::Closed,
+    };
+    let first = hub.watch(Watched::Sessions(vec![SessionId(1); 3])).expect("a watch");
+    let both = hub
+        .watch(Watched::SessionLosses(vec![SessionId(2), SessionId(3)]))
+        .expect("two more, counted once each");
+    assert_eq!(hub.watched_sessions(), 3);
+    let refused = hub.watch(Watched::Session(SessionId(4))).expect_err("over the bound");
+    assert_eq!(refused.code(), picket_core::ErrorCode::TooManyWatchedSessions);
+    assert_eq!(refused.http_status(), 429);
+    let _lock = hub.watch(Watched::Lock("x".into())).expect("a lock's watch holds no place");
+    hub.publish(5, &[ended(2)]);
+    assert_eq!(hub.watched_sessions(), 2, "an ended session's place comes back");
+    let _fourth = hub.watch(Watched::Session(SessionId(4))).expect("the place that came back");
+    hub.publish(6, &[ended(3)]);
+    assert_eq!(hub.watched_sessions(), 3, "a stream's last entry keeps its place");
+    drop(both);
+    drop(first);
+    let _again = hub
+        .watch(Watched::Sessions(vec![SessionId(5), SessionId(6)]))
+        .expect("an ended stream's places come back (swept at once when they are needed)");
+    assert_eq!(hub.watched_sessions(), 3);
 }

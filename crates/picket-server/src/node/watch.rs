@@ -12,6 +12,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct WatchStream {
     subscription: Subscription,
+    /// What the stream follows: the request's target without the sessions that had ended.
+    target: Watched,
     ended: bool,
     /// Whether the caller may still see this watch, asked again when the auth file changed.
     recheck: Option<Recheck>,
@@ -38,7 +40,7 @@ impl WatchStream {
         // whose roles no longer cover the target sees nothing after the change.
         if delivery.is_some()
             && let Some(recheck) = &mut self.recheck
-            && let Err(error) = recheck.still_allowed()
+            && let Err(error) = recheck.still_allowed(&self.target)
         {
             self.ended = true;
             return Some(Err(error));
@@ -64,6 +66,13 @@ fn fell_behind() -> ServiceError {
 }
 
 impl WatchStream {
+    /// What the stream follows: the request's target without the sessions of its set that had
+    /// ended when it was registered (and whose places under `--max-watched-sessions` it does
+    /// not take).
+    pub(crate) fn target(&self) -> &Watched {
+        &self.target
+    }
+
     /// Asks `recheck` whether the caller may still see this watch whenever the auth file
     /// changed.
     pub(crate) fn with_recheck(mut self, recheck: Recheck) -> Self {
@@ -73,7 +82,8 @@ impl WatchStream {
 }
 
 /// Whether a caller may still see a watch, under the auth file as it is now.
-pub(crate) type StillAllowed = Box<dyn Fn(&AuthFile) -> Result<(), ServiceError> + Send + Sync>;
+pub(crate) type StillAllowed =
+    Box<dyn Fn(&AuthFile, &Watched) -> Result<(), ServiceError> + Send + Sync>;
 
 /// Whether a watch's caller may still see it, under the auth file as it is now.
 pub(crate) struct Recheck {
@@ -83,21 +93,25 @@ pub(crate) struct Recheck {
 }
 
 impl Recheck {
-    /// Checks with `allowed` every time the file's generation moved, and once now: a reload
-    /// between the caller's authentication and this moment would otherwise go unseen.
+    /// Checks `target` with `allowed` every time the file's generation moved, and once now: a
+    /// reload between the caller's authentication and this moment would otherwise go unseen.
     ///
     /// # Errors
     /// What `allowed` refuses now.
-    pub(crate) fn new(auth: Arc<AuthFile>, allowed: StillAllowed) -> Result<Self, ServiceError> {
+    pub(crate) fn new(
+        auth: Arc<AuthFile>,
+        allowed: StillAllowed,
+        target: &Watched,
+    ) -> Result<Self, ServiceError> {
         let seen = auth.generation();
-        allowed(&auth)?;
+        allowed(&auth, target)?;
         Ok(Self { auth, seen, allowed })
     }
 
-    fn still_allowed(&mut self) -> Result<(), ServiceError> {
+    fn still_allowed(&mut self, target: &Watched) -> Result<(), ServiceError> {
         let now = self.auth.generation();
         if now != self.seen {
-            (self.allowed)(&self.auth)?;
+            (self.allowed)(&self.auth, target)?;
             self.seen = now;
         }
         Ok(())
@@ -132,16 +146,18 @@ impl Node {
     /// too far behind; it then has to re-read the state and watch again.
     ///
     /// # Errors
-    /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows.
+    /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows, or
+    /// its watches follow as many sessions as it allows.
     pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
         let place = self.watch_streams.take()?;
         // Registered under the state's read lock, so a session that ends meanwhile has its
         // `SessionEnded` published after this stream is registered, and its entry goes then.
         // (The state's lock before the hub's, as a snapshot's install takes them.)
         let state = self.store.read();
-        let subscription = self.hub().watch(target.without_ended(&state.machine));
+        let target = target.each_session_once().without_ended(&state.machine);
+        let subscription = self.hub().watch(target.clone())?;
         drop(state);
-        Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
+        Ok(WatchStream { subscription, target, ended: false, recheck: None, _place: place })
     }
 }
 
@@ -157,9 +173,12 @@ mod tests {
     #[tokio::test]
     async fn a_set_watch_that_fell_behind_says_so_at_once() {
         let hub = Hub::default();
-        let subscription = hub.watch(Watched::Sessions(vec![SessionId(1), SessionId(2)]));
+        let subscription =
+            hub.watch(Watched::Sessions(vec![SessionId(1), SessionId(2)])).expect("a watch");
         let place = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("one");
-        let mut stream = WatchStream { subscription, ended: false, recheck: None, _place: place };
+        let target = Watched::Sessions(vec![SessionId(1), SessionId(2)]);
+        let mut stream =
+            WatchStream { subscription, target, ended: false, recheck: None, _place: place };
         let granted =
             |session| Event::Granted { name: "x".into(), session: SessionId(session), token: 1 };
         for revision in 0..=WATCH_BUFFER as u64 {

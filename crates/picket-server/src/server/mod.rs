@@ -273,7 +273,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     check_own_member(&config, &peers, peer_addr)?;
 
     let data_error = |source| StartError::DataDir { path: config.data_dir.clone(), source };
-    let hub = Arc::new(Hub::default());
+    let hub = Arc::new(Hub::new(config.limits.max_watched_sessions));
     if config.node_id == 0 || config.node_id == crate::backup::RESTORE_LEADER {
         return Err(StartError::Config(format!(
             "node id {} is reserved; choose a node id between 1 and {}",
