@@ -241,6 +241,15 @@ impl SessionWatcher {
         (!session.is_lost()).then_some(session)
     }
 
+    /// Whether any of `ids` is registered and neither dropped nor lost: a stream that follows
+    /// none of them has nothing more to tell.
+    fn any_live(&self, ids: &[u64]) -> bool {
+        let state = lock(&self.state);
+        ids.iter().any(|id| {
+            state.sessions.get(id).and_then(Weak::upgrade).is_some_and(|session| !session.is_lost())
+        })
+    }
+
     /// Rechecks each of `ids` that is still registered, in the background.
     fn recheck_all(&self, ids: &[u64]) {
         let sessions: Vec<Arc<SessionState>> =
@@ -285,6 +294,8 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
     let mut next_piece = 0;
     let mut previous = 0;
     loop {
+        // A stream whose sessions are all gone ends by itself (`follow`); forget its handle.
+        full.retain(|stream| !stream.is_finished());
         tokio::select! {
             () = watcher.changed.notified() => {}
             // No registration may ever come again: look now and then whether anyone is left.
@@ -350,7 +361,10 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
 }
 
 /// Follows one piece of sessions, reconnecting when the stream breaks. Drops `starting` once
-/// its first stream is open.
+/// its first stream is open. Ends once none of its sessions is left (each was closed, lost or
+/// dropped), looked at every [`GONE_CHECK`]: a long-lived client that opens and closes
+/// sessions kept every stream it ever opened, a place on the node and on its connection each
+/// (past the connection's 200, each further open waited out the cover timeout).
 async fn follow(
     weak_transport: WeakTransport,
     watcher: Arc<SessionWatcher>,
@@ -360,7 +374,11 @@ async fn follow(
 ) {
     let mut starting = Some(starting);
     let mut watch = Some(watch);
+    let mut gone_check = tokio::time::interval(GONE_CHECK);
     loop {
+        if !watcher.any_live(&ids) {
+            return;
+        }
         let Some(transport) = weak_transport.upgrade() else { return };
         let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
         // Only losses: the session learns of its own grants and releases from their replies,
@@ -379,7 +397,17 @@ async fn follow(
         if reopened || missed_events {
             watcher.recheck_all(&ids);
         }
-        while let Ok(Some(message)) = stream.message().await {
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                _ = gone_check.tick() => {
+                    if watcher.any_live(&ids) {
+                        continue;
+                    }
+                    return;
+                }
+            };
+            let Ok(Some(message)) = message else { break };
             match crate::watched(&message) {
                 crate::Watched::Resync { .. } => watcher.recheck_all(&ids),
                 crate::Watched::Event { event, .. } => {

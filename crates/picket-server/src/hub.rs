@@ -13,7 +13,7 @@ use crate::limits::{Budget, ServerLimit, ServerLimits};
 use picket_core::{Event, RequestId, SessionId, StateMachine, WaitEnd};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 /// What a watch follows.
@@ -105,12 +105,16 @@ pub enum Delivery {
 }
 
 /// The receiving end of a watch. When it ends, [`Subscription::fell_behind`] says whether it
-/// was cut off for not keeping up.
+/// was cut off for not keeping up. Dropping it takes its entries out of the hub at once, and
+/// with them their places under `--max-watched-sessions`.
 #[derive(Debug)]
 pub struct Subscription {
     /// Deliveries, in order.
     pub receiver: mpsc::Receiver<Delivery>,
     lagged: Arc<AtomicBool>,
+    /// What it follows (each session once), to find its entries when it is dropped.
+    target: Watched,
+    watchers: Weak<Mutex<Watchers>>,
 }
 
 impl Subscription {
@@ -119,13 +123,21 @@ impl Subscription {
     pub fn fell_behind(&self) -> bool {
         self.lagged.load(Ordering::Relaxed)
     }
+
+    /// What the watch follows: each session of a set once.
+    #[must_use]
+    pub fn target(&self) -> &Watched {
+        &self.target
+    }
 }
 
-/// Fewest registrations between two sweeps of closed watchers. A sweep waits for at least as
-/// many registrations as there were watchers after the last one, so its pass over them all
-/// costs a constant per registration however many are watched (a million sessions' watchers
-/// swept every 256 registrations made opening a session cost thousands of steps).
-const SWEEP_EVERY: usize = 256;
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(watchers) = self.watchers.upgrade() {
+            lock(&watchers).forget_stream(&self.target, &self.lagged);
+        }
+    }
+}
 
 /// Most deliveries a watch buffers before it is cut off.
 pub const WATCH_BUFFER: usize = 1_024;
@@ -183,11 +195,6 @@ impl Watcher {
 
 #[derive(Debug, Default)]
 struct Watchers {
-    /// Watches registered since the last sweep of closed ones, one per session of a watch of
-    /// many.
-    since_sweep: usize,
-    /// Watchers left by the last sweep (one per session of a watch of many).
-    after_sweep: usize,
     by_session: HashMap<SessionId, Vec<Watcher>>,
     by_lock: HashMap<String, Vec<Watcher>>,
     /// Prefix watches, by prefix. A lock event finds its prefixes' watchers by looking up the
@@ -209,6 +216,21 @@ fn forget_from_sets(watchers: &mut Vec<Watcher>) {
 
 fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
     watchers.retain(|watcher| watcher.offer(delivery));
+}
+
+/// Drops from the watchers under `key` the entries of the stream known by `lagged`, and forgets
+/// the key when none is left.
+fn forget_key<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, Vec<Watcher>>,
+    key: &K,
+    lagged: &Arc<AtomicBool>,
+) {
+    if let Some(watchers) = map.get_mut(key) {
+        watchers.retain(|watcher| !Arc::ptr_eq(&watcher.lagged, lagged));
+        if watchers.is_empty() {
+            map.remove(key);
+        }
+    }
 }
 
 /// Offers to the watchers under `key` and forgets the key when none is left.
@@ -312,22 +334,20 @@ impl Watchers {
         self.forget_empty();
     }
 
-    /// Drops watchers whose stream has ended. Events drop them lazily too, but a watch of a
-    /// session that never has another event would otherwise stay forever.
-    fn sweep_closed(&mut self) {
-        let mut kept = 0;
-        for watchers in self
-            .by_session
-            .values_mut()
-            .chain(self.by_lock.values_mut())
-            .chain(self.by_prefix.values_mut())
-        {
-            watchers.retain(|watcher| !watcher.sender.is_closed());
-            kept += watchers.len();
+    /// Drops every entry of the stream known by `lagged`, which follows `target`: its
+    /// subscription was dropped. (Before, closed streams were swept lazily, and held their
+    /// entries and places until then.)
+    fn forget_stream(&mut self, target: &Watched, lagged: &Arc<AtomicBool>) {
+        match target {
+            Watched::Session(session) => forget_key(&mut self.by_session, session, lagged),
+            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
+                for session in sessions {
+                    forget_key(&mut self.by_session, session, lagged);
+                }
+            }
+            Watched::Lock(name) => forget_key(&mut self.by_lock, name, lagged),
+            Watched::Prefix(prefix) => forget_key(&mut self.by_prefix, prefix, lagged),
         }
-        self.forget_empty();
-        self.since_sweep = 0;
-        self.after_sweep = kept;
     }
 
     fn forget_empty(&mut self) {
@@ -414,7 +434,7 @@ impl Waiters {
 #[derive(Debug)]
 pub struct Hub {
     waiters: Mutex<Waiters>,
-    watchers: Mutex<Watchers>,
+    watchers: Arc<Mutex<Watchers>>,
     /// A place for each entry under a session ([`ServerLimits::max_watched_sessions`]).
     watched_sessions: Budget,
 }
@@ -444,7 +464,7 @@ impl Hub {
     pub fn new(max_watched_sessions: usize) -> Self {
         Self {
             waiters: Mutex::new(Waiters::default()),
-            watchers: Mutex::new(Watchers::default()),
+            watchers: Arc::default(),
             watched_sessions: Budget::new(ServerLimit::WatchedSessions, max_watched_sessions),
         }
     }
@@ -532,21 +552,7 @@ impl Hub {
         // A set is bounded by `MAX_WATCHED_SESSIONS` where it enters; one beyond `u32` could
         // never fit the budget either.
         let count = u32::try_from(followed).unwrap_or(u32::MAX);
-        let mut watchers = lock(&self.watchers);
-        // Sweeping costs a pass over every watcher; once per as many registrations keeps it
-        // cheap.
-        watchers.since_sweep += followed.max(1);
-        if watchers.since_sweep >= watchers.after_sweep.max(SWEEP_EVERY) {
-            watchers.sweep_closed();
-        }
-        let mut places = match self.watched_sessions.take_many(count) {
-            Ok(places) => places,
-            Err(_) => {
-                // Streams that ended keep their places until a sweep drops their entries.
-                watchers.sweep_closed();
-                self.watched_sessions.take_many(count)?
-            }
-        };
+        let mut places = self.watched_sessions.take_many(count)?;
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
         let lagged = Arc::new(AtomicBool::new(false));
         let losses_only = matches!(target, Watched::SessionLosses(_));
@@ -558,7 +564,8 @@ impl Hub {
         };
         let watcher =
             Watcher { sender, lagged: lagged.clone(), losses_only, registrations, _place: None };
-        match target {
+        let mut watchers = lock(&self.watchers);
+        match target.clone() {
             Watched::Session(session) => {
                 watchers.by_session.entry(session).or_default().push(watcher.entry(Some(places)));
             }
@@ -573,7 +580,8 @@ impl Hub {
                 }
             }
         }
-        Ok(Subscription { receiver, lagged })
+        drop(watchers);
+        Ok(Subscription { receiver, lagged, target, watchers: Arc::downgrade(&self.watchers) })
     }
 
     /// Delivers the events of one applied command.

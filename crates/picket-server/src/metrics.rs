@@ -101,6 +101,10 @@ pub struct Scrape {
     pub clock_rate_factor: f64,
     /// Whether this node leads and writes entries under older apply rules than it knows.
     pub apply_rules_held_back: bool,
+    /// Watch streams open on this node (`--max-watch-streams`).
+    pub watch_streams: usize,
+    /// Sessions this node's watches follow in all (`--max-watched-sessions`).
+    pub watched_sessions: usize,
 }
 
 /// Which `prefix` label a lock name counts under.
@@ -169,6 +173,8 @@ pub struct Metrics {
     clock_gaps: Gauge,
     clock_rate_factor: Gauge<f64, AtomicU64>,
     apply_rules_held_back: Gauge,
+    watch_streams: Gauge,
+    watched_sessions: Gauge,
 }
 
 impl Default for Metrics {
@@ -226,6 +232,8 @@ impl Metrics {
             clock_gaps: Gauge::default(),
             clock_rate_factor: Gauge::default(),
             apply_rules_held_back: Gauge::default(),
+            watch_streams: Gauge::default(),
+            watched_sessions: Gauge::default(),
         };
         metrics.register(wal);
         metrics
@@ -365,6 +373,16 @@ impl Metrics {
             "cluster_members",
             "Members of the cluster, voters and learners",
             self.cluster_members.clone(),
+        );
+        registry.register(
+            "watch_streams",
+            "Watch streams open on this node (bounded by --max-watch-streams)",
+            self.watch_streams.clone(),
+        );
+        registry.register(
+            "watched_sessions",
+            "Sessions this node's watches follow in all (bounded by --max-watched-sessions)",
+            self.watched_sessions.clone(),
         );
         registry.register(
             "clock_gaps",
@@ -526,6 +544,8 @@ impl Metrics {
         self.raft_last_log_index.set(gauge(scrape.last_log_index));
         self.cluster_members.set(gauge(scrape.members as u64));
         self.clock_gaps.set(gauge(scrape.clock_gaps));
+        self.watch_streams.set(gauge(scrape.watch_streams as u64));
+        self.watched_sessions.set(gauge(scrape.watched_sessions as u64));
         self.clock_rate_factor.set(scrape.clock_rate_factor);
         self.apply_rules_held_back.set(i64::from(scrape.apply_rules_held_back));
         let mut text = String::new();

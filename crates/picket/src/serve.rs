@@ -90,7 +90,8 @@ pub struct ServeArgs {
     #[arg(long, env = "PICKET_MAX_WATCH_STREAMS", default_value_t = ServerLimits::default().max_watch_streams)]
     max_watch_streams: usize,
     /// Most sessions this node's watches follow in all (a watch counts each session it names
-    /// once, and none that has ended); a watch past it gets 429 `too_many_watched_sessions`.
+    /// once, and of a set none that had ended, but one if all had); a watch past it gets 429
+    /// `too_many_watched_sessions`.
     #[arg(long, env = "PICKET_MAX_WATCHED_SESSIONS", default_value_t = ServerLimits::default().max_watched_sessions, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=ServerLimits::MOST_WATCHED_SESSIONS))]
     max_watched_sessions: usize,
     /// Most acquire requests in flight on this node at once (waiting ones included); more get

@@ -478,3 +478,52 @@ async fn the_client_finds_the_leader_and_follows_the_next_one_when_it_stops() {
     .await
     .expect("following the next leader took over a minute");
 }
+
+/// A gauge of the server's `/metrics`.
+fn gauge(addr: &str, name: &str) -> u64 {
+    let text = picket_testkit::http::get(addr, "/metrics").text;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Waits at most 30 s for the node's watch streams to number `wanted`.
+async fn watch_streams_until(addr: &str, wanted: impl Fn(u64) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !wanted(gauge(addr, "picket_watch_streams")) {
+        assert!(Instant::now() < deadline, "{what}: {}", gauge(addr, "picket_watch_streams"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Found in review (2026-12-06): the client's watcher kept every stream it ever opened for its
+/// sessions, closed or not, for as long as the client lived. A long-lived client that opens
+/// and closes sessions held ever more places on the node (`--max-watch-streams`) and on its
+/// connection (past 200 streams, each further open waited out the cover timeout). A stream
+/// whose sessions are all gone now ends, and the client goes on watching the ones it opens.
+#[tokio::test]
+async fn a_clients_watch_streams_end_once_its_sessions_are_closed() {
+    let (_dir, server, client) = start().await;
+    let addr = server.addr.clone();
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(client.session(Duration::from_secs(60)).await.unwrap());
+    }
+    assert!(gauge(&addr, "picket_watch_streams") >= 1, "the client watches its sessions");
+    for session in sessions {
+        session.close().await.unwrap();
+    }
+    watch_streams_until(&addr, |streams| streams == 0, "the closed sessions' streams").await;
+    assert_eq!(gauge(&addr, "picket_watched_sessions"), 0);
+    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    watch_streams_until(&addr, |streams| streams >= 1, "a stream for the new session").await;
+    assert_eq!(gauge(&addr, "picket_watched_sessions"), 1);
+    let revoked = picket_testkit::http::post(
+        &addr,
+        &format!("/v1/sessions/{}/revoke", session.id()),
+        &serde_json::json!({}),
+    );
+    assert_eq!(revoked.status, 200, "{}", revoked.text);
+    let lost = tokio::time::timeout(Duration::from_secs(10), session.lost()).await;
+    assert!(lost.is_ok(), "the new session's stream tells it of its revocation");
+}

@@ -281,7 +281,7 @@ fn a_resync_answers_each_waiting_request_with_its_own_wait() {
 }
 
 impl Hub {
-    /// Watchers registered and not yet swept, one per session of a watch of many.
+    /// Entries held: one per session of a watch of many, one per other watch.
     fn watcher_entries(&self) -> usize {
         let watchers = lock(&self.watchers);
         watchers
@@ -294,30 +294,34 @@ impl Hub {
     }
 }
 
-/// Closed watchers of sessions that never have another event are swept, and the sweep waits
-/// for as many registrations as it has watchers to pass over (regression: a sweep of every
-/// watcher every 256 registrations made each of a million sessions' opens cost thousands).
+/// A dropped watch's entries go at once, of sessions that never have another event too, and
+/// only its own (regression: closed watches were swept lazily, every so many registrations,
+/// and held their entries and places under `--max-watched-sessions` until then; before that,
+/// a sweep of every watcher every 256 registrations made each of a million sessions' opens
+/// cost thousands of steps).
 #[test]
-fn closed_watchers_are_swept_without_piling_up() {
+fn a_dropped_watchs_entries_go_at_once_and_only_its_own() {
     let hub = Hub::default();
     let live =
         hub.watch(Watched::SessionLosses((1..=5_000).map(SessionId).collect())).expect("a watch");
-    for round in 0..200_u64 {
-        let first = 10_000 + round * 1_000;
+    let _lock = hub.watch(Watched::Lock("x".into())).expect("a watch");
+    let _prefix = hub.watch(Watched::Prefix("x/".into())).expect("a watch");
+    for round in 0..20_u64 {
+        let first = 4_500 + round * 1_000;
         let dropped = hub
             .watch(Watched::SessionLosses((first..first + 1_000).map(SessionId).collect()))
             .expect("a watch");
-        drop(dropped);
-        assert!(hub.watcher_entries() <= 3 * 5_000 + 1_000, "{}", hub.watcher_entries());
+        let single = hub.watch(Watched::Session(SessionId(first))).expect("a watch");
+        let lock = hub.watch(Watched::Lock("x".into())).expect("a watch");
+        let prefix = hub.watch(Watched::Prefix("x/".into())).expect("a watch");
+        assert_eq!(hub.watcher_entries(), 5_000 + 2 + 1_000 + 3);
+        drop((dropped, single, lock, prefix));
+        assert_eq!(hub.watcher_entries(), 5_000 + 2, "round {round}");
+        assert_eq!(hub.watched_sessions(), 5_000);
     }
     drop(live);
-    for _ in 0..SWEEP_EVERY {
-        drop(hub.watch(Watched::Session(SessionId(1))).expect("a watch"));
-    }
-    for _ in 0..(3 * 5_000) {
-        drop(hub.watch(Watched::Session(SessionId(2))).expect("a watch"));
-    }
-    assert!(hub.watcher_entries() < 5_000, "{}", hub.watcher_entries());
+    assert_eq!(hub.watcher_entries(), 2);
+    assert_eq!(hub.watched_sessions(), 0);
 }
 
 /// helper-67's audit (2026-12-06): 10,000 streams of 10,000 sessions each could make a node
@@ -349,8 +353,7 @@ fn watched_sessions_are_bounded_per_node_and_come_back_as_sessions_and_streams_e
     assert_eq!(hub.watched_sessions(), 3, "a stream's last entry keeps its place");
     drop(both);
     drop(first);
-    let _again = hub
-        .watch(Watched::Sessions(vec![SessionId(5), SessionId(6)]))
-        .expect("an ended stream's places come back (swept at once when they are needed)");
+    assert_eq!(hub.watched_sessions(), 1, "an ended stream's places come back at once");
+    let _again = hub.watch(Watched::Sessions(vec![SessionId(5), SessionId(6)])).expect("a watch");
     assert_eq!(hub.watched_sessions(), 3);
 }

@@ -133,6 +133,8 @@ impl Node {
             clock_rate_factor: self.clock.rate_factor(),
             apply_rules_held_back: raft.current_leader == Some(self.id)
                 && self.writing_rules() < crate::apply_rules::known_apply_rules(),
+            watch_streams: self.watch_streams.taken(),
+            watched_sessions: self.hub().watched_sessions(),
         };
         self.metrics().render(&scrape)
     }

@@ -12,8 +12,6 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct WatchStream {
     subscription: Subscription,
-    /// What the stream follows: the request's target without the sessions that had ended.
-    target: Watched,
     ended: bool,
     /// Whether the caller may still see this watch, asked again when the auth file changed.
     recheck: Option<Recheck>,
@@ -40,7 +38,7 @@ impl WatchStream {
         // whose roles no longer cover the target sees nothing after the change.
         if delivery.is_some()
             && let Some(recheck) = &mut self.recheck
-            && let Err(error) = recheck.still_allowed(&self.target)
+            && let Err(error) = recheck.still_allowed(self.subscription.target())
         {
             self.ended = true;
             return Some(Err(error));
@@ -70,7 +68,7 @@ impl WatchStream {
     /// ended when it was registered (and whose places under `--max-watched-sessions` it does
     /// not take).
     pub(crate) fn target(&self) -> &Watched {
-        &self.target
+        self.subscription.target()
     }
 
     /// Asks `recheck` whether the caller may still see this watch whenever the auth file
@@ -154,10 +152,9 @@ impl Node {
         // `SessionEnded` published after this stream is registered, and its entry goes then.
         // (The state's lock before the hub's, as a snapshot's install takes them.)
         let state = self.store.read();
-        let target = target.each_session_once().without_ended(&state.machine);
-        let subscription = self.hub().watch(target.clone())?;
+        let subscription = self.hub().watch(target.without_ended(&state.machine))?;
         drop(state);
-        Ok(WatchStream { subscription, target, ended: false, recheck: None, _place: place })
+        Ok(WatchStream { subscription, ended: false, recheck: None, _place: place })
     }
 }
 
@@ -176,15 +173,14 @@ mod tests {
         let subscription =
             hub.watch(Watched::Sessions(vec![SessionId(1), SessionId(2)])).expect("a watch");
         let place = Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("one");
-        let target = Watched::Sessions(vec![SessionId(1), SessionId(2)]);
-        let mut stream =
-            WatchStream { subscription, target, ended: false, recheck: None, _place: place };
+        let mut stream = WatchStream { subscription, ended: false, recheck: None, _place: place };
         let granted =
             |session| Event::Granted { name: "x".into(), session: SessionId(session), token: 1 };
         for revision in 0..=WATCH_BUFFER as u64 {
             hub.publish(revision, &[granted(1)]);
         }
         hub.publish(WATCH_BUFFER as u64 + 1, &[granted(2)]);
+        assert_eq!(hub.watched_sessions(), 0, "a stream that fell behind holds no place");
         let first = stream.next().await.expect("an item");
         assert!(matches!(first, Err(ServiceError::Unavailable(_))), "{first:?}");
         assert!(stream.next().await.is_none(), "the stream ended");
