@@ -18,7 +18,7 @@
 
 use crate::LostReason;
 use crate::state::{self, SessionState};
-use crate::transport::WeakTransport;
+use crate::transport::{Transport, WeakTransport};
 use picket_proto::v1::{SessionSet, WatchRequest, watch_request::Target};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::RangeInclusive;
@@ -77,6 +77,12 @@ struct State {
     generation: u64,
 }
 
+impl State {
+    fn is_live(&self, id: u64) -> bool {
+        self.sessions.get(&id).and_then(Weak::upgrade).is_some_and(|session| !session.is_lost())
+    }
+}
+
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -97,7 +103,8 @@ impl Drop for Starting {
     }
 }
 
-/// A stream of at most [`CHUNK`] / 2 sessions, which a newer one may absorb.
+/// A stream of sessions: a piece of at most [`CHUNK`] / 2 of them, which a newer one may
+/// absorb, or a full one (more than that, or merged from sparse ones), which none absorbs.
 struct Piece<Stream> {
     id: u64,
     ids: Vec<u64>,
@@ -196,22 +203,34 @@ impl SessionWatcher {
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Piece `piece`, started for the registrations `own` (those of its new sessions), opens
-    /// its stream; it also covers what the not yet open pieces in `replaced` were to cover.
+    /// Piece `piece`, started for the registrations `own` (those of its new sessions; none for
+    /// a merge of sparse full streams), opens its stream; it also covers what the not yet open
+    /// pieces in `replaced` were to cover.
     /// Its stream drops the guard returned once it is open.
     fn piece_starting(
         self: &Arc<Self>,
         piece: u64,
-        own: RangeInclusive<u64>,
+        own: Option<RangeInclusive<u64>>,
         replaced: &[u64],
     ) -> Starting {
         let mut coverage = lock_coverage(&self.coverage);
-        let mut ranges = vec![own];
+        let mut ranges: Vec<RangeInclusive<u64>> = own.into_iter().collect();
         for old in replaced {
             ranges.extend(coverage.starting.remove(old).into_iter().flatten());
         }
         coverage.starting.insert(piece, coalesce(ranges));
         Starting { watcher: self.clone(), piece }
+    }
+
+    /// Waits until piece `piece` is no longer starting (its stream is open, or its task ended),
+    /// at most `timeout`; false on timeout. Only for a piece no other absorbs: an absorbed
+    /// piece's ranges move to its absorber, and it stops counting as starting unopened.
+    async fn piece_open(&self, piece: u64, timeout: Duration) -> bool {
+        let mut changed = self.coverage_changed.subscribe();
+        let open = |_: &u64| !lock_coverage(&self.coverage).starting.contains_key(&piece);
+        tokio::time::timeout(timeout, changed.wait_for(open))
+            .await
+            .is_ok_and(|result| result.is_ok())
     }
 
     /// Every piece for the registrations up to `generation` is starting: once they are all
@@ -245,9 +264,13 @@ impl SessionWatcher {
     /// none of them has nothing more to tell.
     fn any_live(&self, ids: &[u64]) -> bool {
         let state = lock(&self.state);
-        ids.iter().any(|id| {
-            state.sessions.get(id).and_then(Weak::upgrade).is_some_and(|session| !session.is_lost())
-        })
+        ids.iter().any(|id| state.is_live(*id))
+    }
+
+    /// Those of `ids` that are registered and neither dropped nor lost.
+    fn live_ids(&self, ids: &[u64]) -> Vec<u64> {
+        let state = lock(&self.state);
+        ids.iter().copied().filter(|id| state.is_live(*id)).collect()
     }
 
     /// Rechecks each of `ids` that is still registered, in the background.
@@ -281,27 +304,129 @@ fn coalesce(mut ranges: Vec<RangeInclusive<u64>>) -> Vec<RangeInclusive<u64>> {
     merged
 }
 
-/// How often an idle watcher looks whether its client and sessions are all gone.
+/// How often the watcher looks whether its client is gone, and for full streams whose
+/// sessions are mostly gone; and how often a stream looks whether any of its sessions is left.
 const GONE_CHECK: Duration = Duration::from_secs(10);
+
+/// Ticks every [`GONE_CHECK`]; ticks missed while busy (a long reconnect) are not made up in a
+/// burst, each of which would look through a stream's sessions.
+fn gone_check() -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(GONE_CHECK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
+/// A full stream with fewer than one in `SPARSE` of its sessions left is merged with others
+/// like it into one stream.
+const SPARSE: usize = 4;
+
+/// Takes out of `full` the streams with fewer than one in [`SPARSE`] of their sessions left
+/// (`live` says which are), as many as fit in one chunk together, and returns them with the
+/// sessions they have left, if they are at least two: one stream then replaces them. A client
+/// that keeps a few sessions among many it opens and closes would otherwise keep a stream for
+/// each few, with no bound but its history (each full stream holds up to a chunk of ids, a
+/// place on the node and one of its connection's streams).
+fn take_sparse<Stream>(
+    full: &mut Vec<Piece<Stream>>,
+    live: impl Fn(&[u64]) -> Vec<u64>,
+) -> Option<(Vec<Piece<Stream>>, Vec<u64>)> {
+    let mut sparse = Vec::new();
+    let mut left = Vec::new();
+    let mut index = 0;
+    while index < full.len() {
+        let remaining = live(&full[index].ids);
+        if remaining.len() * SPARSE < full[index].ids.len() && left.len() + remaining.len() <= CHUNK
+        {
+            left.extend(remaining);
+            sparse.push(full.swap_remove(index));
+        } else {
+            index += 1;
+        }
+    }
+    if sparse.len() < 2 {
+        full.append(&mut sparse);
+        return None;
+    }
+    Some((sparse, left))
+}
+
+/// When the streams a new piece replaces may go: once it covers a registration, or once it is
+/// open (for a piece that nothing absorbs).
+enum ReplaceWhen {
+    Covered(u64),
+    Open,
+}
+
+/// Starts piece `piece`'s stream for `ids`, covering the registrations `own` and what the
+/// pieces in `replaced` were to cover. The replaced streams go once the new one is open, as
+/// `when` tells. If it is not open by [`COVER_TIMEOUT`], they go anyway (they may hold places
+/// the new one waits for), and the new one asks about its sessions when it opens.
+fn start_piece(
+    watcher: &Arc<SessionWatcher>,
+    transport: &Transport,
+    piece: u64,
+    own: Option<RangeInclusive<u64>>,
+    ids: Vec<u64>,
+    replaced: Vec<Piece<JoinHandle<()>>>,
+    when: ReplaceWhen,
+) -> Piece<JoinHandle<()>> {
+    let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
+    let starting = watcher.piece_starting(piece, own, &replaced_ids);
+    let watch = Watch::replacing(&replaced);
+    let stream = tokio::spawn(follow(
+        transport.downgrade(),
+        watcher.clone(),
+        ids.clone(),
+        starting,
+        watch.clone(),
+    ));
+    if !replaced.is_empty() {
+        let watcher = watcher.clone();
+        let gap = watch.own_gap();
+        tokio::spawn(async move {
+            let open = match when {
+                ReplaceWhen::Covered(last) => watcher.covered(last, COVER_TIMEOUT).await,
+                ReplaceWhen::Open => watcher.piece_open(piece, COVER_TIMEOUT).await,
+            };
+            if !open {
+                gap.store(true, Ordering::Release);
+            }
+            for old in replaced {
+                old.stream.abort();
+            }
+        });
+    }
+    Piece { id: piece, ids, stream, watch }
+}
 
 /// Runs the streams of one client's sessions. Holds the connections only weakly: it stops
 /// within [`GONE_CHECK`] once the client and all its sessions are gone.
 pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatcher>) {
-    let mut full: Vec<JoinHandle<()>> = Vec::new();
+    // Streams no newer piece absorbs: more than half a chunk, or merged from sparse ones.
+    let mut full: Vec<Piece<JoinHandle<()>>> = Vec::new();
     // Strictly shorter from the bottom up, each at most half a chunk: at most about
     // log2(CHUNK) of them.
     let mut pieces: Vec<Piece<JoinHandle<()>>> = Vec::new();
     let mut next_piece = 0;
     let mut previous = 0;
+    let mut gone_check = gone_check();
     loop {
-        // A stream whose sessions are all gone ends by itself (`follow`); forget its handle.
-        full.retain(|stream| !stream.is_finished());
+        // A stream whose sessions are all gone ends by itself (`follow`); forget it. A piece
+        // too: the stack stays strictly shorter from the bottom up, and no newer piece takes
+        // its dead sessions over.
+        full.retain(|piece| !piece.stream.is_finished());
+        pieces.retain(|piece| !piece.stream.is_finished());
         tokio::select! {
             () = watcher.changed.notified() => {}
             // No registration may ever come again: look now and then whether anyone is left.
-            () = tokio::time::sleep(GONE_CHECK) => {
-                if weak_transport.upgrade().is_none() {
-                    break;
+            _ = gone_check.tick() => {
+                let Some(transport) = weak_transport.upgrade() else { break };
+                let live = |ids: &[u64]| watcher.live_ids(ids);
+                if let Some((sparse, left)) = take_sparse(&mut full, live) {
+                    let piece = next_piece;
+                    next_piece += 1;
+                    let when = ReplaceWhen::Open;
+                    full.push(start_piece(&watcher, &transport, piece, None, left, sparse, when));
                 }
                 continue;
             }
@@ -320,43 +445,21 @@ pub(crate) async fn run(weak_transport: WeakTransport, watcher: Arc<SessionWatch
             let replaced = absorb(&mut pieces, &mut ids);
             let piece = next_piece;
             next_piece += 1;
-            let replaced_ids: Vec<u64> = replaced.iter().map(|old| old.id).collect();
-            let starting = watcher.piece_starting(piece, first..=last, &replaced_ids);
-            let watch = Watch::replacing(&replaced);
-            let stream = tokio::spawn(follow(
-                transport.downgrade(),
-                watcher.clone(),
-                ids.clone(),
-                starting,
-                watch.clone(),
-            ));
-            if !replaced.is_empty() {
-                // The old streams may go once the new one covers what they did. If it is not
-                // open by then, they go anyway (they may hold places the new one waits for),
-                // and the new one asks about its sessions when it opens.
-                let watcher = watcher.clone();
-                let gap = watch.own_gap();
-                tokio::spawn(async move {
-                    if !watcher.covered(last, COVER_TIMEOUT).await {
-                        gap.store(true, Ordering::Release);
-                    }
-                    for old in replaced {
-                        old.stream.abort();
-                    }
-                });
-            }
-            if ids.len() > CHUNK / 2 {
-                full.push(stream);
+            let own = Some(first..=last);
+            let when = ReplaceWhen::Covered(last);
+            let started = start_piece(&watcher, &transport, piece, own, ids, replaced, when);
+            if started.ids.len() > CHUNK / 2 {
+                full.push(started);
             } else {
-                pieces.push(Piece { id: piece, ids, stream, watch });
+                pieces.push(started);
             }
         }
         watcher.batch_started(generation);
         previous = generation;
         drop(transport);
     }
-    for stream in full.into_iter().chain(pieces.into_iter().map(|piece| piece.stream)) {
-        stream.abort();
+    for piece in full.into_iter().chain(pieces) {
+        piece.stream.abort();
     }
 }
 
@@ -374,7 +477,7 @@ async fn follow(
 ) {
     let mut starting = Some(starting);
     let mut watch = Some(watch);
-    let mut gone_check = tokio::time::interval(GONE_CHECK);
+    let mut gone_check = gone_check();
     loop {
         if !watcher.any_live(&ids) {
             return;
@@ -398,6 +501,8 @@ async fn follow(
             watcher.recheck_all(&ids);
         }
         loop {
+            // `message` keeps its state in the stream, so one cut short by the tick loses
+            // nothing (tonic's is a `poll_fn` over `poll_next`).
             let message = tokio::select! {
                 message = stream.message() => message,
                 _ = gone_check.tick() => {
@@ -502,14 +607,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_piece_that_cannot_open_holds_back_only_its_own_registrations() {
         let watcher = Arc::new(SessionWatcher::default());
-        let stuck = watcher.piece_starting(0, 1..=3, &[]);
+        let stuck = watcher.piece_starting(0, Some(1..=3), &[]);
         watcher.batch_started(3);
         // A batch of two chunks: the first to open cannot vouch for the batch before the
         // second has started.
-        let later = watcher.piece_starting(1, 4..=5, &[]);
+        let later = watcher.piece_starting(1, Some(4..=5), &[]);
         drop(later);
         assert!(!watcher.covered(5, Duration::from_millis(100)).await, "its batch is starting");
-        let sibling = watcher.piece_starting(2, 6..=7, &[]);
+        let sibling = watcher.piece_starting(2, Some(6..=7), &[]);
         watcher.batch_started(7);
         assert!(watcher.covered(5, Duration::ZERO).await, "its own piece is open");
         assert!(watcher.covered(4, Duration::ZERO).await);
@@ -518,7 +623,7 @@ mod tests {
         assert!(watcher.covered(7, Duration::ZERO).await, "a sibling opens on its own");
         assert!(!watcher.covered(3, Duration::from_millis(100)).await, "the stuck piece's");
         // A piece absorbing the stuck one before it opened covers its registrations once open.
-        let absorber = watcher.piece_starting(3, 8..=8, &[0]);
+        let absorber = watcher.piece_starting(3, Some(8..=8), &[0]);
         watcher.batch_started(8);
         drop(stuck);
         assert!(!watcher.covered(2, Duration::from_millis(100)).await, "taken over, not open");
@@ -533,6 +638,70 @@ mod tests {
         for generation in [1, 3, 8] {
             assert!(watcher.covered(generation, Duration::ZERO).await, "{generation}");
         }
+    }
+
+    /// Full streams with fewer than a quarter of their sessions left are merged, as many as
+    /// fit in a chunk, and only two or more at a time (one alone would gain nothing).
+    #[test]
+    fn sparse_full_streams_are_merged_two_or_more_at_a_time_within_a_chunk() {
+        let stream = |id: u64, from: u64| Piece {
+            id,
+            ids: (from..from + 4_000).collect(),
+            stream: (),
+            watch: Watch::replacing::<()>(&[]),
+        };
+        // Sessions at a multiple of `step` in a stream starting at `from` are left.
+        let left_every = |ids: &[u64], step: u64| -> Vec<u64> {
+            ids.iter().copied().filter(|id| id % step == 0).collect()
+        };
+        // 0 keeps half (not sparse); 1 and 2 keep 1 in 8 (500 each); 3 keeps 1 in 5 (800).
+        let live = |ids: &[u64]| match ids[0] / 10_000 {
+            0 => left_every(ids, 2),
+            1 | 2 => left_every(ids, 8),
+            _ => left_every(ids, 5),
+        };
+        let mut full = vec![stream(0, 0), stream(1, 10_000), stream(2, 20_000), stream(3, 30_000)];
+        let (sparse, left) = take_sparse(&mut full, live).expect("three sparse streams");
+        let mut taken: Vec<u64> = sparse.iter().map(|piece| piece.id).collect();
+        taken.sort_unstable();
+        assert_eq!(taken, [1, 2, 3]);
+        assert_eq!(full.iter().map(|piece| piece.id).collect::<Vec<_>>(), [0]);
+        assert_eq!(left.len(), 500 + 500 + 800);
+        assert!(left.iter().all(|id| live(&[*id]).len() == 1), "only sessions left");
+
+        // One sparse stream alone stays as it is.
+        let mut full = vec![stream(0, 0), stream(1, 10_000)];
+        assert!(take_sparse(&mut full, live).is_none());
+        assert_eq!(full.len(), 2);
+
+        // No more than a chunk's worth of sessions left goes into one merge.
+        let mut full: Vec<Piece<()>> = (0..8).map(|n| stream(n, 30_000 + n * 10_000)).collect();
+        let every_fifth = |ids: &[u64]| left_every(ids, 5);
+        let (sparse, left) = take_sparse(&mut full, every_fifth).expect("sparse streams");
+        assert_eq!((sparse.len(), left.len()), (CHUNK / 800, CHUNK / 800 * 800));
+        assert_eq!(full.len(), 8 - CHUNK / 800);
+    }
+
+    /// A merge of sparse full streams lets them go once its own stream is open, and it also
+    /// covers the registrations of one of them that never opened.
+    #[tokio::test(start_paused = true)]
+    async fn a_merge_of_sparse_streams_waits_for_its_own_stream() {
+        let watcher = Arc::new(SessionWatcher::default());
+        let never_open = watcher.piece_starting(0, Some(1..=3), &[]);
+        watcher.batch_started(3);
+        let merged = watcher.piece_starting(1, None, &[0]);
+        drop(never_open);
+        assert!(!watcher.piece_open(1, Duration::from_millis(100)).await, "not open yet");
+        assert!(!watcher.covered(2, Duration::from_millis(100)).await, "taken over, not open");
+        let waiting = tokio::spawn({
+            let watcher = watcher.clone();
+            async move { watcher.piece_open(1, COVER_TIMEOUT).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiting.is_finished(), "the old streams wait for the merge's");
+        drop(merged);
+        assert!(waiting.await.unwrap(), "they hear when it opens");
+        assert!(watcher.covered(2, Duration::ZERO).await);
     }
 
     /// A piece's inherited registrations are merged where they touch, so a piece that absorbed

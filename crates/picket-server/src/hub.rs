@@ -12,7 +12,7 @@ use crate::error::ServiceError;
 use crate::limits::{Budget, ServerLimit, ServerLimits};
 use picket_core::{Event, RequestId, SessionId, StateMachine, WaitEnd};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
@@ -105,14 +105,14 @@ pub enum Delivery {
 }
 
 /// The receiving end of a watch. When it ends, [`Subscription::fell_behind`] says whether it
-/// was cut off for not keeping up. Dropping it takes its entries out of the hub at once, and
-/// with them their places under `--max-watched-sessions`.
+/// was cut off for not keeping up. Dropping it gives its places under `--max-watched-sessions`
+/// back at once; its entries are swept later, all closed ones at a time.
 #[derive(Debug)]
 pub struct Subscription {
     /// Deliveries, in order.
     pub receiver: mpsc::Receiver<Delivery>,
-    lagged: Arc<AtomicBool>,
-    /// What it follows (each session once), to find its entries when it is dropped.
+    stream: Arc<StreamState>,
+    /// What it follows: each session of a set once.
     target: Watched,
     watchers: Weak<Mutex<Watchers>>,
 }
@@ -121,7 +121,7 @@ impl Subscription {
     /// True when the hub cut the watch off because its buffer was full.
     #[must_use]
     pub fn fell_behind(&self) -> bool {
-        self.lagged.load(Ordering::Relaxed)
+        self.stream.lagged.load(Ordering::Relaxed)
     }
 
     /// What the watch follows: each session of a set once.
@@ -133,8 +133,12 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        // Closed first, so that a sweep run below takes this stream's entries too.
+        self.receiver.close();
+        // A watch of a lock or prefix has one entry and no place.
+        let entries = self.stream.give_back_all().max(1);
         if let Some(watchers) = self.watchers.upgrade() {
-            lock(&watchers).forget_stream(&self.target, &self.lagged);
+            lock(&watchers).closed(entries);
         }
     }
 }
@@ -142,37 +146,59 @@ impl Drop for Subscription {
 /// Most deliveries a watch buffers before it is cut off.
 pub const WATCH_BUFFER: usize = 1_024;
 
+/// Fewest entries of closed streams that make a sweep. A sweep waits for at least half of all
+/// entries to be of closed streams, so its pass costs a constant per closed entry however many
+/// there are (dropping a stream's entries one key at a time instead cost every entry under
+/// each of its keys: 200 streams of the same 10,000 sessions made one stream's close cost
+/// 2,000,000 steps, found in review).
+const SWEEP_EVERY: usize = 256;
+
+/// What every entry of one watch stream shares.
 #[derive(Debug)]
-struct Watcher {
-    sender: mpsc::Sender<Delivery>,
-    lagged: Arc<AtomicBool>,
-    /// Offered only events that are losses (and every resync and end).
-    losses_only: bool,
-    /// For a watch of a set of sessions: how many of its sessions the stream is still
-    /// registered under. An ended session has no further event, so its entry is dropped then,
-    /// unless it is the stream's last: dropping that one would close the stream.
-    registrations: Option<Arc<AtomicUsize>>,
-    /// This entry's place under `--max-watched-sessions`, for an entry under a session: it
-    /// comes back when the entry is dropped, however that happens.
-    _place: Option<OwnedSemaphorePermit>,
+struct StreamState {
+    /// Set once the stream is cut off for a full buffer.
+    lagged: AtomicBool,
+    /// Its places under `--max-watched-sessions`, one for each of its entries under a session.
+    /// An ended session's entry gives its place back, unless it is the stream's last; the
+    /// rest come back together when the subscription is dropped (`None` from then on).
+    places: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
-impl Watcher {
-    /// The same stream's entry under another session, holding `place`.
-    fn entry(&self, place: Option<OwnedSemaphorePermit>) -> Self {
-        Self {
-            sender: self.sender.clone(),
-            lagged: self.lagged.clone(),
-            losses_only: self.losses_only,
-            registrations: self.registrations.clone(),
-            _place: place,
+impl StreamState {
+    /// Gives back the place of one of the stream's entries under a session, unless it is the
+    /// last (dropping that one would close the stream) or the stream has ended: true if it
+    /// did, and the entry is to go.
+    fn give_back_one(&self) -> bool {
+        let mut places = lock(&self.places);
+        match places.as_mut() {
+            Some(held) if held.num_permits() > 1 => {
+                drop(held.split(1));
+                true
+            }
+            _ => false,
         }
     }
 
+    /// Gives back every place the stream holds; returns how many (one per entry under a
+    /// session it still has).
+    fn give_back_all(&self) -> usize {
+        lock(&self.places).take().map_or(0, |held| held.num_permits())
+    }
+}
+
+#[derive(Debug)]
+struct Watcher {
+    sender: mpsc::Sender<Delivery>,
+    stream: Arc<StreamState>,
+    /// Offered only events that are losses (and every resync and end).
+    losses_only: bool,
+}
+
+impl Watcher {
     /// Delivers without waiting; false when the watcher must be dropped (gone or too slow).
     fn offer(&self, delivery: &Delivery) -> bool {
         // Cut off under another of its sessions: this entry goes too.
-        if self.lagged.load(Ordering::Relaxed) {
+        if self.stream.lagged.load(Ordering::Relaxed) {
             return false;
         }
         // Checked before the delivery is copied: most events skip a losses-only watcher.
@@ -185,16 +211,25 @@ impl Watcher {
         match self.sender.try_send(delivery.clone()) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
-                self.lagged.store(true, Ordering::Relaxed);
+                self.stream.lagged.store(true, Ordering::Relaxed);
                 false
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     }
+
+    /// Whether the entry is of a stream that ended or was cut off.
+    fn is_gone(&self) -> bool {
+        self.sender.is_closed() || self.stream.lagged.load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Debug, Default)]
 struct Watchers {
+    /// Entries left by the last sweep and registered since: at least as many as there are.
+    entries: usize,
+    /// Entries of streams closed since the last sweep.
+    closed_entries: usize,
     by_session: HashMap<SessionId, Vec<Watcher>>,
     by_lock: HashMap<String, Vec<Watcher>>,
     /// Prefix watches, by prefix. A lock event finds its prefixes' watchers by looking up the
@@ -202,35 +237,15 @@ struct Watchers {
     by_prefix: HashMap<String, Vec<Watcher>>,
 }
 
-/// Drops, from the watchers of one ended session, the watches of sets that still follow
-/// another session (a stream's last entry keeps its channel, and so the stream, open).
+/// Drops, from the watchers of one ended session, the entries of streams that still follow
+/// another session (a stream's last entry keeps its channel, and so the stream, open), and
+/// those of streams that ended.
 fn forget_from_sets(watchers: &mut Vec<Watcher>) {
-    watchers.retain(|watcher| match &watcher.registrations {
-        Some(registrations) if registrations.load(Ordering::Relaxed) > 1 => {
-            registrations.fetch_sub(1, Ordering::Relaxed);
-            false
-        }
-        _ => true,
-    });
+    watchers.retain(|watcher| !watcher.is_gone() && !watcher.stream.give_back_one());
 }
 
 fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
     watchers.retain(|watcher| watcher.offer(delivery));
-}
-
-/// Drops from the watchers under `key` the entries of the stream known by `lagged`, and forgets
-/// the key when none is left.
-fn forget_key<K: std::hash::Hash + Eq>(
-    map: &mut HashMap<K, Vec<Watcher>>,
-    key: &K,
-    lagged: &Arc<AtomicBool>,
-) {
-    if let Some(watchers) = map.get_mut(key) {
-        watchers.retain(|watcher| !Arc::ptr_eq(&watcher.lagged, lagged));
-        if watchers.is_empty() {
-            map.remove(key);
-        }
-    }
 }
 
 /// Offers to the watchers under `key` and forgets the key when none is left.
@@ -291,9 +306,9 @@ impl Watchers {
 
     /// Offers `delivery` to every stream once. A watch of a set is registered under each of
     /// its sessions, and was offered a resync as many times (found with the test of
-    /// `forget_all_ended`); a stream is known by its `lagged` flag, one per stream.
+    /// `forget_all_ended`); a stream is known by its shared state.
     fn deliver_everywhere(&mut self, delivery: &Delivery) {
-        let mut offered: std::collections::HashSet<*const AtomicBool> =
+        let mut offered: std::collections::HashSet<*const StreamState> =
             std::collections::HashSet::new();
         for watchers in self
             .by_session
@@ -302,10 +317,10 @@ impl Watchers {
             .chain(self.by_prefix.values_mut())
         {
             watchers.retain(|watcher| {
-                if offered.insert(Arc::as_ptr(&watcher.lagged)) {
+                if offered.insert(Arc::as_ptr(&watcher.stream)) {
                     watcher.offer(delivery)
                 } else {
-                    !watcher.sender.is_closed() && !watcher.lagged.load(Ordering::Relaxed)
+                    !watcher.is_gone()
                 }
             });
         }
@@ -334,20 +349,30 @@ impl Watchers {
         self.forget_empty();
     }
 
-    /// Drops every entry of the stream known by `lagged`, which follows `target`: its
-    /// subscription was dropped. (Before, closed streams were swept lazily, and held their
-    /// entries and places until then.)
-    fn forget_stream(&mut self, target: &Watched, lagged: &Arc<AtomicBool>) {
-        match target {
-            Watched::Session(session) => forget_key(&mut self.by_session, session, lagged),
-            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
-                for session in sessions {
-                    forget_key(&mut self.by_session, session, lagged);
-                }
-            }
-            Watched::Lock(name) => forget_key(&mut self.by_lock, name, lagged),
-            Watched::Prefix(prefix) => forget_key(&mut self.by_prefix, prefix, lagged),
+    /// Counts `entries` more of a closed stream, and sweeps once they are at least half of
+    /// all (and at least [`SWEEP_EVERY`]).
+    fn closed(&mut self, entries: usize) {
+        self.closed_entries += entries;
+        if self.closed_entries >= SWEEP_EVERY.max(self.entries / 2) {
+            self.sweep();
         }
+    }
+
+    /// Drops the entries of streams that ended or were cut off.
+    fn sweep(&mut self) {
+        let mut kept = 0;
+        for watchers in self
+            .by_session
+            .values_mut()
+            .chain(self.by_lock.values_mut())
+            .chain(self.by_prefix.values_mut())
+        {
+            watchers.retain(|watcher| !watcher.is_gone());
+            kept += watchers.len();
+        }
+        self.forget_empty();
+        self.entries = kept;
+        self.closed_entries = 0;
     }
 
     fn forget_empty(&mut self) {
@@ -552,36 +577,34 @@ impl Hub {
         // A set is bounded by `MAX_WATCHED_SESSIONS` where it enters; one beyond `u32` could
         // never fit the budget either.
         let count = u32::try_from(followed).unwrap_or(u32::MAX);
-        let mut places = self.watched_sessions.take_many(count)?;
+        let places = self.watched_sessions.take_many(count)?;
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
-        let lagged = Arc::new(AtomicBool::new(false));
+        // A watch of a lock or prefix holds no place.
+        let places = (followed > 0).then_some(places);
+        let stream =
+            Arc::new(StreamState { lagged: AtomicBool::new(false), places: places.into() });
         let losses_only = matches!(target, Watched::SessionLosses(_));
-        let registrations = match &target {
-            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
-                Some(Arc::new(AtomicUsize::new(sessions.len())))
-            }
-            _ => None,
-        };
-        let watcher =
-            Watcher { sender, lagged: lagged.clone(), losses_only, registrations, _place: None };
+        let entry = || Watcher { sender: sender.clone(), stream: stream.clone(), losses_only };
         let mut watchers = lock(&self.watchers);
-        match target.clone() {
+        watchers.entries += followed.max(1);
+        match &target {
             Watched::Session(session) => {
-                watchers.by_session.entry(session).or_default().push(watcher.entry(Some(places)));
+                watchers.by_session.entry(*session).or_default().push(entry())
             }
-            Watched::Lock(name) => watchers.by_lock.entry(name).or_default().push(watcher),
-            Watched::Prefix(prefix) => watchers.by_prefix.entry(prefix).or_default().push(watcher),
+            Watched::Lock(name) => watchers.by_lock.entry(name.clone()).or_default().push(entry()),
+            Watched::Prefix(prefix) => {
+                watchers.by_prefix.entry(prefix.clone()).or_default().push(entry());
+            }
             Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
                 // One channel, registered under each session: the stream gets each event once,
-                // since an event names one session. Each entry holds one place.
+                // since an event names one session.
                 for session in sessions {
-                    let place = places.split(1);
-                    watchers.by_session.entry(session).or_default().push(watcher.entry(place));
+                    watchers.by_session.entry(*session).or_default().push(entry());
                 }
             }
         }
         drop(watchers);
-        Ok(Subscription { receiver, lagged, target, watchers: Arc::downgrade(&self.watchers) })
+        Ok(Subscription { receiver, stream, target, watchers: Arc::downgrade(&self.watchers) })
     }
 
     /// Delivers the events of one applied command.

@@ -487,11 +487,11 @@ fn gauge(addr: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
-/// Waits at most 30 s for the node's watch streams to number `wanted`.
-async fn watch_streams_until(addr: &str, wanted: impl Fn(u64) -> bool, what: &str) {
+/// Waits at most 30 s for the node's gauge `name` to be `wanted`.
+async fn gauge_until(addr: &str, name: &str, wanted: impl Fn(u64) -> bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !wanted(gauge(addr, "picket_watch_streams")) {
-        assert!(Instant::now() < deadline, "{what}: {}", gauge(addr, "picket_watch_streams"));
+    while !wanted(gauge(addr, name)) {
+        assert!(Instant::now() < deadline, "{what}: {name} {}", gauge(addr, name));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -509,15 +509,15 @@ async fn a_clients_watch_streams_end_once_its_sessions_are_closed() {
     for _ in 0..3 {
         sessions.push(client.session(Duration::from_secs(60)).await.unwrap());
     }
-    assert!(gauge(&addr, "picket_watch_streams") >= 1, "the client watches its sessions");
+    let streams = "picket_watch_streams";
+    gauge_until(&addr, "picket_watched_sessions", |n| n == 3, "the client watches them").await;
     for session in sessions {
         session.close().await.unwrap();
     }
-    watch_streams_until(&addr, |streams| streams == 0, "the closed sessions' streams").await;
+    gauge_until(&addr, streams, |n| n == 0, "the closed sessions' streams").await;
     assert_eq!(gauge(&addr, "picket_watched_sessions"), 0);
     let session = client.session(Duration::from_secs(60)).await.unwrap();
-    watch_streams_until(&addr, |streams| streams >= 1, "a stream for the new session").await;
-    assert_eq!(gauge(&addr, "picket_watched_sessions"), 1);
+    gauge_until(&addr, "picket_watched_sessions", |n| n == 1, "the new session's stream").await;
     let revoked = picket_testkit::http::post(
         &addr,
         &format!("/v1/sessions/{}/revoke", session.id()),

@@ -473,7 +473,7 @@ async fn a_watch_that_names_a_session_three_times_gets_each_event_once() {
 /// `--max-watched-sessions` (a set counts each session once; 429 `too_many_watched_sessions`
 /// past it), and gives it back when the session ends or the stream does; a watch leaves out
 /// sessions that had already ended, so a client that watches its closed sessions again uses
-/// up nothing.
+/// at most one place per stream.
 #[tokio::test]
 async fn the_sessions_followed_by_watches_are_bounded_per_node_and_ended_ones_hold_no_place() {
     let (_dir, server) =

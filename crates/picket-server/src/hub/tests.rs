@@ -294,19 +294,20 @@ impl Hub {
     }
 }
 
-/// A dropped watch's entries go at once, of sessions that never have another event too, and
-/// only its own (regression: closed watches were swept lazily, every so many registrations,
-/// and held their entries and places under `--max-watched-sessions` until then; before that,
-/// a sweep of every watcher every 256 registrations made each of a million sessions' opens
-/// cost thousands of steps).
+/// A dropped watch gives its places back at once, and the entries of dropped watches are swept
+/// without piling up, of sessions that never have another event too, and only theirs
+/// (regressions: closed watches were swept only every so many registrations and held their
+/// places until then; a sweep of every watcher every 256 registrations made each of a million
+/// sessions' opens cost thousands of steps; dropping each stream's entries key by key cost
+/// every entry under each of its keys).
 #[test]
-fn a_dropped_watchs_entries_go_at_once_and_only_its_own() {
+fn dropped_watches_give_their_places_back_at_once_and_are_swept_without_piling_up() {
     let hub = Hub::default();
     let live =
         hub.watch(Watched::SessionLosses((1..=5_000).map(SessionId).collect())).expect("a watch");
     let _lock = hub.watch(Watched::Lock("x".into())).expect("a watch");
     let _prefix = hub.watch(Watched::Prefix("x/".into())).expect("a watch");
-    for round in 0..20_u64 {
+    for round in 0..200_u64 {
         let first = 4_500 + round * 1_000;
         let dropped = hub
             .watch(Watched::SessionLosses((first..first + 1_000).map(SessionId).collect()))
@@ -314,14 +315,22 @@ fn a_dropped_watchs_entries_go_at_once_and_only_its_own() {
         let single = hub.watch(Watched::Session(SessionId(first))).expect("a watch");
         let lock = hub.watch(Watched::Lock("x".into())).expect("a watch");
         let prefix = hub.watch(Watched::Prefix("x/".into())).expect("a watch");
-        assert_eq!(hub.watcher_entries(), 5_000 + 2 + 1_000 + 3);
+        assert_eq!(hub.watched_sessions(), 5_000 + 1_000 + 1);
         drop((dropped, single, lock, prefix));
-        assert_eq!(hub.watcher_entries(), 5_000 + 2, "round {round}");
-        assert_eq!(hub.watched_sessions(), 5_000);
+        assert_eq!(hub.watched_sessions(), 5_000, "round {round}: places come back at once");
+        let entries = hub.watcher_entries();
+        assert!(entries <= 2 * (5_000 + 2) + 1_004 + SWEEP_EVERY, "round {round}: {entries}");
     }
+    // Only the dropped watches' entries went: the live ones still get their events.
+    let mut live = live;
+    let ended =
+        Event::SessionEnded { session: SessionId(4_999), cause: picket_core::SessionEnd::Closed };
+    hub.publish(9, &[ended]);
+    assert_eq!(revisions(&mut live), [9]);
     drop(live);
-    assert_eq!(hub.watcher_entries(), 2);
     assert_eq!(hub.watched_sessions(), 0);
+    // 4,999 closed entries are more than half of all: swept.
+    assert_eq!(hub.watcher_entries(), 2);
 }
 
 /// helper-67's audit (2026-12-06): 10,000 streams of 10,000 sessions each could make a node

@@ -180,9 +180,10 @@ mod tests {
             hub.publish(revision, &[granted(1)]);
         }
         hub.publish(WATCH_BUFFER as u64 + 1, &[granted(2)]);
-        assert_eq!(hub.watched_sessions(), 0, "a stream that fell behind holds no place");
         let first = stream.next().await.expect("an item");
         assert!(matches!(first, Err(ServiceError::Unavailable(_))), "{first:?}");
         assert!(stream.next().await.is_none(), "the stream ended");
+        drop(stream);
+        assert_eq!(hub.watched_sessions(), 0, "an ended stream holds no place");
     }
 }
