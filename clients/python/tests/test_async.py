@@ -66,6 +66,28 @@ async def test_lost_is_set_at_once_when_the_server_revokes_the_session(server: S
         await session.close()
 
 
+async def test_a_sessions_finished_callbacks_leave_no_task_behind(server: Server) -> None:
+    """Found in review (2026-12-06): each coroutine ``on_lost`` ran in a task the session kept
+    for as long as it lived."""
+    ran: List[str] = []
+
+    async def on_lost(grant: picket.AsyncGrant, reason: str) -> None:
+        ran.append(grant.name)
+
+    async with picket.AsyncClient([server.addr]) as client:
+        session = await client.session(ttl=30)
+        tasks_at_start = len(session._tasks)
+        for n in range(5):
+            await session.lock(f"callbacks/{n}", on_lost=on_lost)
+        await client.revoke(session.id)
+        await asyncio.wait_for(session.lost.wait(), 5)
+        deadline = time.monotonic() + 5
+        while len(ran) < 5 or len(session._tasks) > tasks_at_start:
+            assert time.monotonic() < deadline, (ran, session._tasks)
+            await asyncio.sleep(0.01)
+        await session.close()
+
+
 async def test_lost_is_set_within_the_ttl_when_the_server_stops(server: Server) -> None:
     async with picket.AsyncClient([server.addr], timeout=1) as client:
         session = await client.session(ttl=4)

@@ -254,3 +254,35 @@ def test_each_attempt_of_a_keepalive_carries_a_reading_of_the_clock_taken_as_it_
     assert len(failed) == 1 and len(attempts) == 2, keepalives
     readings = [float(url.rsplit("clock_ms=", 1)[1]) for url in attempts]
     assert readings[1] > readings[0], readings
+
+
+def test_server_sent_events_are_read_across_chunks_and_bounded() -> None:
+    """Found in review (2026-12-06): a watch joined and searched its whole buffer on every
+    chunk and never bounded it, so a stream that trickled bytes without ending an event cost
+    time quadratic in its length and memory without bound."""
+    from picket._common import MAX_SSE_EVENT_CHARS, SseEvents
+
+    sse = SseEvents()
+    assert sse.feed('data: {"kind": "session_ended", "session_id": 7}\n') == []
+    assert sse.feed("\n") == [{"kind": "session_ended", "session_id": 7}]
+    text = 'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: {"c"'
+    assert [event for char in text for event in sse.feed(char)] == [{"a": 1}, {"b": 2}]
+    assert sse.feed(": 3}\n\n") == [{"c": 3}]
+    endless = SseEvents()
+    with pytest.raises(ValueError):
+        for _ in range(MAX_SSE_EVENT_CHARS // 4096 + 2):
+            endless.feed("x" * 4096)
+
+
+def test_leaders_named_by_nodes_are_kept_one_at_a_time() -> None:
+    """Found in review (2026-12-06): every leader a node named was kept for the client's life."""
+    from picket._transport import _Endpoints
+
+    endpoints = _Endpoints(["127.0.0.1:1", "127.0.0.1:2"])
+    for n in range(100):
+        endpoints.follow(f"10.0.0.{n}:7687")
+        assert endpoints.url() == f"http://10.0.0.{n}:7687"
+    assert endpoints.all == ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://10.0.0.99:7687"]
+    endpoints.follow("127.0.0.1:2")
+    assert endpoints.url() == "http://127.0.0.1:2"
+    assert len(endpoints.all) == 3

@@ -229,6 +229,7 @@ impl Transport {
                 };
                 // Another call may have opened one meanwhile; keep a single live connection.
                 let mut connections = self.lock_connections();
+                forget_named(&mut connections, &self.inner.endpoints, endpoint);
                 let entry =
                     connections.entry(endpoint.to_owned()).or_insert_with(|| opened.clone());
                 if entry.is_closed() {
@@ -581,6 +582,21 @@ impl Transport {
     }
 }
 
+/// Most connections kept open to nodes outside the configured endpoints: leaders a node named.
+const MOST_NAMED_CONNECTIONS: usize = 8;
+
+/// Before a connection to `opening` is kept: past [`MOST_NAMED_CONNECTIONS`] to nodes outside
+/// `configured`, forgets those (not `opening`). The calls under way keep their own handles,
+/// and the leader its own. Every node a refusal named as leader was kept for the client's
+/// life: a cluster whose nodes moved, or a node naming aliases of itself, grew the map (and
+/// the connections held open) without bound (found in review).
+fn forget_named<T>(connections: &mut HashMap<String, T>, configured: &[String], opening: &str) {
+    let named = connections.keys().filter(|name| !configured.contains(name)).count();
+    if named >= MOST_NAMED_CONNECTIONS {
+        connections.retain(|name, _| name == opening || configured.contains(name));
+    }
+}
+
 /// How long the abandon of a given-up acquire keeps trying to get through: the longest TTL
 /// a node accepts by default. A session whose keepalives got through that long while its
 /// abandons did not is beyond what the client can mend; otherwise, by then the session has
@@ -664,6 +680,27 @@ fn fresh_request_id() -> u64 {
 mod tests {
     use super::*;
     use crate::error::LostReason;
+
+    /// Connections to nodes a refusal named are kept a few at a time; the configured ones
+    /// always.
+    #[test]
+    fn connections_to_named_nodes_are_bounded() {
+        let configured = vec!["a:1".to_owned(), "b:1".to_owned()];
+        let mut connections: HashMap<String, u32> = HashMap::new();
+        for name in &configured {
+            connections.insert(name.clone(), 0);
+        }
+        for n in 0..100_u32 {
+            let named = format!("named-{n}:1");
+            forget_named(&mut connections, &configured, &named);
+            connections.insert(named, n);
+            let outside = connections.keys().filter(|name| !configured.contains(name)).count();
+            assert!(outside <= MOST_NAMED_CONNECTIONS, "{outside} after {n}");
+            assert!(configured.iter().all(|name| connections.contains_key(name)));
+        }
+        forget_named(&mut connections, &configured, "named-99:1");
+        assert!(connections.contains_key("named-99:1"), "the one being opened stays");
+    }
 
     /// A node that takes wire connections and answers nothing: the calls under test make their
     /// own answers.

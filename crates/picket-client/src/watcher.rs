@@ -272,17 +272,44 @@ impl SessionWatcher {
         let state = lock(&self.state);
         ids.iter().copied().filter(|id| state.is_live(*id)).collect()
     }
+}
 
+/// One recheck of a stream's sessions at a time. A recheck asked for while one runs makes it
+/// go round once more when it is done, however many were asked for: each round reads the
+/// sessions as they are then. (A task per request piled up, each holding the stream's
+/// sessions, when the stream broke or a resync came more often than a round took, and a round
+/// asks about each session in turn: found in review.)
+#[derive(Debug, Default)]
+struct Rechecks {
+    wanted: AtomicBool,
+    running: AtomicBool,
+}
+
+impl Rechecks {
     /// Rechecks each of `ids` that is still registered, in the background.
-    fn recheck_all(&self, ids: &[u64]) {
-        let sessions: Vec<Arc<SessionState>> =
-            ids.iter().filter_map(|id| self.lookup(*id)).collect();
-        if sessions.is_empty() {
+    fn ask(self: &Arc<Self>, watcher: &Arc<SessionWatcher>, ids: &Arc<[u64]>) {
+        self.wanted.store(true, Ordering::SeqCst);
+        if self.running.swap(true, Ordering::SeqCst) {
             return;
         }
+        let (rechecks, watcher, ids) = (self.clone(), watcher.clone(), ids.clone());
         tokio::spawn(async move {
-            for shared in sessions {
-                state::recheck(&shared).await;
+            loop {
+                while rechecks.wanted.swap(false, Ordering::SeqCst) {
+                    let sessions: Vec<Arc<SessionState>> =
+                        ids.iter().filter_map(|id| watcher.lookup(*id)).collect();
+                    for shared in sessions {
+                        state::recheck(&shared).await;
+                    }
+                }
+                rechecks.running.store(false, Ordering::SeqCst);
+                // A request between the last look and the line above found this task running
+                // and left the round to it.
+                if !rechecks.wanted.load(Ordering::SeqCst)
+                    || rechecks.running.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
             }
         });
     }
@@ -307,6 +334,9 @@ fn coalesce(mut ranges: Vec<RangeInclusive<u64>>) -> Vec<RangeInclusive<u64>> {
 /// How often the watcher looks whether its client is gone, and for full streams whose
 /// sessions are mostly gone; and how often a stream looks whether any of its sessions is left.
 const GONE_CHECK: Duration = Duration::from_secs(10);
+// A merge waits for its stream at most the cover timeout, and the next merge (which could take
+// it over) comes a tick later.
+const _: () = assert!(GONE_CHECK.as_millis() > COVER_TIMEOUT.as_millis());
 
 /// Ticks every [`GONE_CHECK`]; ticks missed while busy (a long reconnect) are not made up in a
 /// burst, each of which would look through a stream's sessions.
@@ -316,16 +346,19 @@ fn gone_check() -> tokio::time::Interval {
     interval
 }
 
-/// A full stream with fewer than one in `SPARSE` of its sessions left is merged with others
-/// like it into one stream.
+/// A full stream with fewer than a chunk over `SPARSE` sessions left (1,250) is merged with
+/// others like it into one stream.
 const SPARSE: usize = 4;
 
-/// Takes out of `full` the streams with fewer than one in [`SPARSE`] of their sessions left
+/// Takes out of `full` the streams with fewer than [`CHUNK`] / [`SPARSE`] sessions left
 /// (`live` says which are), as many as fit in one chunk together, and returns them with the
 /// sessions they have left, if they are at least two: one stream then replaces them. A client
 /// that keeps a few sessions among many it opens and closes would otherwise keep a stream for
 /// each few, with no bound but its history (each full stream holds up to a chunk of ids, a
-/// place on the node and one of its connection's streams).
+/// place on the node and one of its connection's streams). Counted against a chunk, not the
+/// stream's own length, so that merged streams merge again (a merge of two streams with one
+/// session left each made a stream of two that was never sparse: found in review). So at most
+/// one full stream has fewer than that many sessions left, after a tick.
 fn take_sparse<Stream>(
     full: &mut Vec<Piece<Stream>>,
     live: impl Fn(&[u64]) -> Vec<u64>,
@@ -335,8 +368,7 @@ fn take_sparse<Stream>(
     let mut index = 0;
     while index < full.len() {
         let remaining = live(&full[index].ids);
-        if remaining.len() * SPARSE < full[index].ids.len() && left.len() + remaining.len() <= CHUNK
-        {
+        if remaining.len() * SPARSE < CHUNK && left.len() + remaining.len() <= CHUNK {
             left.extend(remaining);
             sparse.push(full.swap_remove(index));
         } else {
@@ -383,10 +415,15 @@ fn start_piece(
     if !replaced.is_empty() {
         let watcher = watcher.clone();
         let gap = watch.own_gap();
+        let opened = watch.opened.clone();
         tokio::spawn(async move {
             let open = match when {
                 ReplaceWhen::Covered(last) => watcher.covered(last, COVER_TIMEOUT).await,
-                ReplaceWhen::Open => watcher.piece_open(piece, COVER_TIMEOUT).await,
+                // Its own flag too: a later merge that took it over would also take it out
+                // of `starting` (which cannot come before the timeout; the flag says so here).
+                ReplaceWhen::Open => {
+                    watcher.piece_open(piece, COVER_TIMEOUT).await && opened.load(Ordering::Acquire)
+                }
             };
             if !open {
                 gap.store(true, Ordering::Release);
@@ -475,6 +512,8 @@ async fn follow(
     starting: Starting,
     watch: Watch,
 ) {
+    let ids: Arc<[u64]> = ids.into();
+    let rechecks = Arc::new(Rechecks::default());
     let mut starting = Some(starting);
     let mut watch = Some(watch);
     let mut gone_check = gone_check();
@@ -483,7 +522,7 @@ async fn follow(
             return;
         }
         let Some(transport) = weak_transport.upgrade() else { return };
-        let target = Target::Sessions(SessionSet { session_ids: ids.clone() });
+        let target = Target::Sessions(SessionSet { session_ids: ids.to_vec() });
         // Only losses: the session learns of its own grants and releases from their replies,
         // and one stream message per acquire and release would cost both sides CPU for nothing.
         let request = WatchRequest { target: Some(target), losses_only: true };
@@ -498,7 +537,7 @@ async fn follow(
         // A new stream after a broken one, or after the streams it replaced were dropped: what
         // went by in between is not replayed.
         if reopened || missed_events {
-            watcher.recheck_all(&ids);
+            rechecks.ask(&watcher, &ids);
         }
         loop {
             // `message` keeps its state in the stream, so one cut short by the tick loses
@@ -514,7 +553,7 @@ async fn follow(
             };
             let Ok(Some(message)) = message else { break };
             match crate::watched(&message) {
-                crate::Watched::Resync { .. } => watcher.recheck_all(&ids),
+                crate::Watched::Resync { .. } => rechecks.ask(&watcher, &ids),
                 crate::Watched::Event { event, .. } => {
                     if let Some(shared) = watcher.lookup(event.session().0) {
                         state::dispatch(&shared, &event);
@@ -522,13 +561,15 @@ async fn follow(
                 }
                 crate::Watched::Unknown { kind, name, session, token, .. } => {
                     // A cause a newer node knows: a release or a session's end is a loss
-                    // whatever its cause; anything else is read again to be sure.
+                    // whatever its cause; anything else of a live session is read again to be
+                    // sure. Of a session gone here, nothing is.
                     match (kind.as_str(), watcher.lookup(session.0)) {
                         ("released", Some(shared)) => {
                             shared.grant_ended(&name, token, LostReason::GrantEnded);
                         }
                         ("session_ended", Some(shared)) => shared.mark_lost(LostReason::Expired),
-                        _ => watcher.recheck_all(&ids),
+                        (_, Some(_)) => rechecks.ask(&watcher, &ids),
+                        (_, None) => {}
                     }
                 }
             }
@@ -640,8 +681,9 @@ mod tests {
         }
     }
 
-    /// Full streams with fewer than a quarter of their sessions left are merged, as many as
-    /// fit in a chunk, and only two or more at a time (one alone would gain nothing).
+    /// Full streams with fewer than a quarter of a chunk of sessions left are merged, as many
+    /// as fit in a chunk, and only two or more at a time (one alone would gain nothing); a
+    /// merged stream merges again.
     #[test]
     fn sparse_full_streams_are_merged_two_or_more_at_a_time_within_a_chunk() {
         let stream = |id: u64, from: u64| Piece {
@@ -673,6 +715,13 @@ mod tests {
         let mut full = vec![stream(0, 0), stream(1, 10_000)];
         assert!(take_sparse(&mut full, live).is_none());
         assert_eq!(full.len(), 2);
+
+        // Two merged streams of a session each merge again.
+        let small =
+            |id: u64| Piece { id, ids: vec![id], stream: (), watch: Watch::replacing::<()>(&[]) };
+        let mut full = vec![small(1), small(2)];
+        let (sparse, left) = take_sparse(&mut full, |ids: &[u64]| ids.to_vec()).expect("merged");
+        assert_eq!((sparse.len(), left.len(), full.len()), (2, 2, 0));
 
         // No more than a chunk's worth of sessions left goes into one merge.
         let mut full: Vec<Piece<()>> = (0..8).map(|n| stream(n, 30_000 + n * 10_000)).collect();

@@ -226,7 +226,9 @@ impl Watcher {
 
 #[derive(Debug, Default)]
 struct Watchers {
-    /// Entries left by the last sweep and registered since: at least as many as there are.
+    /// Entries held, of open and closed streams: every removal is subtracted, so that the
+    /// sweep's rule bounds them (an upper bound that only grew between sweeps let entries of
+    /// closed streams pile up, found in review).
     entries: usize,
     /// Entries of streams closed since the last sweep.
     closed_entries: usize,
@@ -240,26 +242,31 @@ struct Watchers {
 /// Drops, from the watchers of one ended session, the entries of streams that still follow
 /// another session (a stream's last entry keeps its channel, and so the stream, open), and
 /// those of streams that ended.
-fn forget_from_sets(watchers: &mut Vec<Watcher>) {
-    watchers.retain(|watcher| !watcher.is_gone() && !watcher.stream.give_back_one());
+/// Returns how many went.
+fn forget_from_sets(watchers: &mut Vec<Watcher>) -> usize {
+    retain(watchers, |watcher| !watcher.is_gone() && !watcher.stream.give_back_one())
 }
 
-fn offer_all(watchers: &mut Vec<Watcher>, delivery: &Delivery) {
-    watchers.retain(|watcher| watcher.offer(delivery));
+/// Keeps the watchers `keep` says to; returns how many went, for [`Watchers::entries`].
+fn retain(watchers: &mut Vec<Watcher>, keep: impl FnMut(&Watcher) -> bool) -> usize {
+    let before = watchers.len();
+    watchers.retain(keep);
+    before - watchers.len()
 }
 
-/// Offers to the watchers under `key` and forgets the key when none is left.
+/// Offers to the watchers under `key` and forgets the key when none is left; returns how many
+/// watchers went.
 fn offer_key<K: std::hash::Hash + Eq>(
     map: &mut HashMap<K, Vec<Watcher>>,
     key: &K,
     delivery: &Delivery,
-) {
-    if let Some(watchers) = map.get_mut(key) {
-        offer_all(watchers, delivery);
-        if watchers.is_empty() {
-            map.remove(key);
-        }
+) -> usize {
+    let Some(watchers) = map.get_mut(key) else { return 0 };
+    let gone = retain(watchers, |watcher| watcher.offer(delivery));
+    if watchers.is_empty() {
+        map.remove(key);
     }
+    gone
 }
 
 impl Watchers {
@@ -268,12 +275,14 @@ impl Watchers {
             return;
         }
         let delivery = Delivery::Event { revision, event: event.clone() };
-        offer_key(&mut self.by_session, &event.session(), &delivery);
+        let gone = offer_key(&mut self.by_session, &event.session(), &delivery);
+        self.went(gone);
         if let Event::SessionEnded { session, .. } = event {
             self.forget_ended(*session);
         }
         if let Some(name) = event.lock_name() {
-            offer_key(&mut self.by_lock, &name.to_owned(), &delivery);
+            let gone = offer_key(&mut self.by_lock, &name.to_owned(), &delivery);
+            self.went(gone);
             if !self.by_prefix.is_empty() {
                 self.deliver_to_prefixes(name, &delivery);
             }
@@ -300,7 +309,8 @@ impl Watchers {
                 .collect()
         };
         for prefix in matching {
-            offer_key(&mut self.by_prefix, &prefix, delivery);
+            let gone = offer_key(&mut self.by_prefix, &prefix, delivery);
+            self.went(gone);
         }
     }
 
@@ -310,13 +320,14 @@ impl Watchers {
     fn deliver_everywhere(&mut self, delivery: &Delivery) {
         let mut offered: std::collections::HashSet<*const StreamState> =
             std::collections::HashSet::new();
+        let mut gone = 0;
         for watchers in self
             .by_session
             .values_mut()
             .chain(self.by_lock.values_mut())
             .chain(self.by_prefix.values_mut())
         {
-            watchers.retain(|watcher| {
+            gone += retain(watchers, |watcher| {
                 if offered.insert(Arc::as_ptr(&watcher.stream)) {
                     watcher.offer(delivery)
                 } else {
@@ -324,6 +335,7 @@ impl Watchers {
                 }
             });
         }
+        self.went(gone);
     }
 
     /// Drops the entries of an ended session from the watches of sets that follow other
@@ -332,25 +344,30 @@ impl Watchers {
     /// ever followed, for as long as it lived.
     fn forget_ended(&mut self, session: SessionId) {
         let Some(watchers) = self.by_session.get_mut(&session) else { return };
-        forget_from_sets(watchers);
+        let gone = forget_from_sets(watchers);
         if watchers.is_empty() {
             self.by_session.remove(&session);
         }
+        self.went(gone);
     }
 
     /// [`Watchers::forget_ended`] for every session `machine` shows ended: after a snapshot,
     /// whose gap no `SessionEnded` crossed.
     fn forget_all_ended(&mut self, machine: &StateMachine) {
+        let mut gone = 0;
         for (session, watchers) in &mut self.by_session {
             if has_ended(machine, *session) {
-                forget_from_sets(watchers);
+                gone += forget_from_sets(watchers);
             }
         }
         self.forget_empty();
+        self.went(gone);
     }
 
     /// Counts `entries` more of a closed stream, and sweeps once they are at least half of
-    /// all (and at least [`SWEEP_EVERY`]).
+    /// all (and at least [`SWEEP_EVERY`]). The count may be high (some of those entries may
+    /// have gone already), which only brings the sweep forward; each closed stream adds no
+    /// more than it registered, so sweeps still cost a constant per registered entry.
     fn closed(&mut self, entries: usize) {
         self.closed_entries += entries;
         if self.closed_entries >= SWEEP_EVERY.max(self.entries / 2) {
@@ -360,19 +377,26 @@ impl Watchers {
 
     /// Drops the entries of streams that ended or were cut off.
     fn sweep(&mut self) {
-        let mut kept = 0;
+        let mut gone = 0;
         for watchers in self
             .by_session
             .values_mut()
             .chain(self.by_lock.values_mut())
             .chain(self.by_prefix.values_mut())
         {
-            watchers.retain(|watcher| !watcher.is_gone());
-            kept += watchers.len();
+            gone += retain(watchers, |watcher| !watcher.is_gone());
         }
         self.forget_empty();
-        self.entries = kept;
+        self.went(gone);
         self.closed_entries = 0;
+    }
+
+    /// Counts `count` entries gone.
+    fn went(&mut self, count: usize) {
+        // Every entry removed was counted when registered (checked in the tests, which compare
+        // the count with the entries held).
+        debug_assert!(count <= self.entries, "{count} gone of {} counted", self.entries);
+        self.entries = self.entries.saturating_sub(count);
     }
 
     fn forget_empty(&mut self) {
@@ -586,7 +610,10 @@ impl Hub {
         let losses_only = matches!(target, Watched::SessionLosses(_));
         let entry = || Watcher { sender: sender.clone(), stream: stream.clone(), losses_only };
         let mut watchers = lock(&self.watchers);
-        watchers.entries += followed.max(1);
+        watchers.entries += match &target {
+            Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => sessions.len(),
+            Watched::Session(_) | Watched::Lock(_) | Watched::Prefix(_) => 1,
+        };
         match &target {
             Watched::Session(session) => {
                 watchers.by_session.entry(*session).or_default().push(entry())

@@ -51,6 +51,7 @@ class _Endpoints:
         if not endpoints:
             raise ValueError("give at least one endpoint, e.g. ['127.0.0.1:7687']")
         self.all: List[str] = [normalize(endpoint) for endpoint in endpoints]
+        self.configured = len(self.all)
         self.current = 0
 
     def url(self) -> str:
@@ -66,6 +67,10 @@ class _Endpoints:
         scheme = self.all[0].split("://", 1)[0]
         url = normalize(leader if "://" in leader else f"{scheme}://{leader}")
         if url not in self.all:
+            # The configured endpoints and the last leader named: every name was kept for the
+            # client's life, so moved nodes, or a node naming aliases of itself, made the list
+            # (and each failover's round through it) grow without bound (found in review).
+            del self.all[self.configured :]
             self.all.append(url)
         self.current = self.all.index(url)
 

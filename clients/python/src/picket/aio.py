@@ -118,7 +118,15 @@ class AsyncSession:
         return self
 
     def _spawn(self, work: Awaitable[Any]) -> None:
-        self._tasks.append(asyncio.ensure_future(work))
+        # Forgotten once done: a long-lived session whose grants' ``on_lost`` callbacks ran
+        # kept a task for each (found in review).
+        task = asyncio.ensure_future(work)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: "asyncio.Future[Any]") -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)  # type: ignore[arg-type]
 
     async def lock(
         self,
@@ -258,10 +266,9 @@ class AsyncSession:
                         self._watching.set()
                         # Whatever ended while the stream was not open is not replayed: ask.
                         await self._probe()
-                        buffer = ""
+                        sse = _common.SseEvents()
                         async for text in response.aiter_text():
-                            events, buffer = _common.sse_events(buffer + text)
-                            for event in events:
+                            for event in sse.feed(text):
                                 self._on_event(event)
                 except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
                     transport.endpoints.next()
@@ -302,7 +309,7 @@ class AsyncSession:
         self._closing.set()
         for grant in self._grants.values():
             grant._released = True
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if not self.lost.is_set():

@@ -272,10 +272,9 @@ class Session:
                         self._watching.set()
                         # Whatever ended while the stream was not open is not replayed: ask.
                         self._probe()
-                        buffer = ""
+                        sse = _common.SseEvents()
                         for text in response.iter_text():
-                            events, buffer = _common.sse_events(buffer + text)
-                            for event in events:
+                            for event in sse.feed(text):
                                 self._on_event(event)
                 except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
                     if self._closing.is_set():

@@ -91,9 +91,7 @@ fn an_ended_sessions_entry_is_dropped_but_for_a_streams_last() {
         session: SessionId(session),
         cause: picket_core::SessionEnd::Expired,
     };
-    let entries = |hub: &Hub| -> usize {
-        lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>()
-    };
+    let entries = |hub: &Hub| -> usize { hub.watcher_entries() };
     assert_eq!(entries(&hub), 3);
     hub.publish(5, &[ended(1)]);
     assert_eq!(entries(&hub), 2, "session 1's entry goes");
@@ -126,9 +124,7 @@ fn sessions_ended_before_a_watch_or_in_a_snapshots_gap_leave_no_entry() {
     // An id past the state's revision: a session this node has not applied the opening of.
     let later = SessionId(machine.revision() + 100);
     let hub = Hub::default();
-    let entries = |hub: &Hub| -> usize {
-        lock(&hub.watchers).by_session.values().map(Vec::len).sum::<usize>()
-    };
+    let entries = |hub: &Hub| -> usize { hub.watcher_entries() };
     let mut watch = hub
         .watch(Watched::SessionLosses(vec![a, b, c, later]).without_ended(&machine))
         .expect("a watch");
@@ -281,16 +277,19 @@ fn a_resync_answers_each_waiting_request_with_its_own_wait() {
 }
 
 impl Hub {
-    /// Entries held: one per session of a watch of many, one per other watch.
+    /// Entries held: one per session of a watch of many, one per other watch. Checks that the
+    /// hub's own count, which its sweeps go by, is exact.
     fn watcher_entries(&self) -> usize {
         let watchers = lock(&self.watchers);
-        watchers
+        let held = watchers
             .by_session
             .values()
             .chain(watchers.by_lock.values())
             .chain(watchers.by_prefix.values())
             .map(Vec::len)
-            .sum()
+            .sum();
+        assert_eq!(watchers.entries, held, "the hub's count of its entries");
+        held
     }
 }
 
