@@ -272,6 +272,10 @@ def test_server_sent_events_are_read_across_chunks_and_bounded() -> None:
     with pytest.raises(ValueError):
         for _ in range(MAX_SSE_EVENT_CHARS // 4096 + 2):
             endless.feed("x" * 4096)
+    with pytest.raises(ValueError):
+        SseEvents().feed('data: {"a": 1}\n\n' + "x" * (MAX_SSE_EVENT_CHARS + 1))
+    many = SseEvents().feed('data: {"n": 1}\n\n' * 10_000)
+    assert len(many) == 10_000
 
 
 def test_leaders_named_by_nodes_are_kept_one_at_a_time() -> None:

@@ -698,8 +698,15 @@ mod tests {
             assert!(outside <= MOST_NAMED_CONNECTIONS, "{outside} after {n}");
             assert!(configured.iter().all(|name| connections.contains_key(name)));
         }
-        forget_named(&mut connections, &configured, "named-99:1");
-        assert!(connections.contains_key("named-99:1"), "the one being opened stays");
+        // A full set of named connections, one of them the node being opened again.
+        connections.retain(|name, _| configured.contains(name));
+        for n in 0..MOST_NAMED_CONNECTIONS {
+            connections.insert(format!("named-{n}:1"), 0);
+        }
+        forget_named(&mut connections, &configured, "named-3:1");
+        let mut kept: Vec<&str> = connections.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["a:1", "b:1", "named-3:1"], "the one being opened stays, alone");
     }
 
     /// A node that takes wire connections and answers nothing: the calls under test make their

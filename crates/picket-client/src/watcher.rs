@@ -285,6 +285,18 @@ struct Rechecks {
     running: AtomicBool,
 }
 
+/// Clears a running flag if its task panics, so that later requests start a new one. (On its
+/// way out otherwise the task clears the flag itself, and another may have set it since.)
+struct ClearOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 impl Rechecks {
     /// Rechecks each of `ids` that is still registered, in the background.
     fn ask(self: &Arc<Self>, watcher: &Arc<SessionWatcher>, ids: &Arc<[u64]>) {
@@ -294,6 +306,7 @@ impl Rechecks {
         }
         let (rechecks, watcher, ids) = (self.clone(), watcher.clone(), ids.clone());
         tokio::spawn(async move {
+            let _unless_it_panics = ClearOnPanic(&rechecks.running);
             loop {
                 while rechecks.wanted.swap(false, Ordering::SeqCst) {
                     let sessions: Vec<Arc<SessionState>> =
@@ -358,7 +371,7 @@ const SPARSE: usize = 4;
 /// place on the node and one of its connection's streams). Counted against a chunk, not the
 /// stream's own length, so that merged streams merge again (a merge of two streams with one
 /// session left each made a stream of two that was never sparse: found in review). So at most
-/// one full stream has fewer than that many sessions left, after a tick.
+/// one full stream has fewer than that many sessions left, once ticks have merged them.
 fn take_sparse<Stream>(
     full: &mut Vec<Piece<Stream>>,
     live: impl Fn(&[u64]) -> Vec<u64>,
@@ -568,7 +581,9 @@ async fn follow(
                             shared.grant_ended(&name, token, LostReason::GrantEnded);
                         }
                         ("session_ended", Some(shared)) => shared.mark_lost(LostReason::Expired),
+                        // Session 0: an event of a kind that names no session.
                         (_, Some(_)) => rechecks.ask(&watcher, &ids),
+                        (_, None) if session.0 == 0 => rechecks.ask(&watcher, &ids),
                         (_, None) => {}
                     }
                 }

@@ -130,13 +130,17 @@ class SseEvents:
         self._parts.append(text)
         self._size += len(text)
         if not ends_event:
-            if self._size > MAX_SSE_EVENT_CHARS:
-                raise ValueError(f"a server-sent event longer than {MAX_SSE_EVENT_CHARS} characters")
+            self._check()
             return []
         events, rest = sse_events("".join(self._parts))
         self._parts = [rest] if rest else []
         self._size = len(rest)
+        self._check()
         return events
+
+    def _check(self) -> None:
+        if self._size > MAX_SSE_EVENT_CHARS:
+            raise ValueError(f"a server-sent event longer than {MAX_SSE_EVENT_CHARS} characters")
 
 
 def sse_events(buffer: str) -> "tuple[list[Dict[str, Any]], str]":
@@ -144,9 +148,12 @@ def sse_events(buffer: str) -> "tuple[list[Dict[str, Any]], str]":
     import json
 
     events = []
-    while "\n\n" in buffer:
-        block, buffer = buffer.split("\n\n", 1)
+    start = 0
+    # Found in place and sliced once at the end: splitting off each event copied the rest.
+    while (end := buffer.find("\n\n", start)) >= 0:
+        block = buffer[start:end]
+        start = end + 2
         data = "\n".join(line[5:].lstrip() for line in block.split("\n") if line.startswith("data:"))
         if data:
             events.append(json.loads(data))
-    return events, buffer
+    return events, buffer[start:]

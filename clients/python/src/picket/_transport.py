@@ -70,8 +70,8 @@ class _Endpoints:
             # The configured endpoints and the last leader named: every name was kept for the
             # client's life, so moved nodes, or a node naming aliases of itself, made the list
             # (and each failover's round through it) grow without bound (found in review).
-            del self.all[self.configured :]
-            self.all.append(url)
+            # One slice assignment: the list never looks shorter to another thread's `url()`.
+            self.all[self.configured :] = [url]
         self.current = self.all.index(url)
 
 

@@ -41,6 +41,11 @@ fn prefix_watchers_are_found_by_the_names_prefixes_however_many_there_are() {
     let received: Vec<usize> = nested.iter_mut().map(count).collect();
     assert_eq!(received, [1, 1, 1, 1, 1]);
     assert!(others.iter_mut().all(|other| count(other) == 0));
+    // Two closed watches' entries go when an event is offered to them, counted.
+    nested.truncate(3);
+    assert_eq!(hub.watcher_entries(), 55, "not swept yet");
+    hub.publish(9, &[granted("jobs/éx", 1, 9)]);
+    assert_eq!(hub.watcher_entries(), 53);
 }
 
 #[test]
@@ -179,6 +184,7 @@ fn a_watcher_that_does_not_keep_up_is_cut_off_and_told() {
     }
     assert_eq!(count, WATCH_BUFFER);
     assert!(slow.fell_behind());
+    assert_eq!(hub.watcher_entries(), 0, "its entry went, counted");
     // It was dropped: later events do not revive it.
     hub.publish(9_999, &[granted("x", 1, 9_999)]);
     assert!(slow.receiver.try_recv().is_err());
@@ -364,4 +370,30 @@ fn watched_sessions_are_bounded_per_node_and_come_back_as_sessions_and_streams_e
     assert_eq!(hub.watched_sessions(), 1, "an ended stream's places come back at once");
     let _again = hub.watch(Watched::Sessions(vec![SessionId(5), SessionId(6)])).expect("a watch");
     assert_eq!(hub.watched_sessions(), 3);
+}
+
+/// helper-73's review: the count the sweep goes by only grew between sweeps, so after a set's
+/// entries went with their sessions' ends, closed watches' entries piled up far past half of
+/// what was held before a sweep came. The count is exact now.
+#[test]
+fn closed_watches_are_swept_by_what_is_held_now_not_what_was_registered() {
+    let hub = Hub::default();
+    let mut set =
+        hub.watch(Watched::SessionLosses((1..=10_000).map(SessionId).collect())).expect("a watch");
+    for session in 1..=10_000 {
+        let ended = Event::SessionEnded {
+            session: SessionId(session),
+            cause: picket_core::SessionEnd::Closed,
+        };
+        hub.publish(session, &[ended]);
+        // Read as it goes, so that it does not fall behind.
+        assert_eq!(revisions(&mut set), [session]);
+    }
+    assert_eq!(hub.watcher_entries(), 1, "the set keeps its last entry");
+    for _ in 0..300 {
+        drop(hub.watch(Watched::Session(SessionId(20_000))).expect("a watch"));
+    }
+    let held = hub.watcher_entries();
+    assert!(held <= 1 + SWEEP_EVERY, "{held} entries held: closed ones were not swept");
+    drop(set);
 }
