@@ -18,7 +18,9 @@ pub struct ServerLimits {
     /// Most places this node's watches of sessions hold in all (default 2,000,000): a watch of
     /// one session holds one, a watch of a set one for each session it names (each counted
     /// once) that has not ended, or one if every session of the set has. A session's place
-    /// comes back when it ends, and every place of a stream when the stream ends. One stream
+    /// comes back when it ends, unless it is the last its stream follows, and every place of a
+    /// stream when the node drops the stream (one that fell behind, at its next read or when
+    /// its connection closes). One stream
     /// may follow 10,000 sessions, so without this bound `max_watch_streams` such streams
     /// could hold 10⁸ places in the fan-out of applied commands, gigabytes of memory (found in
     /// review). Keep it well above `max_sessions`: the Rust client follows each of its

@@ -72,7 +72,13 @@ class _Endpoints:
             # (and each failover's round through it) grow without bound (found in review).
             # One slice assignment: the list never looks shorter to another thread's `url()`.
             self.all[self.configured :] = [url]
-        self.current = self.all.index(url)
+        try:
+            self.current = self.all.index(url)
+        except ValueError:
+            # Another thread named another leader in between (the sync client's threads
+            # share this list): this one's wins.
+            self.all[self.configured :] = [url]
+            self.current = self.configured
 
 
 def tls(verify: Verify, cert: Cert) -> Union[bool, ssl.SSLContext]:

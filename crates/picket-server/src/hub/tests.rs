@@ -324,7 +324,7 @@ fn dropped_watches_give_their_places_back_at_once_and_are_swept_without_piling_u
         drop((dropped, single, lock, prefix));
         assert_eq!(hub.watched_sessions(), 5_000, "round {round}: places come back at once");
         let entries = hub.watcher_entries();
-        assert!(entries <= 2 * (5_000 + 2) + 1_004 + SWEEP_EVERY, "round {round}: {entries}");
+        assert!(entries <= 2 * (5_000 + 2) + 1_004 + MIN_SWEEP_ENTRIES, "round {round}: {entries}");
     }
     // Only the dropped watches' entries went: the live ones still get their events.
     let mut live = live;
@@ -394,6 +394,6 @@ fn closed_watches_are_swept_by_what_is_held_now_not_what_was_registered() {
         drop(hub.watch(Watched::Session(SessionId(20_000))).expect("a watch"));
     }
     let held = hub.watcher_entries();
-    assert!(held <= 1 + SWEEP_EVERY, "{held} entries held: closed ones were not swept");
+    assert!(held <= 1 + MIN_SWEEP_ENTRIES, "{held} entries held: closed ones were not swept");
     drop(set);
 }
