@@ -149,9 +149,9 @@ pub const WATCH_BUFFER: usize = 1_024;
 /// Fewest entries of closed streams that make a sweep. A sweep waits for at least half of all
 /// entries to be of closed streams, so its pass costs a constant per closed entry however many
 /// there are, amortized; one sweep is still a pass over every entry under the lock publishing
-/// takes, a pause in applying that grows with the entries held: about 0.29 s at 1,000,000 and
-/// 0.56 s at 2,000,000 on the development machine (release build; the lazy sweep before it
-/// made the same pass). Dropping a
+/// takes, a pause in applying that grows with the entries held: 0.25–0.29 s at 1,000,000 and
+/// 0.49–0.56 s at 2,000,000 (BENCHMARKS.md, `sweep_pause` in the tests; the lazy sweep before
+/// it made the same pass). Dropping a
 /// stream's entries one key at a time instead cost every entry under each of its keys: 200
 /// streams of the same 10,000 sessions made one stream's close cost 2,000,000 steps (found in
 /// review).

@@ -397,3 +397,31 @@ fn closed_watches_are_swept_by_what_is_held_now_not_what_was_registered() {
     assert!(held <= 1 + MIN_SWEEP_ENTRIES, "{held} entries held: closed ones were not swept");
     drop(set);
 }
+
+/// Not a test: the pause a sweep makes on the apply path, for BENCHMARKS.md ("What a sweep of
+/// closed watches costs"). Run with
+/// `cargo test --release -p picket-server --lib sweep_pause -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a test: it asserts nothing about time"]
+fn sweep_pause() {
+    for streams in [20_u64, 100, 200] {
+        let hub = Hub::new(10_000_000);
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        for n in 0..streams {
+            let ids: Vec<SessionId> = (n * 10_000..(n + 1) * 10_000).map(SessionId).collect();
+            let watch = hub.watch(Watched::SessionLosses(ids)).expect("a watch");
+            if n % 2 == 0 { kept.push(watch) } else { dropped.push(watch) }
+        }
+        let mut longest = std::time::Duration::ZERO;
+        for watch in dropped {
+            let started = std::time::Instant::now();
+            drop(watch);
+            longest = longest.max(started.elapsed());
+        }
+        println!(
+            "{} entries: the longest drop (the one that swept) took {longest:?}",
+            streams * 10_000
+        );
+    }
+}
