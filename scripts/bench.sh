@@ -3,11 +3,12 @@
 # by ../shared/peerbench, so every figure comes from the same session on the same machine.
 #
 # usage: scripts/bench.sh OUTFILE [ROUNDS] [SECS] [SYSTEMS...]
-#   SYSTEMS: picket picket-cluster skeleton-pipeline skeleton-loop etcd zk redis redis-aof
+#   SYSTEMS: picket picket-cluster skeleton-pipeline skeleton-direct skeleton-loop etcd zk redis
+#            redis-aof
 #            (default: picket etcd zk redis redis-aof)
 #   Peers must already run (../shared/peerbench/scripts/servers.sh start etcd|zk|redis|redis-aof);
 #   Picket (one node, or a 3-node loopback cluster) is started and stopped here, and so are the
-#   two shapes of the skeleton server (issue 19's lower bound: crates/picket/examples/
+#   three shapes of the skeleton server (issue 19's lower bound: crates/picket/examples/
 #   handoff_skeleton.rs; build it with cargo build --release -p picket --example handoff_skeleton).
 # Each run is bounded by --secs plus a timeout; every process started here is stopped on exit.
 set -uo pipefail
@@ -57,12 +58,18 @@ for sys in $SYSTEMS; do
       CLUSTER_PIDS=()
       for i in 1 2 3; do start_picket node$i 1790$i --node-id $i --peers $peers; CLUSTER_PIDS+=("$STARTED_PID"); done
       wait_leader 17901 ;;
-    skeleton-pipeline|skeleton-loop)
-      port=17811; [ "$sys" = skeleton-loop ] && port=17812
+    skeleton-pipeline|skeleton-direct|skeleton-loop)
+      case $sys in skeleton-pipeline) port=17811;; skeleton-loop) port=17812;; *) port=17813;; esac
       "$SKELETON" serve "${sys#skeleton-}" "127.0.0.1:$port" "$WORK/$sys" >"$WORK/$sys.out" 2>"$WORK/$sys.err" &
       PIDS+=("$!")
-      if [ "$sys" = skeleton-loop ]; then LOOP_PID=$!; else PIPELINE_PID=$!; fi
-      for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done ;;
+      case $sys in skeleton-pipeline) PIPELINE_PID=$!;; skeleton-loop) LOOP_PID=$!;; *) DIRECT_PID=$!;; esac
+      ready=
+      for _ in $(seq 1 50); do
+        kill -0 "${PIDS[-1]}" 2>/dev/null || break
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { ready=1; break; }
+        sleep 0.1
+      done
+      [ -n "$ready" ] || { echo "$sys did not listen on port $port within 5 s" >&2; exit 1; } ;;
   esac
 done
 
@@ -74,6 +81,7 @@ for r in $(seq 1 "$ROUNDS"); do
           picket) line=$(timeout $((SECS + 90)) "$PICKET" bench --endpoints 127.0.0.1:17801 --mode $mode --clients $n --secs "$SECS" --server-pid "$PICKET_PID" --tag "picket/r$r" 2>>"$WORK/bench.err") ;;
           picket-cluster) line=$(timeout $((SECS + 90)) "$PICKET" bench --endpoints 127.0.0.1:17901,127.0.0.1:17902,127.0.0.1:17903 --mode $mode --clients $n --secs "$SECS" --server-pid "$(leader_pid)" --tag "picket-cluster/r$r" 2>>"$WORK/bench.err") ;;
           skeleton-pipeline) line=$(timeout $((SECS + 90)) "$SKELETON" drive 127.0.0.1:17811 $mode $n "$SECS" "$PIPELINE_PID" "skeleton-pipeline/r$r" 2>>"$WORK/bench.err") ;;
+          skeleton-direct) line=$(timeout $((SECS + 90)) "$SKELETON" drive 127.0.0.1:17813 $mode $n "$SECS" "$DIRECT_PID" "skeleton-direct/r$r" 2>>"$WORK/bench.err") ;;
           skeleton-loop) line=$(timeout $((SECS + 90)) "$SKELETON" drive 127.0.0.1:17812 $mode $n "$SECS" "$LOOP_PID" "skeleton-loop/r$r" 2>>"$WORK/bench.err") ;;
           etcd) line=$(timeout $((SECS + 90)) "$PB" etcd --endpoint 127.0.0.1:2379 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/etcd.pid)" --tag "etcd/r$r" 2>>"$WORK/bench.err") ;;
           zk) line=$(timeout $((SECS + 90)) "$PB" zk --endpoint 127.0.0.1:2181 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/zk.pid)" --tag "zk/r$r" 2>>"$WORK/bench.err") ;;
