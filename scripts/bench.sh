@@ -8,7 +8,7 @@
 #            (default: picket etcd zk redis redis-aof)
 #   Peers must already run (../shared/peerbench/scripts/servers.sh start etcd|zk|redis|redis-aof);
 #   Picket (one node, or a 3-node loopback cluster) is started and stopped here, and so are the
-#   three shapes of the skeleton server (issue 19's lower bound: crates/picket/examples/
+#   three shapes of the skeleton server (issue 19's reference: crates/picket/examples/
 #   handoff_skeleton.rs; build it with cargo build --release -p picket --example handoff_skeleton).
 # Each run is bounded by --secs plus a timeout; every process started here is stopped on exit.
 set -uo pipefail

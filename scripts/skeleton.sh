@@ -28,8 +28,8 @@ cleanup() {
   wait 2>/dev/null; rm -rf "$DATA"
 }
 trap cleanup EXIT
-# The echo server lives as long as the whole run may take: 10 runs a round, each bounded.
-"$PB" tcp-server --listen "127.0.0.1:$ECHO_PORT" --max-secs $((ROUNDS * 10 * (SECS + 70) + 60)) >/dev/null 2>&1 &
+# The echo server lives as long as the whole run may take: 13 runs a round, each bounded.
+"$PB" tcp-server --listen "127.0.0.1:$ECHO_PORT" --max-secs $((ROUNDS * 13 * (SECS + 70) + 60)) >/dev/null 2>&1 &
 ECHO=$!
 ROWS="contended 8
 uncontended 64
@@ -72,6 +72,7 @@ for round in $(seq 1 "$ROUNDS"); do
         "$SERVER" "$server/r$round" >> "$OUT" \
         || { echo "skeleton.sh: $server $mode $clients failed" >&2; exit 1; }
       kill "$SERVER"; wait "$SERVER" 2>/dev/null; SERVER=
+      [ -s "$DATA/syncs" ] || { echo "skeleton.sh: the $server skeleton printed no SYNCS line" >&2; exit 1; }
       sed "s/\$/ mode=$mode clients=$clients tag=$server\/r$round/" "$DATA/syncs" >> "$OUT"
     done <<< "$ROWS"
     [ -n "$SERVER" ] && { kill "$SERVER"; wait "$SERVER" 2>/dev/null; SERVER=; }
