@@ -88,7 +88,10 @@ for r in $(seq 1 "$ROUNDS"); do
           redis) line=$(timeout $((SECS + 90)) "$PB" redis --endpoint 127.0.0.1:16379 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/redis.pid)" --tag "redis/r$r" 2>>"$WORK/bench.err") ;;
           redis-aof) line=$(timeout $((SECS + 90)) "$PB" redis --endpoint 127.0.0.1:16380 --clients $n --mode $mode --secs "$SECS" --server-pid "$(cat $BASE/redis-aof.pid)" --tag "redis-aof/r$r" 2>>"$WORK/bench.err") ;;
         esac
-        echo "$(echo "$line" | grep '^RESULT')" | tee -a "$OUT"
+        result=$(echo "$line" | grep '^RESULT')
+        # A run that printed no RESULT line (it failed or timed out) is reported, not written
+        # as an empty line; its errors are in bench.err, shown on exit.
+        if [ -n "$result" ]; then echo "$result" | tee -a "$OUT"; else echo "no result: $sys $mode $n (round $r)" >&2; fi
       done
     done
   done
