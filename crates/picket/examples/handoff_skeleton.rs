@@ -561,12 +561,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What the clients measured together.
-#[derive(Default)]
+/// What one client measured: its cycles, and their times in µs (histograms, bounded however
+/// long the run).
 struct Tally {
     cycles: u64,
-    acquire_us: Vec<u64>,
-    cycle_us: Vec<u64>,
+    acquire_us: Histogram<u64>,
+    cycle_us: Histogram<u64>,
 }
 
 async fn drive(
@@ -599,7 +599,8 @@ async fn drive(
             (server_cpu_before.clone(), client_cpu_before.clone());
         let server_pid = server_pid.to_owned();
         tasks.push(tokio::spawn(async move {
-            let mut tally = Tally::default();
+            let mut tally =
+                Tally { cycles: 0, acquire_us: Histogram::new(3)?, cycle_us: Histogram::new(3)? };
             let mut last_own_token = 0;
             let mut bytes = [0; FRAME_BYTES];
             loop {
@@ -636,8 +637,8 @@ async fn drive(
                 }
                 if started >= warm_until {
                     tally.cycles += 1;
-                    tally.acquire_us.push(micros(granted - started));
-                    tally.cycle_us.push(micros(started.elapsed()));
+                    tally.acquire_us.record(micros(granted - started))?;
+                    tally.cycle_us.record(micros(started.elapsed()))?;
                 } else if Instant::now() >= warm_until {
                     // The first client past the warm-up reads the CPU counters once.
                     lock(&server_cpu_before).get_or_insert_with(|| cpu_seconds(&server_pid));
@@ -653,12 +654,8 @@ async fn drive(
     for task in tasks {
         let tally = task.await??;
         cycles += tally.cycles;
-        for value in tally.acquire_us {
-            acquire.record(value)?;
-        }
-        for value in tally.cycle_us {
-            cycle.record(value)?;
-        }
+        acquire.add(&tally.acquire_us)?;
+        cycle.add(&tally.cycle_us)?;
     }
     let percent = |before: &Mutex<Option<Option<f64>>>, pid: &str| {
         let before = (*lock(before)).flatten()?;
