@@ -126,32 +126,36 @@ impl Client {
     }
 
     /// A consistent backup of the lock state, taken on the leader (admins only): the bytes of
-    /// a backup file, to restore with `picket serve --restore FILE`.
+    /// a backup file, to restore with `picket serve --restore FILE`. It is held whole in
+    /// memory; [`Client::backup_chunks`] hands it over piece by piece instead.
     ///
     /// # Errors
     /// Permission denied; the cluster being unreachable; the stream breaking before its end
     /// (nothing partial is returned).
     pub async fn backup(&self) -> Result<Vec<u8>, ClientError> {
+        let mut chunks = self.backup_chunks().await?;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = chunks.next().await? {
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    }
+
+    /// [`Client::backup`] as it arrives: the backup file's bytes in order, a chunk at a time,
+    /// so that a caller writing them to a file holds one chunk, not the whole backup. Only a
+    /// stream read to its end is a whole backup.
+    ///
+    /// # Errors
+    /// Permission denied; the cluster being unreachable.
+    pub async fn backup_chunks(&self) -> Result<BackupChunks, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
-        let mut chunks = self
+        let chunks = self
             .transport
             .call(Retry::Safe, timeout, |connection| async move {
                 connection.grpc().backup(v1::Empty {}).await
             })
             .await?;
-        let mut bytes = Vec::new();
-        let broken = |status: tonic::Status| ClientError::Service {
-            code: ErrorCode::BackupIncomplete,
-            message: format!(
-                "the backup stream broke before its end: {}; try again",
-                status.message()
-            ),
-            holder_token: None,
-        };
-        while let Some(chunk) = chunks.message().await.map_err(broken)? {
-            bytes.extend_from_slice(&chunk.data);
-        }
-        Ok(bytes)
+        Ok(BackupChunks { chunks })
     }
 
     /// The state of one lock.
@@ -322,5 +326,36 @@ impl Client {
         request: v1::WatchRequest,
     ) -> Result<tonic::Streaming<v1::WatchEvent>, ClientError> {
         self.transport.watch_with(request).await
+    }
+}
+
+/// A backup arriving in chunks, from [`Client::backup_chunks`].
+pub struct BackupChunks {
+    chunks: tonic::Streaming<v1::BackupChunk>,
+}
+
+impl BackupChunks {
+    /// The backup's next bytes, or `None` once all of it has arrived.
+    ///
+    /// # Errors
+    /// The stream breaking before its end (`backup_incomplete`): what arrived before is not a
+    /// whole backup, and the backup is to be taken again.
+    pub async fn next(&mut self) -> Result<Option<Vec<u8>>, ClientError> {
+        let broken = |status: tonic::Status| ClientError::Service {
+            code: ErrorCode::BackupIncomplete,
+            message: format!(
+                "the backup stream broke before its end: {}; try again",
+                status.message()
+            ),
+            holder_token: None,
+        };
+        let chunk = self.chunks.message().await.map_err(broken)?;
+        Ok(chunk.map(|chunk| chunk.data))
+    }
+}
+
+impl std::fmt::Debug for BackupChunks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackupChunks").finish_non_exhaustive()
     }
 }

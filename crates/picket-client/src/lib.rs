@@ -38,7 +38,7 @@ mod transport;
 mod watch;
 mod watcher;
 
-pub use client::Client;
+pub use client::{BackupChunks, Client};
 pub use error::{ClientError, ErrorCode, LostReason};
 pub use guard::{FenceRegistration, Guard, RegistrationError, Released};
 pub use info::{Grant, Holder, LockState, SessionSummary};

@@ -225,6 +225,17 @@ type BackupStream = Pin<Box<dyn Stream<Item = Result<v1::BackupChunk, Status>> +
 /// A backup travels in chunks of this size, well under any message limit.
 const BACKUP_CHUNK_BYTES: usize = 1 << 20;
 
+/// `bytes` as the stream of chunks a backup travels in. Each chunk is copied out only when the
+/// stream is polled for it, so a backup being sent is held once, not twice.
+fn backup_chunks(bytes: Vec<u8>) -> BackupStream {
+    let chunk_count = bytes.len().div_ceil(BACKUP_CHUNK_BYTES);
+    Box::pin(futures_util::stream::iter((0..chunk_count).map(move |index| {
+        let start = index * BACKUP_CHUNK_BYTES;
+        let end = bytes.len().min(start + BACKUP_CHUNK_BYTES);
+        Ok(v1::BackupChunk { data: bytes[start..end].to_vec() })
+    })))
+}
+
 #[tonic::async_trait]
 impl picket_server::Picket for ClientService {
     async fn open_session(
@@ -450,11 +461,7 @@ impl picket_server::Picket for ClientService {
     async fn backup(&self, request: Request<v1::Empty>) -> RpcResult<Self::BackupStream> {
         let who = self.who(&request)?;
         let bytes = self.node.as_caller(who).backup().await.map_err(|error| status(&error))?;
-        let chunks: Vec<Result<v1::BackupChunk, Status>> = bytes
-            .chunks(BACKUP_CHUNK_BYTES)
-            .map(|chunk| Ok(v1::BackupChunk { data: chunk.to_vec() }))
-            .collect();
-        Ok(Response::new(Box::pin(futures_util::stream::iter(chunks))))
+        Ok(Response::new(backup_chunks(bytes)))
     }
 
     async fn add_member(
@@ -529,5 +536,17 @@ mod tests {
             ("released", "session_expired")
         );
         assert_eq!(message.cancel_cause(), v1::CancelCause::Unspecified);
+    }
+
+    #[tokio::test]
+    async fn a_backup_travels_in_whole_chunks_that_make_it_up_in_order() {
+        use futures_util::StreamExt as _;
+        let bytes: Vec<u8> = (0..2 * BACKUP_CHUNK_BYTES + 5).map(|at| [1, 2, 3][at % 3]).collect();
+        let chunks: Vec<Vec<u8>> =
+            backup_chunks(bytes.clone()).map(|chunk| chunk.expect("a chunk").data).collect().await;
+        let sizes: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [BACKUP_CHUNK_BYTES, BACKUP_CHUNK_BYTES, 5]);
+        assert_eq!(chunks.concat(), bytes);
+        assert_eq!(backup_chunks(Vec::new()).count().await, 0, "nothing to send, no chunk");
     }
 }

@@ -417,16 +417,15 @@ pub async fn snapshot(args: SnapshotArgs, client: &Client) -> anyhow::Result<Exi
     let SnapshotAction::Save { file } = args.action else {
         unreachable!("inspect runs without a client")
     };
-    let bytes = client.backup().await?;
+    // Written as it arrives, so the CLI holds one chunk of a large backup, not all of it; the
+    // file gets its name only once the whole stream is in it and synced.
     let temporary = file.with_extension("partial");
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        let mut out = std::fs::File::create(&temporary)?;
-        out.write_all(&bytes)?;
-        out.sync_all()?;
-        std::fs::rename(&temporary, &file)
-    };
-    anyhow::Context::with_context(write(), || {
+    let written = write_backup(client, &temporary).await;
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    let bytes = written?;
+    anyhow::Context::with_context(std::fs::rename(&temporary, &file), || {
         format!("cannot write the backup to {}", file.display())
     })?;
     let backup = picket_server::backup::read(&file)?;
@@ -435,10 +434,26 @@ pub async fn snapshot(args: SnapshotArgs, client: &Client) -> anyhow::Result<Exi
         backup.meta.revision,
         backup.meta.sessions,
         backup.meta.locks,
-        bytes.len(),
+        bytes,
         file.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the backup `client` takes into `path` as it arrives and syncs it: how many bytes.
+async fn write_backup(client: &Client, path: &std::path::Path) -> anyhow::Result<u64> {
+    use tokio::io::AsyncWriteExt as _;
+    let cannot_write = || format!("cannot write the backup to {}", path.display());
+    let mut chunks = client.backup_chunks().await?;
+    let mut out = anyhow::Context::with_context(tokio::fs::File::create(path).await, cannot_write)?;
+    let mut bytes = 0_u64;
+    while let Some(chunk) = chunks.next().await? {
+        anyhow::Context::with_context(out.write_all(&chunk).await, cannot_write)?;
+        bytes += chunk.len() as u64;
+    }
+    anyhow::Context::with_context(out.flush().await, cannot_write)?;
+    anyhow::Context::with_context(out.sync_all().await, cannot_write)?;
+    Ok(bytes)
 }
 
 /// Runs `picket snapshot inspect`.
