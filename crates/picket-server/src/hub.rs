@@ -11,7 +11,7 @@
 use crate::error::ServiceError;
 use crate::limits::{Budget, ServerLimit, ServerLimits};
 use picket_core::{Event, RequestId, SessionId, StateMachine, WaitEnd};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
@@ -138,7 +138,9 @@ impl Drop for Subscription {
         // A watch of a lock or prefix has one entry and no place.
         let entries = self.stream.give_back_all().max(1);
         if let Some(watchers) = self.watchers.upgrade() {
-            lock(&watchers).closed(entries);
+            // Its keys are where the sweep looks for its entries.
+            let target = std::mem::replace(&mut self.target, Watched::Sessions(Vec::new()));
+            lock(&watchers).closed(entries, target);
         }
     }
 }
@@ -146,16 +148,20 @@ impl Drop for Subscription {
 /// Most deliveries a watch buffers before it is cut off.
 pub const WATCH_BUFFER: usize = 1_024;
 
-/// Fewest entries of closed streams that make a sweep. A sweep waits for at least half of all
-/// entries to be of closed streams, so its pass costs a constant per closed entry however many
-/// there are, amortized; one sweep is still a pass over every entry under the lock publishing
-/// takes, a pause in applying that grows with the entries held: 0.25–0.29 s at 1,000,000 and
-/// 0.49–0.56 s at 2,000,000 (BENCHMARKS.md, `sweep_pause` in the tests; the lazy sweep before
-/// it made the same pass). Dropping a
-/// stream's entries one key at a time instead cost every entry under each of its keys: 200
-/// streams of the same 10,000 sessions made one stream's close cost 2,000,000 steps (found in
-/// review).
+/// Fewest entries of closed streams that start a sweep. A sweep starts once at least half of
+/// all entries are of closed streams, so that it costs a constant per closed entry however many
+/// there are, amortized. It looks only under the keys closed streams were registered under,
+/// and it is done in steps ([`SWEEP_STEP_ENTRIES`]), one with each later call into the fan-out
+/// (a watch, a close, a publish), so that no call pauses applying for a pass over every entry:
+/// one pass over a million entries was 0.25–0.29 s (BENCHMARKS.md, `sweep_pause` in the tests).
+/// Dropping a stream's entries one key at a time, at once, instead cost every entry under each
+/// of its keys on every close: 200 streams of the same 10,000 sessions made one stream's close
+/// cost 2,000,000 steps (found in review); a sweep looks under each key once.
 const MIN_SWEEP_ENTRIES: usize = 256;
+
+/// Entries one step of a sweep looks at, at least (a step takes whole keys, and a close looks
+/// at as many entries as it closed): about half a millisecond at 0.25 µs an entry.
+const SWEEP_STEP_ENTRIES: usize = 2_048;
 
 /// What every entry of one watch stream shares.
 #[derive(Debug)]
@@ -234,13 +240,20 @@ struct Watchers {
     /// sweep's rule bounds them (an upper bound that only grew between sweeps let entries of
     /// closed streams pile up, found in review).
     entries: usize,
-    /// Entries of streams closed since the last sweep.
+    /// Entries of streams closed since the last sweep started.
     closed_entries: usize,
-    by_session: HashMap<SessionId, Vec<Watcher>>,
-    by_lock: HashMap<String, Vec<Watcher>>,
+    /// The closed streams whose entries are to be swept, and the sweep under way.
+    sweep: SweepQueue,
+    /// The most entries one step of a sweep looked at, and all they looked at (tests only).
+    #[cfg(test)]
+    longest_step: usize,
+    #[cfg(test)]
+    looked_at_in_sweeps: usize,
+    by_session: HashMap<SessionId, Keyed>,
+    by_lock: HashMap<String, Keyed>,
     /// Prefix watches, by prefix. A lock event finds its prefixes' watchers by looking up the
     /// prefixes of its name, or by checking each watched prefix when there are fewer of those.
-    by_prefix: HashMap<String, Vec<Watcher>>,
+    by_prefix: HashMap<String, Keyed>,
 }
 
 /// Drops, from the watchers of one ended session, the entries of streams that still follow
@@ -261,7 +274,7 @@ fn retain(watchers: &mut Vec<Watcher>, keep: impl FnMut(&Watcher) -> bool) -> us
 /// Offers to the watchers under `key` and forgets the key when none is left; returns how many
 /// watchers went.
 fn offer_key<K: std::hash::Hash + Eq>(
-    map: &mut HashMap<K, Vec<Watcher>>,
+    map: &mut HashMap<K, Keyed>,
     key: &K,
     delivery: &Delivery,
 ) -> usize {
@@ -271,6 +284,96 @@ fn offer_key<K: std::hash::Hash + Eq>(
         map.remove(key);
     }
     gone
+}
+
+/// The watchers under one key of [`Watchers`]' maps.
+#[derive(Debug, Default)]
+struct Keyed {
+    watchers: Vec<Watcher>,
+    /// The last sweep that looked under this key (0: none), so that a sweep looks under a key
+    /// once however many closed streams were registered under it.
+    swept_by: u64,
+}
+
+impl std::ops::Deref for Keyed {
+    type Target = Vec<Watcher>;
+
+    fn deref(&self) -> &Vec<Watcher> {
+        &self.watchers
+    }
+}
+
+impl std::ops::DerefMut for Keyed {
+    fn deref_mut(&mut self) -> &mut Vec<Watcher> {
+        &mut self.watchers
+    }
+}
+
+/// Where a closed stream's entries are: a key of one of [`Watchers`]' maps.
+enum SweepKey<'a> {
+    Session(SessionId),
+    Lock(&'a String),
+    Prefix(&'a String),
+}
+
+/// What a stream registered as `target` holds entries under: its `at`-th key, if it has one.
+fn sweep_key_of(target: &Watched, at: usize) -> Option<SweepKey<'_>> {
+    match target {
+        Watched::Session(session) => (at == 0).then_some(SweepKey::Session(*session)),
+        Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => {
+            sessions.get(at).map(|session| SweepKey::Session(*session))
+        }
+        Watched::Lock(name) => (at == 0).then_some(SweepKey::Lock(name)),
+        Watched::Prefix(prefix) => (at == 0).then_some(SweepKey::Prefix(prefix)),
+    }
+}
+
+/// The closed streams whose entries are yet to be swept, oldest first, and where the sweep
+/// under way stands among them. Streams, not keys, are queued: a queue of a million keys
+/// would itself pause applying each time it grew.
+#[derive(Debug, Default)]
+struct SweepQueue {
+    closed: VecDeque<Watched>,
+    /// Closed streams at the front that the sweep under way has yet to finish (none: no sweep
+    /// is under way). A stream closed after a sweep started waits for the next, so that a key
+    /// with many live entries is not looked under again for every stream closed under it.
+    round_streams: usize,
+    /// The keys of the front stream the sweep has taken.
+    keys_taken: usize,
+    /// The number of the sweep under way, or of the last (see [`Keyed::swept_by`]).
+    round: u64,
+}
+
+impl SweepQueue {
+    /// Starts a sweep of every stream queued now.
+    fn start(&mut self) {
+        self.round_streams = self.closed.len();
+        self.round += 1;
+    }
+
+    fn running(&self) -> bool {
+        self.round_streams > 0
+    }
+}
+
+/// Drops the entries of ended streams under `key`, and the key once none is left, unless this
+/// sweep (`round`) already looked under it: how many entries it looked at, and how many went.
+fn sweep_key<K: std::hash::Hash + Eq>(
+    map: &mut HashMap<K, Keyed>,
+    key: &K,
+    round: u64,
+) -> (usize, usize) {
+    let Some(keyed) = map.get_mut(key) else { return (0, 0) };
+    if keyed.swept_by == round {
+        return (0, 0);
+    }
+    keyed.swept_by = round;
+    let looked_at = keyed.len();
+    let gone = retain(keyed, |watcher| !watcher.is_gone());
+    if keyed.is_empty() {
+        map.remove(key);
+    }
+    (looked_at, gone)
 }
 
 impl Watchers {
@@ -322,8 +425,7 @@ impl Watchers {
     /// its sessions, and was offered a resync as many times (found with the test of
     /// `forget_all_ended`); a stream is known by its shared state.
     fn deliver_everywhere(&mut self, delivery: &Delivery) {
-        let mut offered: std::collections::HashSet<*const StreamState> =
-            std::collections::HashSet::new();
+        let mut offered: HashSet<*const StreamState> = HashSet::new();
         let mut gone = 0;
         for watchers in self
             .by_session
@@ -368,31 +470,52 @@ impl Watchers {
         self.went(gone);
     }
 
-    /// Counts `entries` more of a closed stream, and sweeps once they are at least half of
-    /// all (and at least [`MIN_SWEEP_ENTRIES`]). The count may be high (some of those entries may
-    /// have gone already), which only brings the sweep forward; each closed stream adds no
-    /// more than it registered, so sweeps still cost a constant per registered entry.
-    fn closed(&mut self, entries: usize) {
+    /// Counts `entries` more of a closed stream registered as `target`, and queues it for a
+    /// sweep, which starts once closed entries are at least half of all (and at least
+    /// [`MIN_SWEEP_ENTRIES`]). The count may be high (some of those entries may have gone
+    /// already), which only brings the sweep forward; each closed stream adds no more than it
+    /// registered, so sweeps still cost a constant per registered entry. The close then takes a
+    /// step of the sweep as long as its own entries, so a sweep keeps up with closes.
+    fn closed(&mut self, entries: usize, target: Watched) {
         self.closed_entries += entries;
-        if self.closed_entries >= MIN_SWEEP_ENTRIES.max(self.entries / 2) {
-            self.sweep();
+        self.sweep.closed.push_back(target);
+        if !self.sweep.running() && self.closed_entries >= MIN_SWEEP_ENTRIES.max(self.entries / 2) {
+            self.sweep.start();
+            self.closed_entries = 0;
         }
+        self.sweep_step(entries);
     }
 
-    /// Drops the entries of streams that ended or were cut off.
-    fn sweep(&mut self) {
-        let mut gone = 0;
-        for watchers in self
-            .by_session
-            .values_mut()
-            .chain(self.by_lock.values_mut())
-            .chain(self.by_prefix.values_mut())
-        {
-            gone += retain(watchers, |watcher| !watcher.is_gone());
+    /// One step of a sweep under way: drops the entries of streams that ended or were cut off
+    /// under the keys of the streams it sweeps, whole keys at a time, until at least `budget`
+    /// (and at least [`SWEEP_STEP_ENTRIES`]) entries were looked at or its streams are done.
+    fn sweep_step(&mut self, budget: usize) {
+        let budget = budget.max(SWEEP_STEP_ENTRIES);
+        let mut looked_at = 0;
+        while looked_at < budget && self.sweep.running() {
+            let front = self.sweep.closed.front().expect("a sweep's streams are queued");
+            let Some(key) = sweep_key_of(front, self.sweep.keys_taken) else {
+                self.sweep.closed.pop_front();
+                self.sweep.round_streams -= 1;
+                self.sweep.keys_taken = 0;
+                continue;
+            };
+            self.sweep.keys_taken += 1;
+            let round = self.sweep.round;
+            let (looked, gone) = match key {
+                SweepKey::Session(session) => sweep_key(&mut self.by_session, &session, round),
+                SweepKey::Lock(name) => sweep_key(&mut self.by_lock, name, round),
+                SweepKey::Prefix(prefix) => sweep_key(&mut self.by_prefix, prefix, round),
+            };
+            self.went(gone);
+            // A key already looked under, or no longer held, still costs its look-up.
+            looked_at += looked.max(1);
         }
-        self.forget_empty();
-        self.went(gone);
-        self.closed_entries = 0;
+        #[cfg(test)]
+        {
+            self.longest_step = self.longest_step.max(looked_at);
+            self.looked_at_in_sweeps += looked_at;
+        }
     }
 
     /// Counts `count` entries gone.
@@ -614,6 +737,7 @@ impl Hub {
         let losses_only = matches!(target, Watched::SessionLosses(_));
         let entry = || Watcher { sender: sender.clone(), stream: stream.clone(), losses_only };
         let mut watchers = lock(&self.watchers);
+        watchers.sweep_step(followed);
         watchers.entries += match &target {
             Watched::Sessions(sessions) | Watched::SessionLosses(sessions) => sessions.len(),
             Watched::Session(_) | Watched::Lock(_) | Watched::Prefix(_) => 1,
@@ -650,6 +774,7 @@ impl Hub {
             for event in events {
                 watchers.deliver(revision, event);
             }
+            watchers.sweep_step(events.len());
         }
     }
 
