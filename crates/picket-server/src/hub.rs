@@ -152,8 +152,10 @@ pub const WATCH_BUFFER: usize = 1_024;
 /// all entries are of closed streams, so that it costs a constant per closed entry however many
 /// there are, amortized. It looks only under the keys closed streams were registered under,
 /// and it is done in steps ([`SWEEP_STEP_ENTRIES`]), one with each later call into the fan-out
-/// (a watch, a close, a publish), so that no call pauses applying for a pass over every entry:
-/// one pass over a million entries was 0.25–0.29 s (BENCHMARKS.md, `sweep_pause` in the tests).
+/// (a watch, a close, a publish of events), so that no call pauses applying for a pass over
+/// every entry: one pass over a million entries was 0.25–0.29 s (BENCHMARKS.md, `sweep_pause`
+/// in the tests). A step takes whole keys, so a key holding most entries (many watches of one
+/// lock) is still looked at whole; a snapshot's resync still passes over every entry.
 /// Dropping a stream's entries one key at a time, at once, instead cost every entry under each
 /// of its keys on every close: 200 streams of the same 10,000 sessions made one stream's close
 /// cost 2,000,000 steps (found in review); a sweep looks under each key once.
@@ -470,29 +472,37 @@ impl Watchers {
         self.went(gone);
     }
 
-    /// Counts `entries` more of a closed stream registered as `target`, and queues it for a
-    /// sweep, which starts once closed entries are at least half of all (and at least
-    /// [`MIN_SWEEP_ENTRIES`]). The count may be high (some of those entries may have gone
-    /// already), which only brings the sweep forward; each closed stream adds no more than it
-    /// registered, so sweeps still cost a constant per registered entry. The close then takes a
-    /// step of the sweep as long as its own entries, so a sweep keeps up with closes.
+    /// Counts `entries` more of a closed stream registered as `target` (or as many as the keys
+    /// it was registered under, if more: the sweep looks under each), and queues it for a
+    /// sweep. The count may be high (some of those entries may have gone already), which only
+    /// brings the sweep forward; each closed stream adds no more than it registered, so sweeps
+    /// still cost a constant per registered entry. The close then takes a step of the sweep as
+    /// long as that count, so a sweep keeps up with closes.
     fn closed(&mut self, entries: usize, target: Watched) {
-        self.closed_entries += entries;
+        let counted = entries.max(target.sessions_followed());
+        self.closed_entries += counted;
         self.sweep.closed.push_back(target);
+        self.sweep_step(counted);
+    }
+
+    /// Starts a sweep of the closed streams queued now, if their entries are at least half of
+    /// all (and at least [`MIN_SWEEP_ENTRIES`]): whether one is under way.
+    fn sweep_if_due(&mut self) -> bool {
         if !self.sweep.running() && self.closed_entries >= MIN_SWEEP_ENTRIES.max(self.entries / 2) {
             self.sweep.start();
             self.closed_entries = 0;
         }
-        self.sweep_step(entries);
+        self.sweep.running()
     }
 
-    /// One step of a sweep under way: drops the entries of streams that ended or were cut off
-    /// under the keys of the streams it sweeps, whole keys at a time, until at least `budget`
-    /// (and at least [`SWEEP_STEP_ENTRIES`]) entries were looked at or its streams are done.
+    /// One step of a sweep (started here if one is due): drops the entries of streams that
+    /// ended or were cut off under the keys of the streams it sweeps, whole keys at a time,
+    /// until at least `budget` (and at least [`SWEEP_STEP_ENTRIES`]) entries were looked at or
+    /// no sweep is due.
     fn sweep_step(&mut self, budget: usize) {
         let budget = budget.max(SWEEP_STEP_ENTRIES);
         let mut looked_at = 0;
-        while looked_at < budget && self.sweep.running() {
+        while looked_at < budget && self.sweep_if_due() {
             let front = self.sweep.closed.front().expect("a sweep's streams are queued");
             let Some(key) = sweep_key_of(front, self.sweep.keys_taken) else {
                 self.sweep.closed.pop_front();

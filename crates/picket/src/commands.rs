@@ -417,18 +417,32 @@ pub async fn snapshot(args: SnapshotArgs, client: &Client) -> anyhow::Result<Exi
     let SnapshotAction::Save { file } = args.action else {
         unreachable!("inspect runs without a client")
     };
-    // Written as it arrives, so the CLI holds one chunk of a large backup, not all of it; the
-    // file gets its name only once the whole stream is in it and synced.
-    let temporary = file.with_extension("partial");
-    let written = write_backup(client, &temporary).await;
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    let bytes = written?;
+    // Written as it arrives, not gathered in memory first, into a file of its own: FILE is
+    // replaced only by a backup that arrived whole and reads back as one.
+    let mut temporary = file.clone().into_os_string();
+    temporary.push(".partial");
+    let temporary = std::path::PathBuf::from(temporary);
+    let mut chunks = client.backup_chunks().await?;
+    let checked = match write_backup(&mut chunks, &temporary).await {
+        Ok(bytes) => picket_server::backup::read(&temporary)
+            .map(|backup| (backup, bytes))
+            .map_err(anyhow::Error::from),
+        Err(error) => Err(error),
+    };
+    let (backup, bytes) = match checked {
+        Ok(checked) => checked,
+        Err(error) => {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(error.context("the backup was not saved; take it again"));
+        }
+    };
     anyhow::Context::with_context(std::fs::rename(&temporary, &file), || {
-        format!("cannot write the backup to {}", file.display())
+        format!(
+            "cannot rename the whole backup {} to {}; it is complete where it is",
+            temporary.display(),
+            file.display()
+        )
     })?;
-    let backup = picket_server::backup::read(&file)?;
     println!(
         "saved a backup of revision {} ({} sessions, {} locks, {} bytes) to {}",
         backup.meta.revision,
@@ -440,16 +454,25 @@ pub async fn snapshot(args: SnapshotArgs, client: &Client) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes the backup `client` takes into `path` as it arrives and syncs it: how many bytes.
-async fn write_backup(client: &Client, path: &std::path::Path) -> anyhow::Result<u64> {
+/// Writes the backup arriving in `chunks` into a new file at `path` and syncs it: how many
+/// bytes. At most [`picket_server::backup::MAX_BACKUP_BYTES`] are taken.
+async fn write_backup(
+    chunks: &mut picket_client::BackupChunks,
+    path: &std::path::Path,
+) -> anyhow::Result<u64> {
     use tokio::io::AsyncWriteExt as _;
     let cannot_write = || format!("cannot write the backup to {}", path.display());
-    let mut chunks = client.backup_chunks().await?;
     let mut out = anyhow::Context::with_context(tokio::fs::File::create(path).await, cannot_write)?;
     let mut bytes = 0_u64;
     while let Some(chunk) = chunks.next().await? {
-        anyhow::Context::with_context(out.write_all(&chunk).await, cannot_write)?;
         bytes += chunk.len() as u64;
+        if bytes > picket_server::backup::MAX_BACKUP_BYTES {
+            anyhow::bail!(
+                "the backup is longer than {} bytes, the most a node restores",
+                picket_server::backup::MAX_BACKUP_BYTES
+            );
+        }
+        anyhow::Context::with_context(out.write_all(&chunk).await, cannot_write)?;
     }
     anyhow::Context::with_context(out.flush().await, cannot_write)?;
     anyhow::Context::with_context(out.sync_all().await, cannot_write)?;

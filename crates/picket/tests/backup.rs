@@ -54,6 +54,9 @@ fn save_backup(addr: &str, file: &Path) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("saved a backup of revision"), "{stdout}");
+    let mut partial = file.as_os_str().to_owned();
+    partial.push(".partial");
+    assert!(!Path::new(&partial).exists(), "the file written as it arrived was renamed");
 }
 
 fn lock(addrs: &[String], name: &str) -> Value {
@@ -183,6 +186,18 @@ fn a_restore_into_a_used_data_directory_or_a_damaged_backup_is_refused() {
     let backup = dir.path().join("picket.backup");
     let (used_dir, server) = ServerProcess::start_ready(Path::new(PICKET), &[]);
     save_backup(&server.addr, &backup);
+    // A backup that cannot be written says so and what to do, and leaves no file behind.
+    let nowhere = dir.path().join("missing").join("picket.backup");
+    let failed = Command::new(PICKET)
+        .args(["--endpoints", &server.addr, "snapshot", "save"])
+        .arg(&nowhere)
+        .output()
+        .expect("picket snapshot save runs");
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success());
+    assert!(stderr.contains("cannot write the backup to"), "{stderr}");
+    assert!(stderr.contains("take it again"), "{stderr}");
+    assert!(!dir.path().join("missing").exists());
     // The same backup over HTTP, for curl.
     let over_http = http::get(&server.addr, "/v1/backup");
     assert_eq!(over_http.status, 200);

@@ -438,6 +438,24 @@ fn a_sweep_never_pauses_applying_for_a_pass_over_every_entry() {
     assert_eq!(revisions(&mut kept[0]), [7]);
 }
 
+/// helper-79's review: a sweep started only when a stream closed, so streams closed while one
+/// was under way waited for a later close, however many other calls came: two streams that
+/// were all the hub held, dropped one after the other, left the second's entries for good.
+#[test]
+fn streams_closed_during_a_sweep_are_swept_by_later_calls_without_another_close() {
+    let hub = Hub::new(1_000_000);
+    let first =
+        hub.watch(Watched::Sessions((0..10_000).map(SessionId).collect())).expect("a watch");
+    let second =
+        hub.watch(Watched::Sessions((10_000..20_000).map(SessionId).collect())).expect("a watch");
+    drop(first);
+    drop(second);
+    for call in 1..=10 {
+        hub.publish(call, &[ended(100_000 + call)]);
+    }
+    assert_eq!(hub.watcher_entries(), 0, "both closed streams' entries went");
+}
+
 /// A key is looked under once a sweep, however many streams closed under it: 200 streams of the
 /// same 100 sessions, half of them closed, cost the sweep about the entries held, not each
 /// closed stream a look at every entry under its keys (the review's 2,000,000 steps).
@@ -450,8 +468,11 @@ fn a_sweep_looks_under_each_key_once_however_many_streams_closed_under_it() {
         .collect();
     let closed: Vec<_> = watches.drain(100..).collect();
     drop(closed);
-    for call in 0..10 {
-        hub.publish(1_000 + call, &[ended(10_000 + call)]);
+    let mut calls = 0;
+    while lock(&hub.watchers).sweep.running() {
+        calls += 1;
+        assert!(calls <= 100, "a sweep's steps end");
+        hub.publish(1_000 + calls, &[ended(10_000 + calls)]);
     }
     assert_eq!(hub.watcher_entries(), 10_000, "the closed streams' entries went");
     let looked_at = lock(&hub.watchers).looked_at_in_sweeps;
