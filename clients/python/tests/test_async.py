@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import List, Tuple
 
@@ -25,6 +26,32 @@ async def test_lock_and_unlock(server: Server) -> None:
             async with client.lock("held", ttl=5):
                 async with client.try_lock("held", ttl=5):
                     pass
+
+
+async def test_a_session_nobody_holds_any_more_is_ended_and_its_locks_freed(server: Server) -> None:
+    """As the blocking client's: a session collected without ``close`` is ended, and its lock
+    freed, long before its TTL; its tasks end."""
+    async with picket.AsyncClient([server.addr]) as client:
+        session = await client.session(ttl=60)
+        grant = await session.lock("forgotten")
+        tasks = list(session._tasks)
+        assert (await client.lock_info("forgotten"))["holder"] is not None
+        del session, grant
+        gc.collect()
+        for _ in range(500):
+            if (await client.lock_info("forgotten"))["holder"] is None and all(task.done() for task in tasks):
+                break
+            await asyncio.sleep(0.02)
+        assert (await client.lock_info("forgotten"))["holder"] is None
+        assert all(task.done() for task in tasks)
+        # A session still held is kept alive as before.
+        kept = await client.session(ttl=1)
+        async with await kept.lock("kept"):
+            gc.collect()
+            await asyncio.sleep(1.5)
+            assert not kept.lost.is_set()
+            assert (await client.lock_info("kept"))["holder"] is not None
+        await kept.close()
 
 
 async def test_waiters_are_granted_in_fifo_order_with_growing_tokens(server: Server) -> None:

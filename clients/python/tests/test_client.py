@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import socket
 import threading
 import time
@@ -200,6 +201,29 @@ def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(
             proxy.swallow.clear()
     finally:
         proxy.close()
+
+
+def test_a_session_nobody_holds_any_more_is_ended_and_its_locks_freed(server: Server) -> None:
+    """The leftover noted since 2026-12-05: a session never closed lived, with its locks, as long
+    as the process, for its threads held it. Now they hold it weakly, and a session collected
+    without ``close`` is ended as ``close`` would end it, long before its TTL."""
+    with picket.Client([server.addr]) as client:
+        session = client.session(ttl=60)
+        grant = session.lock("forgotten")
+        threads = list(session._threads)
+        assert holder(server, "forgotten") is not None
+        del session, grant
+        gc.collect()
+        wait_until("the forgotten session's lock to be free", 10, lambda: holder(server, "forgotten") is None)
+        wait_until("its threads to end", 10, lambda: not any(thread.is_alive() for thread in threads))
+        # A session still held is kept alive as before.
+        kept = client.session(ttl=1)
+        with kept.lock("kept"):
+            gc.collect()
+            time.sleep(1.5)
+            assert not kept.lost.is_set()
+            assert holder(server, "kept") is not None
+        kept.close()
 
 
 def test_each_attempt_of_an_open_carries_a_reading_of_the_clock_taken_as_it_is_sent(

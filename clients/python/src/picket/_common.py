@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 import urllib.parse
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -157,3 +158,15 @@ def sse_events(buffer: str) -> "tuple[list[Dict[str, Any]], str]":
         if data:
             events.append(json.loads(data))
     return events, buffer[start:]
+
+
+def hand_over(this: "weakref.ref[Any]", sse: SseEvents, text: str) -> bool:
+    """Hands the watch events completed by ``text`` to the session ``this`` refers to
+    (``_on_event``), holding it only while it does: False once the session is gone."""
+    for event in sse.feed(text):
+        session = this()
+        if session is None:
+            return False
+        session._on_event(event)
+        del session
+    return True

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import urllib.parse
+import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Union
 
 import httpx
@@ -108,8 +109,16 @@ class AsyncSession:
         self._tasks: List["asyncio.Task[Any]"] = []
         # Abandons in flight, held so that they run to their end.
         self._abandons: Set["asyncio.Future[None]"] = set()
-        self._tasks.append(asyncio.ensure_future(self._keep_alive()))
-        self._tasks.append(asyncio.ensure_future(self._watch()))
+        # The tasks hold the session weakly, so that a session nobody holds any more (never
+        # closed) is collected, and its finalizer ends it as ``close`` would.
+        this = weakref.ref(self)
+        self._tasks.append(asyncio.ensure_future(_keep_alive(this)))
+        self._tasks.append(asyncio.ensure_future(_watch(this)))
+        self._finalizer = weakref.finalize(
+            self, _end_forgotten, asyncio.get_running_loop(), self._tasks, client.transport, session_id, self._closing
+        )
+        # At interpreter exit a session left open expires by its TTL, as before.
+        self._finalizer.atexit = False
 
     async def _started(self) -> "AsyncSession":
         """Waits briefly for the watch stream: a loss is heard at once only once it is open."""
@@ -212,67 +221,34 @@ class AsyncSession:
         for grant in list(self._grants.values()):
             grant._mark_lost(reason)
 
-    async def _keep_alive(self) -> None:
-        period = self.ttl / _common.KEEPALIVE_DIVISOR
-        while not self._closing.is_set() and not self.lost.is_set():
-            sent_at = lease_clock()
-            # Each attempt carries a reading taken as it is sent; the lease counts from before.
-            path = lambda: _common.keepalive_path(self.id, lease_clock())  # noqa: E731
-            # A keepalive in flight must not outlast the lease: the loss is noticed on time.
-            remaining = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN) - sent_at
-            if remaining <= 0:
-                self._mark_lost("silent")
-                return
-            budget = min(period, remaining)
-            try:
-                await asyncio.wait_for(
-                    self.client.transport.call("POST", path, {}, safe=True, timeout_s=budget), budget
-                )
-                self._confirmed_at = max(self._confirmed_at, sent_at)
-            except UnknownSession:
-                self._mark_lost("expired")
-                return
-            except Exception:  # noqa: BLE001 - the deadline below decides; keep trying
-                pass
-            deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
-            while not self._closing.is_set():
-                now = lease_clock()
-                if now >= deadline:
-                    self._mark_lost("silent")
-                    return
-                pause = min(deadline - now, max(0.0, sent_at + period - now))
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), pause)
-                if self._closing.is_set():
-                    return
-                if lease_clock() >= sent_at + period:
-                    break
+    def _ended(self) -> bool:
+        return self._closing.is_set() or self.lost.is_set()
 
-    async def _watch(self) -> None:
-        transport = self.client.transport
-        timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
-        query = {"session_id": str(self.id), "losses_only": "true"}
-        async with httpx.AsyncClient(
-            timeout=timeout, verify=transport.tls, headers=transport.http.headers
-        ) as http:
-            while not self._closing.is_set() and not self.lost.is_set():
-                try:
-                    url = transport.endpoints.url() + "/v1/watch"
-                    async with http.stream("GET", url, params=query) as response:
-                        if response.status_code != 200:
-                            transport.endpoints.next()
-                            await asyncio.sleep(0.5)
-                            continue
-                        self._watching.set()
-                        # Whatever ended while the stream was not open is not replayed: ask.
-                        await self._probe()
-                        sse = _common.SseEvents()
-                        async for text in response.aiter_text():
-                            for event in sse.feed(text):
-                                self._on_event(event)
-                except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
-                    transport.endpoints.next()
-                    await asyncio.sleep(0.5)
+    def _lease_deadline(self) -> float:
+        """When the lease is over by this client's clock, as confirmed so far."""
+        return self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+
+    async def _send_keepalive(self) -> Optional[float]:
+        """Sends one keepalive: when it was sent, or ``None`` when the session is over."""
+        period = self.ttl / _common.KEEPALIVE_DIVISOR
+        sent_at = lease_clock()
+        # Each attempt carries a reading taken as it is sent; the lease counts from before.
+        path = lambda: _common.keepalive_path(self.id, lease_clock())  # noqa: E731
+        # A keepalive in flight must not outlast the lease: the loss is noticed on time.
+        remaining = self._lease_deadline() - sent_at
+        if remaining <= 0:
+            self._mark_lost("silent")
+            return None
+        budget = min(period, remaining)
+        try:
+            await asyncio.wait_for(self.client.transport.call("POST", path, {}, safe=True, timeout_s=budget), budget)
+            self._confirmed_at = max(self._confirmed_at, sent_at)
+        except UnknownSession:
+            self._mark_lost("expired")
+            return None
+        except Exception:  # noqa: BLE001 - the deadline decides; keep trying
+            pass
+        return sent_at
 
     async def _probe(self) -> None:
         try:
@@ -306,6 +282,7 @@ class AsyncSession:
         """Releases what the session holds and ends it."""
         if self._closing.is_set():
             return
+        self._finalizer.detach()
         self._closing.set()
         for grant in self._grants.values():
             grant._released = True
@@ -322,6 +299,102 @@ class AsyncSession:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _keep_alive(this: "weakref.ref[AsyncSession]") -> None:
+    """Sends a keepalive every TTL/3 and marks the session lost once its lease is over by this
+    client's clock, until it ends or is collected. Holds the session only while it sends."""
+    while True:
+        session = this()
+        if session is None or session._ended():
+            return
+        closing = session._closing
+        period = session.ttl / _common.KEEPALIVE_DIVISOR
+        sent_at = await session._send_keepalive()
+        deadline = session._lease_deadline()
+        del session
+        if sent_at is None:
+            return
+        while not closing.is_set():
+            now = lease_clock()
+            if now >= deadline:
+                session = this()
+                if session is not None:
+                    session._mark_lost("silent")
+                return
+            pause = min(deadline - now, max(0.0, sent_at + period - now))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(closing.wait(), pause)
+            if closing.is_set():
+                return
+            if lease_clock() >= sent_at + period:
+                break
+
+
+async def _watch(this: "weakref.ref[AsyncSession]") -> None:
+    """Follows the session's losses (``losses_only``). Holds the session only while it handles
+    what arrived, never while it waits."""
+    session = this()
+    if session is None:
+        return
+    transport, closing, lost, watching = session.client.transport, session._closing, session.lost, session._watching
+    query = {"session_id": str(session.id), "losses_only": "true"}
+    del session
+    timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
+    async with httpx.AsyncClient(timeout=timeout, verify=transport.tls, headers=transport.http.headers) as http:
+        while not closing.is_set() and not lost.is_set():
+            try:
+                url = transport.endpoints.url() + "/v1/watch"
+                async with http.stream("GET", url, params=query) as response:
+                    if response.status_code != 200:
+                        transport.endpoints.next()
+                        await asyncio.sleep(0.5)
+                        continue
+                    watching.set()
+                    # Whatever ended while the stream was not open is not replayed: ask.
+                    session = this()
+                    if session is None:
+                        return
+                    await session._probe()
+                    del session
+                    sse = _common.SseEvents()
+                    async for text in response.aiter_text():
+                        if not _common.hand_over(this, sse, text):
+                            return
+            except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
+                transport.endpoints.next()
+                await asyncio.sleep(0.5)
+
+
+#: Ends of sessions collected without ``close``, held until they are done.
+_ENDING: Set["asyncio.Future[None]"] = set()
+
+
+def _end_forgotten(
+    loop: asyncio.AbstractEventLoop,
+    tasks: List["asyncio.Task[Any]"],
+    transport: AsyncTransport,
+    session_id: int,
+    closing: asyncio.Event,
+) -> None:
+    """Ends a session collected without ``close``: stops its tasks and asks the service to end
+    it, on its event loop (a finalizer runs wherever the collector does)."""
+
+    async def end() -> None:
+        with contextlib.suppress(Exception):
+            await transport.call("DELETE", f"/v1/sessions/{session_id}", safe=True)
+
+    def stop() -> None:
+        closing.set()
+        for task in tasks:
+            task.cancel()
+        ending = asyncio.ensure_future(end())
+        _ENDING.add(ending)
+        ending.add_done_callback(_ENDING.discard)
+
+    # A loop already closed has no tasks left to stop, nor a way to send the end.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(stop)
 
 
 class AsyncClient:

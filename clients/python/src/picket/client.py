@@ -11,7 +11,8 @@ import contextlib
 import logging
 import threading
 import urllib.parse
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import httpx
 
@@ -108,13 +109,24 @@ class Session:
         # The lease counts from when the request that opened it was sent, not from its answer.
         self._confirmed_at = opened_at
         self._renewed = threading.Event()
-        self._watch_http: Optional[httpx.Client] = None
+        transport = client.transport
+        timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
+        self._watch_http = httpx.Client(timeout=timeout, verify=transport.tls, headers=transport.http.headers)
         self._watching = threading.Event()
+        # The threads hold the session weakly, so that a session nobody holds any more (never
+        # closed) is collected, and its finalizer ends it as ``close`` would, rather than the
+        # threads keeping it and its locks alive for as long as the process lives.
+        this = weakref.ref(self)
         self._threads = [
-            threading.Thread(target=self._keep_alive, name=f"picket-keepalive-{session_id}", daemon=True),
-            threading.Thread(target=self._watch, name=f"picket-watch-{session_id}", daemon=True),
-            threading.Thread(target=self._watch_deadline, name=f"picket-lease-{session_id}", daemon=True),
+            threading.Thread(target=_keep_alive, args=(this,), name=f"picket-keepalive-{session_id}", daemon=True),
+            threading.Thread(target=_watch, args=(this, self._watch_http), name=f"picket-watch-{session_id}", daemon=True),
+            threading.Thread(target=_watch_deadline, args=(this,), name=f"picket-lease-{session_id}", daemon=True),
         ]
+        self._finalizer = weakref.finalize(
+            self, _end_forgotten, transport, session_id, (self._closing, self._renewed), self._watch_http
+        )
+        # At interpreter exit a session left open expires by its TTL, as before.
+        self._finalizer.atexit = False
         for thread in self._threads:
             thread.start()
         # A loss is heard at once only once the watch stream is open; wait for it briefly.
@@ -220,69 +232,33 @@ class Session:
             self._confirmed_at = max(self._confirmed_at, sent_at)
         self._renewed.set()
 
-    def _keep_alive(self) -> None:
-        """Sends a keepalive every TTL/3 until the session ends; the lease deadline is watched
-        by another thread, so a keepalive stuck in flight cannot delay the loss."""
+    def _keepalive_round(self) -> float:
+        """Sends one keepalive; how long to wait before the next (negative: stop)."""
         period = self.ttl / _common.KEEPALIVE_DIVISOR
-        while not self._closing.is_set() and not self.lost.is_set():
-            sent_at = lease_clock()
-            # Each attempt carries a reading taken as it is sent; the lease counts from before.
-            path = lambda: _common.keepalive_path(self.id, lease_clock())  # noqa: E731
-            try:
-                self.client.transport.call("POST", path, {}, safe=True, timeout_s=period)
-                self._confirmed(sent_at)
-            except UnknownSession:
-                self._mark_lost("expired")
-                return
-            except Exception:  # noqa: BLE001 - the deadline thread decides; keep trying
-                pass
-            self._closing.wait(max(0.0, sent_at + period - lease_clock()))
-
-    def _watch_deadline(self) -> None:
-        """Sets ``lost`` when no keepalive was confirmed for the TTL less 3 %, by this client's
-        own clock."""
-        while not self._closing.is_set() and not self.lost.is_set():
-            with self._guard:
-                deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
-            remaining = deadline - lease_clock()
-            if remaining <= 0:
-                self._mark_lost("silent")
-                return
-            self._renewed.wait(remaining)
-            self._renewed.clear()
-
-    def _watch(self) -> None:
-        """Follows the session's losses (``losses_only``): a revocation or a grant ended by the
-        service reaches the session at once, not at the next keepalive."""
-        transport = self.client.transport
-        timeout = httpx.Timeout(10.0, read=_common.WATCH_READ_TIMEOUT_S)
-        http = httpx.Client(
-            timeout=timeout, verify=transport.tls, headers=transport.http.headers
-        )
-        self._watch_http = http
-        query = {"session_id": str(self.id), "losses_only": "true"}
+        sent_at = lease_clock()
+        # Each attempt carries a reading taken as it is sent; the lease counts from before.
+        path = lambda: _common.keepalive_path(self.id, lease_clock())  # noqa: E731
         try:
-            while not self._closing.is_set() and not self.lost.is_set():
-                try:
-                    with http.stream("GET", transport.endpoints.url() + "/v1/watch", params=query) as response:
-                        if response.status_code != 200:
-                            transport.endpoints.next()
-                            self._closing.wait(0.5)
-                            continue
-                        self._watching.set()
-                        # Whatever ended while the stream was not open is not replayed: ask.
-                        self._probe()
-                        sse = _common.SseEvents()
-                        for text in response.iter_text():
-                            for event in sse.feed(text):
-                                self._on_event(event)
-                except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
-                    if self._closing.is_set():
-                        return
-                    transport.endpoints.next()
-                    self._closing.wait(0.5)
-        finally:
-            http.close()
+            self.client.transport.call("POST", path, {}, safe=True, timeout_s=period)
+            self._confirmed(sent_at)
+        except UnknownSession:
+            self._mark_lost("expired")
+            return -1.0
+        except Exception:  # noqa: BLE001 - the deadline thread decides; keep trying
+            pass
+        return max(0.0, sent_at + period - lease_clock())
+
+    def _lease_remaining(self) -> float:
+        """Seconds until the lease is over by this client's clock (marked lost once it is)."""
+        with self._guard:
+            deadline = self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+        remaining = deadline - lease_clock()
+        if remaining <= 0:
+            self._mark_lost("silent")
+        return remaining
+
+    def _ended(self) -> bool:
+        return self._closing.is_set() or self.lost.is_set()
 
     def _probe(self) -> None:
         try:
@@ -319,8 +295,8 @@ class Session:
             grants: List[Grant] = list(self._grants.values())
         for grant in grants:
             grant._released = True
-        if self._watch_http is not None:
-            self._watch_http.close()
+        self._finalizer.detach()
+        self._watch_http.close()
         if not self.lost.is_set():
             try:
                 self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
@@ -333,6 +309,94 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _keep_alive(this: "weakref.ref[Session]") -> None:
+    """Sends a keepalive every TTL/3 until the session ends or is collected; the lease deadline
+    is watched by another thread, so a keepalive stuck in flight cannot delay the loss."""
+    while True:
+        session = this()
+        if session is None or session._ended():
+            return
+        closing = session._closing
+        pause = session._keepalive_round()
+        del session
+        if pause < 0:
+            return
+        closing.wait(pause)
+
+
+def _watch_deadline(this: "weakref.ref[Session]") -> None:
+    """Sets ``lost`` when no keepalive was confirmed for the TTL less 3 %, by this client's own
+    clock."""
+    while True:
+        session = this()
+        if session is None or session._ended():
+            return
+        renewed = session._renewed
+        remaining = session._lease_remaining()
+        del session
+        if remaining <= 0:
+            return
+        renewed.wait(remaining)
+        renewed.clear()
+
+
+def _watch(this: "weakref.ref[Session]", http: httpx.Client) -> None:
+    """Follows the session's losses (``losses_only``): a revocation or a grant ended by the
+    service reaches the session at once, not at the next keepalive. Holds the session only
+    while it handles what arrived, never while it waits."""
+    try:
+        while True:
+            session = this()
+            if session is None or session._ended():
+                return
+            transport, closing, watching = session.client.transport, session._closing, session._watching
+            query = {"session_id": str(session.id), "losses_only": "true"}
+            del session
+            try:
+                with http.stream("GET", transport.endpoints.url() + "/v1/watch", params=query) as response:
+                    if response.status_code != 200:
+                        transport.endpoints.next()
+                        closing.wait(0.5)
+                        continue
+                    watching.set()
+                    # Whatever ended while the stream was not open is not replayed: ask.
+                    session = this()
+                    if session is None:
+                        return
+                    session._probe()
+                    del session
+                    sse = _common.SseEvents()
+                    for text in response.iter_text():
+                        if not _common.hand_over(this, sse, text):
+                            return
+            except Exception:  # noqa: BLE001 - reconnect, whatever broke the stream
+                if closing.is_set():
+                    return
+                transport.endpoints.next()
+                closing.wait(0.5)
+    finally:
+        http.close()
+
+
+def _end_forgotten(
+    transport: Transport, session_id: int, wakes: Tuple[threading.Event, threading.Event], http: httpx.Client
+) -> None:
+    """Ends a session collected without ``close``: wakes its threads (``_closing`` and
+    ``_renewed``, which they wait on) to find it gone, and asks the service to end it, on a
+    thread of its own (a finalizer runs wherever the collector does)."""
+    for wake in wakes:
+        wake.set()
+    http.close()
+
+    def end() -> None:
+        try:
+            transport.call("DELETE", f"/v1/sessions/{session_id}", safe=True)
+        except Exception:  # noqa: BLE001 - it expires by its TTL anyway
+            pass
+
+    threading.Thread(target=end, name=f"picket-end-{session_id}", daemon=True).start()
 
 
 class Client:
