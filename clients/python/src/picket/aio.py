@@ -12,7 +12,7 @@ import contextlib
 import logging
 import urllib.parse
 import weakref
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import httpx
 
@@ -115,7 +115,13 @@ class AsyncSession:
         self._tasks.append(asyncio.ensure_future(_keep_alive(this)))
         self._tasks.append(asyncio.ensure_future(_watch(this)))
         self._finalizer = weakref.finalize(
-            self, _end_forgotten, asyncio.get_running_loop(), self._tasks, client.transport, session_id, self._closing
+            self,
+            _end_forgotten,
+            asyncio.get_running_loop(),
+            self._tasks,
+            client.transport,
+            session_id,
+            (self._closing, self.lost),
         )
         # At interpreter exit a session left open expires by its TTL, as before.
         self._finalizer.atexit = False
@@ -131,11 +137,14 @@ class AsyncSession:
         # kept a task for each (found in review).
         task = asyncio.ensure_future(work)
         self._tasks.append(task)
-        task.add_done_callback(self._forget_task)
+        # The list, not the session: a bound method here held the session while it ran.
+        tasks = self._tasks
 
-    def _forget_task(self, task: "asyncio.Future[Any]") -> None:
-        with contextlib.suppress(ValueError):
-            self._tasks.remove(task)  # type: ignore[arg-type]
+        def forget(done: "asyncio.Future[Any]") -> None:
+            with contextlib.suppress(ValueError):
+                tasks.remove(done)  # type: ignore[arg-type]
+
+        task.add_done_callback(forget)
 
     async def lock(
         self,
@@ -355,8 +364,10 @@ async def _watch(this: "weakref.ref[AsyncSession]") -> None:
                     session = this()
                     if session is None:
                         return
-                    await session._probe()
-                    del session
+                    try:
+                        await session._probe()
+                    finally:
+                        del session
                     sse = _common.SseEvents()
                     async for text in response.aiter_text():
                         if not _common.hand_over(this, sse, text):
@@ -375,10 +386,14 @@ def _end_forgotten(
     tasks: List["asyncio.Task[Any]"],
     transport: AsyncTransport,
     session_id: int,
-    closing: asyncio.Event,
+    events: Tuple[asyncio.Event, asyncio.Event],
 ) -> None:
-    """Ends a session collected without ``close``: stops its tasks and asks the service to end
-    it, on its event loop (a finalizer runs wherever the collector does)."""
+    """Ends a session collected without ``close``: stops its tasks, marks it lost (``events``
+    are its ``_closing`` and ``lost``) and asks the service to end it unless it was lost
+    already, on its event loop (a finalizer runs wherever the collector does, and
+    ``call_soon_threadsafe`` takes no lock the loop's thread may hold). Best effort: should
+    the request fail, or the loop be gone, the session expires by its TTL."""
+    closing, lost = events
 
     async def end() -> None:
         with contextlib.suppress(Exception):
@@ -388,6 +403,9 @@ def _end_forgotten(
         closing.set()
         for task in tasks:
             task.cancel()
+        if lost.is_set():
+            return
+        lost.set()
         ending = asyncio.ensure_future(end())
         _ENDING.add(ending)
         ending.add_done_callback(_ENDING.discard)

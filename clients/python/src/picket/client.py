@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import urllib.parse
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import httpx
 
@@ -122,9 +123,9 @@ class Session:
             threading.Thread(target=_watch, args=(this, self._watch_http), name=f"picket-watch-{session_id}", daemon=True),
             threading.Thread(target=_watch_deadline, args=(this,), name=f"picket-lease-{session_id}", daemon=True),
         ]
-        self._finalizer = weakref.finalize(
-            self, _end_forgotten, transport, session_id, (self._closing, self._renewed), self._watch_http
-        )
+        _start_ender()
+        forgotten = _Forgotten(transport, session_id, self._closing, self._renewed, self.lost, self._watch_http)
+        self._finalizer = weakref.finalize(self, _ENDINGS.put, forgotten)
         # At interpreter exit a session left open expires by its TTL, as before.
         self._finalizer.atexit = False
         for thread in self._threads:
@@ -380,23 +381,62 @@ def _watch(this: "weakref.ref[Session]", http: httpx.Client) -> None:
         http.close()
 
 
-def _end_forgotten(
-    transport: Transport, session_id: int, wakes: Tuple[threading.Event, threading.Event], http: httpx.Client
-) -> None:
-    """Ends a session collected without ``close``: wakes its threads (``_closing`` and
-    ``_renewed``, which they wait on) to find it gone, and asks the service to end it, on a
-    thread of its own (a finalizer runs wherever the collector does)."""
-    for wake in wakes:
-        wake.set()
-    http.close()
+class _Forgotten:
+    """What it takes to end a session collected without ``close``, without the session."""
 
-    def end() -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        session_id: int,
+        closing: threading.Event,
+        renewed: threading.Event,
+        lost: threading.Event,
+        http: httpx.Client,
+    ) -> None:
+        self.transport = transport
+        self.session_id = session_id
+        self.closing = closing
+        self.renewed = renewed
+        self.lost = lost
+        self.http = http
+
+    def end(self) -> None:
+        """Wakes the session's threads (on ``_closing`` and ``_renewed``, which they wait on)
+        to find it gone, marks it lost, and asks the service to end it unless it was lost
+        already. Best effort: should the request fail, the session expires by its TTL."""
+        self.closing.set()
+        self.renewed.set()
+        self.http.close()
+        if self.lost.is_set():
+            return
+        self.lost.set()
         try:
-            transport.call("DELETE", f"/v1/sessions/{session_id}", safe=True)
+            self.transport.call("DELETE", f"/v1/sessions/{self.session_id}", safe=True)
         except Exception:  # noqa: BLE001 - it expires by its TTL anyway
             pass
 
-    threading.Thread(target=end, name=f"picket-end-{session_id}", daemon=True).start()
+
+#: Sessions collected without ``close``, to be ended by the ender thread. A finalizer runs
+#: wherever the cycle collector does, possibly in one of the session's own threads while it
+#: holds a lock the ending takes (an Event's, the HTTP pool's); ``SimpleQueue.put`` is safe
+#: there, and the ending itself runs on a thread of its own.
+_ENDINGS: "queue.SimpleQueue[_Forgotten]" = queue.SimpleQueue()
+_ENDER_STARTED = threading.Lock()
+_ender: List[threading.Thread] = []
+
+
+def _start_ender() -> None:
+    """Starts the thread that ends forgotten sessions, once per process."""
+    with _ENDER_STARTED:
+        if not _ender:
+            thread = threading.Thread(target=_end_forgotten, name="picket-ender", daemon=True)
+            thread.start()
+            _ender.append(thread)
+
+
+def _end_forgotten() -> None:
+    while True:
+        _ENDINGS.get().end()
 
 
 class Client:
