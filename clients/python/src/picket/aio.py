@@ -110,7 +110,7 @@ class AsyncSession:
         # Abandons in flight, held so that they run to their end.
         self._abandons: Set["asyncio.Future[None]"] = set()
         # The tasks hold the session weakly, so that a session nobody holds any more (never
-        # closed) is collected, and its finalizer ends it as ``close`` would.
+        # closed) is collected and its finalizer ends it (``_end_forgotten``).
         this = weakref.ref(self)
         self._tasks.append(asyncio.ensure_future(_keep_alive(this)))
         self._tasks.append(asyncio.ensure_future(_watch(this)))

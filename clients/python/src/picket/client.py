@@ -115,7 +115,7 @@ class Session:
         self._watch_http = httpx.Client(timeout=timeout, verify=transport.tls, headers=transport.http.headers)
         self._watching = threading.Event()
         # The threads hold the session weakly, so that a session nobody holds any more (never
-        # closed) is collected, and its finalizer ends it as ``close`` would, rather than the
+        # closed) is collected and its finalizer ends it (``_Forgotten``), rather than the
         # threads keeping it and its locks alive for as long as the process lives.
         this = weakref.ref(self)
         self._threads = [
