@@ -443,6 +443,18 @@ pub async fn snapshot(args: SnapshotArgs, client: &Client) -> anyhow::Result<Exi
             file.display()
         )
     })?;
+    // The new name reaches the disk with its directory.
+    let directory = file.parent().filter(|parent| !parent.as_os_str().is_empty());
+    let directory = directory.unwrap_or(std::path::Path::new("."));
+    let synced = std::fs::File::open(directory).and_then(|directory| directory.sync_all());
+    anyhow::Context::with_context(synced, || {
+        format!(
+            "saved the backup to {} but cannot sync {}: a crash now may lose its name; sync \
+             the directory, or save it again",
+            file.display(),
+            directory.display()
+        )
+    })?;
     println!(
         "saved a backup of revision {} ({} sessions, {} locks, {} bytes) to {}",
         backup.meta.revision,
