@@ -14,17 +14,8 @@ OUT=$1; ROUNDS=$2; SECS=$3; BIN=$4
 PB=${5:-/tmp/peerbench-target/release/peerbench}
 PORT=${CHAIN_PORT:-17952}
 ECHO_PORT=${CHAIN_ECHO_PORT:-17953}
-DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-chain.XXXXXX")
-if [ "$(stat -f -c %T "$DATA")" = tmpfs ]; then
-  echo "chain.sh: $DATA is on tmpfs, where fdatasync does nothing; set TMPDIR to a disk" >&2
-fi
-SERVER=; ECHO=
-cleanup() {
-  [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null
-  [ -n "$ECHO" ] && kill "$ECHO" 2>/dev/null
-  wait 2>/dev/null; rm -rf "$DATA"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/bench-data.sh"
+bench_data chain
 "$PB" tcp-server --listen "127.0.0.1:$ECHO_PORT" --max-secs 1800 >/dev/null 2>&1 &
 ECHO=$!
 for round in $(seq 1 "$ROUNDS"); do

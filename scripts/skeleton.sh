@@ -17,17 +17,8 @@ OUT=$1; ROUNDS=$2; SECS=$3; BIN=$4; SKELETON=$5
 PB=${6:-${PEERBENCH_BIN:-/tmp/peerbench-target/release/peerbench}}
 PORT=${SKELETON_PORT:-17971}
 ECHO_PORT=${SKELETON_ECHO_PORT:-17972}
-DATA=$(mktemp -d "${TMPDIR:-/tmp}/picket-skeleton.XXXXXX")
-if [ "$(stat -f -c %T "$DATA")" = tmpfs ]; then
-  echo "skeleton.sh: $DATA is on tmpfs, where fdatasync does nothing; set TMPDIR to a disk" >&2
-fi
-SERVER=; ECHO=
-cleanup() {
-  [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null
-  [ -n "$ECHO" ] && kill "$ECHO" 2>/dev/null
-  wait 2>/dev/null; rm -rf "$DATA"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/bench-data.sh"
+bench_data skeleton
 # The echo server lives as long as the whole run may take: 13 runs a round, each bounded.
 "$PB" tcp-server --listen "127.0.0.1:$ECHO_PORT" --max-secs $((ROUNDS * 13 * (SECS + 70) + 60)) >/dev/null 2>&1 &
 ECHO=$!
