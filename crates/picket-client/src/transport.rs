@@ -15,6 +15,9 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tonic::{Response, Status};
 
+mod abandons;
+use abandons::Abandons;
+
 /// How long the client keeps trying before it gives up on a call, how long one attempt may
 /// take, and how long to wait between attempts.
 #[derive(Clone)]
@@ -97,8 +100,8 @@ struct Inner {
     /// Where calls go first, if anywhere.
     leader: Mutex<Option<Leader>>,
     connections: Mutex<HashMap<String, Connection>>,
-    /// Abandons on their way, by (session, lock): each sets its flag when done.
-    abandons: Mutex<HashMap<(u64, String), tokio::sync::watch::Receiver<bool>>>,
+    /// The abandons of given-up acquires, sent by a task of their own.
+    abandons: Arc<Abandons>,
 }
 
 /// The node calls go to first: the last one a call succeeded at, or the one a refusal named as
@@ -192,7 +195,7 @@ impl Transport {
                 config,
                 leader: Mutex::new(None),
                 connections: Mutex::new(HashMap::new()),
-                abandons: Mutex::new(HashMap::new()),
+                abandons: Arc::default(),
             }),
         })
     }
@@ -473,84 +476,23 @@ impl Transport {
     /// given up): a new acquire of the lock answered `already_held` before it landed would be
     /// told it holds a grant the abandon then takes away.
     async fn abandon_done(&self, session_id: u64, name: &str) {
-        let waiting = {
-            let abandons =
-                self.inner.abandons.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Nearly always empty: no key is built on the acquire path then.
-            if abandons.is_empty() {
-                return;
-            }
-            abandons.get(&(session_id, name.to_owned())).cloned()
-        };
-        // Bounded: an abandon that cannot get through keeps trying (see
-        // `abandon_in_background`), and this acquire gets its own chance to say the cluster is
-        // unreachable. Nodes on apply rules 2 or later keep a grant for a request told of it
-        // whenever the abandon lands, so going on early is safe with them.
-        if let Some(mut waiting) = waiting {
-            let _ =
-                tokio::time::timeout(self.inner.config.retry_for, waiting.wait_for(|done| *done))
-                    .await;
-        }
+        // Bounded: an abandon that cannot get through keeps trying (see `abandons.rs`), and
+        // this acquire gets its own chance to say the cluster is unreachable. Nodes on apply
+        // rules 2 or later keep a grant for a request told of it whenever the abandon lands,
+        // so going on early is safe with them.
+        self.inner.abandons.wait_for(session_id, name, self.inner.config.retry_for).await;
     }
 
-    /// Undoes, on its own task, whatever the given-up acquire's last attempt left in the lock
-    /// state: its wait, or a grant whose answer never arrived, which no guard would know of
-    /// and the session would hold for as long as it lives. Abandoning an attempt that did
-    /// nothing, or that a retry overtook, changes nothing, so it is always safe to send.
+    /// Undoes, in the background, whatever the given-up acquire's last attempt left in the
+    /// lock state: its wait, or a grant whose answer never arrived, which no guard would know
+    /// of and the session would hold for as long as it lives. Abandoning an attempt that did
+    /// nothing, or that a retry overtook, changes nothing, so it is always safe to send. Not
+    /// given up after one round of retries: until it lands, the session may hold a grant
+    /// nobody knows of, or one a later request was told of and has given up on too (that
+    /// one's abandon cannot end the grant while this request still counts as told of it).
     fn abandon_in_background(&self, session_id: u64, name: &str, request_id: u64, attempt: u32) {
-        let transport = self.clone();
         let request = v1::AbandonRequest { name: name.to_owned(), session_id, request_id, attempt };
-        let (done, waiting) = tokio::sync::watch::channel(false);
-        let key = (session_id, name.to_owned());
-        self.inner
-            .abandons
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.clone(), waiting);
-        tokio::spawn(async move {
-            // Said done however it ends, and forgotten, so the next acquire of the lock goes on.
-            let _done = AbandonDone { transport: transport.clone(), key, done };
-            let timeout = Some(transport.inner.config.request_timeout);
-            // Not given up after one round of retries: until it lands, the session may hold a
-            // grant nobody knows of, or one a later request was told of and has given up on
-            // too (that one's abandon cannot end the grant while this request still counts as
-            // told of it). Only an answer, a refusal, or the bound ends it.
-            let persist_until = Instant::now() + ABANDON_PERSISTS_FOR;
-            let abandoned = loop {
-                let round = transport
-                    .call(Retry::Safe, timeout, |connection| {
-                        let request = request.clone();
-                        async move { connection.grpc().abandon(request).await }
-                    })
-                    .await;
-                match round {
-                    Err(error) if outcome_may_linger(&error) && Instant::now() < persist_until => {
-                        tracing::debug!(
-                            session = session_id,
-                            %error,
-                            "an abandon did not get through; trying again"
-                        );
-                        tokio::time::sleep(transport.inner.config.max_backoff).await;
-                    }
-                    round => break round,
-                }
-            };
-            match abandoned {
-                Ok(answer) => tracing::debug!(
-                    session = session_id,
-                    released_token = answer.released_token,
-                    "abandoned a given-up acquire"
-                ),
-                // Nodes of an earlier build refuse an abandon that finds nothing.
-                Err(error) if error.is(ErrorCode::NothingToAbandon) => {}
-                Err(error) => tracing::warn!(
-                    session = session_id,
-                    %error,
-                    "could not abandon a given-up acquire; a grant it may have produced stays \
-                     until the session ends"
-                ),
-            }
-        });
+        self.inner.abandons.queue(self, request);
     }
 
     /// Releases grant `token` of `name` held by `session_id`, retried like a read. The first
@@ -594,31 +536,6 @@ fn forget_named<T>(connections: &mut HashMap<String, T>, configured: &[String], 
     let named = connections.keys().filter(|name| !configured.contains(name)).count();
     if named >= MOST_NAMED_CONNECTIONS {
         connections.retain(|name, _| name == opening || configured.contains(name));
-    }
-}
-
-/// How long the abandon of a given-up acquire keeps trying to get through: the longest TTL
-/// a node accepts by default. A session whose keepalives got through that long while its
-/// abandons did not is beyond what the client can mend; otherwise, by then the session has
-/// expired and taken its grants with it.
-const ABANDON_PERSISTS_FOR: Duration = Duration::from_secs(3_600);
-
-/// Marks an abandon done when its task ends, however it ends.
-struct AbandonDone {
-    transport: Transport,
-    key: (u64, String),
-    done: tokio::sync::watch::Sender<bool>,
-}
-
-impl Drop for AbandonDone {
-    fn drop(&mut self) {
-        self.done.send_replace(true);
-        let mut abandons =
-            self.transport.inner.abandons.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // A later abandon of the same lock may have taken the place since.
-        if abandons.get(&self.key).is_some_and(|waiting| *waiting.borrow()) {
-            abandons.remove(&self.key);
-        }
     }
 }
 
@@ -775,6 +692,55 @@ mod tests {
         );
         assert!(error.to_string().contains("names"), "{error}");
         assert!((4..=200).contains(&attempts), "{attempts} attempts in 300 ms");
+    }
+
+    /// During an outage, the abandons of many given-up acquires wait in one bounded queue and
+    /// are sent by one task. Each used to run on a task of its own, trying for an hour: a
+    /// caller retrying its acquire with a short timeout left one behind per attempt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandons_during_an_outage_share_one_task_and_a_bounded_queue() {
+        use abandons::MAX_PENDING_ABANDONS;
+        // A port nothing listens on: every call is refused at once, as in an outage.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let config = ClientConfig {
+            retry_for: Duration::from_millis(200),
+            request_timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_millis(100),
+            initial_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(20),
+            ..ClientConfig::default()
+        };
+        let transport = Transport::new([endpoint], config).unwrap();
+        let runtime = tokio::runtime::Handle::current();
+        let given_up = MAX_PENDING_ABANDONS + 200;
+        for n in 0..given_up {
+            transport.abandon_in_background(1, &format!("lock-{n}"), n as u64, 0);
+        }
+        let tasks = runtime.metrics().num_alive_tasks();
+        assert_eq!(tasks, 1, "{tasks} tasks for {given_up} abandons");
+        let waiting = transport.inner.abandons.waiting();
+        assert!(waiting <= MAX_PENDING_ABANDONS, "{waiting} abandons waiting");
+        // The oldest waiting were dropped (the first 16 may be on their way, the task's first
+        // batch), so a new acquire of their lock does not wait for them; the newest are still
+        // trying, so one of their lock waits (as long as it is allowed).
+        let dropped = transport.inner.abandons.wait_for(1, "lock-100", Duration::from_secs(3_600));
+        tokio::time::timeout(Duration::from_secs(5), dropped)
+            .await
+            .expect("an acquire waited for an abandon that was dropped");
+        let newest = format!("lock-{}", given_up - 1);
+        let trying = transport.inner.abandons.wait_for(1, &newest, Duration::from_secs(3_600));
+        tokio::time::timeout(Duration::from_millis(500), trying)
+            .await
+            .expect_err("an abandon still trying was reported done");
+        // Once every handle of the client is gone, so is the task.
+        drop(transport);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while runtime.metrics().num_alive_tasks() > 0 {
+            assert!(std::time::Instant::now() < deadline, "the abandons' task outlived the client");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[test]

@@ -366,21 +366,36 @@ async fn open_session_despite_short_timeouts(client: &Client) -> picket_client::
     }
 }
 
+/// A node, a client behind a [`ReplyDroppingProxy`] to it whose retries last `retry_for` and
+/// attempts `request_timeout`, a session of that client (60 s TTL), and a client straight to
+/// the node to look at its locks. Its fields drop in order: the session first, the data
+/// directory last (a test binds them in the opposite order, as locals drop last first).
+struct BehindProxy {
+    session: picket_client::Session,
+    _client: Client,
+    proxy: ReplyDroppingProxy,
+    direct: Client,
+    _server: ServerProcess,
+    _dir: tempfile::TempDir,
+}
+
+async fn behind_proxy(retry_for: Duration, request_timeout: Duration) -> BehindProxy {
+    let (dir, server, direct) = start().await;
+    let proxy = ReplyDroppingProxy::start(&server.addr).await;
+    let config = picket_client::ClientConfig { retry_for, request_timeout, ..Default::default() };
+    let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
+    let session = open_session_despite_short_timeouts(&client).await;
+    BehindProxy { session, _client: client, proxy, direct, _server: server, _dir: dir }
+}
+
 /// Issue 14: the abandon of a given-up acquire is not itself given up while the session may
 /// live on. The node granted the acquire, then the client was cut off from it for longer than
 /// its `retry_for`, so the abandon's first round of retries failed too; once the link is back,
 /// the abandon still lands and frees the lock, long before the session's 60 s TTL would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandon_outlasts_an_outage_longer_than_its_retries() {
-    let (_dir, server, direct) = start().await;
-    let proxy = ReplyDroppingProxy::start(&server.addr).await;
-    let config = picket_client::ClientConfig {
-        retry_for: Duration::from_secs(1),
-        request_timeout: Duration::from_millis(300),
-        ..picket_client::ClientConfig::default()
-    };
-    let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
-    let session = open_session_despite_short_timeouts(&client).await;
+    let BehindProxy { _dir, _server, direct, proxy, _client, session } =
+        behind_proxy(Duration::from_secs(1), Duration::from_millis(300)).await;
     proxy.drop_replies();
     let cut_once_granted = async {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -414,15 +429,8 @@ async fn an_abandon_outlasts_an_outage_longer_than_its_retries() {
 /// the node, does not hold a lock that nobody knows it holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
-    let (_dir, server, direct) = start().await;
-    let proxy = ReplyDroppingProxy::start(&server.addr).await;
-    let config = picket_client::ClientConfig {
-        retry_for: Duration::from_secs(2),
-        request_timeout: Duration::from_millis(500),
-        ..picket_client::ClientConfig::default()
-    };
-    let client = Client::connect_with([proxy.addr.clone()], config).await.unwrap();
-    let session = open_session_despite_short_timeouts(&client).await;
+    let BehindProxy { _dir, _server, direct, proxy, _client, session } =
+        behind_proxy(Duration::from_secs(2), Duration::from_millis(500)).await;
     proxy.drop_replies();
     let given_up = session.try_lock("unanswered").await.expect_err("no answer arrives");
     // The node granted it: the request arrived, only the answers were lost.
@@ -435,6 +443,36 @@ async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
         assert!(Instant::now() < deadline, "the given-up acquire's grant is still held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Many acquires given up at once, their answers lost, are all abandoned: the client's one
+/// abandons task sends them a batch at a time, and every lock is freed long before the
+/// session's 60 s TTL would free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_acquires_given_up_at_once_are_all_abandoned() {
+    let BehindProxy { _dir, _server, direct, proxy, _client, session } =
+        behind_proxy(Duration::from_secs(2), Duration::from_millis(500)).await;
+    proxy.drop_replies();
+    let names: Vec<String> = (0..40).map(|n| format!("given-up/{n}")).collect();
+    let given_up = futures_util::future::join_all(names.iter().map(|name| session.try_lock(name)));
+    for outcome in given_up.await {
+        outcome.expect_err("no answer arrives");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in &names {
+        while direct.lock_info(name).await.unwrap().holder.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the given-up acquire's grant is still held"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // Each given-up acquire was granted (only its answers were lost), and each grant took a
+    // token: the next grant's shows all 40 happened, so the locks above were freed by abandons.
+    let checker = direct.session(Duration::from_secs(10)).await.unwrap();
+    let next = checker.try_lock("given-up/0").await.unwrap();
+    assert!(next.token() > 40, "token {}: not every given-up acquire was granted", next.token());
 }
 
 /// The client finds the leader from a follower's refusal and follows the next leader when that

@@ -1,0 +1,254 @@
+//! The abandons of given-up acquires, sent by one task per client from a bounded queue.
+//!
+//! An acquire the caller gave up on (a timeout, a dropped future, retries run out) may have
+//! left a wait or a grant at the service that no guard knows of, and the session would hold
+//! it for as long as it lives. The client sends an `Abandon` for its last attempt, and keeps
+//! trying while the cluster cannot be reached, for up to [`ABANDON_PERSISTS_FOR`].
+//!
+//! Each abandon used to run on a task of its own. During a long outage, a caller that retries
+//! its acquire with a short timeout left one task behind per attempt, each trying for an hour,
+//! and all of them called at once when the cluster came back. Now one task per client sends
+//! them, at most [`ABANDONS_AT_ONCE`] at a time; at most [`MAX_PENDING_ABANDONS`] wait, and
+//! past that the one that waited longest is dropped with a warning (its grant, if it made
+//! one, stays until its session ends, as after an hour of trying). The task holds the
+//! connections only weakly: once every handle of the client is gone, so is it.
+
+use super::{Retry, Transport, WeakTransport, outcome_may_linger};
+use crate::error::{ClientError, ErrorCode};
+use picket_proto::v1;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+/// How long the abandon of a given-up acquire keeps trying to get through: the longest TTL
+/// a node accepts by default. A session whose keepalives got through that long while its
+/// abandons did not is beyond what the client can mend; otherwise, by then the session has
+/// expired and taken its grants with it.
+const ABANDON_PERSISTS_FOR: Duration = Duration::from_secs(3_600);
+
+/// Most abandons waiting to be sent or tried again, per client.
+pub(crate) const MAX_PENDING_ABANDONS: usize = 1_024;
+
+/// Most abandons on their way at once, per client.
+const ABANDONS_AT_ONCE: usize = 16;
+
+/// A given-up acquire's lock: (session, lock name).
+type LockKey = (u64, String);
+
+/// The abandons of one client: those waiting, and whether its sending task runs.
+#[derive(Debug, Default)]
+pub(crate) struct Abandons {
+    queue: Mutex<Queue>,
+    /// Wakes the sending task when an abandon is queued.
+    queued: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Not tried yet, in the order they came.
+    fresh: VecDeque<Pending>,
+    /// Tried and not through, in the order they are due again (each is due a backoff after
+    /// its last try, and tries end in order).
+    retrying: VecDeque<Pending>,
+    /// Abandons on their way, by lock: each flag is set when its abandon is done.
+    by_lock: HashMap<LockKey, watch::Receiver<bool>>,
+    /// Whether the sending task runs; it stops when nothing is left.
+    sending: bool,
+}
+
+impl Queue {
+    fn waiting(&self) -> usize {
+        self.fresh.len() + self.retrying.len()
+    }
+
+    /// Marks `pending` done, and forgets its lock unless a later abandon of it is on its way.
+    fn finish(&mut self, pending: Pending) {
+        pending.done.send_replace(true);
+        let key = (pending.request.session_id, pending.request.name);
+        if self.by_lock.get(&key).is_some_and(|waiting| *waiting.borrow()) {
+            self.by_lock.remove(&key);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    request: v1::AbandonRequest,
+    /// Past this, an abandon that does not get through is given up.
+    persist_until: Instant,
+    /// Not tried again before this.
+    due_at: Instant,
+    /// Set when this abandon is done, however it ends; dropped (the client gone), it also
+    /// ends the wait of [`Abandons::wait_for`].
+    done: watch::Sender<bool>,
+}
+
+/// What the sending task does next.
+enum Step {
+    Send(Vec<Pending>),
+    WaitUntil(Instant),
+    Stop,
+}
+
+impl Abandons {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Abandons waiting to be sent or tried again (not those on their way).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock().waiting()
+    }
+
+    /// Queues the abandon of `request`'s attempt, and starts the sending task if it is not
+    /// running. Past [`MAX_PENDING_ABANDONS`] the abandon that waited longest is dropped.
+    pub(crate) fn queue(self: &Arc<Self>, transport: &Transport, request: v1::AbandonRequest) {
+        let (done, waiting) = watch::channel(false);
+        let now = Instant::now();
+        let start = {
+            let mut queue = self.lock();
+            if queue.waiting() >= MAX_PENDING_ABANDONS {
+                let oldest = queue.retrying.pop_front().or_else(|| queue.fresh.pop_front());
+                if let Some(oldest) = oldest {
+                    tracing::warn!(
+                        session = oldest.request.session_id,
+                        lock = %oldest.request.name,
+                        "more than {MAX_PENDING_ABANDONS} abandons of given-up acquires are \
+                         waiting; dropped the oldest: a grant it may have produced stays until \
+                         the session ends"
+                    );
+                    queue.finish(oldest);
+                }
+            }
+            queue.by_lock.insert((request.session_id, request.name.clone()), waiting);
+            let persist_until = now + ABANDON_PERSISTS_FOR;
+            queue.fresh.push_back(Pending { request, persist_until, due_at: now, done });
+            !std::mem::replace(&mut queue.sending, true)
+        };
+        self.queued.notify_one();
+        if start {
+            tokio::spawn(send_abandons(self.clone(), transport.downgrade()));
+        }
+    }
+
+    /// Waits until an abandon of `name` in `session_id` on its way is done, for at most
+    /// `longest`.
+    pub(crate) async fn wait_for(&self, session_id: u64, name: &str, longest: Duration) {
+        let waiting = {
+            let queue = self.lock();
+            // Nearly always empty: no key is built on the acquire path then.
+            if queue.by_lock.is_empty() {
+                return;
+            }
+            queue.by_lock.get(&(session_id, name.to_owned())).cloned()
+        };
+        if let Some(mut waiting) = waiting {
+            let _ = tokio::time::timeout(longest, waiting.wait_for(|done| *done)).await;
+        }
+    }
+
+    /// The abandons to send now: fresh ones first, then those due again. With none due, when
+    /// to look again; with none at all, the task stops (said under the lock, so that the next
+    /// [`Abandons::queue`] starts another).
+    fn next_step(&self, now: Instant) -> Step {
+        let mut queue = self.lock();
+        let mut batch = Vec::new();
+        while batch.len() < ABANDONS_AT_ONCE {
+            let due = queue.retrying.front().is_some_and(|pending| pending.due_at <= now);
+            match queue.fresh.pop_front() {
+                Some(pending) => batch.push(pending),
+                None if due => batch.extend(queue.retrying.pop_front()),
+                None => break,
+            }
+        }
+        if !batch.is_empty() {
+            return Step::Send(batch);
+        }
+        match queue.retrying.front() {
+            Some(pending) => Step::WaitUntil(pending.due_at),
+            None => {
+                queue.sending = false;
+                Step::Stop
+            }
+        }
+    }
+
+    /// Settles one abandon's try: done, or due again after `backoff` while it may still land.
+    fn settle(
+        &self,
+        mut pending: Pending,
+        result: Result<v1::AbandonResponse, ClientError>,
+        backoff: Duration,
+    ) {
+        let now = Instant::now();
+        let session = pending.request.session_id;
+        let mut queue = self.lock();
+        match result {
+            Err(error) if outcome_may_linger(&error) && now < pending.persist_until => {
+                tracing::debug!(session, %error, "an abandon did not get through; trying again");
+                pending.due_at = now + backoff;
+                queue.retrying.push_back(pending);
+                return;
+            }
+            Ok(answer) => tracing::debug!(
+                session,
+                released_token = answer.released_token,
+                "abandoned a given-up acquire"
+            ),
+            // Nodes of an earlier build refuse an abandon that finds nothing.
+            Err(error) if error.is(ErrorCode::NothingToAbandon) => {}
+            Err(error) => tracing::warn!(
+                session,
+                %error,
+                "could not abandon a given-up acquire; a grant it may have produced stays \
+                 until the session ends"
+            ),
+        }
+        queue.finish(pending);
+    }
+}
+
+/// The sending task: sends what is due, waits for what is not, and stops when nothing is left
+/// or the client is gone. Holds the connections only while it sends.
+async fn send_abandons(abandons: Arc<Abandons>, transport: WeakTransport) {
+    loop {
+        match abandons.next_step(Instant::now()) {
+            Step::Send(batch) => {
+                let Some(transport) = transport.upgrade() else { return };
+                let tries = batch.iter().map(|pending| try_abandon(&transport, &pending.request));
+                let results = futures_util::future::join_all(tries).await;
+                let backoff = transport.config().max_backoff;
+                for (pending, result) in batch.into_iter().zip(results) {
+                    abandons.settle(pending, result, backoff);
+                }
+            }
+            Step::WaitUntil(due_at) => {
+                if transport.upgrade().is_none() {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(due_at) => {}
+                    () = abandons.queued.notified() => {}
+                }
+            }
+            Step::Stop => return,
+        }
+    }
+}
+
+/// One round of retries of one abandon.
+async fn try_abandon(
+    transport: &Transport,
+    request: &v1::AbandonRequest,
+) -> Result<v1::AbandonResponse, ClientError> {
+    let timeout = Some(transport.config().request_timeout);
+    transport
+        .call(Retry::Safe, timeout, |connection| {
+            let request = request.clone();
+            async move { connection.grpc().abandon(request).await }
+        })
+        .await
+}
