@@ -743,6 +743,31 @@ mod tests {
         }
     }
 
+    /// A client that outlives the runtime its abandons task was on (dropped with it, here
+    /// before it ever ran) starts another for its next abandon, instead of queueing behind a
+    /// task that is gone.
+    #[test]
+    fn abandons_go_on_after_the_runtime_of_their_task_is_gone() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let config = ClientConfig { retry_for: Duration::from_millis(200), ..Default::default() };
+        let transport = Transport::new([endpoint], config).unwrap();
+        let first = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        first.block_on(async { transport.abandon_in_background(1, "a", 1, 0) });
+        drop(first);
+        let second = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            transport.abandon_in_background(1, "b", 2, 0);
+            let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            assert_eq!(tasks, 1, "no task sends the abandons");
+        });
+    }
+
     #[test]
     fn a_given_up_acquire_is_abandoned_unless_its_last_attempt_was_answered() {
         let refusal = |code: ErrorCode| ClientError::Service {

@@ -9,12 +9,15 @@
 //! its acquire with a short timeout left one task behind per attempt, each trying for an hour,
 //! and all of them called at once when the cluster came back. Now one task per client sends
 //! them, at most [`ABANDONS_AT_ONCE`] at a time; at most [`MAX_PENDING_ABANDONS`] wait, and
-//! past that the one that waited longest is dropped with a warning (its grant, if it made
-//! one, stays until its session ends, as after an hour of trying). The task holds the
-//! connections only weakly: once every handle of the client is gone, so is it.
+//! past that the least recently tried (or, with none tried, the oldest) is dropped with a
+//! warning (its grant, if it made one, stays until its session ends, as after an hour of
+//! trying). The task runs while abandons are left, and holds the connections only while one
+//! is on its way: soon after every handle of the client is gone, so is it, and the abandons
+//! still waiting are forgotten (the sessions end with the client's handles, or expire).
 
 use super::{Retry, Transport, WeakTransport, outcome_may_linger};
 use crate::error::{ClientError, ErrorCode};
+use futures_util::StreamExt as _;
 use picket_proto::v1;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -87,8 +90,13 @@ struct Pending {
 
 /// What the sending task does next.
 enum Step {
+    /// Send these.
     Send(Vec<Pending>),
+    /// Look again when the first abandon tried before is due again (or sooner).
     WaitUntil(Instant),
+    /// Look again when an abandon on its way ends or a new one is queued.
+    Wait,
+    /// Nothing is left.
     Stop,
 }
 
@@ -104,7 +112,7 @@ impl Abandons {
     }
 
     /// Queues the abandon of `request`'s attempt, and starts the sending task if it is not
-    /// running. Past [`MAX_PENDING_ABANDONS`] the abandon that waited longest is dropped.
+    /// running. Past [`MAX_PENDING_ABANDONS`] the least recently tried is dropped.
     pub(crate) fn queue(self: &Arc<Self>, transport: &Transport, request: v1::AbandonRequest) {
         let (done, waiting) = watch::channel(false);
         let now = Instant::now();
@@ -130,7 +138,9 @@ impl Abandons {
         };
         self.queued.notify_one();
         if start {
-            tokio::spawn(send_abandons(self.clone(), transport.downgrade()));
+            let backoff = transport.config().max_backoff;
+            let sending = Sending { abandons: self.clone(), stopped: false };
+            tokio::spawn(send_abandons(sending, transport.downgrade(), backoff));
         }
     }
 
@@ -150,13 +160,15 @@ impl Abandons {
         }
     }
 
-    /// The abandons to send now: fresh ones first, then those due again. With none due, when
-    /// to look again; with none at all, the task stops (said under the lock, so that the next
-    /// [`Abandons::queue`] starts another).
-    fn next_step(&self, now: Instant) -> Step {
+    /// Up to `room` abandons to send now: fresh ones first, then those due again (so under
+    /// a steady stream of new ones the oldest retries wait, and past the bound are dropped).
+    /// With none to send: when one is due again, if any waits; else, with none on its way
+    /// either, the task stops (said under the lock, so that the next [`Abandons::queue`]
+    /// starts another).
+    fn next_step(&self, now: Instant, room: usize, none_on_their_way: bool) -> Step {
         let mut queue = self.lock();
         let mut batch = Vec::new();
-        while batch.len() < ABANDONS_AT_ONCE {
+        while batch.len() < room {
             let due = queue.retrying.front().is_some_and(|pending| pending.due_at <= now);
             match queue.fresh.pop_front() {
                 Some(pending) => batch.push(pending),
@@ -169,10 +181,11 @@ impl Abandons {
         }
         match queue.retrying.front() {
             Some(pending) => Step::WaitUntil(pending.due_at),
-            None => {
+            None if none_on_their_way => {
                 queue.sending = false;
                 Step::Stop
             }
+            None => Step::Wait,
         }
     }
 
@@ -211,30 +224,70 @@ impl Abandons {
     }
 }
 
-/// The sending task: sends what is due, waits for what is not, and stops when nothing is left
-/// or the client is gone. Holds the connections only while it sends.
-async fn send_abandons(abandons: Arc<Abandons>, transport: WeakTransport) {
+/// The sending task: keeps up to [`ABANDONS_AT_ONCE`] abandons on their way, starting the
+/// next as soon as one ends or is queued, waits for those due again, and stops when nothing is
+/// left or the client is gone (nothing but its own abandons on their way holds the
+/// connections). Each abandon on its way holds them; the task itself only weakly.
+async fn send_abandons(mut sending: Sending, transport: WeakTransport, backoff: Duration) {
+    let abandons = sending.abandons.clone();
+    let mut on_their_way = futures_util::stream::FuturesUnordered::new();
     loop {
-        match abandons.next_step(Instant::now()) {
+        let room = ABANDONS_AT_ONCE - on_their_way.len();
+        let due_at = match abandons.next_step(Instant::now(), room, on_their_way.is_empty()) {
             Step::Send(batch) => {
                 let Some(transport) = transport.upgrade() else { return };
-                let tries = batch.iter().map(|pending| try_abandon(&transport, &pending.request));
-                let results = futures_util::future::join_all(tries).await;
-                let backoff = transport.config().max_backoff;
-                for (pending, result) in batch.into_iter().zip(results) {
-                    abandons.settle(pending, result, backoff);
-                }
-            }
-            Step::WaitUntil(due_at) => {
-                if transport.upgrade().is_none() {
+                // The abandons on their way hold the connections too: without this look, each
+                // would keep them open for the next, and the task would outlive the client.
+                if Arc::strong_count(&transport.inner) <= on_their_way.len() + 1 {
                     return;
                 }
-                tokio::select! {
-                    () = tokio::time::sleep_until(due_at) => {}
-                    () = abandons.queued.notified() => {}
+                for pending in batch {
+                    let transport = transport.clone();
+                    on_their_way.push(async move {
+                        let result = try_abandon(&transport, &pending.request).await;
+                        (pending, result)
+                    });
                 }
+                continue;
             }
-            Step::Stop => return,
+            Step::WaitUntil(due_at) => Some(due_at),
+            Step::Wait => None,
+            Step::Stop => {
+                sending.stopped = true;
+                return;
+            }
+        };
+        tokio::select! {
+            Some((pending, result)) = on_their_way.next(), if !on_their_way.is_empty() => {
+                abandons.settle(pending, result, backoff);
+            }
+            () = sleep_until_some(due_at) => {}
+            () = abandons.queued.notified() => {}
+        }
+    }
+}
+
+/// Sleeps until `due_at`, or forever without one.
+async fn sleep_until_some(due_at: Option<Instant>) {
+    match due_at {
+        Some(due_at) => tokio::time::sleep_until(due_at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Moved into the sending task when it is made: however the task ends without stopping by
+/// [`Step::Stop`] (the client gone, or its runtime shutting down and dropping it, maybe
+/// before it ever ran), the next [`Abandons::queue`] starts another instead of queueing
+/// behind a task that is gone.
+struct Sending {
+    abandons: Arc<Abandons>,
+    stopped: bool,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.abandons.lock().sending = false;
         }
     }
 }
