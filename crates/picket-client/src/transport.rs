@@ -480,7 +480,8 @@ impl Transport {
         // this acquire gets its own chance to say the cluster is unreachable. Nodes on apply
         // rules 2 or later keep a grant for a request told of it whenever the abandon lands,
         // so going on early is safe with them.
-        self.inner.abandons.wait_for(session_id, name, self.inner.config.retry_for).await;
+        let longest = self.inner.config.retry_for;
+        self.inner.abandons.wait_for(self, session_id, name, longest).await;
     }
 
     /// Undoes, in the background, whatever the given-up acquire's last attempt left in the
@@ -696,8 +697,10 @@ mod tests {
 
     /// During an outage, the abandons of many given-up acquires wait in one bounded queue and
     /// are sent by one task. Each used to run on a task of its own, trying for an hour: a
-    /// caller retrying its acquire with a short timeout left one behind per attempt.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// caller retrying its acquire with a short timeout left one behind per attempt. (On one
+    /// thread, so that the task takes none before the queue is full: the first 200 are the
+    /// ones dropped.)
+    #[tokio::test]
     async fn abandons_during_an_outage_share_one_task_and_a_bounded_queue() {
         use abandons::MAX_PENDING_ABANDONS;
         // A port nothing listens on: every call is refused at once, as in an outage.
@@ -722,15 +725,16 @@ mod tests {
         assert_eq!(tasks, 1, "{tasks} tasks for {given_up} abandons");
         let waiting = transport.inner.abandons.waiting();
         assert!(waiting <= MAX_PENDING_ABANDONS, "{waiting} abandons waiting");
-        // The oldest waiting were dropped (the first 16 may be on their way, the task's first
-        // batch), so a new acquire of their lock does not wait for them; the newest are still
-        // trying, so one of their lock waits (as long as it is allowed).
-        let dropped = transport.inner.abandons.wait_for(1, "lock-100", Duration::from_secs(3_600));
+        // The oldest were dropped, so a new acquire of their lock does not wait for them; the
+        // newest are still trying, so one of their lock waits (as long as it is allowed).
+        let dropped =
+            transport.inner.abandons.wait_for(&transport, 1, "lock-0", Duration::from_secs(3_600));
         tokio::time::timeout(Duration::from_secs(5), dropped)
             .await
             .expect("an acquire waited for an abandon that was dropped");
         let newest = format!("lock-{}", given_up - 1);
-        let trying = transport.inner.abandons.wait_for(1, &newest, Duration::from_secs(3_600));
+        let trying =
+            transport.inner.abandons.wait_for(&transport, 1, &newest, Duration::from_secs(3_600));
         tokio::time::timeout(Duration::from_millis(500), trying)
             .await
             .expect_err("an abandon still trying was reported done");
@@ -744,8 +748,8 @@ mod tests {
     }
 
     /// A client that outlives the runtime its abandons task was on (dropped with it, here
-    /// before it ever ran) starts another for its next abandon, instead of queueing behind a
-    /// task that is gone.
+    /// before it ever ran) starts another for the abandons left, when an acquire waits for
+    /// one of them or another is queued, and never two.
     #[test]
     fn abandons_go_on_after_the_runtime_of_their_task_is_gone() {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -762,10 +766,34 @@ mod tests {
             .build()
             .unwrap();
         second.block_on(async {
+            let tasks = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            let abandons = &transport.inner.abandons;
+            abandons.wait_for(&transport, 1, "a", Duration::from_millis(100)).await;
+            assert_eq!(tasks(), 1, "no task sends the abandon left by the runtime");
             transport.abandon_in_background(1, "b", 2, 0);
-            let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
-            assert_eq!(tasks, 1, "no task sends the abandons");
+            assert_eq!(tasks(), 1, "a second task");
         });
+    }
+
+    /// With every place for an abandon on its way taken and others due again, the task waits
+    /// for one to end: it used to turn without pause for as long as the calls took.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_abandons_task_waits_while_every_place_is_taken() {
+        let config = ClientConfig {
+            retry_for: Duration::from_millis(300),
+            request_timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_millis(100),
+            initial_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(5),
+            ..ClientConfig::default()
+        };
+        let transport = Transport::new([silent_node().await], config).unwrap();
+        for n in 0..20 {
+            transport.abandon_in_background(1, &format!("lock-{n}"), n, 0);
+        }
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let turns = transport.inner.abandons.turns.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(turns < 2_000, "{turns} turns in 1.5 s for 20 abandons");
     }
 
     #[test]

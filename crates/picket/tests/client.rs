@@ -453,7 +453,7 @@ async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_acquires_given_up_during_an_outage_are_all_abandoned_when_it_ends() {
     let BehindProxy { _dir, _server, direct, proxy, _client, session } =
-        behind_proxy(Duration::from_secs(2), Duration::from_millis(500)).await;
+        behind_proxy(Duration::from_secs(5), Duration::from_millis(500)).await;
     proxy.drop_replies();
     let names: Vec<String> = (0..40).map(|n| format!("given-up/{n}")).collect();
     let holder = Some(SessionId(session.id()));
@@ -472,8 +472,9 @@ async fn many_acquires_given_up_during_an_outage_are_all_abandoned_when_it_ends(
     for outcome in given_up {
         outcome.expect_err("no answer arrives");
     }
-    // The outage: past the client's retries, so the abandons' first tries fail too.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The outage: past the client's retries (5 s, long enough for the look above to see all
+    // 40 grants before any acquire gives up), so the abandons' first tries fail too.
+    tokio::time::sleep(Duration::from_secs(6)).await;
     for name in &names {
         let held_by = direct.lock_info(name).await.unwrap().holder_session();
         assert_eq!(held_by, holder, "{name}: something reached the node during the outage");

@@ -46,6 +46,9 @@ pub(crate) struct Abandons {
     queue: Mutex<Queue>,
     /// Wakes the sending task when an abandon is queued.
     queued: Notify,
+    /// The sending tasks' turns, for the tests to see that a task waits, not spins.
+    #[cfg(test)]
+    pub(crate) turns: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -138,23 +141,43 @@ impl Abandons {
         };
         self.queued.notify_one();
         if start {
-            let backoff = transport.config().max_backoff;
-            let sending = Sending { abandons: self.clone(), stopped: false };
-            tokio::spawn(send_abandons(sending, transport.downgrade(), backoff));
+            self.start_sending(transport);
         }
     }
 
+    /// Starts the sending task; the caller has just set `sending` under the lock.
+    fn start_sending(self: &Arc<Self>, transport: &Transport) {
+        let backoff = transport.config().max_backoff;
+        let sending = Sending { abandons: self.clone(), stopped: false };
+        tokio::spawn(send_abandons(sending, transport.downgrade(), backoff));
+    }
+
     /// Waits until an abandon of `name` in `session_id` on its way is done, for at most
-    /// `longest`.
-    pub(crate) async fn wait_for(&self, session_id: u64, name: &str, longest: Duration) {
-        let waiting = {
-            let queue = self.lock();
+    /// `longest`. Abandons left waiting by a task that a runtime dropped get a new one here,
+    /// so the wait is not the whole of `longest` for want of a sender.
+    pub(crate) async fn wait_for(
+        self: &Arc<Self>,
+        transport: &Transport,
+        session_id: u64,
+        name: &str,
+        longest: Duration,
+    ) {
+        let (waiting, start) = {
+            let mut queue = self.lock();
             // Nearly always empty: no key is built on the acquire path then.
             if queue.by_lock.is_empty() {
                 return;
             }
-            queue.by_lock.get(&(session_id, name.to_owned())).cloned()
+            let waiting = queue.by_lock.get(&(session_id, name.to_owned())).cloned();
+            let stalled = waiting.is_some() && queue.waiting() > 0 && !queue.sending;
+            if stalled {
+                queue.sending = true;
+            }
+            (waiting, stalled)
         };
+        if start {
+            self.start_sending(transport);
+        }
         if let Some(mut waiting) = waiting {
             let _ = tokio::time::timeout(longest, waiting.wait_for(|done| *done)).await;
         }
@@ -166,6 +189,11 @@ impl Abandons {
     /// either, the task stops (said under the lock, so that the next [`Abandons::queue`]
     /// starts another).
     fn next_step(&self, now: Instant, room: usize, none_on_their_way: bool) -> Step {
+        if room == 0 {
+            // Only an abandon on its way ending makes room: waiting for one due again would
+            // turn at once, and again, as long as the calls take (found in review).
+            return Step::Wait;
+        }
         let mut queue = self.lock();
         let mut batch = Vec::new();
         while batch.len() < room {
@@ -232,6 +260,8 @@ async fn send_abandons(mut sending: Sending, transport: WeakTransport, backoff: 
     let abandons = sending.abandons.clone();
     let mut on_their_way = futures_util::stream::FuturesUnordered::new();
     loop {
+        #[cfg(test)]
+        abandons.turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let room = ABANDONS_AT_ONCE - on_their_way.len();
         let due_at = match abandons.next_step(Instant::now(), room, on_their_way.is_empty()) {
             Step::Send(batch) => {
