@@ -3,12 +3,14 @@ ports, started for a test and stopped after it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from typing import Iterator, List
 
@@ -165,3 +167,49 @@ def postgres() -> Iterator[Postgres]:
     yield server
     server.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+class AnswerSwallowingProxy:
+    """A TCP proxy to the server that, once ``swallow`` is set, forwards every request and drops
+    every answer. The server sees no broken connection while it answers, so it undoes nothing
+    itself: what a client gave up on stays done unless the client undoes it. Once ``cut`` is
+    set, it drops the requests too: an outage."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.swallow = threading.Event()
+        self.cut = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: List[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inbound, _ = self.listener.accept()
+            except OSError:
+                return
+            outbound = socket.create_connection(self.upstream)
+            self.sockets += [inbound, outbound]
+            threading.Thread(target=self._pump, args=(inbound, outbound, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(outbound, inbound, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, answers: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if not (self.cut.is_set() or (answers and self.swallow.is_set())):
+                    target.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()

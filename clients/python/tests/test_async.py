@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import picket
-from conftest import Server, free_port
+from conftest import AnswerSwallowingProxy, Server, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -53,6 +53,49 @@ async def test_a_session_nobody_holds_any_more_is_ended_and_its_locks_freed(serv
             assert not kept.lost.is_set()
             assert (await client.lock_info("kept"))["holder"] is not None
         await kept.close()
+
+
+async def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(server: Server) -> None:
+    """As the blocking client's: the abandon of an acquire the node granted, given up on while
+    the client was cut off for longer than its timeout, is tried again and lands once the link
+    is back, freeing the lock long before the session's 60 s TTL."""
+    proxy = AnswerSwallowingProxy(server.addr)
+    try:
+        async with picket.AsyncClient([server.addr]) as direct, picket.AsyncClient(
+            [proxy.addr], timeout=0.3
+        ) as client:
+
+            async def holder() -> object:
+                return (await direct.lock_info("outlasted"))["holder"]
+
+            for attempt in range(5):
+                try:
+                    session = await client.session(ttl=60)
+                    break
+                except picket.OutcomeUnknown:
+                    if attempt == 4:
+                        raise
+            proxy.swallow.set()
+            trying = asyncio.ensure_future(session.try_lock("outlasted"))
+            for _ in range(1000):
+                if await holder() is not None:
+                    break
+                await asyncio.sleep(0.01)
+            proxy.cut.set()
+            with pytest.raises(picket.OutcomeUnknown):
+                await trying
+            # The outage: five times the client's timeout, so the abandon's first round fails.
+            await asyncio.sleep(1.5)
+            assert await holder() is not None, "nothing reached the node during the outage"
+            proxy.cut.clear()
+            proxy.swallow.clear()
+            for _ in range(1000):
+                if await holder() is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert await holder() is None, "the given-up grant is still held"
+    finally:
+        proxy.close()
 
 
 async def test_waiters_are_granted_in_fifo_order_with_growing_tokens(server: Server) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import socket
 import threading
 import time
 from typing import List, Tuple
@@ -13,7 +11,7 @@ import httpx
 import pytest
 
 import picket
-from conftest import Server, free_port, wait_until
+from conftest import AnswerSwallowingProxy, Server, free_port, wait_until
 
 
 def holder(server: Server, name: str) -> object:
@@ -132,48 +130,17 @@ def test_fence_on_acquire_and_the_sequencer_on_http_writes(server: Server, kv: "
             assert stale.json()["highest_token"] == grant.token
 
 
-class AnswerSwallowingProxy:
-    """A TCP proxy to the server that, once ``swallow`` is set, forwards every request and drops
-    every answer. The server sees no broken connection while it answers, so it undoes nothing
-    itself: what a client gave up on stays done unless the client undoes it."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.rsplit(":", 1)
-        self.upstream = (host, int(port))
-        self.swallow = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.sockets: List[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                inbound, _ = self.listener.accept()
-            except OSError:
-                return
-            outbound = socket.create_connection(self.upstream)
-            self.sockets += [inbound, outbound]
-            threading.Thread(target=self._pump, args=(inbound, outbound, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(outbound, inbound, True), daemon=True).start()
-
-    def _pump(self, source: socket.socket, target: socket.socket, answers: bool) -> None:
+def open_despite_short_timeouts(client: picket.Client) -> picket.Session:
+    """A session (60 s TTL) of a client whose timeout is short. An open is not retried once
+    sent; a loaded machine that answers one later than the timeout would fail the test before
+    it begins, so it tries again (a session given up on holds nothing and expires)."""
+    for attempt in range(5):
         try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                if not (answers and self.swallow.is_set()):
-                    target.sendall(data)
-        except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            target.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.close()
+            return client.session(ttl=60)
+        except picket.OutcomeUnknown:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(server: Server) -> None:
@@ -184,21 +151,78 @@ def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(
     proxy = AnswerSwallowingProxy(server.addr)
     try:
         with picket.Client([proxy.addr], timeout=0.3) as client:
-            # An open is not retried once sent; a loaded machine that answers one later than
-            # the short timeout would fail the test before it begins, so it tries again (a
-            # session given up on holds nothing and expires).
-            for attempt in range(5):
-                try:
-                    session = client.session(ttl=60)
-                    break
-                except picket.OutcomeUnknown:
-                    if attempt == 4:
-                        raise
+            session = open_despite_short_timeouts(client)
             proxy.swallow.set()
             with pytest.raises(picket.OutcomeUnknown):
                 session.try_lock("unanswered")
             wait_until("the given-up grant to be abandoned", 10, lambda: holder(server, "unanswered") is None)
             proxy.swallow.clear()
+    finally:
+        proxy.close()
+
+
+def test_abandons_waiting_are_bounded_and_tried_again_only_while_they_may_land() -> None:
+    """The queue's rules, without a server: new abandons go first, one that got no answer is due
+    again after the pause, one answered or tried for too long is done, and past the bound the
+    least recently tried is dropped."""
+    from picket import _common
+
+    queue = _common.AbandonQueue()
+    queue.add({"name": "a"}, now=0.0)
+    queue.add({"name": "b"}, now=0.0)
+    a = queue.take(0.0)
+    assert isinstance(a, _common.Abandon) and a.body["name"] == "a"
+    queue.settle(a, picket.Unavailable("no leader", code="unavailable"), now=1.0)
+    b = queue.take(1.0)
+    assert isinstance(b, _common.Abandon) and b.body["name"] == "b", "a new abandon goes first"
+    queue.settle(b, None, now=1.0)
+    assert queue.take(1.0) == pytest.approx(_common.ABANDON_RETRY_PAUSE_S), "a is due after the pause"
+    again = queue.take(1.0 + _common.ABANDON_RETRY_PAUSE_S)
+    assert again is a
+    queue.settle(a, picket.UnknownSession("gone", code="unknown_session"), now=2.0)
+    assert queue.take(2.0) is None, "a refusal ends it"
+    queue.add({"name": "old"}, now=0.0)
+    old = queue.take(0.0)
+    assert isinstance(old, _common.Abandon)
+    queue.settle(old, picket.OutcomeUnknown("lost", code="outcome_unknown"), now=_common.ABANDON_PERSISTS_FOR_S)
+    assert queue.take(_common.ABANDON_PERSISTS_FOR_S) is None, "tried for too long"
+    for n in range(_common.MAX_PENDING_ABANDONS):
+        assert queue.add({"name": n}, now=0.0) is None
+    dropped = queue.add({"name": "one too many"}, now=0.0)
+    assert dropped is not None and dropped.body["name"] == 0
+    assert len(queue) == _common.MAX_PENDING_ABANDONS
+
+
+def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(server: Server) -> None:
+    """The node granted the acquire, then the client was cut off from it for longer than its
+    timeout, so the abandon's first round of retries failed too. It used to be given up then,
+    leaving the grant with the session, known to nobody, while the session lived; now it is
+    tried again, lands once the link is back, and frees the lock long before the 60 s TTL."""
+    proxy = AnswerSwallowingProxy(server.addr)
+    try:
+        with picket.Client([proxy.addr], timeout=0.3) as client:
+            session = open_despite_short_timeouts(client)
+            proxy.swallow.set()
+            outcome: List[BaseException] = []
+
+            def give_up() -> None:
+                try:
+                    session.try_lock("outlasted")
+                except BaseException as error:  # noqa: BLE001 - checked below
+                    outcome.append(error)
+
+            trying = threading.Thread(target=give_up)
+            trying.start()
+            wait_until("the acquire to reach the node", 10, lambda: holder(server, "outlasted") is not None)
+            proxy.cut.set()
+            trying.join(30)
+            assert outcome and isinstance(outcome[0], picket.OutcomeUnknown), outcome
+            # The outage: five times the client's timeout, so the abandon's first round fails.
+            time.sleep(1.5)
+            assert holder(server, "outlasted") is not None, "nothing reached the node during the outage"
+            proxy.cut.clear()
+            proxy.swallow.clear()
+            wait_until("the given-up grant to be abandoned", 10, lambda: holder(server, "outlasted") is None)
     finally:
         proxy.close()
 

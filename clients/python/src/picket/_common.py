@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import collections
+import logging
 import random
 import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
+
+from .errors import NothingToAbandon, OutcomeUnknown, Unavailable
+
+_log = logging.getLogger("picket")
 
 #: A session counts on itself for its TTL less this share after its last confirmed keepalive,
 #: so that a clock running up to 1 % fast, and the time the keepalive took to arrive, cannot
@@ -170,3 +176,98 @@ def hand_over(this: "weakref.ref[Any]", sse: SseEvents, text: str) -> bool:
         session._on_event(event)
         del session
     return True
+
+
+#: Most abandons of given-up acquires waiting per client; past it the least recently tried is
+#: dropped, with a warning (a grant it would have taken stays until its session ends).
+MAX_PENDING_ABANDONS = 1024
+
+#: How long the abandon of a given-up acquire keeps trying to get through: the longest TTL a
+#: node accepts by default. By then its session has expired unless its keepalives got through
+#: all along while its abandons did not, which is beyond what a client can mend.
+ABANDON_PERSISTS_FOR_S = 3600.0
+
+#: The pause before an abandon that did not get through is tried again.
+ABANDON_RETRY_PAUSE_S = 0.5
+
+
+class Abandon:
+    """One given-up acquire's abandon, waiting to be sent or sent again."""
+
+    __slots__ = ("body", "give_up_at", "due_at")
+
+    def __init__(self, body: Dict[str, Any], now: float) -> None:
+        self.body = body
+        self.give_up_at = now + ABANDON_PERSISTS_FOR_S
+        self.due_at = now
+
+
+class AbandonQueue:
+    """The abandons of one client's given-up acquires: the rules, shared by the blocking and
+    asyncio clients, which send them one at a time from a thread or a task of their own.
+
+    An acquire given up without an answer may have left a wait or a grant at the service that
+    nobody here knows of, and the session would hold it for as long as it lives. Its abandon
+    is tried again while the cluster cannot be reached, for up to ``ABANDON_PERSISTS_FOR_S``:
+    one round of retries used to be all, so an outage longer than the client's timeout left
+    the grant with the session (the Rust client's rule since issue 14)."""
+
+    def __init__(self) -> None:
+        self.fresh: "collections.deque[Abandon]" = collections.deque()
+        self.retrying: "collections.deque[Abandon]" = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self.fresh) + len(self.retrying)
+
+    def add(self, body: Dict[str, Any], now: float) -> Optional[Abandon]:
+        """Queues an abandon; returns the one dropped to make room, if any, with a warning."""
+        dropped = None
+        if len(self) >= MAX_PENDING_ABANDONS:
+            dropped = self.retrying.popleft() if self.retrying else self.fresh.popleft()
+            _log.warning(
+                "more than %d abandons of given-up acquires are waiting; dropped the least recently "
+                "tried (of %r): a grant it may have produced stays until the session ends",
+                MAX_PENDING_ABANDONS,
+                dropped.body.get("name"),
+            )
+        self.fresh.append(Abandon(body, now))
+        return dropped
+
+    def take(self, now: float) -> "Abandon | float | None":
+        """The abandon to send now (new ones first); else the seconds until one is due again;
+        ``None`` when none is left."""
+        if self.fresh:
+            return self.fresh.popleft()
+        if not self.retrying:
+            return None
+        if self.retrying[0].due_at <= now:
+            return self.retrying.popleft()
+        return self.retrying[0].due_at - now
+
+    def settle(self, abandon: Abandon, error: Optional[BaseException], now: float) -> None:
+        """Puts ``abandon`` back, due after a pause, when it may still land: its try ended with
+        no answer (``Unavailable``, ``OutcomeUnknown``) and it has not tried for too long."""
+        if isinstance(error, (Unavailable, OutcomeUnknown)) and now < abandon.give_up_at:
+            abandon.due_at = now + ABANDON_RETRY_PAUSE_S
+            self.retrying.append(abandon)
+
+    def clear(self) -> None:
+        self.fresh.clear()
+        self.retrying.clear()
+
+
+def log_abandon(abandon: Abandon, error: Optional[BaseException]) -> None:
+    """Logs how one try of ``abandon`` ended: a failure that will not be tried again as a warning."""
+    name, request_id = abandon.body.get("name"), abandon.body.get("request_id")
+    if error is None or isinstance(error, NothingToAbandon):
+        _log.debug("abandoned acquire %s of %r", request_id, name)
+    elif isinstance(error, (Unavailable, OutcomeUnknown)):
+        _log.debug("the abandon of acquire %s of %r did not get through: %s", request_id, name, error)
+    else:
+        _log.warning(
+            "could not abandon acquire %s of %r (a grant it may have produced stays until the "
+            "session ends): %s",
+            request_id,
+            name,
+            error,
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import urllib.parse
 import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -107,8 +108,6 @@ class AsyncSession:
         self._confirmed_at = opened_at
         self._watching = asyncio.Event()
         self._tasks: List["asyncio.Task[Any]"] = []
-        # Abandons in flight, held so that they run to their end.
-        self._abandons: Set["asyncio.Future[None]"] = set()
         # The tasks hold the session weakly, so that a session nobody holds any more (never
         # closed) is collected and its finalizer ends it (``_end_forgotten``).
         this = weakref.ref(self)
@@ -203,20 +202,11 @@ class AsyncSession:
         raise AssertionError("unreachable")
 
     def _abandon(self, name: str, request_id: int, attempt: int) -> None:
-        """Undoes, on a task of its own, what an acquire given up on may have done: its wait, or
+        """Undoes, in the background, what an acquire given up on may have done: its wait, or
         a grant nobody here knows of (which would otherwise stay with the session while it
         lives). Attempts up to ``attempt`` are covered, and one arriving later is refused."""
         body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
-
-        async def send() -> None:
-            try:
-                await self.client.transport.call("POST", "/v1/locks/abandon", body, safe=True)
-            except Exception as error:  # noqa: BLE001 - the session's end undoes it anyway
-                _log.warning("could not abandon acquire %s of %r: %s", request_id, name, error)
-
-        task = asyncio.ensure_future(send())
-        self._abandons.add(task)
-        task.add_done_callback(self._abandons.discard)
+        self.client._abandons.add(body)
 
     def _forget(self, grant: AsyncGrant) -> None:
         if self._grants.get(grant.name) is grant:
@@ -308,6 +298,54 @@ class AsyncSession:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _AsyncAbandonSender:
+    """Sends a client's abandons (``_common.AbandonQueue``) one at a time from a task of its
+    own, started when one is queued and ended when none is left or the client closes."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._transport = transport
+        self._queue = _common.AbandonQueue()
+        # Made on first use, in the event loop (before Python 3.10 an Event made outside it
+        # could be bound to another loop).
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._closed = False
+
+    def add(self, body: Json) -> None:
+        if self._closed:
+            return
+        self._queue.add(body, time.monotonic())
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run(self._wake))
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.clear()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        while not self._closed:
+            taken = self._queue.take(time.monotonic())
+            if taken is None:
+                return
+            if not isinstance(taken, _common.Abandon):
+                wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), taken)
+                continue
+            error: Optional[BaseException] = None
+            try:
+                await self._transport.call("POST", "/v1/locks/abandon", taken.body, safe=True)
+            except Exception as failure:  # noqa: BLE001 - settled below, whatever it was
+                error = failure
+            _common.log_abandon(taken, error)
+            self._queue.settle(taken, error, time.monotonic())
 
 
 async def _keep_alive(this: "weakref.ref[AsyncSession]") -> None:
@@ -429,6 +467,7 @@ class AsyncClient:
     ) -> None:
         self.timeout = timeout
         self.transport = AsyncTransport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
+        self._abandons = _AsyncAbandonSender(self.transport)
 
     async def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> AsyncSession:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
@@ -473,6 +512,7 @@ class AsyncClient:
         await self.transport.call("POST", f"/v1/sessions/{session_id}/revoke", {}, safe=True)
 
     async def close(self) -> None:
+        self._abandons.close()
         await self.transport.close()
 
     async def __aenter__(self) -> "AsyncClient":

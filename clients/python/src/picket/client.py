@@ -11,6 +11,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import urllib.parse
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
@@ -195,14 +196,7 @@ class Session:
         grant nobody here knows of (which would otherwise stay with the session while it lives).
         Attempts up to ``attempt`` are covered, and one arriving later is refused."""
         body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
-
-        def send() -> None:
-            try:
-                self.client.transport.call("POST", "/v1/locks/abandon", body, safe=True)
-            except Exception as error:  # noqa: BLE001 - the session's end undoes it anyway
-                _log.warning("could not abandon acquire %s of %r: %s", request_id, name, error)
-
-        threading.Thread(target=send, name=f"picket-abandon-{self.id}", daemon=True).start()
+        self.client._abandons.add(body)
 
     def _forget(self, grant: Grant) -> None:
         with self._guard:
@@ -310,6 +304,60 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _AbandonSender:
+    """Sends a client's abandons (``_common.AbandonQueue``) one at a time from a thread of its
+    own, started when one is queued and ended when none is left or the client closes."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._queue = _common.AbandonQueue()
+        self._wake = threading.Condition()
+        self._running = False
+        self._closed = False
+
+    def add(self, body: Json) -> None:
+        with self._wake:
+            if self._closed:
+                return
+            self._queue.add(body, time.monotonic())
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="picket-abandons", daemon=True).start()
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._queue.clear()
+            self._wake.notify()
+
+    def _next(self) -> Optional[_common.Abandon]:
+        """The next abandon to send, waiting for one due again; ``None`` ends the thread."""
+        with self._wake:
+            while True:
+                taken = None if self._closed else self._queue.take(time.monotonic())
+                if taken is None:
+                    self._running = False
+                    return None
+                if isinstance(taken, _common.Abandon):
+                    return taken
+                self._wake.wait(taken)
+
+    def _run(self) -> None:
+        while True:
+            abandon = self._next()
+            if abandon is None:
+                return
+            error: Optional[BaseException] = None
+            try:
+                self._transport.call("POST", "/v1/locks/abandon", abandon.body, safe=True)
+            except Exception as failure:  # noqa: BLE001 - settled below, whatever it was
+                error = failure
+            _common.log_abandon(abandon, error)
+            with self._wake:
+                self._queue.settle(abandon, error, time.monotonic())
 
 
 def _keep_alive(this: "weakref.ref[Session]") -> None:
@@ -457,6 +505,7 @@ class Client:
     ) -> None:
         self.timeout = timeout
         self.transport = Transport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
+        self._abandons = _AbandonSender(self.transport)
 
     def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> Session:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
@@ -502,6 +551,7 @@ class Client:
         self.transport.call("POST", f"/v1/sessions/{session_id}/revoke", {}, safe=True)
 
     def close(self) -> None:
+        self._abandons.close()
         self.transport.close()
 
     def __enter__(self) -> "Client":
