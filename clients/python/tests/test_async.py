@@ -81,6 +81,7 @@ async def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(ser
                 if await holder() is not None:
                     break
                 await asyncio.sleep(0.01)
+            assert await holder() is not None, "the acquire never reached the node"
             proxy.cut.set()
             with pytest.raises(picket.OutcomeUnknown):
                 await trying

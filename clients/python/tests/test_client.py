@@ -163,34 +163,59 @@ def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(
 
 def test_abandons_waiting_are_bounded_and_tried_again_only_while_they_may_land() -> None:
     """The queue's rules, without a server: new abandons go first, one that got no answer is due
-    again after the pause, one answered or tried for too long is done, and past the bound the
-    least recently tried is dropped."""
+    again after the pause, one answered, refused or tried for too long is done, and past the
+    bound the least recently tried is dropped before any new one."""
     from picket import _common
 
     queue = _common.AbandonQueue()
     queue.add({"name": "a"}, now=0.0)
-    queue.add({"name": "b"}, now=0.0)
     a = queue.take(0.0)
     assert isinstance(a, _common.Abandon) and a.body["name"] == "a"
-    queue.settle(a, picket.Unavailable("no leader", code="unavailable"), now=1.0)
-    b = queue.take(1.0)
-    assert isinstance(b, _common.Abandon) and b.body["name"] == "b", "a new abandon goes first"
-    queue.settle(b, None, now=1.0)
-    assert queue.take(1.0) == pytest.approx(_common.ABANDON_RETRY_PAUSE_S), "a is due after the pause"
-    again = queue.take(1.0 + _common.ABANDON_RETRY_PAUSE_S)
-    assert again is a
-    queue.settle(a, picket.UnknownSession("gone", code="unknown_session"), now=2.0)
-    assert queue.take(2.0) is None, "a refusal ends it"
+    assert queue.settle(a, picket.Unavailable("no leader", code="unavailable"), now=1.0)
+    assert queue.take(1.0) == pytest.approx(_common.ABANDON_RETRY_PAUSE_S), "due after the pause"
+    queue.add({"name": "b"}, now=2.0)
+    b = queue.take(2.0)
+    assert isinstance(b, _common.Abandon) and b.body["name"] == "b", "a new one goes first"
+    assert not queue.settle(b, None, now=2.0)
+    assert queue.take(2.0) is a
+    followers = picket.NotLeader("no leader known", code="not_leader")
+    assert queue.settle(a, followers, now=3.0), "followers that know of no leader are no answer"
+    assert queue.take(4.0) is a
+    assert not queue.settle(a, picket.UnknownSession("gone", code="unknown_session"), now=4.0)
+    assert queue.take(4.0) is None, "a refusal ends it"
     queue.add({"name": "old"}, now=0.0)
     old = queue.take(0.0)
     assert isinstance(old, _common.Abandon)
-    queue.settle(old, picket.OutcomeUnknown("lost", code="outcome_unknown"), now=_common.ABANDON_PERSISTS_FOR_S)
-    assert queue.take(_common.ABANDON_PERSISTS_FOR_S) is None, "tried for too long"
-    for n in range(_common.MAX_PENDING_ABANDONS):
+    lost = picket.OutcomeUnknown("lost", code="outcome_unknown")
+    assert not queue.settle(old, lost, now=_common.ABANDON_PERSISTS_FOR_S), "tried for too long"
+    queue.add({"name": "tried"}, now=0.0)
+    tried = queue.take(0.0)
+    assert isinstance(tried, _common.Abandon)
+    for n in range(_common.MAX_PENDING_ABANDONS - 1):
         assert queue.add({"name": n}, now=0.0) is None
-    dropped = queue.add({"name": "one too many"}, now=0.0)
-    assert dropped is not None and dropped.body["name"] == 0
+    assert queue.settle(tried, lost, now=1.0)
+    dropped = queue.add({"name": "one too many"}, now=1.0)
+    assert dropped is tried, "the one tried before goes first"
+    dropped = queue.add({"name": "two too many"}, now=1.0)
+    assert dropped is not None and dropped.body["name"] == 0, "then the oldest new one"
     assert len(queue) == _common.MAX_PENDING_ABANDONS
+
+
+def test_the_abandons_thread_ends_when_none_is_left_and_starts_again_for_the_next(server: Server) -> None:
+    """One thread per client sends the abandons while any are left, and a closed client's
+    thread ends even while the cluster cannot be reached."""
+    with picket.Client([server.addr]) as client:
+        sender = client._abandons
+        for request_id in (1, 2):
+            # The session does not exist: the node answers at once, and nothing is left.
+            sender.add({"name": "x", "session_id": 1 << 40, "request_id": request_id, "attempt": 0})
+            wait_until("the abandons thread to end", 10, lambda: not sender._running)
+    unreachable = picket.Client([f"127.0.0.1:{free_port()}"], timeout=0.2)
+    sender = unreachable._abandons
+    sender.add({"name": "x", "session_id": 1, "request_id": 1, "attempt": 0})
+    assert sender._running
+    unreachable.close()
+    wait_until("the closed client's abandons thread to end", 10, lambda: not sender._running)
 
 
 def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(server: Server) -> None:

@@ -11,7 +11,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from .errors import NothingToAbandon, OutcomeUnknown, Unavailable
+from .errors import NotLeader, NothingToAbandon, OutcomeUnknown, Unavailable, UnknownSession
 
 _log = logging.getLogger("picket")
 
@@ -244,30 +244,33 @@ class AbandonQueue:
             return self.retrying.popleft()
         return self.retrying[0].due_at - now
 
-    def settle(self, abandon: Abandon, error: Optional[BaseException], now: float) -> None:
+    def settle(self, abandon: Abandon, error: Optional[BaseException], now: float) -> bool:
         """Puts ``abandon`` back, due after a pause, when it may still land: its try ended with
-        no answer (``Unavailable``, ``OutcomeUnknown``) and it has not tried for too long."""
-        if isinstance(error, (Unavailable, OutcomeUnknown)) and now < abandon.give_up_at:
+        no answer (``Unavailable``, ``OutcomeUnknown``, or ``NotLeader`` from followers that
+        know of no leader) and it has not tried for too long. Says whether it did, and logs how
+        the try ended: one that will not be tried again, with its grant perhaps left behind, as
+        a warning."""
+        name, request_id = abandon.body.get("name"), abandon.body.get("request_id")
+        no_answer = isinstance(error, (Unavailable, OutcomeUnknown, NotLeader))
+        if no_answer and now < abandon.give_up_at:
+            _log.debug("the abandon of acquire %s of %r did not get through: %s", request_id, name, error)
             abandon.due_at = now + ABANDON_RETRY_PAUSE_S
             self.retrying.append(abandon)
+            return True
+        if error is None or isinstance(error, NothingToAbandon):
+            _log.debug("abandoned acquire %s of %r", request_id, name)
+        elif isinstance(error, UnknownSession):
+            _log.debug("acquire %s of %r needs no abandon: its session has ended", request_id, name)
+        else:
+            _log.warning(
+                "could not abandon acquire %s of %r (a grant it may have produced stays until the "
+                "session ends): %s",
+                request_id,
+                name,
+                error,
+            )
+        return False
 
     def clear(self) -> None:
         self.fresh.clear()
         self.retrying.clear()
-
-
-def log_abandon(abandon: Abandon, error: Optional[BaseException]) -> None:
-    """Logs how one try of ``abandon`` ended: a failure that will not be tried again as a warning."""
-    name, request_id = abandon.body.get("name"), abandon.body.get("request_id")
-    if error is None or isinstance(error, NothingToAbandon):
-        _log.debug("abandoned acquire %s of %r", request_id, name)
-    elif isinstance(error, (Unavailable, OutcomeUnknown)):
-        _log.debug("the abandon of acquire %s of %r did not get through: %s", request_id, name, error)
-    else:
-        _log.warning(
-            "could not abandon acquire %s of %r (a grant it may have produced stays until the "
-            "session ends): %s",
-            request_id,
-            name,
-            error,
-        )

@@ -307,8 +307,7 @@ class _AsyncAbandonSender:
     def __init__(self, transport: AsyncTransport) -> None:
         self._transport = transport
         self._queue = _common.AbandonQueue()
-        # Made on first use, in the event loop (before Python 3.10 an Event made outside it
-        # could be bound to another loop).
+        # Made with each task, in its event loop (an Event is bound to one loop).
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Task[None]"] = None
         self._closed = False
@@ -317,9 +316,11 @@ class _AsyncAbandonSender:
         if self._closed:
             return
         self._queue.add(body, time.monotonic())
-        if self._wake is None:
+        loop = asyncio.get_running_loop()
+        if self._wake is None or self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            # A task, with its own Event, for this loop; a task on a loop that was closed never
+            # ends, so another loop's abandons get one of their own.
             self._wake = asyncio.Event()
-        if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run(self._wake))
         self._wake.set()
 
@@ -344,8 +345,8 @@ class _AsyncAbandonSender:
                 await self._transport.call("POST", "/v1/locks/abandon", taken.body, safe=True)
             except Exception as failure:  # noqa: BLE001 - settled below, whatever it was
                 error = failure
-            _common.log_abandon(taken, error)
-            self._queue.settle(taken, error, time.monotonic())
+            if not self._closed:
+                self._queue.settle(taken, error, time.monotonic())
 
 
 async def _keep_alive(this: "weakref.ref[AsyncSession]") -> None:

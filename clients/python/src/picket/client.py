@@ -323,8 +323,11 @@ class _AbandonSender:
                 return
             self._queue.add(body, time.monotonic())
             if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="picket-abandons", daemon=True).start()
+                try:
+                    threading.Thread(target=self._run, name="picket-abandons", daemon=True).start()
+                    self._running = True
+                except RuntimeError as error:  # no thread now (at interpreter shutdown, say)
+                    _log.warning("could not start the thread that sends abandons: %s", error)
             self._wake.notify()
 
     def close(self) -> None:
@@ -346,18 +349,26 @@ class _AbandonSender:
                 self._wake.wait(taken)
 
     def _run(self) -> None:
-        while True:
-            abandon = self._next()
-            if abandon is None:
-                return
-            error: Optional[BaseException] = None
-            try:
-                self._transport.call("POST", "/v1/locks/abandon", abandon.body, safe=True)
-            except Exception as failure:  # noqa: BLE001 - settled below, whatever it was
-                error = failure
-            _common.log_abandon(abandon, error)
+        try:
+            while True:
+                abandon = self._next()
+                if abandon is None:
+                    return
+                error: Optional[BaseException] = None
+                try:
+                    self._transport.call("POST", "/v1/locks/abandon", abandon.body, safe=True)
+                except Exception as failure:  # noqa: BLE001 - settled below, whatever it was
+                    error = failure
+                with self._wake:
+                    # A try cut short by the client's close is not a failure worth a warning.
+                    if not self._closed:
+                        self._queue.settle(abandon, error, time.monotonic())
+        except BaseException:
+            # Whatever escaped, the next abandon starts another thread rather than waiting for
+            # this one.
             with self._wake:
-                self._queue.settle(abandon, error, time.monotonic())
+                self._running = False
+            raise
 
 
 def _keep_alive(this: "weakref.ref[Session]") -> None:

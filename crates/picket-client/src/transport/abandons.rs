@@ -241,6 +241,10 @@ impl Abandons {
             ),
             // Nodes of an earlier build refuse an abandon that finds nothing.
             Err(error) if error.is(ErrorCode::NothingToAbandon) => {}
+            // Its session has ended, and with it whatever the acquire left.
+            Err(error) if error.is(ErrorCode::UnknownSession) => {
+                tracing::debug!(session, "a given-up acquire needs no abandon: its session ended");
+            }
             Err(error) => tracing::warn!(
                 session,
                 %error,
