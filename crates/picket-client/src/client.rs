@@ -143,10 +143,12 @@ impl Client {
 
     /// [`Client::backup`] as it arrives: the backup file's bytes in order, a chunk at a time,
     /// so that a caller writing them to a file holds one chunk, not the whole backup. Only a
-    /// stream read to its end is a whole backup.
+    /// stream read to its end is a whole backup. Read it as it comes: over the wire protocol
+    /// (the default), a stream left more than 64 MiB unread is ended, with an error that says
+    /// so; over gRPC (`Protocol::Grpc`) the node waits for a slow reader instead.
     ///
     /// # Errors
-    /// Permission denied; the cluster being unreachable.
+    /// Permission denied; the cluster being unreachable; the stream read too slowly (above).
     pub async fn backup_chunks(&self) -> Result<BackupChunks, ClientError> {
         let timeout = Some(self.transport.config().request_timeout);
         let chunks = self

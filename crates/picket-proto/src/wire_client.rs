@@ -17,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::Frame as BodyFrame;
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -28,6 +29,10 @@ use tonic::Status;
 /// whole holds at most three). A call further behind (a watch stream nobody reads) is ended and
 /// cancelled at the node, rather than slowing the connection's other calls.
 const ANSWER_FRAMES: usize = 1024;
+/// Bytes of one answer's data the reader may hold before the call reads them: a call further
+/// behind is ended as one too many frames behind is. Frames alone let a backup read slower than
+/// it arrived hold up to 1,024 chunks of 1 MiB.
+const ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// Longest frame accepted from a node: a watch event or a backup chunk is far smaller.
 const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// Most bytes queued for a node that is not reading them; past it the connection is closed.
@@ -44,7 +49,7 @@ enum Waiter {
     /// A call whose answer is read as it comes (a stream, any call made through
     /// [`WireConnection::call`], or a unary call whose answer showed it is not plain): its
     /// frames are handed over one by one.
-    Frames(mpsc::Sender<Answer>),
+    Frames(FrameSender),
     /// A unary call ([`WireConnection::unary`]) whose answer may still be plain: its frames are
     /// gathered here, at most a head, one message that `decodes` and the trailers, and handed
     /// over together at the answer's end, with no queue per call.
@@ -57,7 +62,7 @@ enum Gathered {
     /// The whole answer, up to its end.
     Whole(Vec<Answer>),
     /// The answer is not plain: its frames so far, and every later one, come through this queue.
-    Live(mpsc::Receiver<Answer>),
+    Live(FrameReceiver),
 }
 
 /// A unary call's answer (see [`WireConnection::unary`]).
@@ -78,7 +83,7 @@ impl Waiter {
             // A full queue drops the failure: the caller then reads the end of its answers,
             // which says the call ended early.
             Self::Frames(sender) => {
-                let _ = sender.try_send(Err(failure));
+                let _ = sender.sender.try_send(Err(failure));
             }
             Self::Whole { mut answers, done, .. } => {
                 answers.push(Err(failure));
@@ -194,9 +199,7 @@ impl Calls {
             return;
         };
         let overflow = match waiter {
-            Waiter::Frames(sender) => {
-                matches!(sender.try_send(answer), Err(mpsc::error::TrySendError::Full(_)))
-            }
+            Waiter::Frames(sender) => !sender.send(answer),
             Waiter::Whole { answers, .. } => {
                 match still_plain(answers, &answer, decodes) {
                     Plain::Gather => answers.push(answer),
@@ -209,12 +212,14 @@ impl Calls {
                     }
                     Plain::Not => {
                         // From here the call is read as it comes, as any other call is.
-                        let (sender, receiver) = mpsc::channel(ANSWER_FRAMES);
-                        let gathered = std::mem::replace(waiter, Waiter::Frames(sender.clone()));
-                        if let Waiter::Whole { answers, done, .. } = gathered {
+                        let (sender, receiver) = frame_queue();
+                        let gathered = std::mem::replace(waiter, Waiter::Frames(sender));
+                        if let (Waiter::Whole { answers, done, .. }, Waiter::Frames(sender)) =
+                            (gathered, &*waiter)
+                        {
                             // At most two were gathered: the queue holds them and this one.
                             for answer in answers.into_iter().chain([answer]) {
-                                let _ = sender.try_send(answer);
+                                sender.send(answer);
                             }
                             let _ = done.send(Gathered::Live(receiver));
                         }
@@ -225,7 +230,7 @@ impl Calls {
         };
         if overflow {
             // The caller fell behind its stream: end that call alone, not the connection. Its
-            // queue closes, so it reads that the call ended early.
+            // queue closes, so it reads that it fell behind.
             self.waiting.remove(&id);
             self.queue(shared, 0, Frame::Cancel { id }.to_bytes());
         }
@@ -315,7 +320,7 @@ impl WireConnection {
         body: Bytes,
     ) -> Result<http::Response<WireBody>, Status> {
         let queue = || {
-            let (answers, answer) = mpsc::channel(ANSWER_FRAMES);
+            let (answers, answer) = frame_queue();
             (Waiter::Frames(answers), answer)
         };
         let (pending, answer) = self.send(path, headers, body, queue).await?;
@@ -418,13 +423,16 @@ impl WireConnection {
 /// follows.
 async fn answered(
     mut pending: Pending,
-    mut answer: mpsc::Receiver<Answer>,
+    mut answer: FrameReceiver,
 ) -> Result<http::Response<WireBody>, Status> {
-    let first = answer.recv().await;
+    let first = std::future::poll_fn(|cx| answer.poll_recv(cx)).await;
     if matches!(first, Some(Err(_))) {
         pending.finish();
     }
-    let head = head_of(first)?;
+    let head = match first {
+        None => Err(answer.ended()),
+        first => head_of(first),
+    }?;
     Ok(response(head, WireBody { answer, pending, ended: false }))
 }
 
@@ -457,10 +465,87 @@ pub(crate) fn replay(answers: Vec<Answer>) -> Result<http::Response<ReplayBody>,
 
 /// A call's end without its whole answer, as its body sees it.
 fn ended_early() -> Status {
-    Status::unavailable(
-        "the call ended without its answer: the connection closed, or the caller fell more than \
-         1,024 frames behind its stream",
-    )
+    Status::unavailable("the call ended without its answer: the connection closed; call again")
+}
+
+/// A call ended for reading its answer slower than it came.
+fn fell_behind() -> Status {
+    Status::unavailable(format!(
+        "the call was ended: its answer was read slower than it came (more than {ANSWER_FRAMES} \
+         frames or {} MiB unread); read it as it comes, or call over gRPC (`Protocol::Grpc`), \
+         whose flow control waits for the reader",
+        ANSWER_BYTES >> 20
+    ))
+}
+
+/// What the reader holds of one call's answer, shared by the two ends of its queue.
+#[derive(Debug, Default)]
+struct Held {
+    /// Bytes of data frames queued and not yet read.
+    bytes: AtomicUsize,
+    /// Set when the call was ended for falling behind.
+    fell_behind: AtomicBool,
+}
+
+/// The reader's end of a call's queue of answers.
+#[derive(Debug)]
+struct FrameSender {
+    sender: mpsc::Sender<Answer>,
+    held: Arc<Held>,
+}
+
+/// The call's end of its queue of answers.
+#[derive(Debug)]
+pub(crate) struct FrameReceiver {
+    receiver: mpsc::Receiver<Answer>,
+    held: Arc<Held>,
+}
+
+/// A call's queue of answers, bounded by [`ANSWER_FRAMES`] and [`ANSWER_BYTES`].
+fn frame_queue() -> (FrameSender, FrameReceiver) {
+    let (sender, receiver) = mpsc::channel(ANSWER_FRAMES);
+    let held = Arc::new(Held::default());
+    (FrameSender { sender, held: held.clone() }, FrameReceiver { receiver, held })
+}
+
+/// The bytes a queued answer holds that count against [`ANSWER_BYTES`].
+fn data_bytes(answer: &Answer) -> usize {
+    match answer {
+        Ok(Frame::Data { data, .. }) => data.len(),
+        _ => 0,
+    }
+}
+
+impl FrameSender {
+    /// Queues `answer`; `false` when the call has fallen too far behind to take it (it is
+    /// marked so, and the answer dropped). A call that is gone takes anything.
+    fn send(&self, answer: Answer) -> bool {
+        let bytes = data_bytes(&answer);
+        // Counted before it is queued: the call may read it, and count it off, at once.
+        let held = self.held.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let taken = held <= ANSWER_BYTES
+            && !matches!(self.sender.try_send(answer), Err(mpsc::error::TrySendError::Full(_)));
+        if !taken {
+            self.held.bytes.fetch_sub(bytes, Ordering::Relaxed);
+            self.held.fell_behind.store(true, Ordering::Relaxed);
+        }
+        taken
+    }
+}
+
+impl FrameReceiver {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Answer>> {
+        let next = self.receiver.poll_recv(cx);
+        if let Poll::Ready(Some(answer)) = &next {
+            self.held.bytes.fetch_sub(data_bytes(answer), Ordering::Relaxed);
+        }
+        next
+    }
+
+    /// Why the queue ended short of a whole answer.
+    fn ended(&self) -> Status {
+        if self.held.fell_behind.load(Ordering::Relaxed) { fell_behind() } else { ended_early() }
+    }
 }
 
 /// A call not yet answered whole; dropped before that, it tells the node to stop serving it.
@@ -496,7 +581,7 @@ impl Drop for Pending {
 /// A response body read from the wire: data frames, then the trailers that carry the status.
 #[derive(Debug)]
 pub struct WireBody {
-    answer: mpsc::Receiver<Answer>,
+    answer: FrameReceiver,
     pending: Pending,
     ended: bool,
 }
@@ -516,6 +601,10 @@ impl http_body::Body for WireBody {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(next) => next,
         };
+        if next.is_none() {
+            self.ended = true;
+            return Poll::Ready(Some(Err(self.answer.ended())));
+        }
         let (frame, step) = body_frame(next);
         match step {
             BodyStep::More => {}

@@ -436,3 +436,52 @@ async fn a_unary_answer_is_gathered_only_while_it_may_be_plain() {
     assert_eq!(connection.shared().places.available_permits(), 2, "every place is free");
     assert!(connection.shared().lock().waiting.is_empty());
 }
+
+/// A call whose answer is read slower than it comes is ended once it holds more than
+/// `ANSWER_BYTES` unread, and cancelled at the node: before, only its frames counted, so a
+/// backup read slower than it arrived could hold up to 1,024 chunks of 1 MiB. The call reads
+/// why it ended, and the connection's other calls go on.
+#[tokio::test]
+async fn a_call_read_slower_than_its_answer_comes_is_ended_by_the_bytes_it_holds() {
+    const CHUNK: usize = 1 << 20;
+    // Far fewer frames than ANSWER_FRAMES, more bytes than ANSWER_BYTES.
+    let chunks = ANSWER_BYTES / CHUNK + 8;
+    let (listener, addr) = listener().await;
+    let (cancelled, was_cancelled) = oneshot::channel();
+    let node = tokio::spawn(async move {
+        let mut node = Node::accept(&listener).await;
+        let id = node.request_ids(1).await[0];
+        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
+        let chunk = Bytes::from(vec![7_u8; CHUNK]);
+        for _ in 0..chunks {
+            node.send(Frame::Data { id, data: chunk.clone() }).await;
+        }
+        match node.next().await {
+            Some(Frame::Cancel { id: cancel }) => cancelled.send(cancel).unwrap(),
+            other => panic!("{other:?} instead of the call's cancel"),
+        }
+        let second = node.request_ids(1).await[0];
+        node.send(Frame::Head { id: second, status: 200, headers: HeaderMap::new() }).await;
+        node.send(Frame::Trailers { id: second, trailers: HeaderMap::new() }).await;
+        node
+    });
+    let connection = open(&addr).await;
+    let slow = connection.call("/backup", HeaderMap::new(), Bytes::new()).await.unwrap();
+    // Nothing of the body is read until the node has seen the call's cancel.
+    let cancel = tokio::time::timeout(TIMEOUT, was_cancelled).await.unwrap().unwrap();
+    assert_eq!(cancel, 1);
+    let mut body = slow.into_body();
+    let mut read = 0;
+    let ended = loop {
+        match next_frame(&mut body).await {
+            Some(Ok(frame)) => read += frame.into_data().map_or(0, |data| data.len()),
+            Some(Err(status)) => break status,
+            None => panic!("the body ended without saying why after {read} bytes"),
+        }
+    };
+    assert!(read <= ANSWER_BYTES, "{read} bytes held for a call that did not read them");
+    assert!(ended.message().contains("read slower than it came"), "{ended:?}");
+    let next = connection.call("/next", HeaderMap::new(), Bytes::new()).await.unwrap();
+    assert_eq!(next.status(), 200);
+    drop(tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap());
+}
