@@ -200,33 +200,36 @@ impl Calls {
         };
         let overflow = match waiter {
             Waiter::Frames(sender) => !sender.send(answer),
-            Waiter::Whole { answers, .. } => {
-                match still_plain(answers, &answer, decodes) {
-                    Plain::Gather => answers.push(answer),
-                    Plain::Ended => {
-                        answers.push(answer);
-                        if let Some(Waiter::Whole { answers, done, .. }) = self.waiting.remove(&id)
-                        {
-                            let _ = done.send(Gathered::Whole(answers));
-                        }
-                    }
-                    Plain::Not => {
-                        // From here the call is read as it comes, as any other call is.
-                        let (sender, receiver) = frame_queue();
-                        let gathered = std::mem::replace(waiter, Waiter::Frames(sender));
-                        if let (Waiter::Whole { answers, done, .. }, Waiter::Frames(sender)) =
-                            (gathered, &*waiter)
-                        {
-                            // At most two were gathered: the queue holds them and this one.
-                            for answer in answers.into_iter().chain([answer]) {
-                                sender.send(answer);
-                            }
-                            let _ = done.send(Gathered::Live(receiver));
-                        }
-                    }
+            Waiter::Whole { answers, .. } => match still_plain(answers, &answer, decodes) {
+                Plain::Gather => {
+                    answers.push(answer);
+                    false
                 }
-                false
-            }
+                Plain::Ended => {
+                    answers.push(answer);
+                    if let Some(Waiter::Whole { answers, done, .. }) = self.waiting.remove(&id) {
+                        let _ = done.send(Gathered::Whole(answers));
+                    }
+                    false
+                }
+                Plain::Not => {
+                    // From here the call is read as it comes, as any other call is.
+                    let (sender, receiver) = frame_queue();
+                    let gathered = std::mem::replace(waiter, Waiter::Frames(sender));
+                    let mut refused = false;
+                    if let (Waiter::Whole { answers, done, .. }, Waiter::Frames(sender)) =
+                        (gathered, &*waiter)
+                    {
+                        // At most two were gathered: the queue holds them and this one, unless
+                        // their data is over the bound, and then the call is ended as behind.
+                        for answer in answers.into_iter().chain([answer]) {
+                            refused |= !sender.send(answer);
+                        }
+                        let _ = done.send(Gathered::Live(receiver));
+                    }
+                    refused
+                }
+            },
         };
         if overflow {
             // The caller fell behind its stream: end that call alone, not the connection. Its
@@ -472,8 +475,8 @@ fn ended_early() -> Status {
 fn fell_behind() -> Status {
     Status::unavailable(format!(
         "the call was ended: its answer was read slower than it came (more than {ANSWER_FRAMES} \
-         frames or {} MiB unread); read it as it comes, or call over gRPC (`Protocol::Grpc`), \
-         whose flow control waits for the reader",
+         frames or {} MiB unread); read it as it comes, or call over gRPC (`Protocol::Grpc`, \
+         or `--protocol grpc`), whose flow control waits for the reader",
         ANSWER_BYTES >> 20
     ))
 }

@@ -95,6 +95,15 @@ fn run_client_command(command: Command, connect: connect::Connect) -> anyhow::Re
         if let Command::Lock(args) = command {
             return lock_cmd::run(args, &connect).await;
         }
+        // A backup travels over gRPC whatever the protocol: its flow control waits for a file
+        // written slower than the network brings it, where the wire protocol ends a call left
+        // 64 MiB unread.
+        let connect = match command {
+            Command::Snapshot(_) => {
+                connect::Connect { protocol: picket_client::Protocol::Grpc, ..connect }
+            }
+            _ => connect,
+        };
         let client = connect.connect().await?;
         match command {
             Command::Acquire(args) => commands::acquire(args, &client).await,

@@ -479,9 +479,42 @@ async fn a_call_read_slower_than_its_answer_comes_is_ended_by_the_bytes_it_holds
             None => panic!("the body ended without saying why after {read} bytes"),
         }
     };
-    assert!(read <= ANSWER_BYTES, "{read} bytes held for a call that did not read them");
+    assert_eq!(read, ANSWER_BYTES, "what was held for the call, no more and no less");
     assert!(ended.message().contains("read slower than it came"), "{ended:?}");
     let next = connection.call("/next", HeaderMap::new(), Bytes::new()).await.unwrap();
     assert_eq!(next.status(), 200);
+    drop(tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap());
+}
+
+/// A call that reads its answer as it comes is never ended by the bound, however long the
+/// answer: what it reads is counted off what the reader holds.
+#[tokio::test]
+async fn a_call_read_as_it_comes_takes_an_answer_longer_than_the_bound() {
+    const CHUNK: usize = 1 << 20;
+    let chunks = 2 * ANSWER_BYTES / CHUNK;
+    let (listener, addr) = listener().await;
+    let node = tokio::spawn(async move {
+        let mut node = Node::accept(&listener).await;
+        let id = node.request_ids(1).await[0];
+        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
+        let chunk = Bytes::from(vec![7_u8; CHUNK]);
+        for _ in 0..chunks {
+            node.send(Frame::Data { id, data: chunk.clone() }).await;
+        }
+        node.send(Frame::Trailers { id, trailers: HeaderMap::new() }).await;
+        node
+    });
+    let connection = open(&addr).await;
+    let answer = connection.call("/backup", HeaderMap::new(), Bytes::new()).await.unwrap();
+    let mut body = answer.into_body();
+    let mut read = 0;
+    let mut trailers = false;
+    while let Some(frame) = next_frame(&mut body).await {
+        let frame = frame.unwrap_or_else(|status| panic!("ended after {read} bytes: {status:?}"));
+        trailers |= frame.is_trailers();
+        read += frame.into_data().map_or(0, |data| data.len());
+    }
+    assert_eq!(read, chunks * CHUNK);
+    assert!(trailers, "the answer ended whole");
     drop(tokio::time::timeout(TIMEOUT, node).await.unwrap().unwrap());
 }
