@@ -39,6 +39,19 @@ impl Node {
         self.stream.write_all(&frame.to_bytes()).await.unwrap();
     }
 
+    /// Accepts a connection, and answers its first call with a head and `chunks` data frames
+    /// of 1 MiB; returns the node's end and the call's id.
+    async fn answer_in_chunks(listener: &TcpListener, chunks: usize) -> (Self, u64) {
+        let mut node = Self::accept(listener).await;
+        let id = node.request_ids(1).await[0];
+        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
+        let chunk = Bytes::from(vec![7_u8; 1 << 20]);
+        for _ in 0..chunks {
+            node.send(Frame::Data { id, data: chunk.clone() }).await;
+        }
+        (node, id)
+    }
+
     /// Reads frames until `count` requests have come, and returns their ids.
     async fn request_ids(&mut self, count: usize) -> Vec<u64> {
         let mut ids = Vec::new();
@@ -449,15 +462,9 @@ async fn a_call_read_slower_than_its_answer_comes_is_ended_by_the_bytes_it_holds
     let (listener, addr) = listener().await;
     let (cancelled, was_cancelled) = oneshot::channel();
     let node = tokio::spawn(async move {
-        let mut node = Node::accept(&listener).await;
-        let id = node.request_ids(1).await[0];
-        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
-        let chunk = Bytes::from(vec![7_u8; CHUNK]);
-        for _ in 0..chunks {
-            node.send(Frame::Data { id, data: chunk.clone() }).await;
-        }
+        let (mut node, id) = Node::answer_in_chunks(&listener, chunks).await;
         match node.next().await {
-            Some(Frame::Cancel { id: cancel }) => cancelled.send(cancel).unwrap(),
+            Some(Frame::Cancel { id: cancel }) if cancel == id => cancelled.send(cancel).unwrap(),
             other => panic!("{other:?} instead of the call's cancel"),
         }
         let second = node.request_ids(1).await[0];
@@ -494,13 +501,7 @@ async fn a_call_read_as_it_comes_takes_an_answer_longer_than_the_bound() {
     let chunks = 2 * ANSWER_BYTES / CHUNK;
     let (listener, addr) = listener().await;
     let node = tokio::spawn(async move {
-        let mut node = Node::accept(&listener).await;
-        let id = node.request_ids(1).await[0];
-        node.send(Frame::Head { id, status: 200, headers: HeaderMap::new() }).await;
-        let chunk = Bytes::from(vec![7_u8; CHUNK]);
-        for _ in 0..chunks {
-            node.send(Frame::Data { id, data: chunk.clone() }).await;
-        }
+        let (mut node, id) = Node::answer_in_chunks(&listener, chunks).await;
         node.send(Frame::Trailers { id, trailers: HeaderMap::new() }).await;
         node
     });
