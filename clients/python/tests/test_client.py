@@ -252,6 +252,26 @@ def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(server: S
         proxy.close()
 
 
+def test_a_closed_sessions_watch_thread_ends_at_once_even_when_the_service_is_cut_off(server: Server) -> None:
+    """Closing a session ends its watch thread at once, even when its ``DELETE`` cannot reach
+    the service and no byte will come on the stream: closing the watch's own HTTP client wakes
+    the read. (Earlier notes said the thread waited for the stream's next byte; this shows it
+    does not, and fails, after 5 s, when ``close`` leaves that client open.)"""
+    proxy = AnswerSwallowingProxy(server.addr)
+    try:
+        with picket.Client([proxy.addr], timeout=0.3) as client:
+            session = open_despite_short_timeouts(client)
+            assert session._watching.wait(5), "the watch stream opened"
+            watch = next(thread for thread in session._threads if thread.name.startswith("picket-watch"))
+            proxy.cut.set()
+            with pytest.raises(picket.Unavailable):
+                session.close()
+            watch.join(5)
+            assert not watch.is_alive(), "the watch thread still waits for its stream's next byte"
+    finally:
+        proxy.close()
+
+
 def test_a_session_nobody_holds_any_more_is_ended_and_its_locks_freed(server: Server) -> None:
     """The leftover noted since 2026-12-05: a session never closed lived, with its locks, as long
     as the process, for its threads held it. Now they hold it weakly, and a session collected
