@@ -95,10 +95,9 @@ struct Pending {
 enum Step {
     /// Send these.
     Send(Vec<Pending>),
-    /// Look again when the first abandon tried before is due again (or sooner).
-    WaitUntil(Instant),
-    /// Look again when an abandon on its way ends or a new one is queued.
-    Wait,
+    /// Look again when an abandon on its way ends, a new one is queued, or (with one) the
+    /// first abandon tried before is due again.
+    Wait(Option<Instant>),
     /// Nothing is left.
     Stop,
 }
@@ -128,8 +127,8 @@ impl Abandons {
                         session = oldest.request.session_id,
                         lock = %oldest.request.name,
                         "more than {MAX_PENDING_ABANDONS} abandons of given-up acquires are \
-                         waiting; dropped the oldest: a grant it may have produced stays until \
-                         the session ends"
+                         waiting; dropped the least recently tried: a grant it may have \
+                         produced stays until the session ends"
                     );
                     queue.finish(oldest);
                 }
@@ -192,7 +191,7 @@ impl Abandons {
         if room == 0 {
             // Only an abandon on its way ending makes room: waiting for one due again would
             // turn at once, and again, as long as the calls take (found in review).
-            return Step::Wait;
+            return Step::Wait(None);
         }
         let mut queue = self.lock();
         let mut batch = Vec::new();
@@ -208,12 +207,12 @@ impl Abandons {
             return Step::Send(batch);
         }
         match queue.retrying.front() {
-            Some(pending) => Step::WaitUntil(pending.due_at),
+            Some(pending) => Step::Wait(Some(pending.due_at)),
             None if none_on_their_way => {
                 queue.sending = false;
                 Step::Stop
             }
-            None => Step::Wait,
+            None => Step::Wait(None),
         }
     }
 
@@ -284,8 +283,7 @@ async fn send_abandons(mut sending: Sending, transport: WeakTransport, backoff: 
                 }
                 continue;
             }
-            Step::WaitUntil(due_at) => Some(due_at),
-            Step::Wait => None,
+            Step::Wait(due_at) => due_at,
             Step::Stop => {
                 sending.stopped = true;
                 return;
