@@ -32,6 +32,11 @@ const MESSAGE_PREFIX_BYTES: usize = 5;
 const RESERVED_HEADERS: [&str; 5] =
     ["te", "content-type", "grpc-message", "grpc-message-type", "grpc-status"];
 
+/// The `content-type` of every gRPC answer.
+static GRPC_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/grpc");
+/// The `grpc-status` trailer of an answer that succeeded.
+static GRPC_STATUS_OK: HeaderValue = HeaderValue::from_static("0");
+
 /// The calls served directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Hot {
@@ -308,13 +313,16 @@ fn answer<Resp: prost::Message>(id: u64, answer: Result<Response<Resp>, Status>)
     match answer {
         Ok(response) => {
             let (metadata, message, _) = response.into_parts();
-            let mut headers = metadata.into_headers();
-            for reserved in RESERVED_HEADERS {
-                headers.remove(reserved);
-            }
-            headers
-                .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            Frame::Head { id, status: 200, headers }.encode(&mut out);
+            let headers = metadata.into_headers();
+            let handlers_own =
+                headers.iter().filter(|(name, _)| !RESERVED_HEADERS.contains(&name.as_str()));
+            let content_type = (&http::header::CONTENT_TYPE, &GRPC_CONTENT_TYPE);
+            Frame::encode_headers(
+                &mut out,
+                id,
+                Some(200),
+                std::iter::once(content_type).chain(handlers_own),
+            );
             let length = message.encoded_len();
             let mut data = BytesMut::with_capacity(MESSAGE_PREFIX_BYTES + length);
             data.put_u8(0);
@@ -322,9 +330,7 @@ fn answer<Resp: prost::Message>(id: u64, answer: Result<Response<Resp>, Status>)
             data.put_u32(u32::try_from(length).expect("an answer under 4 GiB"));
             message.encode_raw(&mut data);
             Frame::Data { id, data: data.freeze() }.encode(&mut out);
-            let mut trailers = HeaderMap::new();
-            trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
-            Frame::Trailers { id, trailers }.encode(&mut out);
+            Frame::encode_headers(&mut out, id, None, [(&Status::GRPC_STATUS, &GRPC_STATUS_OK)]);
         }
         Err(status) => {
             let (head, ()) = status.into_http::<()>().into_parts();

@@ -289,23 +289,24 @@ impl Node {
     /// (see [`crate::apply_rules::writing_rules`]).
     #[must_use]
     pub fn writing_rules(&self) -> u32 {
-        // On every proposal: read the members under the metrics' lock, without copying the
-        // rest. Learners count too: they apply every entry.
+        let known = crate::apply_rules::known_apply_rules();
+        let newest_accepted = self.read_local(|state| state.machine.newest_apply_rules());
+        if newest_accepted >= known {
+            // Once the log holds an entry under the newest rules this build knows, every node
+            // that applies the log knows them: what the members said no longer matters. This
+            // is the answer below, without reading the members on every proposal.
+            return known;
+        }
+        // Read the members under the metrics' lock, without copying the rest. Learners count
+        // too: they apply every entry.
         let members: std::collections::BTreeSet<NodeId> = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow_watched();
             metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect()
         };
-        let newest_accepted = self.read_local(|state| state.machine.newest_apply_rules());
         let reported =
             self.peer_apply_rules.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        crate::apply_rules::writing_rules(
-            crate::apply_rules::known_apply_rules(),
-            newest_accepted,
-            self.id,
-            &members,
-            &reported,
-        )
+        crate::apply_rules::writing_rules(known, newest_accepted, self.id, &members, &reported)
     }
 
     /// The watch for stalls and clock jumps.
@@ -471,7 +472,10 @@ impl Node {
             return Err(refusal);
         }
         proposal.handed_over();
-        let written = self.raft.client_write(input).await;
+        // Boxed: openraft's write is a future of nearly 3 KB, which inline would make every
+        // caller up to the connection's call that much larger, copied at each level as a
+        // request starts; a box is one allocation instead.
+        let written = Box::pin(self.raft.client_write(input)).await;
         match &written {
             Ok(_) => proposal.applied(),
             // Refused before it was appended: not in the log, so not unsure.
@@ -542,6 +546,19 @@ impl Node {
         if ordered {
             return None;
         }
+        // Boxed: the waits below (to settle, the lease check) come only with a refusal, and
+        // inline their future of several KB would make every proposal's that much larger.
+        Box::pin(self.refusal_on_settled_state(command, rules)).await
+    }
+
+    /// The second half of [`Node::refusal_before_log`], for a refusal the state may yet
+    /// overturn: decided again once this node settled as leader and applied everything
+    /// committed before the call.
+    async fn refusal_on_settled_state(
+        &self,
+        command: &Command,
+        rules: u32,
+    ) -> Option<ServiceError> {
         let term = match self.settled_term() {
             Some(term) => term,
             None => match self.settle().await {
