@@ -352,15 +352,22 @@ impl Transport {
                     last_failure =
                         format!("{target}: names {leader} as leader, which has not served");
                 }
+                // A node that knows no leader, or names itself without serving (one removed
+                // from the cluster keeps its last vote for itself), or cannot serve now (cut
+                // off from a quorum, catching up): another endpoint may reach the leader. The
+                // client used to ask the same one again, so a first endpoint cut off from the
+                // others kept every call from the cluster until `retry_for` ran out.
                 Failure::NotLeader(_) => {
                     reached_any = true;
                     last_failure = format!("{target}: no leader yet");
                     self.set_leader_hint(None);
+                    next_endpoint += 1;
                 }
                 Failure::Unavailable(detail) => {
                     reached_any = true;
                     last_failure = format!("{target}: {detail}");
                     self.set_leader_hint(None);
+                    next_endpoint += 1;
                 }
                 Failure::Unsent(detail) => {
                     last_failure = format!("{target}: {detail}");

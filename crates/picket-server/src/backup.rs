@@ -85,6 +85,29 @@ pub enum BackupError {
         /// The digest of the backup it was restored from.
         found: String,
     },
+    /// The data directory was restored from this backup, with options that would have made
+    /// another state: a restart cannot change what the first restore wrote.
+    #[error(
+        "{path} was restored from this backup already, {detail}; start with the options of its first restore, or restore into an empty directory"
+    )]
+    OtherOptions {
+        /// The data directory.
+        path: PathBuf,
+        /// What differs.
+        detail: String,
+    },
+    /// No restore epoch is left to start above the backup (and `--restore-above`).
+    #[error(
+        "cannot restore: it would start restore epoch {epoch}, past the last one ({last}); {why}"
+    )]
+    NoEpochLeft {
+        /// The epoch it would start.
+        epoch: u64,
+        /// The last epoch there is.
+        last: u64,
+        /// Why, and what to do.
+        why: String,
+    },
     /// Reading or writing failed.
     #[error("cannot restore: {0}")]
     Io(#[from] io::Error),
@@ -205,6 +228,10 @@ struct Marker {
     digest: String,
     backup_revision: u64,
     first_revision: u64,
+    /// Whether the backup's sessions were kept (absent in markers written before it was
+    /// recorded).
+    #[serde(default)]
+    keep_sessions: Option<bool>,
 }
 
 /// What a node must do with `--restore` on its data directory.
@@ -242,6 +269,7 @@ pub fn plan(
                 });
             }
             if has_log {
+                check_same_options(data_dir, &marker, &backup, options)?;
                 return Ok(RestorePlan::AlreadyDone);
             }
         }
@@ -253,18 +281,73 @@ pub fn plan(
         Err(error) => return Err(error.into()),
     }
     let backup_revision = backup.machine.revision();
-    let above = options.above_token.map_or(0, |token| (token >> RESTORE_EPOCH_SHIFT) + 1);
-    let epoch = (backup.machine.restore_epoch() + 1).max(above);
+    let epoch = restore_epoch(&backup, options);
+    let last = u64::MAX >> RESTORE_EPOCH_SHIFT;
     let machine =
         if options.keep_sessions { backup.machine } else { backup.machine.without_sessions() };
-    let machine = machine.into_epoch(epoch).ok_or_else(|| BackupError::Damaged {
-        path: marker_path.clone(),
-        reason: format!("restore epoch {epoch} is past the last one; it cannot be restored"),
+    let machine = machine.into_epoch(epoch).ok_or_else(|| BackupError::NoEpochLeft {
+        epoch,
+        last,
+        why: match options.above_token {
+            Some(token) if epoch > last && (token >> RESTORE_EPOCH_SHIFT) + 1 == epoch => {
+                format!(
+                    "--restore-above {token} is above every token a restore can start over: \
+                     give the highest token a fence has admitted"
+                )
+            }
+            _ => "the backup's cluster was restored that many times: no restore of it can \
+                  issue tokens above its own"
+                .to_owned(),
+        },
     })?;
-    let marker =
-        Marker { digest: backup.digest, backup_revision, first_revision: machine.revision() + 1 };
+    let marker = Marker {
+        digest: backup.digest,
+        backup_revision,
+        first_revision: machine.revision() + 1,
+        keep_sessions: Some(options.keep_sessions),
+    };
     write_synced(&marker_path, &serde_json::to_vec(&marker).expect("serializes"))?;
     Ok(RestorePlan::Write(Box::new(machine)))
+}
+
+/// The restore epoch a restore of `backup` with `options` starts: the one after the backup's,
+/// or after `--restore-above`'s, whichever is higher.
+fn restore_epoch(backup: &Backup, options: &RestoreOptions) -> u64 {
+    let above = options.above_token.map_or(0, |token| (token >> RESTORE_EPOCH_SHIFT) + 1);
+    (backup.machine.restore_epoch() + 1).max(above)
+}
+
+/// Refuses a restart with `--restore` options that would have restored another state than
+/// the first restore wrote: a higher `--restore-above` (the operator learned of higher tokens
+/// and believes the node now starts above them) or another `--restore-sessions`. Starting as
+/// if nothing differed left tokens below what the operator asked for.
+fn check_same_options(
+    data_dir: &Path,
+    marker: &Marker,
+    backup: &Backup,
+    options: &RestoreOptions,
+) -> Result<(), BackupError> {
+    let restored_epoch = marker.first_revision >> RESTORE_EPOCH_SHIFT;
+    let asked_epoch = restore_epoch(backup, options);
+    if asked_epoch > restored_epoch {
+        return Err(BackupError::OtherOptions {
+            path: data_dir.to_owned(),
+            detail: format!(
+                "in restore epoch {restored_epoch}, and --restore-above now asks for epoch \
+                 {asked_epoch}: its tokens would not start above the token given"
+            ),
+        });
+    }
+    if let Some(kept) = marker.keep_sessions
+        && kept != options.keep_sessions
+    {
+        let (then, now) = if kept { ("keep", "end") } else { ("end", "keep") };
+        return Err(BackupError::OtherOptions {
+            path: data_dir.to_owned(),
+            detail: format!("with --restore-sessions {then}, not {now}"),
+        });
+    }
+    Ok(())
 }
 
 /// Writes `bytes` to `path` so that a crash or power cut at any moment leaves either the old
@@ -366,6 +449,47 @@ mod tests {
         let other = encode(&meta(&other), &other.snapshot());
         let refused = plan(dir.path(), decode(&other).expect("decodes"), &keep(), true);
         assert!(matches!(refused, Err(BackupError::OtherBackup { .. })), "{refused:?}");
+    }
+
+    /// Regression: a restart with the same backup and a higher `--restore-above`, or another
+    /// `--restore-sessions`, started as if nothing differed, its tokens below the token the
+    /// operator had just given.
+    #[test]
+    fn a_restart_refuses_options_that_would_have_restored_another_state() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let machine = machine_with_sessions(2);
+        let bytes = encode(&meta(&machine), &machine.snapshot());
+        let restore = |options: &RestoreOptions, has_log| {
+            plan(dir.path(), decode(&bytes).expect("decodes"), options, has_log)
+        };
+        let above = |token| RestoreOptions { keep_sessions: true, above_token: Some(token) };
+        assert!(matches!(restore(&above(5 << 48), false), Ok(RestorePlan::Write(_))), "epoch 6");
+        let higher = restore(&above(6 << 48), true);
+        let Err(BackupError::OtherOptions { detail, .. }) = &higher else {
+            panic!("a higher --restore-above is refused: {higher:?}");
+        };
+        assert!(detail.contains("epoch 6") && detail.contains("epoch 7"), "{detail}");
+        for same_or_lower in [above(5 << 48), above(1), keep()] {
+            let kept = restore(&same_or_lower, true);
+            assert!(matches!(kept, Ok(RestorePlan::AlreadyDone)), "{same_or_lower:?}: {kept:?}");
+        }
+        let ended = RestoreOptions { keep_sessions: false, above_token: Some(5 << 48) };
+        let refused = restore(&ended, true);
+        assert!(matches!(refused, Err(BackupError::OtherOptions { .. })), "{refused:?}");
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("--restore-sessions keep, not end"), "{message}");
+    }
+
+    #[test]
+    fn a_restore_past_the_last_epoch_says_which_flag_to_change() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let machine = machine_with_sessions(1);
+        let bytes = encode(&meta(&machine), &machine.snapshot());
+        let options = RestoreOptions { keep_sessions: false, above_token: Some(u64::MAX) };
+        let refused = plan(dir.path(), decode(&bytes).expect("decodes"), &options, false);
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("epoch 65536, past the last one (65535)"), "{message}");
+        assert!(message.contains("--restore-above 18446744073709551615"), "{message}");
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl StateStore {
     /// A copy of the applied state, taken under the read lock, which the apply waits for: a
     /// copy costs a fraction of encoding the state (at a million sessions, tenths of a second
     /// against over a second), so the apply and every write behind it stall only that long.
-    fn copy(&self) -> (SnapshotMeta, StateMachine) {
+    pub(crate) fn copy(&self) -> (SnapshotMeta, StateMachine) {
         let state = self.read();
         let meta = SnapshotMeta {
             last_log_id: state.last_applied,

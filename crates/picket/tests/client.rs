@@ -248,6 +248,32 @@ async fn connecting_to_nothing_says_so_at_once_not_after_the_retry_window() {
     assert!(message.contains("picket serve"), "{message}");
 }
 
+/// Regression: a first endpoint that knows no leader is passed over for the next. Here it is a
+/// node started with `--join` and never added; a node cut off from the others, or one removed
+/// from the cluster (it keeps its last vote, for itself), answers the same. The client used to
+/// ask that same endpoint again after each such answer, so every call failed once `retry_for`
+/// ran out although the next endpoint was the leader.
+#[tokio::test]
+async fn a_first_endpoint_that_knows_no_leader_is_passed_over_for_the_next() {
+    let binary = Path::new(env!("CARGO_BIN_EXE_picket"));
+    let (_dir, leader) = ServerProcess::start_ready(binary, &[]);
+    let lone_dir = picket_testkit::temp_dir();
+    let listen = format!("127.0.0.1:{}", picket_testkit::free_port()).parse().expect("an address");
+    let join = ["--node-id", "2", "--join"].map(str::to_owned);
+    let lone = ServerProcess::start(binary, &lone_dir.path().join("node2"), listen, &join);
+    picket_testkit::wait_until("the lone node to answer", Duration::from_secs(10), || {
+        picket_testkit::http::try_request(&lone.addr, "GET", "/v1/cluster", None).ok()
+    });
+    let config =
+        picket_client::ClientConfig { retry_for: Duration::from_secs(5), ..Default::default() };
+    let client = Client::connect_with([lone.addr.clone(), leader.addr.clone()], config)
+        .await
+        .expect("the client connects");
+    let session = client.session(Duration::from_secs(30)).await.expect("the leader was found");
+    let guard = session.try_lock("passed-over").await.expect("the leader grants");
+    assert_eq!(guard.release().await.unwrap(), Released::Now);
+}
+
 /// Regression: each session used to hold an HTTP/2 stream of its own for its watch, and a server
 /// allows 200 concurrent streams per connection, so the 201st session on one client stalled.
 /// Sessions now share their client's watch streams: 400 sessions open on one client, and

@@ -370,18 +370,29 @@ fn a_member_can_be_added_and_removed() {
     };
     assert_eq!(voters(&added.body), 4);
     assert_eq!(added.body["members"][3]["peer_addr"], peer_addr.as_str(), "{}", added.text);
-    // A peer address is bounded like an address: client input, checked before the log.
-    for bad in ["x".repeat(300), "127.0.0.1:1\n".to_owned(), String::new()] {
-        let refused = send(
-            &addrs,
-            "POST",
-            "/v1/cluster/members",
-            Some(&json!({ "node_id": 5, "addr": "127.0.0.1:1", "peer_addr": bad })),
-            Duration::from_secs(30),
-        )
-        .unwrap();
+    // Client input, checked before the log: a peer address is bounded like an address, and
+    // reserved ids are refused (a node refuses to start under them).
+    let bad_peer = |peer_addr: String| (5, "127.0.0.1:1", Some(peer_addr), "peer address");
+    let refusals = [
+        bad_peer("x".repeat(300)),
+        bad_peer("127.0.0.1:1\n".to_owned()),
+        bad_peer(String::new()),
+        (0, "127.0.0.1:1", None, "reserved"),
+        (u64::MAX, "127.0.0.1:1", None, "reserved"),
+    ];
+    for (node_id, addr, peer_addr, why) in refusals {
+        let body = json!({ "node_id": node_id, "addr": addr, "peer_addr": peer_addr });
+        let refused =
+            send(&addrs, "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(30))
+                .unwrap();
         assert_eq!(refused.status, 400, "{}", refused.text);
+        assert!(refused.text.contains(why), "{}", refused.text);
     }
+    // So is removing a node that is no member (openraft reports success).
+    let missing =
+        send(&addrs, "DELETE", "/v1/cluster/members/99", None, Duration::from_secs(30)).unwrap();
+    assert_eq!(missing.status, 400, "{}", missing.text);
+    assert!(missing.text.contains("node 99 is not a member"), "{}", missing.text);
     // Its addresses are fixed: openraft would keep the old ones and report success.
     let moved = send(
         &addrs,
@@ -414,6 +425,60 @@ fn a_member_can_be_added_and_removed() {
     .unwrap();
     assert_eq!(after.status, 200, "the cluster still serves writes: {}", after.text);
     assert!(after.body["token"].as_u64() > before.body["token"].as_u64());
+}
+
+/// The leader removed from a 3-node cluster hands leadership over and leads nothing, but keeps
+/// its last vote, for itself, and nobody replicates to it any more. It used to look ready for
+/// ever (`/readyz` 200, itself as leader in `GET /v1/cluster`), so load balancers kept sending
+/// clients to a node that could serve none of them. Now it says it was removed; the other two
+/// go on serving, the session and its grant with them.
+#[test]
+fn a_removed_leader_says_so_and_the_others_go_on() {
+    let cluster = start_cluster();
+    let removed = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let session = send(
+        &addrs,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({ "ttl_ms": 30_000 })),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let session = session.body["session_id"].as_u64().unwrap();
+    let acquire = |name: &str, addrs: &[String]| {
+        send(
+            addrs,
+            "POST",
+            "/v1/locks/acquire",
+            Some(&json!({ "name": name, "session_id": session, "wait_ms": 0 })),
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let before = acquire("removal/before", &addrs);
+    assert_eq!(before.status, 200, "{}", before.text);
+
+    let path = format!("/v1/cluster/members/{}", removed + 1);
+    let answer = send(&addrs, "DELETE", &path, None, Duration::from_secs(30)).unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    let others: Vec<String> =
+        (0..3).filter(|index| *index != removed).map(|index| addrs[index].clone()).collect();
+    let ready = |addr: &str| try_request(addr, "GET", "/readyz", None).ok();
+    wait_until("the removed node to say so", Duration::from_secs(20), || {
+        let reply = ready(&addrs[removed])?;
+        (reply.status == 503 && reply.body["code"] == "removed").then_some(())
+    });
+    let view = cluster.view(removed);
+    assert!(view["leader_id"].is_null(), "it names no leader: {view}");
+    wait_until("the others to be ready", Duration::from_secs(20), || {
+        others.iter().all(|addr| ready(addr).is_some_and(|reply| reply.status == 200)).then_some(())
+    });
+    let after = acquire("removal/after", &others);
+    assert_eq!(after.status, 200, "the others serve writes: {}", after.text);
+    assert!(after.body["token"].as_u64() > before.body["token"].as_u64());
+    let held = send(&others, "GET", "/v1/locks/removal/before", None, Duration::from_secs(5));
+    assert_eq!(held.unwrap().body["holder"]["token"], before.body["token"], "the grant lives on");
 }
 
 /// Issue 13, "add_member's check is check-then-act": two adds of one new id with other

@@ -94,9 +94,12 @@ impl Node {
                 voter: voters.contains(id),
             })
             .collect();
-        let leader_addr = metrics
-            .current_leader
-            .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
+        // A leader outside the membership is a removed one that still names itself (its last
+        // vote stays, and nobody replicates to it any more): it leads nothing.
+        let leader_id =
+            metrics.current_leader.filter(|leader| membership.get_node(leader).is_some());
+        let leader_addr =
+            leader_id.and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
         let role = role_name(metrics.state);
         let (applied_revision, applied_log_index, newest_applied_rules, limits) =
             self.read_local(|state| {
@@ -107,7 +110,7 @@ impl Node {
             });
         ClusterView {
             members,
-            leader_id: metrics.current_leader,
+            leader_id,
             leader_addr,
             node_id: self.id,
             role,
@@ -166,6 +169,13 @@ impl Node {
                  bytes each, as host:port"
             )));
         }
+        // A node refuses to start under these ids; added, it would never join.
+        if node_id == 0 || node_id == crate::backup::RESTORE_LEADER {
+            return Err(ServiceError::BadRequest(format!(
+                "node id {node_id} is reserved; choose a node id between 1 and {}",
+                crate::backup::RESTORE_LEADER - 1
+            )));
+        }
         // A peer address that is the client address means one port, as `Member` records it.
         let peer_addr = peer_addr.filter(|peer_addr| *peer_addr != addr);
         // One change at a time on this node: two adds of one id with other addresses, checked
@@ -219,10 +229,18 @@ impl Node {
     pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
         let _one_at_a_time = self.membership_changes.lock().await;
         let ids: BTreeSet<NodeId> = [node_id].into();
+        let Some(member) =
+            self.cluster().members.into_iter().find(|member| member.node_id == node_id)
+        else {
+            // openraft writes an unchanged membership and reports success: a mistyped id
+            // looked removed.
+            return Err(ServiceError::BadRequest(format!(
+                "node {node_id} is not a member of this cluster (`picket members` lists them)"
+            )));
+        };
         // A learner (one whose add did not finish) is dropped as a node: removing it as a voter
         // would leave it in the membership, replicated to and holding the apply rules back.
-        let learner =
-            self.cluster().members.iter().any(|member| member.node_id == node_id && !member.voter);
+        let learner = !member.voter;
         let change = if learner {
             openraft::ChangeMembers::RemoveNodes(ids)
         } else {
@@ -245,6 +263,14 @@ fn membership_error(
 ) -> ServiceError {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => not_leader(&forward),
+        // Right after a failover the new leader may not have committed its predecessor's
+        // change yet, and a learner's entry may still wait for a quorum: retrying is the
+        // answer, which a 400 told clients not to do.
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            openraft::error::ChangeMembershipError::InProgress(in_progress),
+        )) => ServiceError::Unavailable(format!(
+            "another membership change has not committed yet ({in_progress}); retry once it has"
+        )),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
             ServiceError::BadRequest(change.to_string())
         }

@@ -101,6 +101,10 @@ pub enum NotReady {
     NoQuorum,
     /// This node has not yet applied every entry it knows to be committed.
     CatchingUp,
+    /// This node is not in the cluster's membership: it was removed. Nobody replicates to it
+    /// any more, and a removed leader keeps naming itself leader (its last vote stays), so it
+    /// would look ready for ever.
+    Removed,
 }
 
 impl NotReady {
@@ -112,6 +116,7 @@ impl NotReady {
             Self::LeaderNotSettled => "leader_not_settled",
             Self::NoQuorum => "no_quorum",
             Self::CatchingUp => "catching_up",
+            Self::Removed => "removed",
         }
     }
 
@@ -130,6 +135,10 @@ impl NotReady {
             }
             Self::CatchingUp => {
                 "this node is more than 1,000 committed entries behind in applying them"
+            }
+            Self::Removed => {
+                "this node was removed from the cluster: stop it, or add it again \
+                 (`picket members add`)"
             }
         }
     }
@@ -372,6 +381,9 @@ impl Node {
         let metrics = metrics.borrow_watched();
         if metrics.current_leader.is_none() {
             return Err(NotReady::NoLeader);
+        }
+        if metrics.membership_config.membership().get_node(&self.id).is_none() {
+            return Err(NotReady::Removed);
         }
         if metrics.state == ServerState::Leader {
             if self.refreshed_term.load(std::sync::atomic::Ordering::Acquire)

@@ -92,18 +92,26 @@ impl Node {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
         let node_id = self.id;
-        self.read_linearizable(|state| {
+        // Any state from the barrier on holds every grant told before the call. It is copied
+        // and encoded away from the runtime's threads and the encoding away from the lock, as
+        // a snapshot is: a worker encoding a million sessions held up every task behind it, and
+        // the lock held up every apply (found in review).
+        self.read_linearizable(|_| ()).await?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let (snapshot_meta, machine) = store.copy();
             let meta = crate::backup::BackupMeta {
-                revision: state.machine.revision(),
-                log_index: state.last_applied.map_or(0, |log_id| log_id.index()),
+                revision: machine.revision(),
+                log_index: snapshot_meta.last_log_id.map_or(0, |log_id| log_id.index()),
                 node_id,
                 taken_unix_ms,
-                sessions: state.machine.session_count(),
-                locks: state.machine.lock_count(),
+                sessions: machine.session_count(),
+                locks: machine.lock_count(),
             };
-            crate::backup::encode(&meta, &state.machine.snapshot())
+            crate::backup::encode(&meta, &machine.snapshot())
         })
         .await
+        .map_err(|error| ServiceError::Stopped(format!("the backup's encoding failed: {error}")))
     }
 
     /// This node's metrics.
