@@ -99,6 +99,20 @@ async def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(ser
         proxy.close()
 
 
+async def test_the_abandons_task_of_a_client_dropped_without_close_ends() -> None:
+    """A client dropped without ``close`` while the cluster cannot be reached: its abandons'
+    task used to keep trying, and its connections, for up to an hour."""
+    dropped = picket.AsyncClient([f"127.0.0.1:{free_port()}"], timeout=0.2)
+    sender = dropped._abandons
+    sender.add({"name": "x", "session_id": 1, "request_id": 1, "attempt": 0})
+    task = sender._task
+    assert task is not None and not task.done()
+    del dropped
+    gc.collect()
+    done, _ = await asyncio.wait({task}, timeout=10)
+    assert task in done, "timed out after 10 s waiting for the dropped client's abandons task to end"
+
+
 async def test_waiters_are_granted_in_fifo_order_with_growing_tokens(server: Server) -> None:
     async with picket.AsyncClient([server.addr]) as client:
         first = await client.session(ttl=10)

@@ -161,6 +161,22 @@ def test_an_acquire_given_up_unanswered_is_abandoned_and_leaves_no_ghost_holder(
         proxy.close()
 
 
+def test_a_node_that_cannot_serve_is_passed_over_for_the_next_endpoint() -> None:
+    """A node that answers ``unavailable`` (cut off from a quorum, catching up) may not be the
+    only one: the next attempt goes to the next endpoint, as after a ``not_leader`` naming no
+    leader. It used to go to the same node again until the client's timeout ran out."""
+    from picket._transport import _Attempts, _Endpoints
+
+    endpoints = _Endpoints(["127.0.0.1:1", "127.0.0.1:2"])
+    attempts = _Attempts(endpoints, 1.0)
+    cut_off = httpx.Response(503, json={"code": "unavailable", "message": "no quorum"})
+    assert attempts.answered(cut_off) is None, "tried again"
+    assert endpoints.url() == "http://127.0.0.1:2"
+    no_leader = httpx.Response(421, json={"code": "not_leader", "message": "no leader is known"})
+    assert attempts.answered(no_leader) is None
+    assert endpoints.url() == "http://127.0.0.1:1", "and round again"
+
+
 def test_abandons_waiting_are_bounded_and_tried_again_only_while_they_may_land() -> None:
     """The queue's rules, without a server: new abandons go first, one that got no answer is due
     again after the pause, one answered, refused or tried for too long is done, and past the
@@ -202,8 +218,8 @@ def test_abandons_waiting_are_bounded_and_tried_again_only_while_they_may_land()
 
 
 def test_the_abandons_thread_ends_when_none_is_left_and_starts_again_for_the_next(server: Server) -> None:
-    """One thread per client sends the abandons while any are left, and a closed client's
-    thread ends even while the cluster cannot be reached."""
+    """One thread per client sends the abandons while any are left, and the thread of a client
+    closed, or dropped without ``close``, ends even while the cluster cannot be reached."""
     with picket.Client([server.addr]) as client:
         sender = client._abandons
         for request_id in (1, 2):
@@ -216,6 +232,14 @@ def test_the_abandons_thread_ends_when_none_is_left_and_starts_again_for_the_nex
     assert sender._running
     unreachable.close()
     wait_until("the closed client's abandons thread to end", 10, lambda: not sender._running)
+    # Dropped without close, it used to keep trying, and its connections, for up to an hour.
+    dropped = picket.Client([f"127.0.0.1:{free_port()}"], timeout=0.2)
+    sender = dropped._abandons
+    sender.add({"name": "x", "session_id": 1, "request_id": 1, "attempt": 0})
+    assert sender._running
+    del dropped
+    gc.collect()
+    wait_until("the dropped client's abandons thread to end", 10, lambda: not sender._running)
 
 
 def test_an_abandon_outlasts_an_outage_longer_than_the_clients_timeout(server: Server) -> None:

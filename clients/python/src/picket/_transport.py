@@ -128,7 +128,10 @@ class _Attempts:
             self.endpoints.follow(error.leader)
             return None
         if isinstance(error, Unavailable):
+            # This node cannot serve now (cut off from a quorum, catching up, just elected):
+            # another endpoint may reach the leader, as after a ``not_leader`` naming none.
             self.last = error
+            self.endpoints.next()
             return None
         raise error
 

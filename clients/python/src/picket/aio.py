@@ -302,7 +302,8 @@ class AsyncSession:
 
 class _AsyncAbandonSender:
     """Sends a client's abandons (``_common.AbandonQueue``) one at a time from a task of its
-    own, started when one is queued and ended when none is left or the client closes."""
+    own, started when one is queued and ended when none is left, or soon after the client
+    closes or is collected."""
 
     def __init__(self, transport: AsyncTransport) -> None:
         self._transport = transport
@@ -311,6 +312,14 @@ class _AsyncAbandonSender:
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Task[None]"] = None
         self._closed = False
+        # Set when the client was collected without ``close`` (see the blocking client's
+        # ``_AbandonSender``): the task ends at its next turn.
+        self._orphaned = False
+
+    def orphan(self) -> None:
+        """The client is gone: the task ends at its next turn (within a retry pause, or once a
+        call on its way ends). Safe from a finalizer, on any thread: it only sets a flag."""
+        self._orphaned = True
 
     def add(self, body: Json) -> None:
         if self._closed:
@@ -331,7 +340,7 @@ class _AsyncAbandonSender:
             self._task.cancel()
 
     async def _run(self, wake: asyncio.Event) -> None:
-        while not self._closed:
+        while not (self._closed or self._orphaned):
             taken = self._queue.take(time.monotonic())
             if taken is None:
                 return
@@ -469,6 +478,8 @@ class AsyncClient:
         self.timeout = timeout
         self.transport = AsyncTransport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
         self._abandons = _AsyncAbandonSender(self.transport)
+        # A client dropped without ``close`` does not keep its abandons' task trying.
+        weakref.finalize(self, self._abandons.orphan).atexit = False
 
     async def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> AsyncSession:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""

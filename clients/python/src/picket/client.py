@@ -308,7 +308,8 @@ class Session:
 
 class _AbandonSender:
     """Sends a client's abandons (``_common.AbandonQueue``) one at a time from a thread of its
-    own, started when one is queued and ended when none is left or the client closes."""
+    own, started when one is queued and ended when none is left, or soon after the client
+    closes or is collected."""
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
@@ -316,6 +317,17 @@ class _AbandonSender:
         self._wake = threading.Condition()
         self._running = False
         self._closed = False
+        # Set, without the lock, when the client was collected without ``close``: a finalizer
+        # may run in this sender's own thread while it holds ``_wake``. Every abandon left then
+        # belongs to a session that was collected too, and that session's ending frees its
+        # grants (or its TTL does), so the thread need not keep trying them, nor keep the
+        # transport and its connections for up to an hour of an outage.
+        self._orphaned = False
+
+    def orphan(self) -> None:
+        """The client is gone: the thread ends at its next turn (within a retry pause, or once
+        a call on its way ends). Safe from a finalizer, on any thread."""
+        self._orphaned = True
 
     def add(self, body: Json) -> None:
         with self._wake:
@@ -340,7 +352,8 @@ class _AbandonSender:
         """The next abandon to send, waiting for one due again; ``None`` ends the thread."""
         with self._wake:
             while True:
-                taken = None if self._closed else self._queue.take(time.monotonic())
+                gone = self._closed or self._orphaned
+                taken = None if gone else self._queue.take(time.monotonic())
                 if taken is None:
                     self._running = False
                     return None
@@ -517,6 +530,8 @@ class Client:
         self.timeout = timeout
         self.transport = Transport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
         self._abandons = _AbandonSender(self.transport)
+        # A client dropped without ``close`` does not keep its abandons' thread trying.
+        weakref.finalize(self, self._abandons.orphan).atexit = False
 
     def session(self, ttl: float = 10.0, *, lock_delay: float = 0.0) -> Session:
         """Opens a session that lives ``ttl`` seconds past its last keepalive."""
