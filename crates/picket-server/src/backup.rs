@@ -234,6 +234,57 @@ struct Marker {
     keep_sessions: Option<bool>,
 }
 
+impl Marker {
+    /// See [`restore_identity`].
+    fn identity(&self) -> String {
+        let digest = self.digest.get(..16).unwrap_or(&self.digest);
+        let epoch = self.first_revision >> RESTORE_EPOCH_SHIFT;
+        let sessions = match self.keep_sessions {
+            Some(true) => "keep",
+            Some(false) => "end",
+            None => "?",
+        };
+        format!("{digest}.e{epoch}.{sessions}")
+    }
+}
+
+/// What restore `data_dir` holds, if it was restored (`None` for a node that started empty,
+/// or joined and was sent its state): the backup's digest (its first 16 hex digits), the
+/// restore epoch, and whether the sessions were kept, as `DIGEST.eEPOCH.keep|end` (`?` for a
+/// part not recorded). Nodes restored alike hold the same state at the same log position; a
+/// peer restored otherwise must not replicate to them (see [`same_restore`]).
+///
+/// # Errors
+/// The marker cannot be read.
+pub fn restore_identity(data_dir: &Path) -> io::Result<Option<String>> {
+    match std::fs::read(data_dir.join(RESTORED_MARKER)) {
+        Ok(bytes) => {
+            let marker: Marker = serde_json::from_slice(&bytes)
+                .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
+            Ok(Some(marker.identity()))
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether nodes restored as `ours` and `theirs` ([`restore_identity`]) restored alike: the same
+/// backup, epoch and sessions, a part one of them did not record matching any. Raft cannot
+/// tell them apart (every restore sits at the same log position), and nodes restored from
+/// different backups, or with different `--restore-above` or `--restore-sessions`, would go
+/// on from different states: their tokens could go down across a failover.
+#[must_use]
+pub fn same_restore(ours: &str, theirs: &str) -> bool {
+    let (mut ours, mut theirs) = (ours.split('.'), theirs.split('.'));
+    loop {
+        match (ours.next(), theirs.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a == b || a == "?" || b == "?" => {}
+            _ => return false,
+        }
+    }
+}
+
 /// What a node must do with `--restore` on its data directory.
 #[derive(Debug)]
 pub enum RestorePlan {
@@ -478,6 +529,37 @@ mod tests {
         assert!(matches!(refused, Err(BackupError::OtherOptions { .. })), "{refused:?}");
         let message = refused.unwrap_err().to_string();
         assert!(message.contains("--restore-sessions keep, not end"), "{message}");
+    }
+
+    #[test]
+    fn nodes_restored_alike_match_and_any_difference_parts_them() {
+        let backup = |count| {
+            let machine = machine_with_sessions(count);
+            encode(&meta(&machine), &machine.snapshot())
+        };
+        let (one, other) = (backup(1), backup(2));
+        let identity = |bytes: &[u8], options: &RestoreOptions| {
+            let dir = tempfile::tempdir().expect("a directory");
+            plan(dir.path(), decode(bytes).expect("decodes"), options, false).expect("plans");
+            restore_identity(dir.path()).expect("reads").expect("restored")
+        };
+        let ended = RestoreOptions::default();
+        let base = identity(&one, &ended);
+        assert!(base.ends_with(".e1.end"), "{base}");
+        assert!(same_restore(&base, &identity(&one, &ended)), "the same backup and options");
+        let above = RestoreOptions { keep_sessions: false, above_token: Some(5 << 48) };
+        for (differs, what) in [
+            (identity(&other, &ended), "another backup"),
+            (identity(&one, &above), "--restore-above"),
+            (identity(&one, &keep()), "--restore-sessions"),
+        ] {
+            assert!(!same_restore(&base, &differs), "{what}: {base} and {differs}");
+        }
+        let unrecorded = base.replace(".end", ".?");
+        assert!(same_restore(&base, &unrecorded) && same_restore(&unrecorded, &base));
+        assert!(!same_restore(&base, &format!("{base}.more")));
+        let empty = tempfile::tempdir().expect("a directory");
+        assert_eq!(restore_identity(empty.path()).expect("reads"), None, "never restored");
     }
 
     #[test]

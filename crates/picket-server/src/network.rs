@@ -45,6 +45,8 @@ use tonic::{Request, Response, Status};
 
 /// Metadata key naming the node a Raft request is meant for.
 const TARGET_NODE_KEY: &str = "picket-target-node";
+/// The metadata key of the restore the sender holds ([`crate::backup::restore_identity`]).
+const RESTORE_KEY: &str = "picket-restore";
 /// Largest Raft message, in bytes: bounds what a peer can make this node allocate.
 pub const MAX_RAFT_MESSAGE_BYTES: usize = picket_proto::MAX_RAFT_MESSAGE_BYTES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -55,13 +57,22 @@ pub struct Network {
     tls: Option<ClientTls>,
     contacts: Contacts,
     only_queue_waiters: Option<OnlyQueueWaiters>,
+    restore: Option<Arc<str>>,
 }
 
 impl Network {
     /// Peers reached over TLS with `tls`, or in plaintext.
     #[must_use]
     pub fn new(tls: Option<ClientTls>) -> Self {
-        Self { tls, contacts: Contacts::default(), only_queue_waiters: None }
+        Self { tls, contacts: Contacts::default(), only_queue_waiters: None, restore: None }
+    }
+
+    /// Every Raft message says this node was restored as `identity` (see
+    /// [`crate::backup::restore_identity`]), so that a peer restored otherwise refuses it.
+    #[must_use]
+    pub fn with_restore(mut self, identity: Option<String>) -> Self {
+        self.restore = identity.map(Arc::from);
+        self
     }
 
     /// Replication streams that send entries only queueing waiters (as `only_queue_waiters`
@@ -85,6 +96,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             connection: None,
             contacts: Some(self.contacts.clone()),
             only_queue_waiters: self.only_queue_waiters.clone(),
+            restore: self.restore.clone(),
         }
     }
 }
@@ -100,6 +112,8 @@ pub struct PeerClient {
     contacts: Option<Contacts>,
     /// Which entries only queue waiters, for the replication stream.
     only_queue_waiters: Option<OnlyQueueWaiters>,
+    /// The restore this node holds, told with every message (`None`: never restored).
+    restore: Option<Arc<str>>,
 }
 
 fn unreachable(message: impl ToString) -> Unreachable<TypeConfig> {
@@ -155,6 +169,11 @@ impl PeerClient {
             TARGET_NODE_KEY,
             self.target.to_string().parse().expect("a number is valid metadata"),
         );
+        if let Some(identity) = &self.restore
+            && let Ok(value) = identity.parse()
+        {
+            request.metadata_mut().insert(RESTORE_KEY, value);
+        }
         request
     }
 
@@ -233,6 +252,7 @@ impl ClockProbe {
                 connection: None,
                 contacts: None,
                 only_queue_waiters: None,
+                restore: None,
             },
         }
     }
@@ -507,6 +527,30 @@ impl RaftService {
         admit(self.members_only, Some(caller))
     }
 
+    /// Refuses a Raft message from a peer restored otherwise than this node (see
+    /// [`crate::backup::same_restore`]): before openraft sees it, so that neither its entries
+    /// nor its term reach this node.
+    fn check_restore<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let sent = request.metadata().get(RESTORE_KEY).and_then(|value| value.to_str().ok());
+        let (Some(own), Some(sent)) = (self.node.restore(), sent) else {
+            return Ok(());
+        };
+        if crate::backup::same_restore(own, sent) {
+            return Ok(());
+        }
+        let reason = format!(
+            "this node was restored as {own} and the sender as {sent} (backup digest, restore \
+             epoch, sessions kept or ended): nodes restored from different backups, or with a \
+             different --restore-above or --restore-sessions, hold different states at the same \
+             log position, and their tokens could go down across a failover. Restore every node \
+             alike into empty data directories, or restore one and add the others with --join"
+        );
+        if self.node.other_restore_refused() {
+            tracing::error!("refusing Raft messages: {reason}");
+        }
+        Err(Status::failed_precondition(reason))
+    }
+
     /// Refuses a request meant for another node.
     fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
@@ -537,6 +581,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
+        self.check_restore(&request)?;
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
         self.check_committed_agree(&rpc)?;
@@ -545,6 +590,7 @@ impl raft_server::Raft for RaftService {
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
+        self.check_restore(&request)?;
         let rpc: VoteRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
         reply(self.raft.vote(rpc).await)
@@ -555,6 +601,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
+        self.check_restore(&request)?;
         let rpc: VoteRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
         reply(self.raft.pre_vote(rpc).await)
@@ -565,6 +612,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
+        self.check_restore(&request)?;
         let (vote, snapshot) =
             decode_snapshot(&request.into_inner().data).map_err(Status::invalid_argument)?;
         self.check_snapshot_agrees(&vote, snapshot.meta.last_log_id.as_ref())?;

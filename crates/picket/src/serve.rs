@@ -269,12 +269,23 @@ fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, Member>, String> {
         if member.addr.is_empty() || member.peer_addr.as_deref().is_some_and(str::is_empty) {
             return Err(format!("{pair:?} is not ID=HOST:PORT or ID=HOST:PORT/PEER_HOST:PORT"));
         }
+        // The bounds a member added later is held to: every membership entry lists them all.
+        let longest = picket_server::node::MAX_MEMBER_ADDR_BYTES;
+        if member.addr.len() > longest
+            || member.peer_addr.as_ref().is_some_and(|a| a.len() > longest)
+        {
+            return Err(format!("{pair:?}: an address is at most {longest} bytes"));
+        }
         if peers.insert(id, member).is_some() {
             return Err(format!("node {id} is listed twice"));
         }
     }
     if peers.is_empty() {
         return Err("the peer list is empty".to_owned());
+    }
+    let most = picket_server::node::MAX_MEMBERS;
+    if peers.len() > most {
+        return Err(format!("{} peers listed; a cluster has at most {most} members", peers.len()));
     }
     Ok(peers)
 }
@@ -453,5 +464,10 @@ mod tests {
         assert_eq!(split[&2].peer_addr(), "127.0.0.1:3");
         assert!(parse_peers("1=127.0.0.1:1/").is_err());
         assert!(parse_peers("1=/127.0.0.1:2").is_err());
+        let long = format!("1=127.0.0.1:1/{}:2", "x".repeat(256));
+        assert!(parse_peers(&long).unwrap_err().contains("at most 256 bytes"));
+        let many: Vec<String> = (1..=33).map(|id| format!("{id}=127.0.0.1:{id}")).collect();
+        assert!(parse_peers(&many.join(",")).unwrap_err().contains("at most 32 members"));
+        assert_eq!(parse_peers(&many[..32].join(",")).unwrap().len(), 32);
     }
 }

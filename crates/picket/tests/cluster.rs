@@ -371,7 +371,8 @@ fn a_member_can_be_added_and_removed() {
     assert_eq!(voters(&added.body), 4);
     assert_eq!(added.body["members"][3]["peer_addr"], peer_addr.as_str(), "{}", added.text);
     // Client input, checked before the log: a peer address is bounded like an address, and
-    // reserved ids are refused (a node refuses to start under them).
+    // reserved ids (a node refuses to start under them), addresses without a port and another
+    // member's address are refused, where each used to end in the 60 s catch-up timeout.
     let bad_peer = |peer_addr: String| (5, "127.0.0.1:1", Some(peer_addr), "peer address");
     let refusals = [
         bad_peer("x".repeat(300)),
@@ -379,6 +380,8 @@ fn a_member_can_be_added_and_removed() {
         bad_peer(String::new()),
         (0, "127.0.0.1:1", None, "reserved"),
         (u64::MAX, "127.0.0.1:1", None, "reserved"),
+        (5, "127.0.0.1", None, "with a port"),
+        (5, addrs[0].as_str(), None, "node 1 already listens at that address"),
     ];
     for (node_id, addr, peer_addr, why) in refusals {
         let body = json!({ "node_id": node_id, "addr": addr, "peer_addr": peer_addr });

@@ -125,6 +125,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "newest_applied_rules": view.newest_applied_rules,
         "limits": view.limits,
         "limits_refused": view.limits_refused,
+        "restore": view.restore,
+        "other_restore_refused_total": view.other_restore_refused_total,
     })
 }
 

@@ -70,6 +70,10 @@ pub struct ClusterView {
     /// As leader, why the state refuses the limits this node's flags set, while it does (it
     /// holds more than they allow); the leader asks again every few seconds.
     pub limits_refused: Option<String>,
+    /// The restore this node's data directory holds (`DIGEST.eEPOCH.keep|end`), if any.
+    pub restore: Option<String>,
+    /// Raft messages this node refused because their sender was restored otherwise.
+    pub other_restore_refused_total: u64,
 }
 
 /// Most members (voters and learners) a cluster may have.
@@ -132,6 +136,10 @@ impl Node {
             newest_applied_rules,
             limits,
             limits_refused: (role == "leader").then(|| self.limits_refused()).flatten(),
+            restore: self.restore.as_deref().map(str::to_owned),
+            other_restore_refused_total: self
+                .other_restores_refused
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -169,6 +177,18 @@ impl Node {
                  bytes each, as host:port"
             )));
         }
+        // Without a port it could never be reached, and the add would only time out.
+        let has_port = |addr: &str| {
+            addr.rsplit_once(':')
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .is_some_and(|port| port > 0)
+        };
+        if !has_port(&addr) || !peer_addr.as_deref().is_none_or(has_port) {
+            return Err(ServiceError::BadRequest(format!(
+                "a member's address and peer address are host:port, with a port; got {addr}{}",
+                peer_addr.as_deref().map(|peer| format!(" and {peer}")).unwrap_or_default()
+            )));
+        }
         // A node refuses to start under these ids; added, it would never join.
         if node_id == 0 || node_id == crate::backup::RESTORE_LEADER {
             return Err(ServiceError::BadRequest(format!(
@@ -194,6 +214,20 @@ impl Node {
                 existing.addr
             )));
         }
+        // Another member's address: its messages would reach that member, which refuses them
+        // as meant for another node, and the add would only time out.
+        let reaches = |member: &MemberView, at: &str| {
+            member.addr == at || member.peer_addr.as_deref() == Some(at)
+        };
+        let wanted = [Some(addr.as_str()), peer_addr.as_deref()];
+        if let Some(other) = members.iter().find(|member| {
+            member.node_id != node_id && wanted.iter().flatten().any(|at| reaches(member, at))
+        }) {
+            return Err(ServiceError::BadRequest(format!(
+                "node {} already listens at that address; give node {node_id} its own",
+                other.node_id
+            )));
+        }
         if members.len() >= MAX_MEMBERS && !members.iter().any(|member| member.node_id == node_id) {
             return Err(ServiceError::BadRequest(format!(
                 "the cluster already has {MAX_MEMBERS} members, its limit; remove one first"
@@ -215,10 +249,7 @@ impl Node {
         };
         added.map_err(membership_error)?;
         let voters: BTreeSet<NodeId> = [node_id].into();
-        self.raft
-            .change_membership(openraft::ChangeMembers::AddVoterIds(voters), false)
-            .await
-            .map_err(membership_error)?;
+        self.change_membership(openraft::ChangeMembers::AddVoterIds(voters)).await?;
         Ok(self.cluster())
     }
 
@@ -246,10 +277,35 @@ impl Node {
         } else {
             openraft::ChangeMembers::RemoveVoters(ids)
         };
-        self.raft.change_membership(change, false).await.map_err(membership_error)?;
+        self.change_membership(change).await?;
         Ok(self.cluster())
     }
+
+    /// Makes `change` and waits, at most [`MEMBERSHIP_CHANGE_WAIT`], for it to commit: a
+    /// change that cannot reach a quorum (of the old voters and of the new) waited for ever,
+    /// and every later change on this node waited behind it.
+    async fn change_membership(
+        &self,
+        change: openraft::ChangeMembers<NodeId, Member>,
+    ) -> Result<(), ServiceError> {
+        let changed = tokio::time::timeout(
+            MEMBERSHIP_CHANGE_WAIT,
+            self.raft.change_membership(change, false),
+        );
+        match changed.await {
+            Ok(result) => result.map(drop).map_err(membership_error),
+            Err(_) => Err(ServiceError::OutcomeUnknown(format!(
+                "the membership change has not committed within {} s: the cluster may lack a \
+                 quorum of its old or new voters. `picket members` shows where it stands; \
+                 retry once it settles",
+                MEMBERSHIP_CHANGE_WAIT.as_secs()
+            ))),
+        }
+    }
 }
+
+/// How long a membership change waits to commit before it answers.
+const MEMBERSHIP_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long adding a member waits for it to catch up with the log as a learner before it
 /// answers; a node joining with a large log to receive may need longer, and is then added again.

@@ -52,6 +52,11 @@ pub struct Node {
     /// readings (see [`crate::apply_rules`]).
     peer_apply_rules: std::sync::Mutex<BTreeMap<NodeId, u32>>,
     gaps: GapWatch,
+    /// The restore this node's data directory holds, if any
+    /// ([`crate::backup::restore_identity`]), and how many Raft messages it refused from
+    /// peers restored otherwise.
+    restore: Option<Arc<str>>,
+    other_restores_refused: std::sync::atomic::AtomicU64,
     renewals: Renewals,
     /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
     watch_streams: Budget,
@@ -169,6 +174,8 @@ impl Node {
             peer_clock_rates: std::sync::Mutex::default(),
             peer_apply_rules: std::sync::Mutex::default(),
             gaps: GapWatch::default(),
+            restore: None,
+            other_restores_refused: std::sync::atomic::AtomicU64::new(0),
             renewals: Renewals::default(),
             watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
             pending_acquires: Budget::new(
@@ -254,6 +261,22 @@ impl Node {
     pub(crate) fn with_peer_tls(mut self, to_peers: Option<ClientTls>) -> Self {
         self.to_peers = to_peers;
         self
+    }
+
+    /// Records the restore this node's data directory holds.
+    pub(crate) fn with_restore(mut self, identity: Option<String>) -> Self {
+        self.restore = identity.map(Arc::from);
+        self
+    }
+
+    /// The restore this node's data directory holds, if any.
+    pub(crate) fn restore(&self) -> Option<&str> {
+        self.restore.as_deref()
+    }
+
+    /// Counts a Raft message refused from a peer restored otherwise; true for the first.
+    pub(crate) fn other_restore_refused(&self) -> bool {
+        self.other_restores_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0
     }
 
     /// TLS for this node's calls to its peers, when the cluster runs TLS.

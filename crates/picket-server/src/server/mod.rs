@@ -311,11 +311,14 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     if let Some(backup) = backup {
         restore(&config.data_dir, backup, &config.restore_options, &peers, &store, &log).await?;
     }
+    let restore = crate::backup::restore_identity(&config.data_dir).map_err(data_error)?;
     let log_handle = log.clone();
     let raft = Raft::new(
         config.node_id,
         raft_config(&config.tuning)?,
-        Network::new(to_peers.clone()).with_only_queue_waiters(queue_judge),
+        Network::new(to_peers.clone())
+            .with_only_queue_waiters(queue_judge)
+            .with_restore(restore.clone()),
         log,
         store.clone(),
     )
@@ -342,6 +345,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             &config.limits,
         )
         .with_peer_tls(to_peers)
+        .with_restore(restore)
         .with_auth(auth.clone())
         .with_signer(signer),
     );
