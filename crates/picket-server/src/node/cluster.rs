@@ -201,7 +201,7 @@ impl Node {
         // One change at a time on this node: two adds of one id with other addresses, checked
         // together, would both pass the check below, and openraft keeps the first addresses
         // and reports success to both.
-        let _one_at_a_time = self.membership_changes.lock().await;
+        let one_at_a_time = self.membership_changes.clone().lock_owned().await;
         let members = self.cluster().members;
         if let Some(existing) = members.iter().find(|member| member.node_id == node_id)
             && (existing.addr != addr || existing.peer_addr != peer_addr)
@@ -249,7 +249,7 @@ impl Node {
         };
         added.map_err(membership_error)?;
         let voters: BTreeSet<NodeId> = [node_id].into();
-        self.change_membership(openraft::ChangeMembers::AddVoterIds(voters)).await?;
+        self.change_membership(openraft::ChangeMembers::AddVoterIds(voters), one_at_a_time).await?;
         Ok(self.cluster())
     }
 
@@ -258,11 +258,19 @@ impl Node {
     /// # Errors
     /// On a follower, or when the membership change fails.
     pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
-        let _one_at_a_time = self.membership_changes.lock().await;
+        let one_at_a_time = self.membership_changes.clone().lock_owned().await;
         let ids: BTreeSet<NodeId> = [node_id].into();
-        let Some(member) =
-            self.cluster().members.into_iter().find(|member| member.node_id == node_id)
-        else {
+        let member = self.cluster().members.into_iter().find(|member| member.node_id == node_id);
+        // A follower may not have seen a member added a moment ago: it leaves the question to
+        // Raft, which names the leader.
+        let Some(member) = member.or_else(|| {
+            (!self.is_leader()).then(|| MemberView {
+                node_id,
+                addr: String::new(),
+                peer_addr: None,
+                voter: true,
+            })
+        }) else {
             // openraft writes an unchanged membership and reports success: a mistyped id
             // looked removed.
             return Err(ServiceError::BadRequest(format!(
@@ -277,27 +285,36 @@ impl Node {
         } else {
             openraft::ChangeMembers::RemoveVoters(ids)
         };
-        self.change_membership(change).await?;
+        self.change_membership(change, one_at_a_time).await?;
         Ok(self.cluster())
     }
 
     /// Makes `change` and waits, at most [`MEMBERSHIP_CHANGE_WAIT`], for it to commit: a
-    /// change that cannot reach a quorum (of the old voters and of the new) waited for ever,
-    /// and every later change on this node waited behind it.
+    /// change that cannot reach a quorum (of the old voters and of the new) waited for ever.
+    /// The change itself goes on in a task of its own, holding `one_at_a_time` until it ends:
+    /// openraft writes the joint configuration and, once it commits, the final one, from the
+    /// caller's future, so a caller that stopped waiting would leave the cluster in joint
+    /// consensus (found in review).
     async fn change_membership(
         &self,
         change: openraft::ChangeMembers<NodeId, Member>,
+        one_at_a_time: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<(), ServiceError> {
-        let changed = tokio::time::timeout(
-            MEMBERSHIP_CHANGE_WAIT,
-            self.raft.change_membership(change, false),
-        );
-        match changed.await {
-            Ok(result) => result.map(drop).map_err(membership_error),
+        let raft = self.raft.clone();
+        let changing = tokio::spawn(async move {
+            let changed = raft.change_membership(change, false).await;
+            drop(one_at_a_time);
+            changed
+        });
+        match tokio::time::timeout(MEMBERSHIP_CHANGE_WAIT, changing).await {
+            Ok(Ok(result)) => result.map(drop).map_err(membership_error),
+            Ok(Err(failed)) => {
+                Err(ServiceError::Stopped(format!("the membership change failed: {failed}")))
+            }
             Err(_) => Err(ServiceError::OutcomeUnknown(format!(
                 "the membership change has not committed within {} s: the cluster may lack a \
-                 quorum of its old or new voters. `picket members` shows where it stands; \
-                 retry once it settles",
+                 quorum of its old or new voters. It goes on, and ends once they answer; \
+                 `picket members` shows where it stands",
                 MEMBERSHIP_CHANGE_WAIT.as_secs()
             ))),
         }

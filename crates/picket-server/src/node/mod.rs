@@ -80,7 +80,7 @@ pub struct Node {
     /// Why this node stopped serving for good, once it has (see [`Node::halt`]).
     halted: tokio::sync::watch::Sender<Option<String>>,
     /// Held through a membership change, so that its checks and the change are one step.
-    membership_changes: tokio::sync::Mutex<()>,
+    membership_changes: Arc<tokio::sync::Mutex<()>>,
     /// The limits this node sets in the state while it leads ([`ServerLimits::replicated`]).
     limit_overrides: crate::limits::LimitOverrides,
     /// Why the state last refused this node's limits, while it does (shown in `cluster()`).
@@ -106,9 +106,9 @@ pub enum NotReady {
     NoQuorum,
     /// This node has not yet applied every entry it knows to be committed.
     CatchingUp,
-    /// This node is not in the cluster's membership: it was removed. Nobody replicates to it
-    /// any more, and a removed leader keeps naming itself leader (its last vote stays), so it
-    /// would look ready for ever.
+    /// This node led, and was removed from the cluster's membership. Nobody replicates to it
+    /// any more, and it keeps naming itself leader (its last vote stays), so it would look
+    /// ready for ever. (A removed follower knows no leader: [`NotReady::NoLeader`].)
     Removed,
 }
 
@@ -193,7 +193,7 @@ impl Node {
             signer: None,
             auth: None,
             halted: tokio::sync::watch::Sender::new(None),
-            membership_changes: tokio::sync::Mutex::new(()),
+            membership_changes: Arc::default(),
         }
     }
 
@@ -405,7 +405,12 @@ impl Node {
         if metrics.current_leader.is_none() {
             return Err(NotReady::NoLeader);
         }
-        if metrics.membership_config.membership().get_node(&self.id).is_none() {
+        // Only a removed leader names itself while outside the membership: a node joining
+        // names the leader that adds it before it sees its own entry, and a removed follower
+        // knows no leader (it campaigns, and nobody answers).
+        if metrics.current_leader == Some(self.id)
+            && metrics.membership_config.membership().get_node(&self.id).is_none()
+        {
             return Err(NotReady::Removed);
         }
         if metrics.state == ServerState::Leader {
