@@ -96,6 +96,15 @@ pub enum BackupError {
         /// What differs.
         detail: String,
     },
+    /// The data directory holds a restore that was cut short, and the node was started
+    /// without `--restore`: it would start empty, as a cluster of its own.
+    #[error(
+        "{path} holds a restore that was cut short (its restored.json, and no log yet): start again with the same --restore to finish it, or empty the directory"
+    )]
+    CutShort {
+        /// The data directory.
+        path: PathBuf,
+    },
     /// No restore epoch is left to start above the backup (and `--restore-above`).
     #[error(
         "cannot restore: it would start restore epoch {epoch}, past the last one ({last}); {why}"
@@ -246,6 +255,19 @@ impl Marker {
         };
         format!("{digest}.e{epoch}.{sessions}")
     }
+}
+
+/// Refuses a start without `--restore` on a data directory whose restore was cut short (the
+/// marker is written before the state; a node that has the marker and no log did not finish):
+/// started anyway it held nothing, and formed a cluster of its own from epoch 0.
+///
+/// # Errors
+/// [`BackupError::CutShort`].
+pub fn check_not_cut_short(data_dir: &Path, has_log: bool) -> Result<(), BackupError> {
+    if !has_log && data_dir.join(RESTORED_MARKER).exists() {
+        return Err(BackupError::CutShort { path: data_dir.to_owned() });
+    }
+    Ok(())
 }
 
 /// What restore `data_dir` holds, if it was restored (`None` for a node that started empty,
@@ -572,6 +594,18 @@ mod tests {
         let message = refused.unwrap_err().to_string();
         assert!(message.contains("epoch 65536, past the last one (65535)"), "{message}");
         assert!(message.contains("--restore-above 18446744073709551615"), "{message}");
+    }
+
+    #[test]
+    fn a_restore_cut_short_is_not_started_without_its_backup() {
+        let dir = tempfile::tempdir().expect("a directory");
+        assert!(check_not_cut_short(dir.path(), false).is_ok(), "never restored");
+        let machine = machine_with_sessions(1);
+        let bytes = encode(&meta(&machine), &machine.snapshot());
+        plan(dir.path(), decode(&bytes).expect("decodes"), &keep(), false).expect("plans");
+        let refused = check_not_cut_short(dir.path(), false);
+        assert!(matches!(refused, Err(BackupError::CutShort { .. })), "{refused:?}");
+        assert!(check_not_cut_short(dir.path(), true).is_ok(), "a finished restore starts");
     }
 
     #[test]

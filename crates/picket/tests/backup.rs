@@ -253,6 +253,41 @@ fn a_restore_into_a_used_data_directory_or_a_damaged_backup_is_refused() {
     assert!(!refused.status.success());
     assert!(stderr.contains("refusing to restore into"), "{stderr}");
 
+    // A restore cut short (its marker written, no log yet; here the log is taken away after
+    // it) is not started without its backup: it used to start empty, a cluster of its own.
+    let cut = dir.path().join("cut");
+    let listen = format!("127.0.0.1:{}", picket_testkit::free_port()).parse().expect("an address");
+    let restore = ["--restore".to_owned(), backup.display().to_string()];
+    let restored = ServerProcess::start(Path::new(PICKET), &cut, listen, &restore);
+    wait_until("the restored node to be ready", Duration::from_secs(10), || {
+        (http::get(&restored.addr, "/readyz").status == 200).then_some(())
+    });
+    drop(restored);
+    std::fs::remove_dir_all(cut.join("wal")).expect("the log taken away");
+    let mut started = Command::new(PICKET)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&cut)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("picket serve runs");
+    // Started anyway (the check gone), it would run on: it is stopped after 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let ended = loop {
+        if let Some(status) = started.try_wait().expect("waits") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = started.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = started.wait_with_output().expect("its output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(ended.is_some_and(|status| !status.success()), "it refused to start: {stderr}");
+    assert!(stderr.contains("a restore that was cut short"), "{stderr}");
+    assert!(stderr.contains("start again with the same --restore"), "{stderr}");
+
     let mut damaged = std::fs::read(&backup).expect("read");
     let middle = damaged.len() / 2;
     damaged[middle] ^= 0x40;

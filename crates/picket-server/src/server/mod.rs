@@ -308,8 +308,15 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         log_stats.clone(),
     )
     .map_err(data_error)?;
-    if let Some(backup) = backup {
-        restore(&config.data_dir, backup, &config.restore_options, &peers, &store, &log).await?;
+    match backup {
+        Some(backup) => {
+            restore(&config.data_dir, backup, &config.restore_options, &peers, &store, &log)
+                .await?;
+        }
+        None => {
+            let has_log = has_log(&log).await.map_err(data_error)?;
+            crate::backup::check_not_cut_short(&config.data_dir, has_log)?;
+        }
     }
     let restore = crate::backup::restore_identity(&config.data_dir).map_err(data_error)?;
     let log_handle = log.clone();
@@ -615,6 +622,15 @@ async fn check_stored_member(
     }
 }
 
+/// Whether the node's log holds anything: an entry, a purge or a vote.
+async fn has_log(log: &LogStore) -> std::io::Result<bool> {
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+    let mut log = log.clone();
+    let state = log.get_log_state().await?;
+    let vote = log.read_vote().await?;
+    Ok(state.last_log_id.is_some() || vote.is_some())
+}
+
 /// Restores `backup` into a node about to start (see [`crate::backup`]): the restored state
 /// becomes a snapshot at the restore log id, with `peers` as its membership, and the log starts
 /// after it, so the node starts as a member of a cluster whose history begins with that state.
@@ -626,12 +642,10 @@ async fn restore(
     store: &StateStore,
     log: &LogStore,
 ) -> Result<(), StartError> {
-    use openraft::storage::{RaftLogReader, RaftLogStorage, RaftStateMachine};
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
     let data_error = |source| StartError::DataDir { path: data_dir.to_owned(), source };
     let mut log = log.clone();
-    let state = log.get_log_state().await.map_err(data_error)?;
-    let vote = log.read_vote().await.map_err(data_error)?;
-    let has_log = state.last_log_id.is_some() || vote.is_some();
+    let has_log = has_log(&log).await.map_err(data_error)?;
     let revision = backup.meta.revision;
     let crate::backup::RestorePlan::Write(machine) =
         crate::backup::plan(data_dir, backup, options, has_log)?
