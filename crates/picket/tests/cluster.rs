@@ -337,15 +337,7 @@ fn a_member_can_be_added_and_removed() {
             peer_addr.clone(),
         ],
     );
-    let session = send(
-        &addrs,
-        "POST",
-        "/v1/sessions",
-        Some(&json!({ "ttl_ms": 30_000 })),
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    let session = session.body["session_id"].as_u64().unwrap();
+    let session = open_session(&addrs);
     let before = send(
         &addrs,
         "POST",
@@ -440,15 +432,7 @@ fn a_removed_leader_says_so_and_the_others_go_on() {
     let cluster = start_cluster();
     let removed = cluster.leader(Duration::from_secs(20));
     let addrs = cluster.addrs();
-    let session = send(
-        &addrs,
-        "POST",
-        "/v1/sessions",
-        Some(&json!({ "ttl_ms": 30_000 })),
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    let session = session.body["session_id"].as_u64().unwrap();
+    let session = open_session(&addrs);
     let acquire = |name: &str, addrs: &[String]| {
         send(
             addrs,
@@ -591,13 +575,19 @@ fn waiters_on_one_lock_take_it_in_turn_and_the_replicas_converge() {
     cluster.wait_converged(Duration::from_secs(10));
 }
 
+/// Opens a session with a TTL of 30 s through any of `addrs`; returns its id.
+fn open_session(addrs: &[String]) -> u64 {
+    let body = json!({ "ttl_ms": 30_000 });
+    let reply = send(addrs, "POST", "/v1/sessions", Some(&body), Duration::from_secs(30))
+        .expect("a session opens");
+    reply.body["session_id"].as_u64().expect("a session id")
+}
+
 /// Acquires the lock `turns`, waiting for it, and releases it `turns` times; returns the tokens
 /// granted, each above the one before.
 fn take_turns(addrs: &[String], turns: usize) -> Vec<u64> {
     let timeout = Duration::from_secs(30);
-    let session = send(addrs, "POST", "/v1/sessions", Some(&json!({ "ttl_ms": 30_000 })), timeout)
-        .expect("a session opens");
-    let session = session.body["session_id"].as_u64().unwrap();
+    let session = open_session(addrs);
     let mut tokens: Vec<u64> = Vec::with_capacity(turns);
     for _ in 0..turns {
         let acquire = json!({ "name": "turns", "session_id": session, "wait_ms": 20_000 });

@@ -261,25 +261,17 @@ impl Node {
         let one_at_a_time = self.membership_changes.clone().lock_owned().await;
         let ids: BTreeSet<NodeId> = [node_id].into();
         let member = self.cluster().members.into_iter().find(|member| member.node_id == node_id);
-        // A follower may not have seen a member added a moment ago: it leaves the question to
-        // Raft, which names the leader.
-        let Some(member) = member.or_else(|| {
-            (!self.is_leader()).then(|| MemberView {
-                node_id,
-                addr: String::new(),
-                peer_addr: None,
-                voter: true,
-            })
-        }) else {
-            // openraft writes an unchanged membership and reports success: a mistyped id
-            // looked removed.
+        // openraft writes an unchanged membership and reports success: a mistyped id looked
+        // removed. Only the leader says so: a follower may not have seen a member added a moment
+        // ago, and leaves the question to Raft, which names the leader.
+        if member.is_none() && self.is_leader() {
             return Err(ServiceError::BadRequest(format!(
                 "node {node_id} is not a member of this cluster (`picket members` lists them)"
             )));
-        };
+        }
         // A learner (one whose add did not finish) is dropped as a node: removing it as a voter
         // would leave it in the membership, replicated to and holding the apply rules back.
-        let learner = !member.voter;
+        let learner = member.is_some_and(|member| !member.voter);
         let change = if learner {
             openraft::ChangeMembers::RemoveNodes(ids)
         } else {
