@@ -61,10 +61,14 @@ pub struct Input {
 ///   session for its TTL: a refresh (after a gap, for an over-full batch, or by a new leader)
 ///   cut the lease a fast leader had lengthened for a client whose clock runs slower, and a
 ///   quiet session could end before its client gave up on it.
+/// - 7: [`Command::NameCluster`] exists: a leader whose state has no cluster id writes a random
+///   one, which every replica then holds for good; each node sends it with its Raft messages
+///   and refuses those of a node that holds another (a node of another cluster, or a data
+///   directory of another cluster, pointed at this one). A restored state starts without one.
 ///
 /// A node that finds an entry under a version it does not know must stop rather than apply it
 /// differently from the nodes that do.
-pub const APPLY_RULES: u32 = 6;
+pub const APPLY_RULES: u32 = 7;
 
 impl Input {
     /// `command` stamped `now_ms` under this build's apply rules, sent by nobody in particular
@@ -110,6 +114,7 @@ impl Command {
     pub fn oldest_rules(&self) -> u32 {
         match self {
             Self::SetLimits { .. } => 4,
+            Self::NameCluster { .. } => 7,
             Self::Tick { renew_for, .. } if !renew_for.is_empty() => 5,
             _ => 0,
         }
@@ -239,6 +244,26 @@ pub enum Command {
         /// The new limits.
         limits: Limits,
     },
+    /// Gives the cluster its id (apply rules 7), once: a leader whose state has none writes a
+    /// random one. A state named already refuses any other id, so that of two leaders in turn
+    /// that both found the state unnamed, the first naming to reach the log stands (its own
+    /// id again is accepted, and changes nothing but the revision). Nodes tell the id with
+    /// their Raft messages and refuse a peer's that carry another.
+    NameCluster {
+        /// [`CLUSTER_ID_HEX_DIGITS`] lowercase hexadecimal digits (128 random bits).
+        cluster_id: String,
+    },
+}
+
+/// How many lowercase hexadecimal digits a cluster id has ([`Command::NameCluster`]).
+pub const CLUSTER_ID_HEX_DIGITS: usize = 32;
+
+/// Whether `cluster_id` is a well-formed cluster id: exactly [`CLUSTER_ID_HEX_DIGITS`]
+/// lowercase hexadecimal digits.
+#[must_use]
+pub fn is_cluster_id(cluster_id: &str) -> bool {
+    cluster_id.len() == CLUSTER_ID_HEX_DIGITS
+        && cluster_id.bytes().all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
 }
 
 impl fmt::Display for Command {
@@ -269,6 +294,7 @@ impl fmt::Display for Command {
             }
             Self::Refresh => write!(f, "refresh"),
             Self::SetLimits { .. } => write!(f, "set_limits"),
+            Self::NameCluster { cluster_id } => write!(f, "name_cluster({cluster_id})"),
         }
     }
 }

@@ -290,6 +290,17 @@ pub enum CommandError {
         /// Which rule they break, or what in the state exceeds them.
         reason: String,
     },
+    /// A naming of the cluster was refused: the state is named already under another name, or
+    /// the name is not 32 lowercase hexadecimal digits.
+    #[error(
+        "the cluster cannot be named {proposed:?}: {reason}; only the first well-formed naming counts"
+    )]
+    ClusterNameRefused {
+        /// The name the command carried.
+        proposed: String,
+        /// Why it was refused.
+        reason: String,
+    },
 }
 
 fn holder_suffix(holder_token: Option<u64>) -> String {
@@ -330,6 +341,7 @@ impl CommandError {
             Self::RevisionsExhausted { .. } => ErrorCode::RevisionsExhausted,
             Self::LimitsRefused { .. } => ErrorCode::LimitsRefused,
             Self::OlderApplyRules { .. } => ErrorCode::OlderApplyRules,
+            Self::ClusterNameRefused { .. } => ErrorCode::ClusterNameRefused,
         }
     }
 }

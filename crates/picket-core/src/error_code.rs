@@ -63,6 +63,10 @@ pub enum ErrorCode {
     /// An entry's command needs newer apply rules than it was written under (never sent to
     /// clients: only the leader writes such commands, and it waits for the rules).
     OlderApplyRules,
+    /// The leader's naming of the cluster was refused: the state is named already, or the name
+    /// is malformed (never sent to clients: only the leader writes it, and only the first
+    /// naming counts).
+    ClusterNameRefused,
     // Refusals of the node.
     /// This node does not lead; the leader's address comes with it when known.
     NotLeader,
@@ -134,6 +138,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::RevisionsExhausted, "revisions_exhausted"),
     (ErrorCode::LimitsRefused, "limits_refused"),
     (ErrorCode::OlderApplyRules, "older_apply_rules"),
+    (ErrorCode::ClusterNameRefused, "cluster_name_refused"),
     (ErrorCode::NotLeader, "not_leader"),
     (ErrorCode::WaitTimedOut, "wait_timed_out"),
     (ErrorCode::WaitEnded, "wait_ended"),

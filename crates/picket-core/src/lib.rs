@@ -48,7 +48,7 @@ pub mod seal;
 mod sequencer;
 mod types;
 
-pub use command::{APPLY_RULES, Command, Input};
+pub use command::{APPLY_RULES, CLUSTER_ID_HEX_DIGITS, Command, Input, is_cluster_id};
 pub use error::{CommandError, NameError};
 pub use error_code::ErrorCode;
 pub use limits::{

@@ -82,6 +82,8 @@ pub enum Response {
     Refreshed,
     /// The state enforces new limits from now on.
     LimitsSet,
+    /// The cluster is named (or was named so already).
+    ClusterNamed,
 }
 
 /// How a session's wait in a lock's queue ended.

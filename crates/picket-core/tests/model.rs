@@ -66,7 +66,18 @@ enum Op {
     Refresh {
         clock_ms: u64,
     },
+    /// One of [`CLUSTER_IDS`]: two well-formed, one not.
+    NameCluster {
+        id: usize,
+    },
 }
+
+/// The ids a step may name the cluster with: two well-formed, and one with an uppercase digit.
+const CLUSTER_IDS: [&str; 3] = [
+    "00112233445566778899aabbccddeeff",
+    "ffeeddccbbaa99887766554433221100",
+    "00112233445566778899AABBCCDDEEFF",
+];
 
 #[derive(Clone, Debug)]
 struct Step {
@@ -108,6 +119,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(renew, renew_for)| Op::Tick { renew, renew_for }),
         1 => (0u64..10_000).prop_map(|clock_ms| Op::Refresh { clock_ms }),
+        1 => (0..CLUSTER_IDS.len()).prop_map(|id| Op::NameCluster { id }),
     ]
 }
 
@@ -169,6 +181,8 @@ struct Model {
     now_ms: u64,
     sessions: Vec<ModelSession>,
     locks: BTreeMap<String, ModelLock>,
+    /// Set by the first well-formed naming, never changed after.
+    cluster_id: Option<String>,
 }
 
 /// What the model expects: an accepted command's response, or a refusal's error code.
@@ -176,7 +190,14 @@ type Expected = Result<Response, &'static str>;
 
 impl Model {
     fn new(limits: Limits) -> Self {
-        Self { limits, revision: 0, now_ms: 0, sessions: Vec::new(), locks: BTreeMap::new() }
+        Self {
+            limits,
+            revision: 0,
+            now_ms: 0,
+            sessions: Vec::new(),
+            locks: BTreeMap::new(),
+            cluster_id: None,
+        }
     }
 
     fn session(&self, id: SessionId) -> Option<&ModelSession> {
@@ -357,6 +378,17 @@ impl Model {
                     }
                 }
                 Ok(Response::Refreshed)
+            }
+            Command::NameCluster { cluster_id } => {
+                let well_formed = cluster_id.len() == 32
+                    && cluster_id.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c));
+                let named_otherwise = self.cluster_id.as_ref().is_some_and(|id| id != cluster_id);
+                if !well_formed || named_otherwise {
+                    return Err("cluster_name_refused");
+                }
+                self.accept(now_ms);
+                self.cluster_id = Some(cluster_id.clone());
+                Ok(Response::ClusterNamed)
             }
             other => panic!("the model does not know {other}"),
         }
@@ -636,6 +668,7 @@ fn to_input(step: &Step, model: &Model, opened: &[SessionId]) -> Input {
         Op::Refresh { clock_ms } => {
             return Input::new(*clock_ms, Command::Refresh);
         }
+        Op::NameCluster { id } => Command::NameCluster { cluster_id: CLUSTER_IDS[*id].to_owned() },
     };
     Input::new(now_ms, command)
 }
@@ -704,6 +737,8 @@ fn check_step(
     }
     prop_assert_eq!(machine.revision(), model.revision);
     prop_assert_eq!(machine.now_ms(), model.now_ms);
+    // Once named, a cluster keeps its id.
+    prop_assert_eq!(machine.cluster_id(), model.cluster_id.as_deref());
     prop_assert_eq!(machine.locks("", None, usize::MAX), model.lock_infos());
     let sessions: Vec<SessionInfo> = machine.sessions(None, usize::MAX);
     let deadlines: Vec<(SessionId, u64)> =

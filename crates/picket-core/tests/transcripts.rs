@@ -1265,6 +1265,45 @@ fn set_limits_changes_what_is_refused_from_its_entry_on_and_never_ends_what_exis
     assert!(error_of(&older).to_string().contains("setting limits needs 4"), "{older:?}");
 }
 
+/// A cluster is named once (apply rules 7): the first well-formed id stays for good, the same
+/// id again is a no-op and another is refused; an entry under older rules is refused. The id
+/// travels in snapshots, and a restored state starts without one, so the restored cluster is
+/// named anew and parts from the one its backup came from.
+#[test]
+fn a_cluster_is_named_once_and_a_restored_state_is_named_anew() {
+    let mut story = Story::new();
+    let first = "0123456789abcdef0123456789abcdef".to_owned();
+    let name = |story: &mut Story, cluster_id: &str| {
+        story.run(1, Command::NameCluster { cluster_id: cluster_id.to_owned() })
+    };
+    story.rules = 6;
+    let older = name(&mut story, &first);
+    assert_eq!(error_of(&older), CommandError::OlderApplyRules { rules: 6, needs: 7 });
+    story.rules = APPLY_RULES;
+    for malformed in
+        ["0123456789ABCDEF0123456789ABCDEF", "0123", "", "0123456789abcdef0123456789abcdeg"]
+    {
+        assert_eq!(error_of(&name(&mut story, malformed)).code(), ErrorCode::ClusterNameRefused);
+    }
+    assert_eq!(story.machine.cluster_id(), None, "a refused naming changes nothing");
+    assert_eq!(name(&mut story, &first).result, Ok(Response::ClusterNamed));
+    assert_eq!(name(&mut story, &first).result, Ok(Response::ClusterNamed), "the same id again");
+    let other = name(&mut story, "fedcba9876543210fedcba9876543210");
+    assert_eq!(error_of(&other).code(), ErrorCode::ClusterNameRefused);
+    assert!(error_of(&other).to_string().contains(&format!("it is named {first} already")));
+    assert_eq!(story.machine.cluster_id(), Some(first.as_str()));
+
+    let snapshot = story.machine.snapshot();
+    let restored = StateMachine::restore(&snapshot).expect("restores");
+    assert_eq!(restored.cluster_id(), Some(first.as_str()), "the id travels in snapshots");
+    let next_epoch = restored.into_next_epoch().expect("an epoch is left");
+    assert_eq!(next_epoch.cluster_id(), None, "a restored state is a new cluster");
+
+    let text = String::from_utf8(snapshot).expect("a snapshot is JSON");
+    let damaged = text.replace(&first, "not-an-id");
+    assert!(StateMachine::restore(damaged.as_bytes()).is_err(), "a malformed id is refused");
+}
+
 /// Issue 21: a tick may renew a session for a lease of its own (its TTL on its client's clock,
 /// converted to the leader's), held to between a quarter of the TTL and four times it; an entry
 /// written under apply rules older than 5 is refused, and changes nothing (review: only the

@@ -15,14 +15,16 @@
 //!
 //! A leader also writes its configured limits into the state (`SetLimits`) when they differ
 //! from the state's, once every member knows the apply rules that carry them; refused (the
-//! state holds more than they allow), it says why and asks again every [`LIMITS_RETRY`].
+//! state holds more than they allow), it says why and asks again every [`LIMITS_RETRY`]. And
+//! it names a cluster whose state has no id yet (`NameCluster`, apply rules 7) with 128 random
+//! bits, which every node then sends with its Raft messages (see `network.rs`).
 
 use crate::node::Node;
 use crate::raft_types::{TypeConfig, Vote};
 use crate::renewals::Batch;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use picket_core::{Command, SessionId};
+use picket_core::{Command, CommandError, SessionId};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -97,8 +99,10 @@ async fn tick_while_leader(
     shutdown: &mut watch::Receiver<bool>,
 ) -> bool {
     let mut limits_tried_at = None;
+    let mut naming_tried_at = None;
     loop {
         set_limits_if_needed(node, &mut limits_tried_at).await;
+        name_cluster_if_needed(node, &mut naming_tried_at).await;
         let next_deadline_ms = next_due_ms(node);
         let now_ms = node.clock().now_ms();
         let sleep = next_deadline_ms
@@ -110,9 +114,13 @@ async fn tick_while_leader(
             changed = metrics.changed() => if changed.is_err() { return false },
             _ = shutdown.changed() => return false,
         }
+        // The same leadership: the vote's leader and term. The metrics' vote is the last one
+        // flushed, so its `committed` flag may turn on after the leader's first entries (once
+        // its blank entry is flushed); that is no new leadership, and was answered with a
+        // second `Refresh`.
         let still_leader = {
             let current = metrics.borrow_watched();
-            current.state == ServerState::Leader && current.vote == term
+            current.state == ServerState::Leader && current.vote.leader_id() == term.leader_id()
         };
         if !still_leader {
             return true;
@@ -188,6 +196,53 @@ async fn set_limits_if_needed(node: &Node, tried_at: &mut Option<tokio::time::In
             tracing::debug!(%error, "setting the limits failed; trying again later");
         }
     }
+}
+
+/// Names the cluster with a random id when its state has none and every member can read the
+/// entry. Two leaders in turn may both find it unnamed; the first naming applied stands, and
+/// the state refuses the second (logged at `debug`). A failed write is tried again after
+/// [`LIMITS_RETRY`].
+async fn name_cluster_if_needed(node: &Node, tried_at: &mut Option<tokio::time::Instant>) {
+    if tried_at.is_some_and(|at| at.elapsed() < LIMITS_RETRY) {
+        return;
+    }
+    if node.read_local(|state| state.machine.cluster_id().is_some()) {
+        return;
+    }
+    // The rules that carry the naming, from the command itself (an empty id allocates nothing).
+    let naming_rules = Command::NameCluster { cluster_id: String::new() }.oldest_rules();
+    if node.writing_rules() < naming_rules {
+        // A member runs an older build, or has not said which rules it knows yet.
+        return;
+    }
+    *tried_at = Some(tokio::time::Instant::now());
+    let Some(cluster_id) = new_cluster_id() else {
+        tracing::warn!("the system's random source failed; the cluster stays unnamed for now");
+        return;
+    };
+    let result = match node.propose(Command::NameCluster { cluster_id }).await {
+        Ok(applied) => applied.result.map_err(crate::error::ServiceError::from),
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(_) => {
+            *tried_at = None;
+            let cluster_id = node.cluster_id().map(|id| id.to_string()).unwrap_or_default();
+            tracing::info!(node = node.id(), %cluster_id, "the cluster is named");
+        }
+        // Another leader's naming reached the log first: the state holds it now.
+        Err(crate::error::ServiceError::Command(CommandError::ClusterNameRefused { .. }))
+            if node.cluster_id().is_some() => {}
+        Err(error) => tracing::debug!(%error, "naming the cluster failed; trying again later"),
+    }
+}
+
+/// A new cluster id: 128 bits from the system's random source, as lowercase hexadecimal.
+fn new_cluster_id() -> Option<String> {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0_u8; picket_core::CLUSTER_ID_HEX_DIGITS / 2];
+    ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
+    Some(crate::auth::hex(&bytes))
 }
 
 /// When the next tick is due: at the state's next deadline, or when pending keepalives should

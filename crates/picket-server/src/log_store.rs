@@ -352,6 +352,12 @@ impl LogStore {
         (last > committed && last.index() <= committed.index()).then_some((committed, last))
     }
 
+    /// The last entry this log holds as committed, as openraft last saved it.
+    #[must_use]
+    pub fn committed(&self) -> Option<LogId> {
+        self.view().committed
+    }
+
     /// Sets how appends are synced from this node's role: whether it `leading`, and of how many
     /// `members` its cluster is made (itself included). Two rules follow from it:
     ///

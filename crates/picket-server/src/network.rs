@@ -19,7 +19,7 @@ use crate::framing;
 use crate::log_store::LogStore;
 use crate::node::Node;
 use crate::raft_types::{LogId, Member, NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
-use crate::state_machine::OnlyQueueWaiters;
+use crate::state_machine::{ClusterIdCell, OnlyQueueWaiters};
 use crate::tls::Caller;
 use contacts::Contacts;
 use openraft::base::{BoxFuture, BoxStream};
@@ -47,6 +47,10 @@ use tonic::{Request, Response, Status};
 const TARGET_NODE_KEY: &str = "picket-target-node";
 /// The metadata key of the restore the sender holds ([`crate::backup::restore_identity`]).
 const RESTORE_KEY: &str = "picket-restore";
+/// The metadata key of the sender's cluster id ([`picket_core::Command::NameCluster`]).
+pub(crate) const CLUSTER_KEY: &str = "picket-cluster";
+/// The metadata key of a refusal for another cluster's message: the refusing node's cluster id.
+const OTHER_CLUSTER_KEY: &str = "picket-other-cluster";
 /// Largest Raft message, in bytes: bounds what a peer can make this node allocate.
 pub const MAX_RAFT_MESSAGE_BYTES: usize = picket_proto::MAX_RAFT_MESSAGE_BYTES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -58,13 +62,28 @@ pub struct Network {
     contacts: Contacts,
     only_queue_waiters: Option<OnlyQueueWaiters>,
     restore: Option<Arc<str>>,
+    cluster_id: ClusterIdCell,
 }
 
 impl Network {
     /// Peers reached over TLS with `tls`, or in plaintext.
     #[must_use]
     pub fn new(tls: Option<ClientTls>) -> Self {
-        Self { tls, contacts: Contacts::default(), only_queue_waiters: None, restore: None }
+        Self {
+            tls,
+            contacts: Contacts::default(),
+            only_queue_waiters: None,
+            restore: None,
+            cluster_id: ClusterIdCell::default(),
+        }
+    }
+
+    /// Every Raft message carries the cluster id the applied state holds (once a leader has
+    /// named the cluster), so that a node of another cluster refuses it.
+    #[must_use]
+    pub fn with_cluster_id(mut self, cluster_id: ClusterIdCell) -> Self {
+        self.cluster_id = cluster_id;
+        self
     }
 
     /// Every Raft message says this node was restored as `identity` (see
@@ -97,6 +116,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             contacts: Some(self.contacts.clone()),
             only_queue_waiters: self.only_queue_waiters.clone(),
             restore: self.restore.clone(),
+            cluster_id: self.cluster_id.clone(),
         }
     }
 }
@@ -114,6 +134,8 @@ pub struct PeerClient {
     only_queue_waiters: Option<OnlyQueueWaiters>,
     /// The restore this node holds, told with every message (`None`: never restored).
     restore: Option<Arc<str>>,
+    /// The cluster id this node's applied state holds, told with every message once named.
+    cluster_id: ClusterIdCell,
 }
 
 fn unreachable(message: impl ToString) -> Unreachable<TypeConfig> {
@@ -173,6 +195,11 @@ impl PeerClient {
             && let Ok(value) = identity.parse()
         {
             request.metadata_mut().insert(RESTORE_KEY, value);
+        }
+        if let Some(cluster_id) = self.cluster_id.get()
+            && let Ok(value) = cluster_id.parse()
+        {
+            request.metadata_mut().insert(CLUSTER_KEY, value);
         }
         request
     }
@@ -242,8 +269,14 @@ pub(crate) struct ClockProbe {
 }
 
 impl ClockProbe {
-    /// A probe of node `target` at `addr`; connects on first use.
-    pub(crate) fn new(target: NodeId, addr: String, tls: Option<ClientTls>) -> Self {
+    /// A probe of node `target` at `addr`, telling the cluster id `cluster_id` holds; connects
+    /// on first use.
+    pub(crate) fn new(
+        target: NodeId,
+        addr: String,
+        tls: Option<ClientTls>,
+        cluster_id: ClusterIdCell,
+    ) -> Self {
         Self {
             peer: PeerClient {
                 target,
@@ -253,6 +286,7 @@ impl ClockProbe {
                 contacts: None,
                 only_queue_waiters: None,
                 restore: None,
+                cluster_id,
             },
         }
     }
@@ -264,7 +298,22 @@ impl ClockProbe {
 
     /// The peer's clock source reading, in milliseconds, and the newest apply rules it knows.
     pub(crate) async fn read(&mut self, timeout: Duration) -> Result<(f64, u32), String> {
-        let mut client = self.peer.client().await.map_err(|error| error.to_string())?;
+        self.read_or_refusal(timeout).await.map_err(|status| {
+            format!("node {} at {}: {}", self.peer.target, self.peer.addr, status.message())
+        })
+    }
+
+    /// The cluster id the peer holds, when it refuses this node's messages as another
+    /// cluster's; `None` when it answers, or fails in any other way (it may not be up yet).
+    pub(crate) async fn other_cluster(&mut self, timeout: Duration) -> Option<String> {
+        let refusal = self.read_or_refusal(timeout).await.err()?;
+        let theirs = refusal.metadata().get(OTHER_CLUSTER_KEY)?.to_str().ok()?;
+        Some(theirs.to_owned())
+    }
+
+    async fn read_or_refusal(&mut self, timeout: Duration) -> Result<(f64, u32), Status> {
+        let mut client =
+            self.peer.client().await.map_err(|error| Status::unavailable(error.to_string()))?;
         let request = self.peer.request(Empty {}, timeout);
         let answer = tokio::time::timeout(timeout, client.read_clock(request))
             .await
@@ -276,12 +325,7 @@ impl ClockProbe {
             }
             Err(status) => {
                 self.peer.connection = None;
-                Err(format!(
-                    "node {} at {}: {}",
-                    self.peer.target,
-                    self.peer.addr,
-                    status.message()
-                ))
+                Err(status)
             }
         }
     }
@@ -551,6 +595,75 @@ impl RaftService {
         Err(Status::failed_precondition(reason))
     }
 
+    /// Refuses a Raft message from a node of another cluster: one whose applied state holds
+    /// another cluster id than this node's ([`picket_core::Command::NameCluster`]). Checked
+    /// before openraft sees the message, so that neither its term nor its entries reach this
+    /// node: a node started on another cluster's data directory, at an address of this
+    /// cluster, would otherwise take part in its elections, and could win one with its longer
+    /// log. A message without an id (a peer of an older build, or one whose cluster is not named
+    /// yet, or a node that joins and has no state yet) is let through, as before ids existed.
+    fn check_cluster<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let sent = request.metadata().get(CLUSTER_KEY).and_then(|value| value.to_str().ok());
+        let (Some(own), Some(sent)) = (self.node.cluster_id(), sent) else {
+            return Ok(());
+        };
+        if *own == *sent {
+            return Ok(());
+        }
+        let reason = format!(
+            "this node belongs to cluster {own} and the sender to cluster {sent}: either a node \
+             of another cluster (its data directory holds that cluster's state) is reachable at \
+             an address this cluster's membership names, or that cluster tried to add this \
+             node. Check the members' addresses; a node meant to join a cluster must start on an \
+             empty data directory with --join"
+        );
+        if self.node.other_cluster_refused() {
+            tracing::error!("refusing Raft messages: {reason}");
+        }
+        let mut status = Status::failed_precondition(reason);
+        if let Ok(value) = own.parse() {
+            status.metadata_mut().insert(OTHER_CLUSTER_KEY, value);
+        }
+        Err(status)
+    }
+
+    /// Refuses a snapshot whose state holds another cluster id than this node's, or none,
+    /// when it would replace what this node holds (its saved commit, or what it applied): from a sender that told no id (an older
+    /// build, or a cluster not named yet) it would otherwise unname this node, or make it
+    /// another cluster's. Within one cluster that never happens: a snapshot that ends past a
+    /// named node's commit was taken after the naming, which that node committed. A snapshot
+    /// that ends at or before the commit is left to openraft, which skips it.
+    fn check_snapshot_cluster(
+        &self,
+        sent: Option<&str>,
+        last: Option<&LogId>,
+    ) -> Result<(), Status> {
+        let Some(own) = self.node.cluster_id() else {
+            return Ok(());
+        };
+        // What this node holds for good: its log's saved commit, or what it applied (a node
+        // that got its state from a snapshot has applied the naming but may have saved no
+        // commit since).
+        let applied = self.node.read_local(|state| state.last_applied);
+        let held = self.log.committed().max(applied);
+        if !snapshot_of_another_cluster(&own, sent, last, held) {
+            return Ok(());
+        }
+        let reason = format!(
+            "this node belongs to cluster {own}, and the snapshot sent holds the state of {}: \
+             a node of another cluster, or of an older build, leads at an address this \
+             cluster's membership names. Check the members' addresses and builds",
+            sent.map_or_else(
+                || "a cluster with no id".to_owned(),
+                |sent| format!("cluster {sent}")
+            )
+        );
+        if self.node.other_cluster_refused() {
+            tracing::error!("refusing a snapshot: {reason}");
+        }
+        Err(Status::failed_precondition(reason))
+    }
+
     /// Refuses a request meant for another node.
     fn check_target<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
@@ -563,6 +676,19 @@ impl RaftService {
             None => Err(Status::invalid_argument("raft request without a target node id")),
         }
     }
+}
+
+/// Whether a snapshot whose state holds cluster id `sent`, ending at `last`, sent to a node of
+/// cluster `own` that committed up to `committed`, would replace that node's state with another
+/// cluster's (or an unnamed one): see [`RaftService::check_snapshot_cluster`].
+fn snapshot_of_another_cluster(
+    own: &str,
+    sent: Option<&str>,
+    last: Option<&LogId>,
+    committed: Option<LogId>,
+) -> bool {
+    let past_commit = last.is_some_and(|last| Some(*last) > committed);
+    sent != Some(own) && past_commit
 }
 
 fn reply<T: Serialize, E: std::fmt::Display>(
@@ -582,6 +708,7 @@ impl raft_server::Raft for RaftService {
     ) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
         self.check_restore(&request)?;
+        self.check_cluster(&request)?;
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
         self.check_committed_agree(&rpc)?;
@@ -591,6 +718,7 @@ impl raft_server::Raft for RaftService {
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
         self.check_restore(&request)?;
+        self.check_cluster(&request)?;
         let rpc: VoteRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
         reply(self.raft.vote(rpc).await)
@@ -602,6 +730,7 @@ impl raft_server::Raft for RaftService {
     ) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
         self.check_restore(&request)?;
+        self.check_cluster(&request)?;
         let rpc: VoteRequest<TypeConfig> =
             decode(&request.into_inner().data).map_err(Status::invalid_argument)?;
         reply(self.raft.pre_vote(rpc).await)
@@ -613,14 +742,19 @@ impl raft_server::Raft for RaftService {
     ) -> Result<Response<RaftPayload>, Status> {
         self.check_target(&request)?;
         self.check_restore(&request)?;
+        self.check_cluster(&request)?;
         let (vote, snapshot) =
             decode_snapshot(&request.into_inner().data).map_err(Status::invalid_argument)?;
-        self.check_snapshot_agrees(&vote, snapshot.meta.last_log_id.as_ref())?;
         // A snapshot whose state does not decode is refused here: handed to openraft, the
         // failure to install it would be a storage error, which stops this node's Raft.
-        crate::state_machine::restore_machine(&snapshot.snapshot).map_err(|error| {
-            Status::invalid_argument(format!("the snapshot's state is unusable: {error}"))
-        })?;
+        let machine =
+            crate::state_machine::restore_machine(&snapshot.snapshot).map_err(|error| {
+                Status::invalid_argument(format!("the snapshot's state is unusable: {error}"))
+            })?;
+        // Another cluster's snapshot is refused before the check that would halt this node on
+        // it as a lost commit: the fault is the sender's, not this node's.
+        self.check_snapshot_cluster(machine.cluster_id(), snapshot.meta.last_log_id.as_ref())?;
+        self.check_snapshot_agrees(&vote, snapshot.meta.last_log_id.as_ref())?;
         reply(self.raft.install_full_snapshot(vote, snapshot).await)
     }
 
@@ -628,6 +762,7 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<AbandonRequest>,
     ) -> Result<Response<AbandonResponse>, Status> {
+        self.check_cluster(&request)?;
         let request = request.into_inner();
         let session = picket_core::SessionId(request.session_id);
         let (name, attempt) = (request.name.as_str(), request.attempt);
@@ -642,6 +777,8 @@ impl raft_server::Raft for RaftService {
 
     async fn read_clock(&self, request: Request<Empty>) -> Result<Response<ClockReading>, Status> {
         self.check_target(&request)?;
+        // A node of another cluster must neither report its rules nor set the rate here.
+        self.check_cluster(&request)?;
         Ok(Response::new(ClockReading {
             source_ms: self.clock.source_ms(),
             apply_rules: crate::apply_rules::known_apply_rules(),
@@ -652,6 +789,26 @@ impl raft_server::Raft for RaftService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A named node refuses a snapshot of another cluster, or of none, that ends past its
+    /// commit; one of its own cluster, or one openraft will skip (at or before the commit), is
+    /// let through.
+    #[test]
+    fn a_named_node_refuses_a_snapshot_that_would_unname_it() {
+        let at = |index| {
+            LogId::new(openraft::vote::leader_id_adv::LeaderId { term: 2, node_id: 1 }, index)
+        };
+        let own = "0123456789abcdef0123456789abcdef";
+        let other = Some("fedcba9876543210fedcba9876543210");
+        let committed = Some(at(10));
+        assert!(snapshot_of_another_cluster(own, other, Some(&at(11)), committed));
+        assert!(snapshot_of_another_cluster(own, None, Some(&at(11)), committed));
+        assert!(snapshot_of_another_cluster(own, None, Some(&at(1)), None), "nothing committed");
+        assert!(!snapshot_of_another_cluster(own, Some(own), Some(&at(11)), committed));
+        assert!(!snapshot_of_another_cluster(own, None, Some(&at(10)), committed));
+        assert!(!snapshot_of_another_cluster(own, other, Some(&at(9)), committed));
+        assert!(!snapshot_of_another_cluster(own, other, None, committed), "an empty snapshot");
+    }
 
     #[test]
     fn snapshot_messages_round_trip_and_refuse_truncation() {

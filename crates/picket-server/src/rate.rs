@@ -344,10 +344,20 @@ pub async fn run(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<boo
             }
             let addr = member.peer_addr();
             let probe = probes.entry(*peer).or_insert_with(|| {
-                ClockProbe::new(*peer, addr.to_owned(), node.to_peers().cloned())
+                ClockProbe::new(
+                    *peer,
+                    addr.to_owned(),
+                    node.to_peers().cloned(),
+                    node.cluster_id_cell(),
+                )
             });
             if probe.addr() != addr {
-                *probe = ClockProbe::new(*peer, addr.to_owned(), node.to_peers().cloned());
+                *probe = ClockProbe::new(
+                    *peer,
+                    addr.to_owned(),
+                    node.to_peers().cloned(),
+                    node.cluster_id_cell(),
+                );
             }
         }
         probes.retain(|peer, _| members.contains(peer));

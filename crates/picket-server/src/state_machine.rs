@@ -53,11 +53,35 @@ pub struct StateStore {
 #[derive(Debug)]
 struct Inner {
     state: RwLock<AppliedState>,
+    cluster_id: ClusterIdCell,
     dir: PathBuf,
     current: Mutex<Option<StoredSnapshot>>,
     cadence: Arc<SnapshotCadence>,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
+}
+
+/// The cluster's id as the applied state holds it ([`picket_core::Command::NameCluster`]),
+/// shared with the Raft network: every Raft message carries it and is checked against it, so it
+/// is kept apart from the state's lock, which the apply holds.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterIdCell(Arc<std::sync::RwLock<Option<Arc<str>>>>);
+
+impl ClusterIdCell {
+    /// The id, once the cluster is named.
+    #[must_use]
+    pub fn get(&self) -> Option<Arc<str>> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Takes the id `machine` holds: on opening, after a naming, and after a snapshot's install
+    /// (a node that joined gets its cluster's id so).
+    fn follow(&self, machine: &StateMachine) {
+        let mut held = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.as_deref() != machine.cluster_id() {
+            *held = machine.cluster_id().map(Arc::from);
+        }
+    }
 }
 
 /// Says of entries whether they only queue waiters on locks, so that nobody is answered when
@@ -133,9 +157,12 @@ impl StateStore {
         if let Some(snapshot) = &stored {
             cadence.snapshotted(next_index(snapshot.meta.last_log_id.as_ref()));
         }
+        let cluster_id = ClusterIdCell::default();
+        cluster_id.follow(&state.machine);
         Ok(Self {
             inner: Arc::new(Inner {
                 state: RwLock::new(state),
+                cluster_id,
                 dir: dir.to_owned(),
                 current: Mutex::new(stored),
                 cadence,
@@ -143,6 +170,12 @@ impl StateStore {
                 metrics,
             }),
         })
+    }
+
+    /// The cluster's id as the applied state holds it, kept up to date by the apply.
+    #[must_use]
+    pub fn cluster_id(&self) -> ClusterIdCell {
+        self.inner.cluster_id.clone()
     }
 
     /// Reads the applied state. Hold the guard briefly: applying waits for it.
@@ -228,6 +261,9 @@ impl StateStore {
             EntryPayload::Normal(input) => {
                 let applied = state.machine.apply(&input);
                 self.inner.metrics.applied(&applied, &state.machine);
+                if matches!(input.command, Command::NameCluster { .. }) {
+                    self.inner.cluster_id.follow(&state.machine);
+                }
                 Some(applied)
             }
         };
@@ -397,6 +433,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();
         self.inner.hub.resync(&state.machine);
+        self.inner.cluster_id.follow(&state.machine);
         drop(state);
         self.inner.cadence.snapshotted(next_index(meta.last_log_id.as_ref()));
         Ok(())

@@ -149,6 +149,12 @@ fn a_restored_three_node_cluster_grants_tokens_above_every_token_of_the_old_one(
     let backup = dir.path().join("picket.backup");
     let old = Cluster::start(Path::new(PICKET), 3, &[]);
     let _ = old.leader(Duration::from_secs(20));
+    let named = |cluster: &Cluster, index: usize| {
+        cluster.view(index)["cluster_id"].as_str().map(str::to_owned)
+    };
+    // Named before the backup, so the backup holds the id the restore must drop.
+    let old_id =
+        wait_until("the old cluster to be named", Duration::from_secs(20), || named(&old, 0));
     let (holder, held, highest) = history_around_a_backup(&old.addrs(), &backup);
     drop(old);
 
@@ -177,6 +183,17 @@ fn a_restored_three_node_cluster_grants_tokens_above_every_token_of_the_old_one(
             "node {} applied the restored state and what followed: {view}",
             index + 1
         );
+    }
+    // The restored nodes are a new cluster, named anew: they and the old cluster's nodes
+    // refuse each other's Raft messages.
+    let new_id = wait_until("the restored cluster to be named", Duration::from_secs(20), || {
+        named(&restored, 0)
+    });
+    assert_ne!(new_id, old_id, "a restored cluster gets an id of its own");
+    for index in 1..3 {
+        wait_until("every restored node to hold the name", Duration::from_secs(20), || {
+            (named(&restored, index).as_deref() == Some(new_id.as_str())).then_some(())
+        });
     }
 }
 

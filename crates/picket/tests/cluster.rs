@@ -604,3 +604,178 @@ fn take_turns(addrs: &[String], turns: usize) -> Vec<u64> {
     }
     tokens
 }
+
+/// Every node's view of the cluster id, once all of `addrs` show the same one.
+fn agreed_cluster_id(addrs: &[String]) -> Option<String> {
+    let ids: Vec<Option<String>> = addrs
+        .iter()
+        .map(|addr| {
+            let view = try_request(addr, "GET", "/v1/cluster", None).ok()?.body;
+            view["cluster_id"].as_str().map(str::to_owned)
+        })
+        .collect();
+    let first = ids.first()?.clone()?;
+    ids.iter().all(|id| id.as_deref() == Some(first.as_str())).then_some(first)
+}
+
+/// No issue (noted since 2026-12-07): a node started on another cluster's data directory at an
+/// address this cluster names (a host reused, a directory copied) took part in this cluster's
+/// Raft. Without the check below, in this test, cluster A's node 3 won an election in cluster B
+/// with its newer log (2 runs of 2) and went on committing with B's nodes, under A's history:
+/// Raft tells entries apart only by term, leader and index, which two clusters can share, so
+/// no check of committed entries stopped it. Each cluster now has an id in its log, every Raft message carries it, and a node
+/// refuses messages of another cluster before Raft sees them: neither side takes the other's
+/// messages, B goes on with its two nodes and the stray keeps A's state.
+#[test]
+fn a_node_of_another_cluster_at_a_members_address_is_refused_both_ways() {
+    let binary = Path::new(env!("CARGO_BIN_EXE_picket"));
+    let timing: Vec<String> = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+    let mut a = Cluster::start(binary, 3, &timing);
+    let _ = a.leader(Duration::from_secs(20));
+    let addrs = a.addrs();
+    let id_a =
+        wait_until("cluster A to be named", Duration::from_secs(20), || agreed_cluster_id(&addrs));
+    // A few terms and entries, so that A's node 3 holds a log that is newer by term than B's.
+    take_turns(&addrs, 3);
+    for _ in 0..2 {
+        let leader = a.leader(Duration::from_secs(20));
+        a.nodes[leader].kill();
+        wait_until("a new leader in A", Duration::from_secs(20), || a.agreed_leader());
+        a.nodes[leader].restart();
+        take_turns(&addrs, 3);
+    }
+    a.wait_converged(Duration::from_secs(20));
+    let stray_revision = a.view(2)["applied_revision"].as_u64().expect("a revision");
+    for node in &mut a.nodes {
+        node.kill();
+    }
+
+    // Cluster B, on the same addresses, with data directories of its own.
+    let b_dir = temp_dir();
+    let peers = (0..3).map(|index| format!("{}={}", index + 1, addrs[index])).collect::<Vec<_>>();
+    let start_node = |index: usize, data_dir: &Path| {
+        let mut args = vec!["--node-id".to_owned(), (index + 1).to_string(), "--peers".to_owned()];
+        args.push(peers.join(","));
+        args.extend(timing.iter().cloned());
+        let listen = addrs[index].parse().expect("a socket address");
+        ServerProcess::start(binary, data_dir, listen, &args)
+    };
+    let mut b: Vec<ServerProcess> = (0..3)
+        .map(|index| start_node(index, &b_dir.path().join(format!("node{}", index + 1))))
+        .collect();
+    let id_b =
+        wait_until("cluster B to be named", Duration::from_secs(20), || agreed_cluster_id(&addrs));
+    assert_ne!(id_a, id_b, "two clusters, two ids");
+    let before = take_turns(&addrs, 2);
+
+    b[2].kill();
+    let stray = start_node(2, &a.data_dir(2));
+    let others = addrs[..2].to_vec();
+    let refused = |addr: &str| {
+        try_request(addr, "GET", "/v1/cluster", None).ok()?.body["other_cluster_refused_total"]
+            .as_u64()
+    };
+    wait_until("B's leader and the stray to refuse each other", Duration::from_secs(20), || {
+        let by_b = others.iter().filter_map(|addr| refused(addr)).sum::<u64>();
+        let by_stray = refused(&stray.addr)?;
+        (by_b > 0 && by_stray > 0).then_some(())
+    });
+    // Several election timeouts in which the stray would have taken part.
+    let after = take_turns(&others, 5);
+    assert!(after[0] > *before.last().unwrap(), "B goes on: {before:?} then {after:?}");
+    std::thread::sleep(Duration::from_millis(1_500));
+    let stray_view = try_request(&stray.addr, "GET", "/v1/cluster", None)
+        .expect("the stray still runs: it took nothing of B's")
+        .body;
+    assert_eq!(stray_view["cluster_id"].as_str(), Some(id_a.as_str()), "{stray_view}");
+    // At most what A had applied (a restart replays only what the node knew was committed).
+    let stray_applied = stray_view["applied_revision"].as_u64().expect("a revision");
+    assert!(stray_applied <= stray_revision, "{stray_view}");
+    for addr in &others {
+        let view = try_request(addr, "GET", "/v1/cluster", None).expect("B's nodes run").body;
+        assert_eq!(view["cluster_id"].as_str(), Some(id_b.as_str()), "{view}");
+    }
+    let last = take_turns(&others, 1);
+    assert!(last[0] > *after.last().unwrap());
+    drop(stray);
+    for node in &mut b {
+        node.kill();
+    }
+}
+
+/// No issue: adding a node that holds another cluster's state (its data directory reused) waited
+/// the full 60 s for it to catch up, which it never does (it refuses this cluster's messages),
+/// answered `outcome_unknown` and left it a learner. The add now asks the node first, and
+/// refuses at once, naming both clusters; the membership is unchanged.
+#[test]
+fn adding_a_node_of_another_cluster_is_refused_at_once() {
+    let cluster = start_cluster();
+    let _ = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let own = wait_until("the cluster to be named", Duration::from_secs(20), || {
+        agreed_cluster_id(&addrs)
+    });
+    // A one-node cluster of its own, as node 4, named too.
+    let dir = temp_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args =
+        vec!["--node-id".to_owned(), "4".to_owned(), "--peers".to_owned(), format!("4={addr}")];
+    let other = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("node4"),
+        addr.parse().expect("an address"),
+        &args,
+    );
+    let theirs = wait_until("the other cluster to be named", Duration::from_secs(20), || {
+        agreed_cluster_id(std::slice::from_ref(&other.addr))
+    });
+    let started = Instant::now();
+    let body = json!({ "node_id": 4, "addr": other.addr });
+    let answer = send(&addrs, "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(90))
+        .expect("the add is answered");
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    let message = answer.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&theirs) && message.contains(&own), "{}", answer.text);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused at once: {:?}",
+        started.elapsed()
+    );
+    let members = cluster.view(0)["members"].as_array().map(Vec::len);
+    assert_eq!(members, Some(3), "the membership is unchanged");
+}
+
+/// No issue (found with the test above): openraft's wait for a new learner counts it caught up
+/// when the leader's log is within 5,000 entries of what it matched, even if it matched
+/// nothing, so on a young cluster a node never reached (not started yet, a wrong address) was
+/// made a voter at once, and every quorum counted it from then on. The add now waits until the
+/// node has acknowledged the entry that made it a learner (or answers `outcome_unknown` after
+/// 60 s, the node left a learner).
+#[test]
+fn a_node_never_reached_is_not_made_a_voter() {
+    let cluster = start_cluster();
+    let leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let body = json!({ "node_id": 4, "addr": nowhere });
+    let (answered, answer) = std::sync::mpsc::channel();
+    let adding = addrs.clone();
+    std::thread::spawn(move || {
+        let reply =
+            send(&adding, "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(90));
+        let _ = answered.send(reply.map(|reply| reply.text));
+    });
+    let node_4 = || {
+        let view = cluster.view(leader);
+        view["members"].as_array()?.iter().find(|member| member["node_id"] == 4).cloned()
+    };
+    wait_until("node 4 to be a learner", Duration::from_secs(20), node_4);
+    // Many heartbeats and election timeouts later, it is still only a learner.
+    std::thread::sleep(Duration::from_secs(3));
+    let member = node_4().expect("node 4 stays in the membership");
+    assert_eq!(member["voter"], false, "never reached, never a voter: {member}");
+    assert!(answer.try_recv().is_err(), "the add still waits for node 4");
+}

@@ -2,7 +2,8 @@
 //! that knows fewer apply rules, `--test-apply-rules`, test builds only), the leader keeps writing the rules that voter
 //! knows, so it applies every entry instead of stopping; once it runs the new build, the
 //! leader writes the new rules. The same holds for a command only newer rules know: the
-//! leader writes the limits of its flags (`SetLimits`, apply rules 4) only once every voter
+//! leader writes the limits of its flags (`SetLimits`, apply rules 4), and names the cluster
+//! (`NameCluster`, apply rules 7), only once every voter
 //! can read that entry.
 
 use picket_testkit::cluster::{Cluster, send};
@@ -76,6 +77,7 @@ fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is
     assert_eq!(old["newest_applied_rules"], 0, "{old}");
     let default_sessions = picket_core::Limits::default().max_sessions;
     assert_eq!(leader_view["limits"]["max_sessions"], default_sessions, "no SetLimits yet");
+    assert!(leader_view["cluster_id"].is_null(), "no NameCluster yet either: {leader_view}");
     // It converged with the others above: it applied every entry instead of stopping.
     assert!(old["applied_log_index"].as_u64().is_some_and(|index| index > 0), "{old}");
 
@@ -107,6 +109,14 @@ fn a_cluster_writes_only_the_apply_rules_every_voter_knows_until_the_last_one_is
         );
         wait_until("the flags' limits on every node", Duration::from_secs(20), || {
             (cluster.view(index)["limits"]["max_sessions"] == 3).then_some(())
+        });
+    }
+    // Once every member knows rules 7, the leader names the cluster, alike on every node.
+    let named = |index: usize| cluster.view(index)["cluster_id"].as_str().map(str::to_owned);
+    let cluster_id = wait_until("the cluster to be named", Duration::from_secs(20), || named(0));
+    for index in 1..3 {
+        wait_until("every node to hold the name", Duration::from_secs(20), || {
+            (named(index).as_deref() == Some(cluster_id.as_str())).then_some(())
         });
     }
 }

@@ -1,7 +1,7 @@
 //! Snapshots of the state, and the check of its every invariant.
 
 use super::{Deadlines, RestoreError, StateMachine};
-use crate::command::APPLY_RULES;
+use crate::command::{APPLY_RULES, CLUSTER_ID_HEX_DIGITS, is_cluster_id};
 use crate::record::{
     ABANDONED_REQUESTS_KEPT, ENDED_WAITS_KEPT, LockRecord, SessionRecord, TOLD_REQUESTS_KEPT,
 };
@@ -53,6 +53,10 @@ pub enum BrokenInvariant {
     ToldRequests { name: String },
     #[error("a deadline index disagrees with the records")]
     DeadlineIndex,
+    #[error(
+        "the cluster id {cluster_id:?} is not {digits} lowercase hexadecimal digits, or the state says it holds no entry of apply rules 7"
+    )]
+    MalformedClusterId { cluster_id: String, digits: usize },
 }
 
 /// Snapshots and invariants.
@@ -103,6 +107,14 @@ impl StateMachine {
         }
         if Deadlines::of(&self.sessions, &self.locks) != self.deadlines {
             return Err(BrokenInvariant::DeadlineIndex);
+        }
+        // An older build reads a snapshot without rules 7 and would drop the id unseen.
+        let unreadable = |id: &String| !is_cluster_id(id) || self.newest_apply_rules < 7;
+        if let Some(cluster_id) = self.cluster_id.as_ref().filter(|id| unreadable(id)) {
+            return Err(BrokenInvariant::MalformedClusterId {
+                cluster_id: cluster_id.clone(),
+                digits: CLUSTER_ID_HEX_DIGITS,
+            });
         }
         Ok(())
     }

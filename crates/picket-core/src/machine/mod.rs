@@ -25,7 +25,7 @@
 //! per command, a grant's token is greater than the token of every earlier grant of that lock,
 //! whether or not the lock's record was dropped in between.
 
-use crate::command::{APPLY_RULES, Command, Input};
+use crate::command::{APPLY_RULES, CLUSTER_ID_HEX_DIGITS, Command, Input, is_cluster_id};
 use crate::error::CommandError;
 use crate::limits::{InvalidLimits, Limits};
 use crate::outcome::{Applied, Event, Response};
@@ -83,6 +83,10 @@ pub struct StateMachine {
     /// without what it does not understand. Absent (0) in snapshots of older builds.
     #[serde(default, skip_serializing_if = "is_zero")]
     newest_apply_rules: u32,
+    /// The cluster's id ([`Command::NameCluster`], apply rules 7): set once, never changed.
+    /// Absent in snapshots of older builds, of clusters not named yet, and of restored states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster_id: Option<String>,
     /// Derived from the records, rebuilt on restore rather than stored.
     #[serde(skip)]
     deadlines: Deadlines,
@@ -170,6 +174,7 @@ impl StateMachine {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
             newest_apply_rules: 0,
+            cluster_id: None,
             deadlines: Deadlines::default(),
         }
     }
@@ -192,8 +197,8 @@ impl StateMachine {
     /// This state as the start of the next restore epoch: its revision becomes that epoch's
     /// first, so every token granted from now on is greater than any revision the state it was
     /// copied from could reach within its own epoch, however long that one went on after the
-    /// copy. Everything else (sessions, grants and their tokens, queues) is kept. `None` in the
-    /// last epoch.
+    /// copy. Sessions, grants and their tokens, and queues are kept; the cluster id is not
+    /// (see [`StateMachine::into_epoch`]). `None` in the last epoch.
     #[must_use]
     pub fn into_next_epoch(self) -> Option<Self> {
         let next = self.restore_epoch() + 1;
@@ -204,6 +209,10 @@ impl StateMachine {
     /// restore that must also start above tokens the state never saw (a backup restored a
     /// second time, whose first restore went on granting). `None` when `epoch` is not above
     /// this state's, or past the last epoch.
+    ///
+    /// The state loses its cluster id: the restored nodes are a new cluster, whose first leader
+    /// names it anew, so that they and the nodes of the cluster the backup came from refuse
+    /// each other's Raft messages.
     #[must_use]
     pub fn into_epoch(mut self, epoch: u64) -> Option<Self> {
         let next = epoch;
@@ -214,11 +223,12 @@ impl StateMachine {
             return None;
         }
         self.revision = next << RESTORE_EPOCH_SHIFT;
+        self.cluster_id = None;
         Some(self)
     }
 
     /// This state without any session, grant, wait or lock-delay: its limits, clock and
-    /// revision only. A restore that must not bring back holders nobody remembers starts from
+    /// revision only (not its cluster id: the restore it is for is a new cluster). A restore that must not bring back holders nobody remembers starts from
     /// it (`picket serve --restore`, the default): every lock is free, and the next token is
     /// still above every earlier one.
     #[must_use]
@@ -230,8 +240,16 @@ impl StateMachine {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
             newest_apply_rules: 0,
+            // A cluster id needs apply rules 7, which this state no longer says it holds.
+            cluster_id: None,
             deadlines: Deadlines::default(),
         }
+    }
+
+    /// The cluster's id, once a leader has named it ([`Command::NameCluster`]).
+    #[must_use]
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.as_deref()
     }
 
     /// The state machine's clock: the `now_ms` of the last accepted command.
@@ -453,6 +471,32 @@ impl StateMachine {
                 }
                 self.plan_set_limits(limits).map(|()| Plan::Simple)
             }
+            Command::NameCluster { cluster_id } => {
+                if rules < command.oldest_rules() {
+                    return Err(CommandError::OlderApplyRules {
+                        rules,
+                        needs: command.oldest_rules(),
+                    });
+                }
+                self.plan_name_cluster(cluster_id).map(|()| Plan::Simple)
+            }
+        }
+    }
+
+    /// Decides whether the cluster can be named `cluster_id`: a well-formed id, on a state
+    /// not named yet or named so already.
+    fn plan_name_cluster(&self, cluster_id: &str) -> Result<(), CommandError> {
+        let refused = |reason: String| {
+            Err(CommandError::ClusterNameRefused { proposed: cluster_id.to_owned(), reason })
+        };
+        if !is_cluster_id(cluster_id) {
+            return refused(format!(
+                "a cluster id is {CLUSTER_ID_HEX_DIGITS} lowercase hexadecimal digits"
+            ));
+        }
+        match &self.cluster_id {
+            Some(named) if named != cluster_id => refused(format!("it is named {named} already")),
+            _ => Ok(()),
         }
     }
 
@@ -533,6 +577,10 @@ impl StateMachine {
             (Command::SetLimits { limits }, _) => {
                 self.limits = limits.clone();
                 Response::LimitsSet
+            }
+            (Command::NameCluster { cluster_id }, _) => {
+                self.cluster_id = Some(cluster_id.clone());
+                Response::ClusterNamed
             }
             (command, plan) => unreachable!("{command} was planned as {plan:?}"),
         })

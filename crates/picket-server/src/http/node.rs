@@ -127,6 +127,8 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "limits_refused": view.limits_refused,
         "restore": view.restore,
         "other_restore_refused_total": view.other_restore_refused_total,
+        "cluster_id": view.cluster_id,
+        "other_cluster_refused_total": view.other_cluster_refused_total,
     })
 }
 

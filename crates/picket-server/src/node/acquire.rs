@@ -226,8 +226,9 @@ impl Node {
                 // its client address only when it has no peer port.
                 match self.peer_addr_of(leader) {
                     Some(addr) => {
-                        let to_peers = self.to_peers();
-                        forward_abandon(&addr, to_peers, session, name, (request, attempt)).await
+                        let (to_peers, cluster_id) = (self.to_peers(), self.cluster_id());
+                        let to = (addr.as_str(), to_peers, cluster_id.as_deref());
+                        forward_abandon(to, session, name, (request, attempt)).await
                     }
                     None => Err(ServiceError::Unavailable(format!(
                         "the leader, node {leader}, is not in this node's membership yet"
@@ -280,10 +281,11 @@ fn fresh_request_id() -> RequestId {
     RequestId(hasher.finish())
 }
 
-/// Sends an abandon to the node at `addr` (the leader, as this node believes).
+/// Sends an abandon to the node at `addr` (the leader, as this node believes), over `tls` when
+/// the cluster runs it, telling the cluster id this node holds, if any (a node of another
+/// cluster refuses it: session ids of two clusters can coincide).
 async fn forward_abandon(
-    addr: &str,
-    tls: Option<&ClientTls>,
+    (addr, tls, cluster_id): (&str, Option<&ClientTls>, Option<&str>),
     session: SessionId,
     name: &str,
     (request, attempt): (RequestId, u32),
@@ -304,6 +306,10 @@ async fn forward_abandon(
         request_id: request.0,
         attempt,
     };
+    let mut message = tonic::Request::new(message);
+    if let Some(value) = cluster_id.and_then(|cluster_id| cluster_id.parse().ok()) {
+        message.metadata_mut().insert(crate::network::CLUSTER_KEY, value);
+    }
     match client.abandon(message).await {
         Ok(response) => Ok(response.into_inner().released_token),
         // A leader of an earlier build refuses an abandon that finds nothing.

@@ -74,6 +74,11 @@ pub struct ClusterView {
     pub restore: Option<String>,
     /// Raft messages this node refused because their sender was restored otherwise.
     pub other_restore_refused_total: u64,
+    /// The cluster's id (32 hexadecimal digits), once its first leader under apply rules 7 has
+    /// named it; every node of one cluster shows the same.
+    pub cluster_id: Option<String>,
+    /// Raft messages this node refused because their sender belongs to another cluster.
+    pub other_cluster_refused_total: u64,
 }
 
 /// Most members (voters and learners) a cluster may have.
@@ -139,6 +144,10 @@ impl Node {
             restore: self.restore.as_deref().map(str::to_owned),
             other_restore_refused_total: self
                 .other_restores_refused
+                .load(std::sync::atomic::Ordering::Relaxed),
+            cluster_id: self.cluster_id().map(|cluster_id| cluster_id.to_string()),
+            other_cluster_refused_total: self
+                .other_clusters_refused
                 .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
@@ -235,22 +244,85 @@ impl Node {
         }
         let member = Member::with_peer_addr(addr, peer_addr);
         let peers = member.peer_addr().to_owned();
-        let caught_up =
-            tokio::time::timeout(LEARNER_CATCH_UP, self.raft.add_learner(node_id, member, true));
+        self.refuse_another_clusters_node(node_id, &peers).await?;
+        let caught_up = tokio::time::timeout(LEARNER_CATCH_UP, async {
+            let added = self.raft.add_learner(node_id, member, true).await?;
+            Ok(self.learner_reached(node_id, added.log_id.index()).await)
+        });
         let Ok(added) = caught_up.await else {
             return Err(ServiceError::OutcomeUnknown(format!(
                 "node {node_id} has not joined as a caught-up learner within {} s (peers reach it \
                  at {peers}): either its learner entry has not committed (no quorum) or it has \
-                 not caught up with the log; it counts for no quorum. Check that it runs with \
+                 not caught up with the log; as a learner it counts for no quorum. Check that it runs with \
                  --join and is reachable there, then add it again to make it a voter, or remove \
                  it",
                 LEARNER_CATCH_UP.as_secs()
             )));
         };
-        added.map_err(membership_error)?;
+        if !added.map_err(membership_error)? {
+            // Leadership moved while waiting: a new leader could not know the node was never
+            // reached. The node stays a learner; the add is asked again of the leader.
+            return Err(self.cluster().leader_id.map_or_else(
+                || ServiceError::Unavailable("no leader now; add the node again".into()),
+                |leader_id| {
+                    let leader_addr = self.cluster().leader_addr;
+                    ServiceError::NotLeader { leader_id: Some(leader_id), leader_addr }
+                },
+            ));
+        }
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.change_membership(openraft::ChangeMembers::AddVoterIds(voters), one_at_a_time).await?;
         Ok(self.cluster())
+    }
+
+    /// Waits until node `node_id` has acknowledged the log up to index `through` (the entry that
+    /// made it a learner): true then, false once this node no longer leads. openraft's own wait for a learner
+    /// counts one as caught up when the leader's log is within its lag threshold (5,000
+    /// entries) of what the learner matched, even if it matched nothing: on a young cluster a
+    /// node that was never reached (not started, a wrong address, another cluster's node) was
+    /// made a voter at once, and counted in every quorum from then on.
+    async fn learner_reached(&self, node_id: NodeId, through: u64) -> bool {
+        let mut metrics = self.raft.metrics();
+        loop {
+            {
+                let current = metrics.borrow_watched();
+                let Some(replication) = current.replication.as_ref() else {
+                    return false;
+                };
+                let matched = replication.get(&node_id).copied().flatten();
+                if matched.is_some_and(|matched| matched.index() >= through) {
+                    return true;
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Refuses to add node `node_id` at `peers` when it holds another cluster's state: it would
+    /// refuse every message of this cluster's, and the add would only time out after
+    /// [`LEARNER_CATCH_UP`], leaving a learner that never catches up. Asked of the node itself
+    /// (a clock reading, which it refuses as it would Raft's messages); a node that does not
+    /// answer yet, or holds no id, or this cluster's, is added as before.
+    async fn refuse_another_clusters_node(
+        &self,
+        node_id: NodeId,
+        peers: &str,
+    ) -> Result<(), ServiceError> {
+        let Some(own) = self.cluster_id() else {
+            return Ok(());
+        };
+        let (tls, cell) = (self.to_peers().cloned(), self.cluster_id_cell());
+        let mut probe = crate::network::ClockProbe::new(node_id, peers.to_owned(), tls, cell);
+        match probe.other_cluster(OTHER_CLUSTER_PROBE).await {
+            Some(theirs) => Err(ServiceError::BadRequest(format!(
+                "node {node_id} at {peers} belongs to another cluster ({theirs}; this one is \
+                 {own}): its data directory holds that cluster's state. Start it on an empty \
+                 data directory with --join, then add it again"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Removes a node from the cluster.
@@ -312,6 +384,10 @@ impl Node {
         }
     }
 }
+
+/// How long adding a member waits for the new node to say whether it holds another cluster's
+/// state.
+const OTHER_CLUSTER_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a membership change waits to commit before it answers.
 const MEMBERSHIP_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -57,6 +57,10 @@ pub struct Node {
     /// peers restored otherwise.
     restore: Option<Arc<str>>,
     other_restores_refused: std::sync::atomic::AtomicU64,
+    /// The cluster id the applied state holds, for the Raft messages' check.
+    cluster_id: crate::state_machine::ClusterIdCell,
+    /// Raft messages refused from nodes of another cluster.
+    other_clusters_refused: std::sync::atomic::AtomicU64,
     renewals: Renewals,
     /// Places for watch streams and for acquire requests in flight ([`ServerLimits`]).
     watch_streams: Budget,
@@ -166,6 +170,7 @@ impl Node {
         clock: Arc<Clock>,
         limits: &ServerLimits,
     ) -> Self {
+        let cluster_id = store.cluster_id();
         Self {
             id,
             raft,
@@ -176,6 +181,8 @@ impl Node {
             gaps: GapWatch::default(),
             restore: None,
             other_restores_refused: std::sync::atomic::AtomicU64::new(0),
+            cluster_id,
+            other_clusters_refused: std::sync::atomic::AtomicU64::new(0),
             renewals: Renewals::default(),
             watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
             pending_acquires: Budget::new(
@@ -272,6 +279,23 @@ impl Node {
     /// The restore this node's data directory holds, if any.
     pub(crate) fn restore(&self) -> Option<&str> {
         self.restore.as_deref()
+    }
+
+    /// The cluster id this node's applied state holds, once a leader has named the cluster.
+    pub(crate) fn cluster_id(&self) -> Option<Arc<str>> {
+        self.cluster_id.get()
+    }
+
+    /// The same, kept up to date, for clients of this node's peers.
+    pub(crate) fn cluster_id_cell(&self) -> crate::state_machine::ClusterIdCell {
+        self.cluster_id.clone()
+    }
+
+    /// Counts a Raft message refused from a node of another cluster; true for the first, and
+    /// then for every 1,000th, so that the log says it again while it goes on.
+    pub(crate) fn other_cluster_refused(&self) -> bool {
+        let before = self.other_clusters_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        before.is_multiple_of(1_000)
     }
 
     /// Counts a Raft message refused from a peer restored otherwise; true for the first.

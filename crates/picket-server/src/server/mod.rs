@@ -325,7 +325,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
         raft_config(&config.tuning)?,
         Network::new(to_peers.clone())
             .with_only_queue_waiters(queue_judge)
-            .with_restore(restore.clone()),
+            .with_restore(restore.clone())
+            .with_cluster_id(store.cluster_id()),
         log,
         store.clone(),
     )
