@@ -262,13 +262,8 @@ impl Node {
         if !added.map_err(membership_error)? {
             // Leadership moved while waiting: a new leader could not know the node was never
             // reached. The node stays a learner; the add is asked again of the leader.
-            return Err(self.cluster().leader_id.map_or_else(
-                || ServiceError::Unavailable("no leader now; add the node again".into()),
-                |leader_id| {
-                    let leader_addr = self.cluster().leader_addr;
-                    ServiceError::NotLeader { leader_id: Some(leader_id), leader_addr }
-                },
-            ));
+            let ClusterView { leader_id, leader_addr, .. } = self.cluster();
+            return Err(ServiceError::NotLeader { leader_id, leader_addr });
         }
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.change_membership(openraft::ChangeMembers::AddVoterIds(voters), one_at_a_time).await?;
