@@ -51,6 +51,8 @@ const RESTORE_KEY: &str = "picket-restore";
 pub(crate) const CLUSTER_KEY: &str = "picket-cluster";
 /// The metadata key of a refusal for another cluster's message: the refusing node's cluster id.
 const OTHER_CLUSTER_KEY: &str = "picket-other-cluster";
+/// The metadata key of a refusal for a message meant for another node: the refusing node's id.
+const OTHER_NODE_KEY: &str = "picket-other-node";
 /// Largest Raft message, in bytes: bounds what a peer can make this node allocate.
 pub const MAX_RAFT_MESSAGE_BYTES: usize = picket_proto::MAX_RAFT_MESSAGE_BYTES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -262,6 +264,16 @@ impl PeerClient {
     }
 }
 
+/// Why a node refuses another's messages for as long as it runs (see
+/// [`ClockProbe::lasting_refusal`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LastingRefusal {
+    /// It holds the state of the cluster with this id.
+    OtherCluster(String),
+    /// It is the node with this id, not the one the message was meant for.
+    OtherNode(NodeId),
+}
+
 /// Reads a peer's clock (see [`crate::rate`]).
 #[derive(Debug)]
 pub(crate) struct ClockProbe {
@@ -303,12 +315,18 @@ impl ClockProbe {
         })
     }
 
-    /// The cluster id the peer holds, when it refuses this node's messages as another
-    /// cluster's; `None` when it answers, or fails in any other way (it may not be up yet).
-    pub(crate) async fn other_cluster(&mut self, timeout: Duration) -> Option<String> {
+    /// Why the peer can never take this cluster's messages, when it refuses them for good: it
+    /// holds another cluster's state, or it is another node. `None` when it answers, or fails
+    /// in any other way (it may not be up yet).
+    pub(crate) async fn lasting_refusal(&mut self, timeout: Duration) -> Option<LastingRefusal> {
         let refusal = self.read_or_refusal(timeout).await.err()?;
-        let theirs = refusal.metadata().get(OTHER_CLUSTER_KEY)?.to_str().ok()?;
-        Some(theirs.to_owned())
+        let metadata = refusal.metadata();
+        let told = |key| metadata.get(key).and_then(|value| value.to_str().ok());
+        if let Some(theirs) = told(OTHER_CLUSTER_KEY) {
+            return Some(LastingRefusal::OtherCluster(theirs.to_owned()));
+        }
+        let node_id = told(OTHER_NODE_KEY)?.parse().ok()?;
+        Some(LastingRefusal::OtherNode(node_id))
     }
 
     async fn read_or_refusal(&mut self, timeout: Duration) -> Result<(f64, u32), Status> {
@@ -669,10 +687,14 @@ impl RaftService {
         let target = request.metadata().get(TARGET_NODE_KEY).and_then(|value| value.to_str().ok());
         match target.and_then(|target| target.parse::<NodeId>().ok()) {
             Some(target) if target == self.node_id => Ok(()),
-            Some(target) => Err(Status::failed_precondition(format!(
-                "this is node {}, not node {target}: the peer list names the wrong address",
-                self.node_id
-            ))),
+            Some(target) => {
+                let mut status = Status::failed_precondition(format!(
+                    "this is node {}, not node {target}: the peer list names the wrong address",
+                    self.node_id
+                ));
+                status.metadata_mut().insert(OTHER_NODE_KEY, self.node_id.into());
+                Err(status)
+            }
             None => Err(Status::invalid_argument("raft request without a target node id")),
         }
     }

@@ -748,6 +748,51 @@ fn adding_a_node_of_another_cluster_is_refused_at_once() {
     assert_eq!(members, Some(3), "the membership is unchanged");
 }
 
+/// No issue: adding a node under another id than the one it runs with (a typo in the add, or in
+/// its `--node-id`) waited the full 60 s for it to catch up, which it never does (it refuses
+/// every message meant for another node), and left a learner that never would. The add now asks
+/// the node first and refuses at once, naming the id it runs with. And an add asked again of a
+/// voter (a retry) answers at once, even while that voter is down: it waited the 60 s too.
+#[test]
+fn adding_a_node_under_another_id_is_refused_and_a_retried_add_answers_at_once() {
+    let cluster = start_cluster();
+    let _ = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let dir = temp_dir();
+    let mut node_5 = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &dir.path().join("node5"),
+        format!("127.0.0.1:{}", free_port()).parse().expect("an address"),
+        &["--node-id".to_owned(), "5".to_owned(), "--join".to_owned()],
+    );
+    let node_5_addr = node_5.addr.clone();
+    let add = |node_id: u64| {
+        let started = Instant::now();
+        let body = json!({ "node_id": node_id, "addr": node_5_addr });
+        let answer =
+            send(&addrs, "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(90))
+                .expect("the add is answered");
+        (answer, started.elapsed())
+    };
+    let (answer, took) = add(4);
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    let message = answer.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("is node 5, not node 4"), "{}", answer.text);
+    assert!(took < Duration::from_secs(20), "refused at once: {took:?}");
+    let members = cluster.view(0)["members"].as_array().map(Vec::len);
+    assert_eq!(members, Some(3), "the membership is unchanged");
+    let (answer, _) = add(5);
+    assert_eq!(answer.status, 200, "added under its own id: {}", answer.text);
+    node_5.kill();
+    let (answer, took) = add(5);
+    assert_eq!(answer.status, 200, "a retry of a voter's add: {}", answer.text);
+    assert!(took < Duration::from_secs(20), "answered at once while it is down: {took:?}");
+    let node_5 = answer.body["members"]
+        .as_array()
+        .and_then(|members| members.iter().find(|member| member["node_id"] == 5).cloned());
+    assert_eq!(node_5.map(|member| member["voter"].clone()), Some(json!(true)));
+}
+
 /// No issue (found with the test above): openraft's wait for a new learner counts it caught up
 /// when the leader's log is within 5,000 entries of what it matched, even if it matched
 /// nothing, so on a young cluster a node never reached (not started yet, a wrong address) was

@@ -2,6 +2,7 @@
 
 use super::{Node, not_leader};
 use crate::error::ServiceError;
+use crate::network::LastingRefusal;
 use crate::raft_types::{Member, NodeId};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
@@ -223,6 +224,13 @@ impl Node {
                 existing.addr
             )));
         }
+        // Already a voter at these addresses: an add asked again (a retry) has nothing to do.
+        // Waiting for the node to acknowledge a learner entry would hold the retry for the whole
+        // wait while that voter is down. Only the leader says so; a follower's view may be behind.
+        let voter = members.iter().any(|member| member.node_id == node_id && member.voter);
+        if voter && self.is_leader() {
+            return Ok(self.cluster());
+        }
         // Another member's address: its messages would reach that member, which refuses them
         // as meant for another node, and the add would only time out.
         let reaches = |member: &MemberView, at: &str| {
@@ -244,7 +252,7 @@ impl Node {
         }
         let member = Member::with_peer_addr(addr, peer_addr);
         let peers = member.peer_addr().to_owned();
-        self.refuse_another_clusters_node(node_id, &peers).await?;
+        self.refuse_a_node_that_cannot_join(node_id, &peers).await?;
         let caught_up = tokio::time::timeout(LEARNER_CATCH_UP, async {
             let added = self.raft.add_learner(node_id, member, true).await?;
             Ok(self.learner_reached(node_id, added.log_id.index()).await)
@@ -295,26 +303,30 @@ impl Node {
         }
     }
 
-    /// Refuses to add node `node_id` at `peers` when it holds another cluster's state: it would
-    /// refuse every message of this cluster's, and the add would only time out after
-    /// [`LEARNER_CATCH_UP`], leaving a learner that never catches up. Asked of the node itself
-    /// (a clock reading, which it refuses as it would Raft's messages); a node that does not
-    /// answer yet, or holds no id, or this cluster's, is added as before.
-    async fn refuse_another_clusters_node(
+    /// Refuses to add node `node_id` at `peers` when the node there refuses this cluster's
+    /// messages for good: it holds another cluster's state, or it is another node (its id
+    /// mistyped in the add, or in its own `--node-id`). Otherwise the add would only time out
+    /// after [`LEARNER_CATCH_UP`], leaving a learner that never catches up. Asked of the node
+    /// itself (a clock reading, which it refuses as it would Raft's messages); a node that does
+    /// not answer yet is added as before.
+    async fn refuse_a_node_that_cannot_join(
         &self,
         node_id: NodeId,
         peers: &str,
     ) -> Result<(), ServiceError> {
-        let Some(own) = self.cluster_id() else {
-            return Ok(());
-        };
         let (tls, cell) = (self.to_peers().cloned(), self.cluster_id_cell());
         let mut probe = crate::network::ClockProbe::new(node_id, peers.to_owned(), tls, cell);
-        match probe.other_cluster(OTHER_CLUSTER_PROBE).await {
-            Some(theirs) => Err(ServiceError::BadRequest(format!(
+        let own = self.cluster_id();
+        match probe.lasting_refusal(NODE_PROBE).await {
+            Some(LastingRefusal::OtherCluster(theirs)) => Err(ServiceError::BadRequest(format!(
                 "node {node_id} at {peers} belongs to another cluster ({theirs}; this one is \
-                 {own}): its data directory holds that cluster's state. Start it on an empty \
-                 data directory with --join, then add it again"
+                 {}): its data directory holds that cluster's state. Start it on an empty data \
+                 directory with --join, then add it again",
+                own.as_deref().unwrap_or("not named yet")
+            ))),
+            Some(LastingRefusal::OtherNode(theirs)) => Err(ServiceError::BadRequest(format!(
+                "the node at {peers} is node {theirs}, not node {node_id}: add it as node \
+                 {theirs}, or start the node there with --node-id {node_id}"
             ))),
             None => Ok(()),
         }
@@ -380,9 +392,9 @@ impl Node {
     }
 }
 
-/// How long adding a member waits for the new node to say whether it holds another cluster's
-/// state.
-const OTHER_CLUSTER_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long adding a member waits for the new node to say whether it can join (it may hold
+/// another cluster's state, or be another node).
+const NODE_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a membership change waits to commit before it answers.
 const MEMBERSHIP_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
