@@ -308,18 +308,26 @@ fn grant_worker(addrs: &[String], stop: &AtomicBool, locks: usize) -> Vec<SeenGr
     grants
 }
 
+/// Four [`grant_worker`]s on two shared locks, until `stop`.
+fn start_grant_workers(
+    addrs: &[String],
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<SeenGrant>>> {
+    (0..4)
+        .map(|_| {
+            let (addrs, stop) = (addrs.to_vec(), stop.clone());
+            std::thread::spawn(move || grant_worker(&addrs, &stop, 2))
+        })
+        .collect()
+}
+
 /// Runs the grant workers while `faults` are applied, then checks the history and the logs.
 fn run_with_faults(fault: Fault, rounds: usize, extra: &[&str]) {
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut cluster = start_cluster(extra);
     let addrs = cluster.addrs();
     let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..4)
-        .map(|_| {
-            let (addrs, stop) = (addrs.clone(), stop.clone());
-            std::thread::spawn(move || grant_worker(&addrs, &stop, 2))
-        })
-        .collect();
+    let workers = start_grant_workers(&addrs, &stop);
     let mut snapshot_hits = 0;
     for _ in 0..rounds {
         let leader = cluster.leader(Duration::from_secs(30));
@@ -407,10 +415,17 @@ fn check_grants(grants: &[SeenGrant]) {
 
 /// No log id holds different entries on two nodes.
 fn check_logs_agree(cluster: &Cluster) {
+    let dirs: Vec<std::path::PathBuf> =
+        (0..cluster.nodes.len()).map(|index| cluster.data_dir(index)).collect();
+    check_data_dirs_agree(&dirs);
+}
+
+/// No log id holds different entries in two of `dirs` (nodes' data directories, listed in node
+/// order: the first is named node 1 in a failure).
+fn check_data_dirs_agree(dirs: &[std::path::PathBuf]) {
     let mut by_id: BTreeMap<(String, u64), Vec<(usize, String)>> = BTreeMap::new();
-    for index in 0..cluster.nodes.len() {
-        let entries =
-            picket_server::read_entries(&cluster.data_dir(index)).expect("a readable log");
+    for (index, dir) in dirs.iter().enumerate() {
+        let entries = picket_server::read_entries(dir).expect("a readable log");
         for entry in entries {
             by_id.entry((entry.leader, entry.index)).or_default().push((index + 1, entry.payload));
         }
@@ -449,6 +464,114 @@ fn a_leader_killed_during_a_snapshot_never_forks_the_log_or_grants_a_token_twice
         // Snapshots often, but keep every entry of the run in the logs for the comparison.
         &["--snapshot-every", "40", "--keep-entries", "100000"],
     );
+}
+
+/// No issue: members replaced one by one under load, as a host is replaced. Each round removes
+/// a member (the leader or a follower; running, or killed first as a lost host is), stops it,
+/// and starts a new node under a new id and an empty data directory at the same address, which
+/// is then added. Every token history and every log, the removed nodes' included, must agree.
+#[test]
+fn replacing_members_one_by_one_never_forks_the_log_or_grants_a_token_twice() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Snapshots and compaction often: each round waits for 30 entries, and a snapshot every 40
+    // keeps 20 entries behind it, so from the second round on the leader's log no longer starts
+    // at the first entry, and a new node is sent a snapshot.
+    const SNAPSHOTS: [&str; 4] = ["--snapshot-every", "40", "--keep-entries", "20"];
+    let mut cluster = start_cluster(&SNAPSHOTS);
+    let addrs = cluster.addrs();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = start_grant_workers(&addrs, &stop);
+    // Node ids by index in `cluster.nodes`; a replacement takes its predecessor's slot and
+    // address, and a data directory of its own beside the others.
+    let mut ids: Vec<u64> = vec![1, 2, 3];
+    let mut dirs: Vec<std::path::PathBuf> = (0..3).map(|index| cluster.data_dir(index)).collect();
+    // Each round: whether the leader is replaced (else a follower), and whether it is killed
+    // before its removal (else removed while it runs, then stopped).
+    const PLAN: [(bool, bool); 6] =
+        [(true, false), (false, true), (true, true), (false, false), (true, true), (false, true)];
+    for (round, (of_leader, killed_first)) in PLAN.into_iter().enumerate() {
+        let leader_id = wait_until("an agreed leader", Duration::from_secs(30), || {
+            agreed_leader_id(&cluster, &ids)
+        });
+        let leader = ids.iter().position(|id| *id == leader_id).expect("the leader is a member");
+        let index = cluster.applied_log_index(leader);
+        wait_until("load on the leader", Duration::from_secs(30), || {
+            (cluster.applied_log_index(leader) > index + 30).then_some(())
+        });
+        let victim = if of_leader { leader } else { (leader + 1) % 3 };
+        if killed_first {
+            // The host is lost: its node is removed while down, by the two left.
+            cluster.nodes[victim].kill();
+        }
+        let path = format!("/v1/cluster/members/{}", ids[victim]);
+        let reply = send(&addrs, "DELETE", &path, None, Duration::from_secs(60)).expect("answered");
+        assert_eq!(reply.status, 200, "removing node {}: {}", ids[victim], reply.text);
+        cluster.nodes[victim].kill();
+        let new_id = 4 + u64::try_from(round).expect("a small round");
+        let data_dir = cluster.dir().join(format!("node{new_id}"));
+        let args: Vec<String> = [
+            "--node-id",
+            &new_id.to_string(),
+            "--join",
+            "--heartbeat-ms",
+            "50",
+            "--election-timeout-ms",
+            "500",
+        ]
+        .iter()
+        .chain(&SNAPSHOTS)
+        .map(|arg| (*arg).to_owned())
+        .collect();
+        let addr = cluster.nodes[victim].addr.clone();
+        cluster.nodes[victim] = picket_testkit::ServerProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_picket")),
+            &data_dir,
+            addr.parse().expect("an address"),
+            &args,
+        );
+        ids[victim] = new_id;
+        dirs.push(data_dir);
+        let body = json!({ "node_id": new_id, "addr": addr });
+        let reply =
+            send(&addrs, "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(90))
+                .expect("answered");
+        assert_eq!(reply.status, 200, "adding node {new_id}: {}", reply.text);
+        wait_until("the new membership everywhere", Duration::from_secs(30), || {
+            (0..3).all(|index| voters(&cluster.view(index)) == sorted(&ids)).then_some(())
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    let grants: Vec<SeenGrant> =
+        workers.into_iter().flat_map(|worker| worker.join().expect("a worker")).collect();
+    check_grants(&grants);
+    cluster.wait_converged(Duration::from_secs(30));
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    check_data_dirs_agree(&dirs);
+}
+
+/// The id every node of `ids` names as leader, when they agree on one of them.
+fn agreed_leader_id(cluster: &Cluster, ids: &[u64]) -> Option<u64> {
+    let running = (0..ids.len()).filter(|index| cluster.nodes[*index].pid().is_some());
+    let leaders: Vec<Option<u64>> =
+        running.map(|index| cluster.view(index)["leader_id"].as_u64()).collect();
+    let leader = leaders.first().copied().flatten()?;
+    let agreed = leaders.iter().all(|named| *named == Some(leader));
+    (agreed && ids.contains(&leader)).then_some(leader)
+}
+
+/// The voters' ids in a `GET /v1/cluster` view, sorted.
+fn voters(view: &serde_json::Value) -> Vec<u64> {
+    let members = view["members"].as_array().cloned().unwrap_or_default();
+    let voters = members.iter().filter(|member| member["voter"] == true);
+    sorted(&voters.filter_map(|member| member["node_id"].as_u64()).collect::<Vec<_>>())
+}
+
+fn sorted(ids: &[u64]) -> Vec<u64> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids
 }
 
 /// `/readyz` says whether a node can serve; `/healthz` only that it is alive. With a quorum,
