@@ -17,7 +17,8 @@
 //! from the state's, once every member knows the apply rules that carry them; refused (the
 //! state holds more than they allow), it says why and asks again every [`LIMITS_RETRY`]. And
 //! it names a cluster whose state has no id yet (`NameCluster`, apply rules 7) with 128 random
-//! bits, which every node then sends with its Raft messages (see `network.rs`).
+//! bits, which every node then sends with its Raft messages (see `network.rs`). And it ends a
+//! membership change that an earlier leader left joint (see `Node::finish_a_joint_membership`).
 
 use crate::node::Node;
 use crate::raft_types::{TypeConfig, Vote};
@@ -103,6 +104,7 @@ async fn tick_while_leader(
     loop {
         set_limits_if_needed(node, &mut limits_tried_at).await;
         name_cluster_if_needed(node, &mut naming_tried_at).await;
+        node.finish_a_joint_membership();
         let next_deadline_ms = next_due_ms(node);
         let now_ms = node.clock().now_ms();
         let sleep = next_deadline_ms

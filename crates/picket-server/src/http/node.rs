@@ -107,6 +107,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         .collect();
     json!({
         "members": members,
+        "voter_sets": view.voter_sets,
         "leader_id": view.leader_id,
         "leader_addr": view.leader_addr,
         "node_id": view.node_id,

@@ -27,6 +27,9 @@ pub struct MemberView {
 pub struct ClusterView {
     /// Every member.
     pub members: Vec<MemberView>,
+    /// The sets of voters a quorum must be found in: one, or two while a membership change is
+    /// under way (joint consensus, old and new), each sorted.
+    pub voter_sets: Vec<Vec<NodeId>>,
     /// The leader, if known.
     pub leader_id: Option<NodeId>,
     /// The leader's address, if known.
@@ -95,6 +98,11 @@ impl Node {
         let metrics = self.raft.metrics().borrow_watched().clone();
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let voter_sets = membership
+            .get_joint_config()
+            .iter()
+            .map(|voters| voters.iter().copied().collect())
+            .collect();
         let members: Vec<MemberView> = membership
             .nodes()
             .map(|(id, node)| MemberView {
@@ -120,6 +128,7 @@ impl Node {
             });
         ClusterView {
             members,
+            voter_sets,
             leader_id,
             leader_addr,
             node_id: self.id,
@@ -211,7 +220,7 @@ impl Node {
         // One change at a time on this node: two adds of one id with other addresses, checked
         // together, would both pass the check below, and openraft keeps the first addresses
         // and reports success to both.
-        let one_at_a_time = self.membership_changes.clone().lock_owned().await;
+        let one_at_a_time = self.one_change_at_a_time().await?;
         let members = self.cluster().members;
         if let Some(existing) = members.iter().find(|member| member.node_id == node_id)
             && (existing.addr != addr || existing.peer_addr != peer_addr)
@@ -337,7 +346,7 @@ impl Node {
     /// # Errors
     /// On a follower, or when the membership change fails.
     pub async fn remove_member(&self, node_id: NodeId) -> Result<ClusterView, ServiceError> {
-        let one_at_a_time = self.membership_changes.clone().lock_owned().await;
+        let one_at_a_time = self.one_change_at_a_time().await?;
         let ids: BTreeSet<NodeId> = [node_id].into();
         let member = self.cluster().members.into_iter().find(|member| member.node_id == node_id);
         // openraft writes an unchanged membership and reports success: a mistyped id looked
@@ -358,6 +367,64 @@ impl Node {
         };
         self.change_membership(change, one_at_a_time).await?;
         Ok(self.cluster())
+    }
+
+    /// Waits its turn to change the membership: at most [`MEMBERSHIP_CHANGE_WAIT`], as a change
+    /// under way (one that cannot reach a quorum goes on until it does) may hold it for longer.
+    async fn one_change_at_a_time(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ServiceError> {
+        let turn = self.membership_changes.clone().lock_owned();
+        tokio::time::timeout(MEMBERSHIP_CHANGE_WAIT, turn).await.map_err(|_| {
+            ServiceError::Unavailable(format!(
+                "another membership change on this node has not ended within {} s (it may lack \
+                 a quorum); retry once it has. `picket members` shows where it stands",
+                MEMBERSHIP_CHANGE_WAIT.as_secs()
+            ))
+        })
+    }
+
+    /// As leader, ends a membership change that an earlier leader left half done. openraft
+    /// changes membership in two entries, a joint configuration (old and new voters) and, once
+    /// it commits, the new voters alone, both written from the caller of the change on its
+    /// leader; a leader that dies or loses leadership between them leaves the cluster joint, and
+    /// the next one does not go on (openraft's documentation says so). Every quorum then needed
+    /// both sets of voters until another change was made by hand, while the view listed the
+    /// voters of both. Called from the leader's duties: a joint configuration that has
+    /// committed, with no change of this node's own under way, is ended by the empty change,
+    /// which openraft turns into the new voters alone, in a task of its own.
+    pub(crate) fn finish_a_joint_membership(&self) {
+        let joint_and_committed = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow_watched();
+            let config = &metrics.membership_config;
+            let committed = config.log_id().is_some_and(|at| metrics.last_applied >= Some(at));
+            config.membership().get_joint_config().len() > 1 && committed
+        };
+        if !joint_and_committed {
+            return;
+        }
+        let Ok(one_at_a_time) = self.membership_changes.clone().try_lock_owned() else {
+            // A change of this node's own is under way, and it writes its second entry itself.
+            return;
+        };
+        let (raft, node_id) = (self.raft.clone(), self.id);
+        tokio::spawn(async move {
+            let finished = openraft::ChangeMembers::AddVoterIds(BTreeSet::new());
+            // One entry: dropped after the wait, it stays proposed, and a leader that still
+            // finds the configuration joint tries again.
+            let change = raft.change_membership(finished, false);
+            match tokio::time::timeout(MEMBERSHIP_CHANGE_WAIT, change).await {
+                Ok(Ok(written)) => tracing::warn!(
+                    node = node_id,
+                    voters = ?written.membership().as_ref().map(|now| now.voter_ids().collect::<Vec<_>>()),
+                    "ended a membership change an earlier leader left half done"
+                ),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "ending a half-done membership change failed");
+                }
+                Err(_) => tracing::debug!("ending a half-done membership change: no quorum yet"),
+            }
+            drop(one_at_a_time);
+        });
     }
 
     /// Makes `change` and waits, at most [`MEMBERSHIP_CHANGE_WAIT`], for it to commit: a
