@@ -136,6 +136,7 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         client_clocks_off_rate: u64::try_from(view.client_clocks_off_rate).unwrap_or(u64::MAX),
         apply_rules: view.apply_rules,
         newest_applied_rules: view.newest_applied_rules,
+        voter_sets: view.voter_sets.into_iter().map(|node_ids| v1::VoterSet { node_ids }).collect(),
     }
 }
 

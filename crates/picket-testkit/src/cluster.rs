@@ -32,7 +32,22 @@ impl Cluster {
     /// When a node does not start.
     #[must_use]
     pub fn start_each(binary: &Path, size: usize, extra: impl Fn(usize) -> Vec<String>) -> Self {
-        Self::start_inner(binary, size, false, extra)
+        Self::start_inner(binary, size, false, extra, &[])
+    }
+
+    /// Like [`Cluster::start`], with environment variables `env` set for every node, such as
+    /// `PICKET_MUTATION`.
+    ///
+    /// # Panics
+    /// When a node does not start.
+    #[must_use]
+    pub fn start_with_env(
+        binary: &Path,
+        size: usize,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::start_inner(binary, size, false, |_| extra.to_vec(), env)
     }
 
     /// Like [`Cluster::start`], each node serving its peers on a port of its own
@@ -42,7 +57,7 @@ impl Cluster {
     /// When a node does not start.
     #[must_use]
     pub fn start_with_peer_ports(binary: &Path, size: usize, extra: &[String]) -> Self {
-        Self::start_inner(binary, size, true, |_| extra.to_vec())
+        Self::start_inner(binary, size, true, |_| extra.to_vec(), &[])
     }
 
     fn start_inner(
@@ -50,6 +65,7 @@ impl Cluster {
         size: usize,
         peer_ports: bool,
         extra: impl Fn(usize) -> Vec<String>,
+        env: &[(&str, &str)],
     ) -> Self {
         let dir = temp_dir();
         let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
@@ -79,11 +95,12 @@ impl Cluster {
                     args.extend(["--peer-listen".to_owned(), peer_addr.clone()]);
                 }
                 args.extend(extra(index + 1));
-                ServerProcess::start(
+                ServerProcess::start_with_env(
                     binary,
                     &dir.path().join(format!("node{}", index + 1)),
                     format!("127.0.0.1:{port}").parse().expect("a socket address"),
                     &args,
+                    env,
                 )
             })
             .collect();

@@ -67,6 +67,8 @@ pub fn fuzz_cases(default: u32) -> u32 {
 pub struct ServerProcess {
     binary: PathBuf,
     args: Vec<String>,
+    /// Environment variables set for the process beside the test's own.
+    env: Vec<(String, String)>,
     data_dir: PathBuf,
     child: Option<Child>,
     /// The address it listens on.
@@ -81,6 +83,22 @@ impl ServerProcess {
     /// When the process cannot start or does not come up within 30 s.
     #[must_use]
     pub fn start(binary: &Path, data_dir: &Path, listen: SocketAddr, extra: &[String]) -> Self {
+        Self::start_with_env(binary, data_dir, listen, extra, &[])
+    }
+
+    /// [`ServerProcess::start`] with environment variables `env` set for the process (and for
+    /// each restart of it), such as `PICKET_MUTATION`.
+    ///
+    /// # Panics
+    /// As [`ServerProcess::start`].
+    #[must_use]
+    pub fn start_with_env(
+        binary: &Path,
+        data_dir: &Path,
+        listen: SocketAddr,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut args = vec![
             "serve".to_owned(),
             "--data-dir".to_owned(),
@@ -89,7 +107,8 @@ impl ServerProcess {
             listen.to_string(),
         ];
         args.extend_from_slice(extra);
-        Self::start_with(binary, data_dir, args)
+        let env = env.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned()));
+        Self::spawned(binary, data_dir, args, env.collect())
     }
 
     /// Starts a one-node `binary serve` in a new temporary directory, on a free loopback port,
@@ -117,7 +136,16 @@ impl ServerProcess {
     /// # Panics
     /// When the process cannot start or does not come up.
     #[must_use]
-    pub fn start_with(binary: &Path, data_dir: &Path, mut args: Vec<String>) -> Self {
+    pub fn start_with(binary: &Path, data_dir: &Path, args: Vec<String>) -> Self {
+        Self::spawned(binary, data_dir, args, Vec::new())
+    }
+
+    fn spawned(
+        binary: &Path,
+        data_dir: &Path,
+        mut args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Self {
         // A port the kernel picks (port 0) lies in its ephemeral range: while the process is
         // down for a restart, an outgoing connection could be given it. Pick one outside.
         if let Some(position) = args.iter().position(|arg| arg == "--listen")
@@ -129,6 +157,7 @@ impl ServerProcess {
         let mut process = Self {
             binary: binary.to_owned(),
             args,
+            env,
             data_dir: data_dir.to_owned(),
             child: None,
             addr: String::new(),
@@ -141,6 +170,7 @@ impl ServerProcess {
         let mut child = Command::new(&self.binary)
             .args(&self.args)
             .env("RUST_LOG", std::env::var("PICKET_TEST_LOG").unwrap_or_else(|_| "error".into()))
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -562,9 +562,11 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
                 member
             })
             .collect();
+        let voter_sets: Vec<&[u64]> =
+            info.voter_sets.iter().map(|set| set.node_ids.as_slice()).collect();
         println!(
             "{}",
-            json!({ "members": members, "leader_id": info.leader_id, "leader_addr": info.leader_addr, "applied_revision": info.applied_revision })
+            json!({ "members": members, "voter_sets": voter_sets, "leader_id": info.leader_id, "leader_addr": info.leader_addr, "applied_revision": info.applied_revision })
         );
     } else {
         let rows: Vec<Vec<String>> = info
@@ -583,6 +585,14 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
             })
             .collect();
         println!("{}", table(&["NODE", "ADDRESS", "PEER ADDRESS", "ROLE"], &rows));
+        if info.voter_sets.len() > 1 {
+            let sets: Vec<String> =
+                info.voter_sets.iter().map(|set| format!("{:?}", set.node_ids)).collect();
+            println!(
+                "a membership change is under way: every quorum needs a majority of each of {}",
+                sets.join(" and ")
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,7 +8,7 @@
 //! freezes clients between their read and their write, cuts the leader off from the followers,
 //! splits the cluster into a majority and a minority with clients on both sides, and cuts a
 //! stalled holder off from every node, and fails a node's log syncs (it must stop without
-//! acknowledging them). The second is the leader's own misfortunes (issue 21):
+//! acknowledging them), and replaces a member with a new node through the API. The second is the leader's own misfortunes (issue 21):
 //! stopped with SIGSTOP, its clock jumping or running fast or slow, a one-way cut from the
 //! leader to a follower, and a bridge (the leader and a follower cut apart, the third node
 //! reaching both); with them, the whole cluster killed and restarted at once, the store killed
@@ -39,7 +39,8 @@ fn a_short_chaos_run_under_kills_pauses_and_partitions_is_valid() {
             "5",
             "--faults",
             "leader_kill_quick,leader_kill_long,follower_kill,client_pause,partition_leader,\
-         partition_split,client_isolate,power_loss,fsync_failure,link_delay,client_link_delay",
+         partition_split,client_isolate,power_loss,fsync_failure,link_delay,client_link_delay,\
+         member_replace",
         ],
     );
 }

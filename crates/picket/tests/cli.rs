@@ -469,6 +469,8 @@ fn read_commands_print_tables_and_json() {
     let members: Value =
         serde_json::from_str(&stdout(&picket(addr, &["members", "--json"]))).unwrap();
     assert_eq!(members["members"].as_array().unwrap().len(), 1);
+    // One set of voters, this node: no membership change under way.
+    assert_eq!(members["voter_sets"], json!([[1]]), "{members}");
     assert!(stdout(&picket(addr, &["members"])).contains("leader"));
 
     let sequencer = grant["sequencer"].as_str().unwrap();

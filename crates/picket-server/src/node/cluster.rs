@@ -235,9 +235,11 @@ impl Node {
         }
         // Already a voter at these addresses: an add asked again (a retry) has nothing to do.
         // Waiting for the node to acknowledge a learner entry would hold the retry for the whole
-        // wait while that voter is down. Only the leader says so; a follower's view may be behind.
-        let voter = members.iter().any(|member| member.node_id == node_id && member.voter);
-        if voter && self.is_leader() {
+        // wait while that voter is down. Only a leader that has confirmed it with a quorum says
+        // so, and only of a committed membership with one set of voters.
+        if members.iter().any(|member| member.node_id == node_id)
+            && self.is_settled_voter(node_id).await?
+        {
             return Ok(self.cluster());
         }
         // Another member's address: its messages would reach that member, which refuses them
@@ -262,6 +264,12 @@ impl Node {
         let member = Member::with_peer_addr(addr, peer_addr);
         let peers = member.peer_addr().to_owned();
         self.refuse_a_node_that_cannot_join(node_id, &peers).await?;
+        // openraft adds a learner with a change that keeps every node: on a membership an
+        // earlier leader left joint it would end the change but keep the voters it removed as
+        // learners, replicated to and holding the apply rules back. End it first, as removing.
+        if self.is_leader() && self.membership_is_joint_and_committed() {
+            end_joint_membership(&self.raft, self.id).await?;
+        }
         let caught_up = tokio::time::timeout(LEARNER_CATCH_UP, async {
             let added = self.raft.add_learner(node_id, member, true).await?;
             Ok(self.learner_reached(node_id, added.log_id.index()).await)
@@ -334,8 +342,10 @@ impl Node {
                 own.as_deref().unwrap_or("not named yet")
             ))),
             Some(LastingRefusal::OtherNode(theirs)) => Err(ServiceError::BadRequest(format!(
-                "the node at {peers} is node {theirs}, not node {node_id}: add it as node \
-                 {theirs}, or start the node there with --node-id {node_id}"
+                "the node at {peers} is node {theirs}, not node {node_id}. If node {theirs} was \
+                 removed, stop it and start node {node_id} there (--node-id {node_id} --join, \
+                 an empty data directory), then add it again; if the id was mistyped, add it as \
+                 node {theirs}"
             ))),
             None => Ok(()),
         }
@@ -392,14 +402,7 @@ impl Node {
     /// committed, with no change of this node's own under way, is ended by the empty change,
     /// which openraft turns into the new voters alone, in a task of its own.
     pub(crate) fn finish_a_joint_membership(&self) {
-        let joint_and_committed = {
-            let metrics = self.raft.metrics();
-            let metrics = metrics.borrow_watched();
-            let config = &metrics.membership_config;
-            let committed = config.log_id().is_some_and(|at| metrics.last_applied >= Some(at));
-            config.membership().get_joint_config().len() > 1 && committed
-        };
-        if !joint_and_committed {
+        if !self.membership_is_joint_and_committed() {
             return;
         }
         let Ok(one_at_a_time) = self.membership_changes.clone().try_lock_owned() else {
@@ -408,23 +411,57 @@ impl Node {
         };
         let (raft, node_id) = (self.raft.clone(), self.id);
         tokio::spawn(async move {
-            let finished = openraft::ChangeMembers::AddVoterIds(BTreeSet::new());
-            // One entry: dropped after the wait, it stays proposed, and a leader that still
-            // finds the configuration joint tries again.
-            let change = raft.change_membership(finished, false);
-            match tokio::time::timeout(MEMBERSHIP_CHANGE_WAIT, change).await {
-                Ok(Ok(written)) => tracing::warn!(
-                    node = node_id,
-                    voters = ?written.membership().as_ref().map(|now| now.voter_ids().collect::<Vec<_>>()),
-                    "ended a membership change an earlier leader left half done"
-                ),
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "ending a half-done membership change failed");
-                }
-                Err(_) => tracing::debug!("ending a half-done membership change: no quorum yet"),
+            if let Err(error) = end_joint_membership(&raft, node_id).await {
+                tracing::debug!(%error, "ending a half-done membership change failed");
             }
             drop(one_at_a_time);
         });
+    }
+
+    /// Whether this node's membership is a joint configuration (two sets of voters) that has
+    /// committed: a change left half done, which no one else will end.
+    fn membership_is_joint_and_committed(&self) -> bool {
+        let (sets, committed) = self.membership_sets();
+        sets.len() > 1 && committed
+    }
+
+    /// The sets of voters of this node's membership, and whether that membership has
+    /// committed (this node applied the entry that holds it).
+    fn membership_sets(&self) -> (Vec<BTreeSet<NodeId>>, bool) {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let config = &metrics.membership_config;
+        let committed = config.log_id().is_some_and(|at| metrics.last_applied >= Some(at));
+        (config.membership().get_joint_config().clone(), committed)
+    }
+
+    /// Whether node `node_id` is a voter of a membership that has committed with one set of
+    /// voters, as this node, the leader, confirms with a quorum: an add asked again of it has
+    /// nothing to do. False on a follower (the add then goes to Raft, which names the leader),
+    /// and during a change (a removal of that node may be half done).
+    async fn is_settled_voter(&self, node_id: NodeId) -> Result<bool, ServiceError> {
+        if !self.is_leader() {
+            return Ok(false);
+        }
+        self.read_linearizable(|_| ()).await?;
+        let (sets, committed) = self.membership_sets();
+        Ok(committed && sets.len() == 1 && sets[0].contains(&node_id))
+    }
+
+    /// The deliberate bug `membership_change_stops_at_joint` (tests only, see
+    /// [`crate::mutation`]): a removal writes only its first entry, the joint configuration, as
+    /// a leader that dies or loses leadership between the two entries leaves it.
+    #[cfg(feature = "mutations")]
+    async fn stop_at_joint(&self, removed: &BTreeSet<NodeId>) -> Result<(), ServiceError> {
+        let observed = self.raft.metrics().borrow_watched().membership_config.clone();
+        let old: BTreeSet<NodeId> = observed.membership().voter_ids().collect();
+        let new: BTreeSet<NodeId> = old.difference(removed).copied().collect();
+        let nodes: BTreeMap<NodeId, Member> =
+            observed.membership().nodes().map(|(id, node)| (*id, node.clone())).collect();
+        let joint = openraft::Membership::new(vec![old, new], nodes)
+            .map_err(|error| ServiceError::BadRequest(error.to_string()))?;
+        let written = self.raft.append_membership(joint, openraft::EntryPayload::Blank, []);
+        written.await.map(drop).map_err(membership_error)
     }
 
     /// Makes `change` and waits, at most [`MEMBERSHIP_CHANGE_WAIT`], for it to commit: a
@@ -438,6 +475,12 @@ impl Node {
         change: openraft::ChangeMembers<NodeId, Member>,
         one_at_a_time: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<(), ServiceError> {
+        #[cfg(feature = "mutations")]
+        if let openraft::ChangeMembers::RemoveVoters(removed) = &change
+            && crate::mutation::is_on("membership_change_stops_at_joint")
+        {
+            return self.stop_at_joint(removed).await;
+        }
         let raft = self.raft.clone();
         let changing = tokio::spawn(async move {
             let changed = raft.change_membership(change, false).await;
@@ -469,6 +512,36 @@ const MEMBERSHIP_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_se
 /// How long adding a member waits for it to catch up with the log as a learner before it
 /// answers; a node joining with a large log to receive may need longer, and is then added again.
 const LEARNER_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Ends a committed joint membership with openraft's empty change, which writes the newer set
+/// of voters alone (and, not retaining, drops the voters of the older set only from the
+/// members), waiting at most [`MEMBERSHIP_CHANGE_WAIT`]. One entry: dropped after the wait, it
+/// stays proposed, and a leader that still finds the membership joint tries again.
+async fn end_joint_membership(
+    raft: &crate::raft_types::Raft,
+    node_id: NodeId,
+) -> Result<(), ServiceError> {
+    let finished = openraft::ChangeMembers::AddVoterIds(BTreeSet::new());
+    let change = raft.change_membership(finished, false);
+    match tokio::time::timeout(MEMBERSHIP_CHANGE_WAIT, change).await {
+        Ok(Ok(written)) => {
+            let voters =
+                written.membership().as_ref().map(|now| now.voter_ids().collect::<Vec<_>>());
+            tracing::warn!(
+                node = node_id,
+                ?voters,
+                "ended a membership change an earlier leader left half done"
+            );
+            Ok(())
+        }
+        Ok(Err(error)) => Err(membership_error(error)),
+        Err(_) => Err(ServiceError::OutcomeUnknown(format!(
+            "ending a membership change left half done has not committed within {} s (no \
+             quorum of its voters yet)",
+            MEMBERSHIP_CHANGE_WAIT.as_secs()
+        ))),
+    }
+}
 
 fn membership_error(
     error: RaftError<

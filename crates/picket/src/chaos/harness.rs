@@ -164,21 +164,21 @@ pub(super) fn write_history(path: &Path, events: &[Event]) -> anyhow::Result<()>
     Ok(())
 }
 
-/// After the run, with every node stopped: no log id holds different entries on two nodes.
+/// After the run, with every node stopped: no log id holds different entries on two nodes, the
+/// nodes replaced during the run included.
 pub(super) fn check_logs_agree(cluster: &Cluster, summary: &mut Summary) {
     let mut by_id: BTreeMap<(String, u64), Vec<(u64, String)>> = BTreeMap::new();
-    for node in &cluster.nodes {
-        match picket_server::read_entries(&node.dir) {
+    let nodes = cluster.nodes.iter().map(|node| (node.id, &node.dir));
+    let retired = cluster.retired.iter().map(|(id, dir)| (*id, dir));
+    for (id, dir) in nodes.chain(retired) {
+        match picket_server::read_entries(dir) {
             Ok(entries) => {
                 for entry in entries {
-                    by_id
-                        .entry((entry.leader, entry.index))
-                        .or_default()
-                        .push((node.id, entry.payload));
+                    by_id.entry((entry.leader, entry.index)).or_default().push((id, entry.payload));
                 }
             }
             Err(error) => {
-                summary.violations.push(format!("node {}'s log cannot be read: {error}", node.id))
+                summary.violations.push(format!("node {id}'s log cannot be read: {error}"))
             }
         }
     }

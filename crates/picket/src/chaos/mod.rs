@@ -10,6 +10,7 @@ mod harness;
 mod history;
 mod holder;
 mod linearizable;
+mod membership;
 mod nemesis;
 mod network;
 mod plan;
@@ -87,7 +88,7 @@ struct RunArgs {
     /// follower_kill, client_pause, holder_pause, holder_pause_failover, leader_pause,
     /// leader_clock_jump, leader_clock_rate, partition_leader, partition_split,
     /// partition_one_way, partition_bridge, client_isolate, cluster_restart, store_restart, power_loss, cluster_power_loss,
-    /// disk_full, fsync_failure. The partitions need root, nftables and cgroup v2; disk_full
+    /// disk_full, fsync_failure, link_delay, client_link_delay, member_replace. The partitions need root, nftables and cgroup v2; disk_full
     /// needs root (each node's data is a tmpfs of its own); the power losses and fsync_failure
     /// need a test build (below).
     #[arg(

@@ -208,6 +208,9 @@ pub(super) async fn node_fault(
             cluster.restart(index);
         }
         FaultKind::LinkDelay => delay_links(cluster, leader, rng, record, election_ms).await,
+        FaultKind::MemberReplace => {
+            super::membership::replace_member(cluster, leader, rng, record).await?;
+        }
         FaultKind::ClientLinkDelay => {
             delay_client_links(&cluster.nodes[leader], rng, record, (election_ms, ttl_ms)).await;
         }

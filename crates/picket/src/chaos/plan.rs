@@ -87,6 +87,12 @@ pub enum FaultKind {
     /// a proxy (the nodes advertise it as their client address); only runs that draw this
     /// fault have them.
     ClientLinkDelay,
+    /// A member is replaced, as a lost host is: the leader half the time, else a follower;
+    /// removed while it runs, or killed first and removed by the others (half the time each);
+    /// then a new node under a new id, with an empty data directory, starts at its ports with
+    /// `--join` and is added. It must be a voter within 90 s; the removed node's log is
+    /// compared with the others' at the end.
+    MemberReplace,
 }
 
 /// A deliberate bug, to show that the checker catches it (`--mutation`).
@@ -141,7 +147,7 @@ impl Mutation {
 
 impl FaultKind {
     /// Every kind, in the order the command line lists them.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 23] = [
         Self::LeaderKillQuick,
         Self::LeaderKillLong,
         Self::FollowerKill,
@@ -164,6 +170,7 @@ impl FaultKind {
         Self::SyncFailure,
         Self::LinkDelay,
         Self::ClientLinkDelay,
+        Self::MemberReplace,
     ];
 
     /// The name in the history and on the command line.
@@ -192,6 +199,7 @@ impl FaultKind {
             Self::SyncFailure => "fsync_failure",
             Self::LinkDelay => "link_delay",
             Self::ClientLinkDelay => "client_link_delay",
+            Self::MemberReplace => "member_replace",
         }
     }
 

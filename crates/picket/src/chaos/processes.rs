@@ -223,8 +223,12 @@ pub(super) struct Cluster {
     pub(super) network: Option<Network>,
     /// The nodes' data disks, when the run fills them; unmounted when dropped.
     pub(super) disks: Option<Disks>,
-    /// Nodes that exited when no fault asked them to: each one a violation.
+    /// What went wrong with the nodes beyond what a fault asked of them (a node that exited
+    /// by itself, crashed, or could not be replaced): each one a violation.
     pub(super) unexpected_exits: Vec<String>,
+    /// Nodes replaced by new ones (`member_replace`): their ids and data directories, whose
+    /// logs are compared with the others' at the end.
+    pub(super) retired: Vec<(u64, PathBuf)>,
 }
 
 impl Cluster {
@@ -352,7 +356,15 @@ impl Cluster {
             })?;
             nodes.push(node);
         }
-        Ok(Self { exe: exe.to_owned(), nodes, network, disks, unexpected_exits: Vec::new() })
+        let unexpected_exits = Vec::new();
+        Ok(Self {
+            exe: exe.to_owned(),
+            nodes,
+            network,
+            disks,
+            unexpected_exits,
+            retired: Vec::new(),
+        })
     }
 
     /// Cuts `cuts` (replacing any others); returns the packets the previous cuts dropped.
@@ -386,8 +398,8 @@ impl Cluster {
         let running: Vec<usize> =
             (0..self.nodes.len()).filter(|index| self.nodes[*index].child.is_some()).collect();
         let leader = self.leader_among(&running).await?;
-        let index = usize::try_from(leader).ok()?.checked_sub(1)?;
-        running.contains(&index).then_some(index)
+        // Ids and places part once a node is replaced by a new one.
+        running.into_iter().find(|index| self.nodes[*index].id == leader)
     }
 
     pub(super) async fn wait_for_leader(&self, timeout: Duration) -> Option<usize> {
@@ -426,6 +438,47 @@ impl Cluster {
             self.unexpected_exits.push(exit);
             self.restart(index);
         }
+        Ok(())
+    }
+
+    /// Stops node `index` and starts in its place a new node `new_id`, on the same ports and
+    /// clock, with an empty data directory of its own and `--join` instead of the peer list,
+    /// as a lost host is replaced; the old node's data directory is kept for the log check.
+    /// Adding it to the membership is the caller's part.
+    ///
+    /// # Errors
+    /// When the new data directory cannot be made (its disk mounted, in a run with full disks).
+    pub(super) fn replace(&mut self, index: usize, new_id: u64) -> anyhow::Result<()> {
+        let node = &mut self.nodes[index];
+        node.kill();
+        let dir = node.dir.with_file_name(format!("node{new_id}"));
+        if let Some(disks) = &mut self.disks {
+            disks.mount(&dir)?;
+        }
+        let old_dir = std::mem::replace(&mut node.dir, dir);
+        self.retired.push((node.id, old_dir));
+        node.id = new_id;
+        let mut args = Vec::with_capacity(node.args.len());
+        let mut given = node.args.iter();
+        while let Some(arg) = given.next() {
+            match arg.as_str() {
+                "--node-id" => {
+                    given.next();
+                    args.extend(["--node-id".to_owned(), new_id.to_string()]);
+                }
+                "--data-dir" => {
+                    given.next();
+                    args.extend(["--data-dir".to_owned(), node.dir.display().to_string()]);
+                }
+                "--peers" => {
+                    given.next();
+                    args.push("--join".to_owned());
+                }
+                _ => args.push(arg.clone()),
+            }
+        }
+        node.args = args;
+        self.restart(index);
         Ok(())
     }
 
