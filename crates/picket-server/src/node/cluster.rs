@@ -221,6 +221,13 @@ impl Node {
         // together, would both pass the check below, and openraft keeps the first addresses
         // and reports success to both.
         let one_at_a_time = self.one_change_at_a_time().await?;
+        // openraft adds a learner with a change that keeps every node: on a membership an
+        // earlier leader left joint it would end the change but keep the voters it removed as
+        // learners, replicated to and holding the apply rules back. End it first, as removing,
+        // before the checks below read the members (a removed voter's address is free).
+        if self.is_leader() && self.membership_is_joint_and_committed() {
+            end_joint_membership(&self.raft, self.id).await?;
+        }
         let members = self.cluster().members;
         if let Some(existing) = members.iter().find(|member| member.node_id == node_id)
             && (existing.addr != addr || existing.peer_addr != peer_addr)
@@ -264,12 +271,6 @@ impl Node {
         let member = Member::with_peer_addr(addr, peer_addr);
         let peers = member.peer_addr().to_owned();
         self.refuse_a_node_that_cannot_join(node_id, &peers).await?;
-        // openraft adds a learner with a change that keeps every node: on a membership an
-        // earlier leader left joint it would end the change but keep the voters it removed as
-        // learners, replicated to and holding the apply rules back. End it first, as removing.
-        if self.is_leader() && self.membership_is_joint_and_committed() {
-            end_joint_membership(&self.raft, self.id).await?;
-        }
         let caught_up = tokio::time::timeout(LEARNER_CATCH_UP, async {
             let added = self.raft.add_learner(node_id, member, true).await?;
             Ok(self.learner_reached(node_id, added.log_id.index()).await)
@@ -558,6 +559,12 @@ fn membership_error(
             openraft::error::ChangeMembershipError::InProgress(in_progress),
         )) => ServiceError::Unavailable(format!(
             "another membership change has not committed yet ({in_progress}); retry once it has"
+        )),
+        // A leader that has not committed an entry of its own term yet: retrying is the answer.
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            openraft::error::ChangeMembershipError::UncommittedLeaderLog(uncommitted),
+        )) => ServiceError::Unavailable(format!(
+            "the leader has not settled yet ({uncommitted}); retry in a moment"
         )),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => {
             ServiceError::BadRequest(change.to_string())

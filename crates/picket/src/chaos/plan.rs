@@ -90,8 +90,8 @@ pub enum FaultKind {
     /// A member is replaced, as a lost host is: the leader half the time, else a follower;
     /// removed while it runs, or killed first and removed by the others (half the time each);
     /// then a new node under a new id, with an empty data directory, starts at its ports with
-    /// `--join` and is added. It must be a voter within 90 s; the removed node's log is
-    /// compared with the others' at the end.
+    /// `--join` and is added. Each step (the removal, the add, the new voters on every node)
+    /// must finish within 90 s; the removed node's log is compared with the others' at the end.
     MemberReplace,
 }
 

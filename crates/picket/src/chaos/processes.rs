@@ -450,6 +450,12 @@ impl Cluster {
     /// When the new data directory cannot be made (its disk mounted, in a run with full disks).
     pub(super) fn replace(&mut self, index: usize, new_id: u64) -> anyhow::Result<()> {
         let node = &mut self.nodes[index];
+        // A node removed while it ran went through its own removal (a removed leader steps
+        // down): one that exited meanwhile crashed, which the kill below would hide.
+        if let Some(status) = node.exit_status() {
+            self.unexpected_exits
+                .push(format!("node {} exited by itself ({status}) during its removal", node.id));
+        }
         node.kill();
         let dir = node.dir.with_file_name(format!("node{new_id}"));
         if let Some(disks) = &mut self.disks {
