@@ -597,10 +597,60 @@ fn add_replacement(cluster: &Cluster, ids: &[u64], index: usize) {
     let reply =
         send(&cluster.addrs(), "POST", "/v1/cluster/members", Some(&body), Duration::from_secs(90))
             .expect("answered");
-    assert_eq!(reply.status, 200, "adding node {}: {}", ids[index], reply.text);
+    assert_eq!(
+        reply.status,
+        200,
+        "adding node {}: {}\nviews: {}\n{}\n{}",
+        ids[index],
+        reply.text,
+        brief(&cluster.view(0)),
+        brief(&cluster.view(1)),
+        brief(&cluster.view(2))
+    );
     wait_until("the new membership everywhere", Duration::from_secs(30), || {
         (0..3).all(|index| voters(&cluster.view(index)) == sorted(ids)).then_some(())
     });
+}
+
+/// No issue: an add is three entries (the learner, the joint configuration, the new voters),
+/// and its leader may die after any of them. The leader is killed at moments spread over the
+/// add of a new node and restarted at once; the add asked again must then make the node a
+/// voter, and the cluster must end with one set of voters, the new node in it.
+#[test]
+fn an_add_whose_leader_dies_midway_ends_with_the_node_a_voter_when_asked_again() {
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    const ROUNDS: u32 = 8;
+    let mut cluster = start_cluster(&[]);
+    let addrs = cluster.addrs();
+    let mut ids: Vec<u64> = vec![1, 2, 3];
+    for round in 0..ROUNDS {
+        let leader_id = wait_until("an agreed leader", Duration::from_secs(30), || {
+            agreed_leader_id(&cluster, &ids)
+        });
+        let leader = ids.iter().position(|id| *id == leader_id).expect("the leader is a member");
+        let victim = (leader + 1) % 3;
+        let path = format!("/v1/cluster/members/{}", ids[victim]);
+        let reply = send(&addrs, "DELETE", &path, None, Duration::from_secs(30)).expect("answered");
+        assert_eq!(reply.status, 200, "removing node {}: {}", ids[victim], reply.text);
+        let new_id = 4 + u64::from(round);
+        replace_node(&mut cluster, victim, new_id, &[]);
+        ids[victim] = new_id;
+        // The kill lands from 0 to 40 ms after the add was sent, over the rounds.
+        let delay = Duration::from_micros(u64::from(round) * 40_000 / u64::from(ROUNDS));
+        let body = json!({ "node_id": new_id, "addr": cluster.nodes[victim].addr });
+        let leader_addr = cluster.nodes[leader].addr.clone();
+        let adding = std::thread::spawn(move || {
+            try_request(&leader_addr, "POST", "/v1/cluster/members", Some(&body)).ok()
+        });
+        std::thread::sleep(delay);
+        cluster.nodes[leader].restart();
+        let _ = adding.join();
+        add_replacement(&cluster, &ids, victim);
+        let wanted = json!([sorted(&ids)]);
+        wait_until("one set of voters on every node", Duration::from_secs(20), || {
+            (0..3).all(|index| cluster.view(index)["voter_sets"] == wanted).then_some(())
+        });
+    }
 }
 
 /// The same, deterministically: with the deliberate bug `membership_change_stops_at_joint` (test
@@ -637,6 +687,17 @@ fn a_membership_change_left_joint_is_ended_by_the_leader() {
     ended(&[leader, third], "the removal of a follower to end");
     remove(leader);
     ended(&[third], "the leader's removal of itself to end");
+}
+
+fn brief(view: &serde_json::Value) -> String {
+    format!(
+        "node {} leader {} members {} sets {} applied {}",
+        view["node_id"],
+        view["leader_id"],
+        view["members"],
+        view["voter_sets"],
+        view["applied_log_index"]
+    )
 }
 
 /// `condition`'s value once it has one, or `None` after `timeout`.

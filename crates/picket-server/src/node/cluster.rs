@@ -217,6 +217,13 @@ impl Node {
         }
         // A peer address that is the client address means one port, as `Member` records it.
         let peer_addr = peer_addr.filter(|peer_addr| *peer_addr != addr);
+        // Only the leader checks an add against the members: a follower's view may be behind
+        // (a member removed a moment ago still listed at the address its replacement takes),
+        // and its 400 told the client not to retry where the leader would have added the node.
+        if !self.is_leader() {
+            let ClusterView { leader_id, leader_addr, .. } = self.cluster();
+            return Err(ServiceError::NotLeader { leader_id, leader_addr });
+        }
         // One change at a time on this node: two adds of one id with other addresses, checked
         // together, would both pass the check below, and openraft keeps the first addresses
         // and reports success to both.
