@@ -527,7 +527,7 @@ fn replacing_members_one_by_one_never_forks_the_log_or_grants_a_token_twice() {
 /// between them leaves the cluster joint, and openraft's next leader does not finish it (its
 /// documentation says so). Every quorum then needed both sets of voters until another change
 /// was made by hand, while `picket members` listed every node of both as a voter. The leader is
-/// killed at moments spread over the removal of a follower, and restarted at once; every time,
+/// killed at moments spread over the removal of a follower (0 to 28 ms in), and restarted at once; every time,
 /// the cluster must end with one set of voters.
 #[test]
 fn a_membership_change_whose_leader_dies_midway_never_stays_joint() {
@@ -543,7 +543,7 @@ fn a_membership_change_whose_leader_dies_midway_never_stays_joint() {
         });
         let leader = ids.iter().position(|id| *id == leader_id).expect("the leader is a member");
         let victim = (leader + 1) % 3;
-        // The kill lands from 0 to 30 ms after the removal was sent, over the rounds.
+        // The kill lands from 0 to 28 ms after the removal was sent, over the rounds.
         let delay = Duration::from_micros(u64::from(round) * 30_000 / u64::from(ROUNDS));
         let (leader_addr, path) =
             (cluster.nodes[leader].addr.clone(), format!("/v1/cluster/members/{}", ids[victim]));
@@ -615,7 +615,9 @@ fn add_replacement(cluster: &Cluster, ids: &[u64], index: usize) {
 /// No issue: an add is three entries (the learner, the joint configuration, the new voters),
 /// and its leader may die after any of them. The leader is killed at moments spread over the
 /// add of a new node and restarted at once; the add asked again must then make the node a
-/// voter, and the cluster must end with one set of voters, the new node in it.
+/// voter, and the cluster must end with one set of voters, the new node in it. It found a
+/// follower refusing the add asked again with 400 from its own view of the members, which was
+/// behind (a member removed a moment ago still listed at the new node's address).
 #[test]
 fn an_add_whose_leader_dies_midway_ends_with_the_node_a_voter_when_asked_again() {
     let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -631,11 +633,13 @@ fn an_add_whose_leader_dies_midway_ends_with_the_node_a_voter_when_asked_again()
         let victim = (leader + 1) % 3;
         let path = format!("/v1/cluster/members/{}", ids[victim]);
         let reply = send(&addrs, "DELETE", &path, None, Duration::from_secs(30)).expect("answered");
-        assert_eq!(reply.status, 200, "removing node {}: {}", ids[victim], reply.text);
+        // 400 "not a member": leadership moved and the retry found the removal done.
+        let removed = reply.status == 200 || reply.text.contains("is not a member");
+        assert!(removed, "removing node {}: {}", ids[victim], reply.text);
         let new_id = 4 + u64::from(round);
         replace_node(&mut cluster, victim, new_id, &[]);
         ids[victim] = new_id;
-        // The kill lands from 0 to 40 ms after the add was sent, over the rounds.
+        // The kill lands from 0 to 35 ms after the add was sent, over the rounds.
         let delay = Duration::from_micros(u64::from(round) * 40_000 / u64::from(ROUNDS));
         let body = json!({ "node_id": new_id, "addr": cluster.nodes[victim].addr });
         let leader_addr = cluster.nodes[leader].addr.clone();

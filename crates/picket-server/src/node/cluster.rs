@@ -228,6 +228,11 @@ impl Node {
         // together, would both pass the check below, and openraft keeps the first addresses
         // and reports success to both.
         let one_at_a_time = self.one_change_at_a_time().await?;
+        // Leadership may have moved during the wait for the turn.
+        if !self.is_leader() {
+            let ClusterView { leader_id, leader_addr, .. } = self.cluster();
+            return Err(ServiceError::NotLeader { leader_id, leader_addr });
+        }
         // openraft adds a learner with a change that keeps every node: on a membership an
         // earlier leader left joint it would end the change but keep the voters it removed as
         // learners, replicated to and holding the apply rules back. End it first, as removing,
@@ -445,8 +450,8 @@ impl Node {
 
     /// Whether node `node_id` is a voter of a membership that has committed with one set of
     /// voters, as this node, the leader, confirms with a quorum: an add asked again of it has
-    /// nothing to do. False on a follower (the add then goes to Raft, which names the leader),
-    /// and during a change (a removal of that node may be half done).
+    /// nothing to do. False on a node that no longer leads (the add then goes to Raft, which
+    /// names the leader), and during a change (a removal of that node may be half done).
     async fn is_settled_voter(&self, node_id: NodeId) -> Result<bool, ServiceError> {
         if !self.is_leader() {
             return Ok(false);
