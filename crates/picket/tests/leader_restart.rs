@@ -490,10 +490,7 @@ fn replacing_members_one_by_one_never_forks_the_log_or_grants_a_token_twice() {
     const PLAN: [(bool, bool); 6] =
         [(true, false), (false, true), (true, true), (false, false), (true, true), (false, true)];
     for (round, (of_leader, killed_first)) in PLAN.into_iter().enumerate() {
-        let leader_id = wait_until("an agreed leader", Duration::from_secs(30), || {
-            agreed_leader_id(&cluster, &ids)
-        });
-        let leader = ids.iter().position(|id| *id == leader_id).expect("the leader is a member");
+        let leader = agreed_leader_index(&cluster, &ids);
         let index = cluster.applied_log_index(leader);
         wait_until("load on the leader", Duration::from_secs(30), || {
             (cluster.applied_log_index(leader) > index + 30).then_some(())
@@ -538,10 +535,7 @@ fn a_membership_change_whose_leader_dies_midway_never_stays_joint() {
     let mut ids: Vec<u64> = vec![1, 2, 3];
     let mut stuck = Vec::new();
     for round in 0..ROUNDS {
-        let leader_id = wait_until("an agreed leader", Duration::from_secs(30), || {
-            agreed_leader_id(&cluster, &ids)
-        });
-        let leader = ids.iter().position(|id| *id == leader_id).expect("the leader is a member");
+        let leader = agreed_leader_index(&cluster, &ids);
         let victim = (leader + 1) % 3;
         // The kill lands from 0 to 28 ms after the removal was sent, over the rounds.
         let delay = Duration::from_micros(u64::from(round) * 30_000 / u64::from(ROUNDS));
@@ -626,10 +620,7 @@ fn an_add_whose_leader_dies_midway_ends_with_the_node_a_voter_when_asked_again()
     let addrs = cluster.addrs();
     let mut ids: Vec<u64> = vec![1, 2, 3];
     for round in 0..ROUNDS {
-        let leader_id = wait_until("an agreed leader", Duration::from_secs(30), || {
-            agreed_leader_id(&cluster, &ids)
-        });
-        let leader = ids.iter().position(|id| *id == leader_id).expect("the leader is a member");
+        let leader = agreed_leader_index(&cluster, &ids);
         let victim = (leader + 1) % 3;
         let path = format!("/v1/cluster/members/{}", ids[victim]);
         let reply = send(&addrs, "DELETE", &path, None, Duration::from_secs(30)).expect("answered");
@@ -741,6 +732,13 @@ fn replace_node(
         &args,
     );
     data_dir
+}
+
+/// Waits until the running nodes of `ids` agree on a leader among them; returns its index.
+fn agreed_leader_index(cluster: &Cluster, ids: &[u64]) -> usize {
+    let leader_id =
+        wait_until("an agreed leader", Duration::from_secs(30), || agreed_leader_id(cluster, ids));
+    ids.iter().position(|id| *id == leader_id).expect("the leader is a member")
 }
 
 /// The id every node of `ids` names as leader, when they agree on one of them.

@@ -221,8 +221,7 @@ impl Node {
         // (a member removed a moment ago still listed at the address its replacement takes),
         // and its 400 told the client not to retry where the leader would have added the node.
         if !self.is_leader() {
-            let ClusterView { leader_id, leader_addr, .. } = self.cluster();
-            return Err(ServiceError::NotLeader { leader_id, leader_addr });
+            return Err(self.refused_as_not_leader());
         }
         // One change at a time on this node: two adds of one id with other addresses, checked
         // together, would both pass the check below, and openraft keeps the first addresses
@@ -230,14 +229,13 @@ impl Node {
         let one_at_a_time = self.one_change_at_a_time().await?;
         // Leadership may have moved during the wait for the turn.
         if !self.is_leader() {
-            let ClusterView { leader_id, leader_addr, .. } = self.cluster();
-            return Err(ServiceError::NotLeader { leader_id, leader_addr });
+            return Err(self.refused_as_not_leader());
         }
         // openraft adds a learner with a change that keeps every node: on a membership an
         // earlier leader left joint it would end the change but keep the voters it removed as
         // learners, replicated to and holding the apply rules back. End it first, as removing,
         // before the checks below read the members (a removed voter's address is free).
-        if self.is_leader() && self.membership_is_joint_and_committed() {
+        if self.membership_is_joint_and_committed() {
             end_joint_membership(&self.raft, self.id).await?;
         }
         let members = self.cluster().members;
@@ -300,8 +298,7 @@ impl Node {
         if !added.map_err(membership_error)? {
             // Leadership moved while waiting: a new leader could not know the node was never
             // reached. The node stays a learner; the add is asked again of the leader.
-            let ClusterView { leader_id, leader_addr, .. } = self.cluster();
-            return Err(ServiceError::NotLeader { leader_id, leader_addr });
+            return Err(self.refused_as_not_leader());
         }
         let voters: BTreeSet<NodeId> = [node_id].into();
         self.change_membership(openraft::ChangeMembers::AddVoterIds(voters), one_at_a_time).await?;
@@ -390,6 +387,12 @@ impl Node {
         };
         self.change_membership(change, one_at_a_time).await?;
         Ok(self.cluster())
+    }
+
+    /// `not_leader`, naming the leader this node knows, if any.
+    fn refused_as_not_leader(&self) -> ServiceError {
+        let ClusterView { leader_id, leader_addr, .. } = self.cluster();
+        ServiceError::NotLeader { leader_id, leader_addr }
     }
 
     /// Waits its turn to change the membership: at most [`MEMBERSHIP_CHANGE_WAIT`], as a change
