@@ -58,6 +58,15 @@ impl Client {
         self.transport.endpoints()
     }
 
+    /// The id of the cluster this client keeps to: the one it was given
+    /// ([`ClientConfig::cluster_id`]), else the first named one it reached (a restore of it
+    /// since, if it followed one). `None` while it has reached no named cluster. Nodes of
+    /// any other cluster are not used.
+    #[must_use]
+    pub fn cluster_id(&self) -> Option<String> {
+        self.transport.cluster_id()
+    }
+
     /// The watcher of this client's sessions, started on first use.
     async fn session_watcher(&self) -> Arc<SessionWatcher> {
         self.watcher

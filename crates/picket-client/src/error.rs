@@ -48,6 +48,20 @@ pub enum ClientError {
     /// A caller-supplied argument is invalid before anything was sent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The endpoints reached belong to another cluster than the client's (the one it was given,
+    /// or the first it reached); nothing was sent to them. Session ids of two clusters
+    /// coincide, so a call there could keep alive or release another client's session.
+    #[error(
+        "the node at {endpoint} belongs to cluster {found}, not to cluster {expected}: the endpoints name nodes of two clusters; give only the nodes of one (`picket members` on a node shows its cluster id), or the cluster's id (`picket --expect-cluster`, `ClientConfig::cluster_id`)"
+    )]
+    OtherCluster {
+        /// The endpoint of the node of the other cluster.
+        endpoint: String,
+        /// The other cluster's id.
+        found: String,
+        /// The client's cluster, and how the client came to keep to it.
+        expected: String,
+    },
 }
 
 impl ClientError {
@@ -87,6 +101,8 @@ pub(crate) enum Failure {
     Unsent(String),
     /// The connection failed after the request may have been sent.
     Broken(String),
+    /// The node belongs to another cluster than the client's: nothing was sent to it.
+    OtherCluster(ClientError),
     /// A final answer.
     Final(ClientError),
 }

@@ -17,6 +17,8 @@ use tonic::{Response, Status};
 
 mod abandons;
 use abandons::Abandons;
+mod identity;
+use identity::{Identity, Verdict};
 
 /// How long the client keeps trying before it gives up on a call, how long one attempt may
 /// take, and how long to wait between attempts.
@@ -44,6 +46,12 @@ pub struct ClientConfig {
     /// that does not speak the wire protocol (an older build) is spoken to in gRPC. The default
     /// is what the environment variable `PICKET_PROTOCOL` names (`wire` or `grpc`), if it does.
     pub protocol: Protocol,
+    /// The id of the cluster this client belongs to (`cluster_id` in `picket members --json`
+    /// or `GET /v1/cluster`), or `None` for the first named cluster it reaches. Each connection
+    /// the client opens first asks its node which cluster it belongs to, and a node of another
+    /// one is not used ([`ClientError::OtherCluster`]): session ids of two clusters coincide.
+    /// A cluster restored from a backup of this one (`picket serve --restore`) is followed.
+    pub cluster_id: Option<String>,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -58,6 +66,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("tls", &self.tls.is_some())
             .field("bearer_token", &self.bearer_token.as_ref().map(|_| "<redacted>"))
             .field("protocol", &self.protocol)
+            .field("cluster_id", &self.cluster_id)
             .finish()
     }
 }
@@ -73,6 +82,7 @@ impl Default for ClientConfig {
             tls: None,
             bearer_token: None,
             protocol: Protocol::from_env(),
+            cluster_id: None,
         }
     }
 }
@@ -102,6 +112,11 @@ struct Inner {
     connections: Mutex<HashMap<String, Connection>>,
     /// The abandons of given-up acquires, sent by a task of their own.
     abandons: Arc<Abandons>,
+    /// The cluster the client keeps to.
+    identity: Identity,
+    /// Whether a new connection is checked against [`Inner::identity`]: always, but in unit
+    /// tests whose fake nodes answer nothing.
+    check_cluster: bool,
 }
 
 /// The node calls go to first: the last one a call succeeded at, or the one a refusal named as
@@ -189,13 +204,18 @@ impl Transport {
             })?;
         }
         check_transport(&given, &endpoints, &config)?;
+        if let Some(cluster_id) = &config.cluster_id {
+            check_cluster_id(cluster_id)?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 endpoints,
+                identity: Identity::new(config.cluster_id.clone()),
                 config,
                 leader: Mutex::new(None),
                 connections: Mutex::new(HashMap::new()),
                 abandons: Arc::default(),
+                check_cluster: true,
             }),
         })
     }
@@ -212,8 +232,15 @@ impl Transport {
         WeakTransport(Arc::downgrade(&self.inner))
     }
 
-    /// The open connection to `endpoint`, opened first if there is none or it has closed.
-    async fn connection(&self, endpoint: &str) -> Result<Connection, Status> {
+    /// The cluster this client keeps to, once it knows one: the one it was given, else the
+    /// first named one a connection found.
+    pub(crate) fn cluster_id(&self) -> Option<String> {
+        self.inner.identity.cluster_id()
+    }
+
+    /// The open connection to `endpoint`, opened first if there is none or it has closed, and
+    /// then checked to lead to the client's cluster.
+    async fn connection(&self, endpoint: &str) -> Result<Connection, Failure> {
         let cached = self.lock_connections().get(endpoint).filter(|c| !c.is_closed()).cloned();
         let connection = match cached {
             Some(connection) => connection,
@@ -225,11 +252,18 @@ impl Transport {
                     self.inner.config.tls.as_ref(),
                     self.inner.config.protocol,
                 )
-                .await?;
+                .await
+                .map_err(|status| classify(&status))?;
                 let opened = match &self.inner.config.bearer_token {
-                    Some(token) => opened.with_bearer_token(token)?,
+                    Some(token) => opened.with_bearer_token(token).map_err(|s| classify(&s))?,
                     None => opened,
                 };
+                if self.inner.check_cluster && self.check_cluster(endpoint, &opened).await? {
+                    // A restore of the client's cluster: the connections to the nodes of the
+                    // cluster before are not used again.
+                    self.lock_connections().clear();
+                    self.set_leader_hint(None);
+                }
                 // Another call may have opened one meanwhile; keep a single live connection.
                 let mut connections = self.lock_connections();
                 forget_named(&mut connections, &self.inner.endpoints, endpoint);
@@ -242,6 +276,61 @@ impl Transport {
             }
         };
         Ok(connection)
+    }
+
+    /// Asks the node at the other end of a new `connection` which cluster it belongs to, and
+    /// refuses it when that is not the client's. `Ok(true)` when the client follows the node's
+    /// cluster from now on, as a restore of its own. Nothing of the caller's request has been
+    /// sent yet, so a failure here leaves it free to go elsewhere.
+    async fn check_cluster(
+        &self,
+        endpoint: &str,
+        connection: &Connection,
+    ) -> Result<bool, Failure> {
+        let mut client = connection.grpc();
+        let asked = client.cluster(v1::Empty {});
+        let info = match tokio::time::timeout(self.inner.config.request_timeout, asked).await {
+            Ok(Ok(info)) => info.into_inner(),
+            // A refusal of the service's own (unauthenticated, overloaded, stopping) is what
+            // the request would have met there too.
+            Ok(Err(status)) if status.metadata().contains_key(picket_proto::ERROR_CODE_KEY) => {
+                return Err(classify(&status));
+            }
+            Ok(Err(status)) => {
+                return Err(Failure::Unsent(format!(
+                    "asking {endpoint} which cluster it belongs to: {}: {}",
+                    status.code(),
+                    status.message()
+                )));
+            }
+            Err(_) => {
+                return Err(Failure::Unsent(format!(
+                    "{endpoint} did not say which cluster it belongs to within {:?}",
+                    self.inner.config.request_timeout
+                )));
+            }
+        };
+        match self.inner.identity.judge(endpoint, &info.cluster_id, &info.restored_from_cluster_id)
+        {
+            Verdict::Same => Ok(false),
+            Verdict::Learned => {
+                tracing::debug!(%endpoint, cluster_id = %info.cluster_id, "keeping to the cluster found");
+                Ok(false)
+            }
+            Verdict::Followed => {
+                tracing::warn!(
+                    %endpoint,
+                    cluster_id = %info.cluster_id,
+                    restored_from = %info.restored_from_cluster_id,
+                    "the client's cluster was restored from a backup; following the restored one"
+                );
+                Ok(true)
+            }
+            Verdict::Other(error) => {
+                tracing::warn!(%endpoint, "{error}");
+                Err(Failure::OtherCluster(error))
+            }
+        }
     }
 
     fn lock_connections(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
@@ -306,6 +395,7 @@ impl Transport {
         let mut reached_any = false;
         let mut refused = 0;
         let mut redirects = 0;
+        let mut other_cluster = None;
         loop {
             let (target, known) = self.next_target(next_endpoint);
             // A connection opened or looked up here is kept with the leader once a call on it
@@ -314,29 +404,29 @@ impl Transport {
                 Some(connection) => (Ok(connection), None),
                 None => match self.connection(&target).await {
                     Ok(connection) => (Ok(connection.clone()), Some(connection)),
-                    Err(unsent) => (Err(unsent), None),
+                    Err(failure) => (Err(failure), None),
                 },
             };
-            let result = match connected {
-                Err(unsent) => Err(unsent),
+            let failure = match connected {
+                Err(failure) => failure,
                 Ok(connection) => {
                     let call = attempt(connection);
-                    match timeout {
+                    let result = match timeout {
                         Some(timeout) => {
                             tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
                                 Err(Status::deadline_exceeded("the request timed out"))
                             })
                         }
                         None => call.await,
+                    };
+                    match result {
+                        Ok(response) => {
+                            self.answered_at(&target, keep);
+                            return Ok(response.into_inner());
+                        }
+                        Err(status) => classify(&status),
                     }
                 }
-            };
-            let failure = match result {
-                Ok(response) => {
-                    self.answered_at(&target, keep);
-                    return Ok(response.into_inner());
-                }
-                Err(status) => classify(&status),
             };
             match failure {
                 Failure::Final(error) => return Err(error),
@@ -369,18 +459,23 @@ impl Transport {
                     self.set_leader_hint(None);
                     next_endpoint += 1;
                 }
-                Failure::Unsent(detail) => {
-                    last_failure = format!("{target}: {detail}");
+                Failure::Unsent(_) | Failure::OtherCluster(_) => {
+                    match failure {
+                        Failure::OtherCluster(error) => {
+                            last_failure = format!("{target}: another cluster's node");
+                            other_cluster = Some(error);
+                        }
+                        Failure::Unsent(detail) => last_failure = format!("{target}: {detail}"),
+                        _ => unreachable!("matched above"),
+                    }
                     self.set_leader_hint(None);
                     next_endpoint += 1;
                     refused += 1;
-                    // Every endpoint refused the connection three times over and none ever
-                    // answered: nothing is listening. Say so now instead of after `retry_for`.
+                    // Every endpoint refused the connection (or was another cluster's) three
+                    // times over and none ever answered: nothing of the client's cluster is
+                    // listening. Say so now instead of after `retry_for`.
                     if !reached_any && refused >= 3 * self.inner.endpoints.len() {
-                        return Err(ClientError::Unreachable {
-                            endpoints: self.inner.endpoints.join(","),
-                            detail: last_failure,
-                        });
+                        return Err(self.unreached(other_cluster, last_failure));
                     }
                 }
                 Failure::Broken(detail) => {
@@ -402,10 +497,7 @@ impl Transport {
                         holder_token: None,
                     }
                 } else {
-                    ClientError::Unreachable {
-                        endpoints: self.inner.endpoints.join(","),
-                        detail: last_failure,
-                    }
+                    self.unreached(other_cluster, last_failure)
                 });
             }
             tokio::time::sleep(backoff).await;
@@ -413,6 +505,15 @@ impl Transport {
             redirects = 0;
             backoff = (backoff * 2).min(config.max_backoff);
         }
+    }
+
+    /// The error of a call that reached no node of the client's cluster: the last node found
+    /// in another cluster, if any was, else the last transport error.
+    fn unreached(&self, other_cluster: Option<ClientError>, last_failure: String) -> ClientError {
+        other_cluster.unwrap_or_else(|| ClientError::Unreachable {
+            endpoints: self.inner.endpoints.join(","),
+            detail: last_failure,
+        })
     }
 
     /// Opens a watch stream as `request` asks.
@@ -532,6 +633,18 @@ impl Transport {
     }
 }
 
+/// Refuses a given cluster id that no cluster could have: 32 lowercase hexadecimal digits.
+fn check_cluster_id(cluster_id: &str) -> Result<(), ClientError> {
+    let digits =
+        cluster_id.bytes().all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte));
+    if cluster_id.len() == 32 && digits {
+        return Ok(());
+    }
+    Err(ClientError::InvalidArgument(format!(
+        "{cluster_id:?} is not a cluster id (32 lowercase hexadecimal digits): copy it from `picket members` or GET /v1/cluster"
+    )))
+}
+
 /// Most connections kept open to nodes outside the configured endpoints: leaders a node named.
 const MOST_NAMED_CONNECTIONS: usize = 8;
 
@@ -578,7 +691,11 @@ impl Drop for UnansweredAcquire<'_> {
 /// or an argument refused before sending left nothing.
 pub(crate) fn outcome_may_linger(error: &ClientError) -> bool {
     match error {
-        ClientError::OutcomeUnknown(_) | ClientError::Unreachable { .. } => true,
+        // Another cluster's nodes were all that answered at the end; an earlier attempt may
+        // have reached the client's own.
+        ClientError::OutcomeUnknown(_)
+        | ClientError::Unreachable { .. }
+        | ClientError::OtherCluster { .. } => true,
         ClientError::Service { code, .. } => *code == ErrorCode::Unavailable,
         ClientError::UnknownRefusal { .. }
         | ClientError::SessionLost(_)
@@ -634,6 +751,15 @@ mod tests {
         assert_eq!(kept, ["a:1", "b:1", "named-3:1"], "the one being opened stays, alone");
     }
 
+    impl Transport {
+        /// This transport, not checking which cluster a connection leads to: the fake nodes
+        /// here answer nothing, and the calls under test make their own answers.
+        fn unchecked(mut self) -> Self {
+            Arc::get_mut(&mut self.inner).expect("not shared yet").check_cluster = false;
+            self
+        }
+    }
+
     /// A node that takes wire connections and answers nothing: the calls under test make their
     /// own answers.
     async fn silent_node() -> String {
@@ -670,7 +796,7 @@ mod tests {
             protocol: Protocol::Wire,
             ..ClientConfig::default()
         };
-        let transport = Transport::new(nodes.clone(), config).unwrap();
+        let transport = Transport::new(nodes.clone(), config).unwrap().unchecked();
         let attempts = std::sync::atomic::AtomicU32::new(0);
         // Each attempt is refused at once, so a client that never backs off never yields
         // either: the refusals turn final after 1,000 attempts instead of spinning for ever.
@@ -794,7 +920,7 @@ mod tests {
             max_backoff: Duration::from_millis(5),
             ..ClientConfig::default()
         };
-        let transport = Transport::new([silent_node().await], config).unwrap();
+        let transport = Transport::new([silent_node().await], config).unwrap().unchecked();
         for n in 0..20 {
             transport.abandon_in_background(1, &format!("lock-{n}"), n, 0);
         }

@@ -66,7 +66,7 @@ impl WatchStream {
         match self.messages.message().await {
             Ok(message) => Ok(message.as_ref().map(watched)),
             Err(status) => Err(match classify(&status) {
-                Failure::Final(error) => error,
+                Failure::Final(error) | Failure::OtherCluster(error) => error,
                 Failure::NotLeader(_) => ClientError::OutcomeUnknown(status.message().to_owned()),
                 Failure::Unavailable(detail)
                 | Failure::Unsent(detail)

@@ -1268,9 +1268,10 @@ fn set_limits_changes_what_is_refused_from_its_entry_on_and_never_ends_what_exis
 /// A cluster is named once (apply rules 7): the first well-formed id stays for good, the same
 /// id again is a no-op and another is refused; an entry under older rules is refused. The id
 /// travels in snapshots, and a restored state starts without one, so the restored cluster is
-/// named anew and parts from the one its backup came from.
+/// named anew and parts from the one its backup came from, whose id it keeps as its origin (with
+/// its sessions or without) for clients to follow.
 #[test]
-fn a_cluster_is_named_once_and_a_restored_state_is_named_anew() {
+fn a_cluster_is_named_once_and_a_restored_state_is_named_anew_and_knows_its_origin() {
     let mut story = Story::new();
     let first = "0123456789abcdef0123456789abcdef".to_owned();
     let name = |story: &mut Story, cluster_id: &str| {
@@ -1296,8 +1297,14 @@ fn a_cluster_is_named_once_and_a_restored_state_is_named_anew() {
     let snapshot = story.machine.snapshot();
     let restored = StateMachine::restore(&snapshot).expect("restores");
     assert_eq!(restored.cluster_id(), Some(first.as_str()), "the id travels in snapshots");
-    let next_epoch = restored.into_next_epoch().expect("an epoch is left");
+    let next_epoch = restored.clone().into_next_epoch().expect("an epoch is left");
     assert_eq!(next_epoch.cluster_id(), None, "a restored state is a new cluster");
+    assert_eq!(next_epoch.restored_from_cluster_id(), Some(first.as_str()), "clients follow it");
+    let emptied = restored.without_sessions().into_next_epoch().expect("an epoch is left");
+    assert_eq!(emptied.cluster_id(), None);
+    assert_eq!(emptied.restored_from_cluster_id(), Some(first.as_str()), "without sessions too");
+    let again = StateMachine::restore(&next_epoch.snapshot()).expect("restores");
+    assert_eq!(again.restored_from_cluster_id(), Some(first.as_str()), "it travels in snapshots");
 
     let text = String::from_utf8(snapshot).expect("a snapshot is JSON");
     let damaged = text.replace(&first, "not-an-id");

@@ -137,6 +137,8 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         apply_rules: view.apply_rules,
         newest_applied_rules: view.newest_applied_rules,
         voter_sets: view.voter_sets.into_iter().map(|node_ids| v1::VoterSet { node_ids }).collect(),
+        cluster_id: view.cluster_id.unwrap_or_default(),
+        restored_from_cluster_id: view.restored_from_cluster_id.unwrap_or_default(),
     }
 }
 

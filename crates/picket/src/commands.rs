@@ -564,9 +564,18 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
             .collect();
         let voter_sets: Vec<&[u64]> =
             info.voter_sets.iter().map(|set| set.node_ids.as_slice()).collect();
+        let named = |id: &str| (!id.is_empty()).then(|| id.to_owned());
         println!(
             "{}",
-            json!({ "members": members, "voter_sets": voter_sets, "leader_id": info.leader_id, "leader_addr": info.leader_addr, "applied_revision": info.applied_revision })
+            json!({
+                "members": members,
+                "voter_sets": voter_sets,
+                "leader_id": info.leader_id,
+                "leader_addr": info.leader_addr,
+                "applied_revision": info.applied_revision,
+                "cluster_id": named(&info.cluster_id),
+                "restored_from_cluster_id": named(&info.restored_from_cluster_id),
+            })
         );
     } else {
         let rows: Vec<Vec<String>> = info
@@ -592,6 +601,11 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
                 "a membership change is under way: every quorum needs a majority of each of {}",
                 sets.join(" and ")
             );
+        }
+        match (info.cluster_id.as_str(), info.restored_from_cluster_id.as_str()) {
+            ("", _) => println!("cluster id: none yet (its first leader names it)"),
+            (cluster_id, "") => println!("cluster id: {cluster_id}"),
+            (cluster_id, origin) => println!("cluster id: {cluster_id} (restored from {origin})"),
         }
     }
     Ok(ExitCode::SUCCESS)

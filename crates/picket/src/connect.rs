@@ -66,6 +66,17 @@ pub struct Connect {
         default_value = "wire"
     )]
     pub protocol: Protocol,
+    /// The id of the cluster to talk to (`cluster id` in `picket members`): a node of another
+    /// cluster among --endpoints is not used. Without it, the client keeps to the first named
+    /// cluster it reaches. (Not `picket serve --cluster-id`, the name signed sequencers carry.)
+    #[arg(
+        long,
+        id = "connect_expect_cluster",
+        value_name = "ID",
+        global = true,
+        env = "PICKET_EXPECT_CLUSTER"
+    )]
+    pub expect_cluster: Option<String>,
 }
 
 impl Connect {
@@ -79,6 +90,7 @@ impl Connect {
             key: None,
             auth_token_file: None,
             protocol: Protocol::Wire,
+            expect_cluster: None,
         }
     }
 
@@ -132,6 +144,7 @@ impl Connect {
             tls: self.tls()?,
             bearer_token: self.bearer_token()?,
             protocol: self.protocol,
+            cluster_id: self.expect_cluster.clone(),
             ..config
         };
         Ok(Client::connect_with(self.endpoints.clone(), config).await?)

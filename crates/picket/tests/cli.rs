@@ -471,7 +471,21 @@ fn read_commands_print_tables_and_json() {
     assert_eq!(members["members"].as_array().unwrap().len(), 1);
     // One set of voters, this node: no membership change under way.
     assert_eq!(members["voter_sets"], json!([[1]]), "{members}");
-    assert!(stdout(&picket(addr, &["members"])).contains("leader"));
+    let listed = stdout(&picket(addr, &["members"]));
+    assert!(listed.contains("leader"), "{listed}");
+    let cluster_id = members["cluster_id"].as_str().expect("a cluster id").to_owned();
+    assert!(listed.contains(&format!("cluster id: {cluster_id}")), "{listed}");
+    // A client told to keep to another cluster uses no node of this one.
+    let other = "0123456789abcdef0123456789abcdef";
+    let refused = picket(addr, &["--expect-cluster", other, "members"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stdout(&refused));
+    let said = stderr(&refused);
+    assert!(
+        said.contains(&format!("belongs to cluster {cluster_id}, not to cluster {other}")),
+        "{said}"
+    );
+    let kept = picket(addr, &["--expect-cluster", &cluster_id, "members", "--json"]);
+    assert_eq!(kept.status.code(), Some(0), "{}", stderr(&kept));
 
     let sequencer = grant["sequencer"].as_str().unwrap();
     assert_eq!(picket(addr, &["check", sequencer]).status.code(), Some(0));

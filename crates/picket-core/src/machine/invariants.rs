@@ -116,6 +116,14 @@ impl StateMachine {
                 digits: CLUSTER_ID_HEX_DIGITS,
             });
         }
+        if let Some(cluster_id) =
+            self.restored_from_cluster_id.as_ref().filter(|id| !is_cluster_id(id))
+        {
+            return Err(BrokenInvariant::MalformedClusterId {
+                cluster_id: cluster_id.clone(),
+                digits: CLUSTER_ID_HEX_DIGITS,
+            });
+        }
         Ok(())
     }
 

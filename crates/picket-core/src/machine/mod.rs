@@ -87,6 +87,13 @@ pub struct StateMachine {
     /// Absent in snapshots of older builds, of clusters not named yet, and of restored states.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cluster_id: Option<String>,
+    /// The id of the cluster this state was restored from, if it was restored from a backup
+    /// of a named cluster ([`StateMachine::into_epoch`]). Clients that opened sessions in that
+    /// cluster may carry them here: a restore starts a new epoch of revisions, so no session
+    /// opened here has the id of one opened there after the backup. Not written by any
+    /// command, so older builds, which do not read it, apply the log alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    restored_from_cluster_id: Option<String>,
     /// Derived from the records, rebuilt on restore rather than stored.
     #[serde(skip)]
     deadlines: Deadlines,
@@ -175,6 +182,7 @@ impl StateMachine {
             locks: BTreeMap::new(),
             newest_apply_rules: 0,
             cluster_id: None,
+            restored_from_cluster_id: None,
             deadlines: Deadlines::default(),
         }
     }
@@ -212,7 +220,8 @@ impl StateMachine {
     ///
     /// The state loses its cluster id: the restored nodes are a new cluster, whose first leader
     /// names it anew, so that they and the nodes of the cluster the backup came from refuse
-    /// each other's Raft messages.
+    /// each other's Raft messages. The id becomes the state's
+    /// [`StateMachine::restored_from_cluster_id`], which clients of that cluster follow.
     #[must_use]
     pub fn into_epoch(mut self, epoch: u64) -> Option<Self> {
         let next = epoch;
@@ -223,7 +232,9 @@ impl StateMachine {
             return None;
         }
         self.revision = next << RESTORE_EPOCH_SHIFT;
-        self.cluster_id = None;
+        if let Some(cluster_id) = self.cluster_id.take() {
+            self.restored_from_cluster_id = Some(cluster_id);
+        }
         Some(self)
     }
 
@@ -240,8 +251,10 @@ impl StateMachine {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
             newest_apply_rules: 0,
-            // A cluster id needs apply rules 7, which this state no longer says it holds.
+            // A cluster id needs apply rules 7, which this state no longer says it holds; the
+            // cluster it names is the one this state is restored from.
             cluster_id: None,
+            restored_from_cluster_id: self.cluster_id.or(self.restored_from_cluster_id),
             deadlines: Deadlines::default(),
         }
     }
@@ -250,6 +263,13 @@ impl StateMachine {
     #[must_use]
     pub fn cluster_id(&self) -> Option<&str> {
         self.cluster_id.as_deref()
+    }
+
+    /// The id of the named cluster this state was restored from, if any (the nearest, after
+    /// restores of restores).
+    #[must_use]
+    pub fn restored_from_cluster_id(&self) -> Option<&str> {
+        self.restored_from_cluster_id.as_deref()
     }
 
     /// The state machine's clock: the `now_ms` of the last accepted command.

@@ -129,6 +129,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "restore": view.restore,
         "other_restore_refused_total": view.other_restore_refused_total,
         "cluster_id": view.cluster_id,
+        "restored_from_cluster_id": view.restored_from_cluster_id,
         "other_cluster_refused_total": view.other_cluster_refused_total,
     })
 }

@@ -81,6 +81,9 @@ pub struct ClusterView {
     /// The cluster's id (32 hexadecimal digits), once its first leader under apply rules 7 has
     /// named it; every node of one cluster shows the same.
     pub cluster_id: Option<String>,
+    /// The id of the named cluster this one was restored from, if it was restored from a
+    /// backup (see [`picket_core::StateMachine::restored_from_cluster_id`]).
+    pub restored_from_cluster_id: Option<String>,
     /// Raft messages this node refused because their sender belongs to another cluster.
     pub other_cluster_refused_total: u64,
 }
@@ -119,12 +122,14 @@ impl Node {
         let leader_addr =
             leader_id.and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()));
         let role = role_name(metrics.state);
-        let (applied_revision, applied_log_index, newest_applied_rules, limits) =
+        let (applied_revision, applied_log_index, newest_applied_rules, limits, restored_from) =
             self.read_local(|state| {
                 let applied_log_index = state.last_applied.map_or(0, |log_id| log_id.index());
                 let machine = &state.machine;
                 let limits = machine.limits().clone();
-                (machine.revision(), applied_log_index, machine.newest_apply_rules(), limits)
+                let restored_from = machine.restored_from_cluster_id().map(str::to_owned);
+                let rules = machine.newest_apply_rules();
+                (machine.revision(), applied_log_index, rules, limits, restored_from)
             });
         ClusterView {
             members,
@@ -156,6 +161,7 @@ impl Node {
                 .other_restores_refused
                 .load(std::sync::atomic::Ordering::Relaxed),
             cluster_id: self.cluster_id().map(|cluster_id| cluster_id.to_string()),
+            restored_from_cluster_id: restored_from,
             other_cluster_refused_total: self
                 .other_clusters_refused
                 .load(std::sync::atomic::Ordering::Relaxed),

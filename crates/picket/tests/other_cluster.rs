@@ -1,0 +1,127 @@
+//! A client keeps to one cluster. Session ids are revisions, so two clusters hand out the same
+//! ids, and a client whose endpoints name nodes of two clusters (a host reused, a copied
+//! configuration) used to send a session's calls to whichever answered: a release there ended
+//! another client's grant, a keepalive kept another client's session alive. Each connection the
+//! client opens now first asks its node which cluster it belongs to, and the client uses only
+//! the nodes of its own, or of a cluster restored from a backup of it. Real processes, on free
+//! loopback ports.
+
+use picket_client::{Client, ClientConfig, ClientError};
+use picket_testkit::{ServerProcess, http, temp_dir, wait_until};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const PICKET: &str = env!("CARGO_BIN_EXE_picket");
+
+/// The id the cluster of the node at `addr` was named, once it is (and, when `origin` is
+/// given, once the node knows it was restored from that cluster).
+fn cluster_id(addr: &str, origin: Option<&str>) -> String {
+    wait_until("the cluster to be named", Duration::from_secs(20), || {
+        let view = http::try_request(addr, "GET", "/v1/cluster", None).ok()?.body;
+        let named = view["cluster_id"].as_str()?.to_owned();
+        let restored_from = view["restored_from_cluster_id"].as_str();
+        (origin.is_none() || restored_from == origin).then_some(named)
+    })
+}
+
+fn quick() -> ClientConfig {
+    ClientConfig {
+        retry_for: Duration::from_secs(3),
+        request_timeout: Duration::from_secs(2),
+        ..ClientConfig::default()
+    }
+}
+
+/// Alice's client reached cluster A first; once A is down, the only node it can reach is one of
+/// cluster B. A release naming B's session and grant (as a release of a session with the same
+/// id would) is not sent there, and says why; B's grant stands. A client given a cluster's id
+/// refuses the nodes of any other from its first call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
+    let (_a_dir, mut a) = ServerProcess::start_ready(Path::new(PICKET), &[]);
+    let (_b_dir, b) = ServerProcess::start_ready(Path::new(PICKET), &[]);
+    let (a_id, b_id) = (cluster_id(&a.addr, None), cluster_id(&b.addr, None));
+    assert_ne!(a_id, b_id);
+
+    let bob = Client::connect([b.addr.clone()]).await.unwrap();
+    let bobs = bob.session(Duration::from_secs(60)).await.unwrap();
+    let held = bobs.try_lock("shared").await.unwrap();
+
+    let alice = Client::connect_with([a.addr.clone(), b.addr.clone()], quick()).await.unwrap();
+    assert_eq!(alice.cluster_id().as_deref(), Some(a_id.as_str()), "the first cluster reached");
+    let alices = alice.session(Duration::from_secs(60)).await.unwrap();
+    alices.try_lock("mine").await.unwrap();
+
+    let given = ClientConfig { cluster_id: Some(b_id.clone()), ..quick() };
+    let refused = Client::connect_with([a.addr.clone()], given).await.unwrap_err();
+    assert!(matches!(refused, ClientError::OtherCluster { .. }), "{refused}");
+    let message = refused.to_string();
+    assert!(
+        message.contains(&format!("belongs to cluster {a_id}, not to cluster {b_id}")),
+        "{message}"
+    );
+    assert!(message.contains("the one this client was given"), "{message}");
+    let malformed = ClientConfig { cluster_id: Some("B".to_owned()), ..quick() };
+    let refused = Client::connect_with([a.addr.clone()], malformed).await.unwrap_err();
+    assert!(matches!(refused, ClientError::InvalidArgument(_)), "{refused}");
+
+    a.kill();
+    let started = std::time::Instant::now();
+    let error = alice.release_in(bobs.id(), "shared", held.token()).await.unwrap_err();
+    assert!(matches!(error, ClientError::OtherCluster { .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains(&format!("the node at {}", b.addr)), "{message}");
+    assert!(message.contains(&format!("{a_id}, the one this client reached first")), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "not said at once: {:?}",
+        started.elapsed()
+    );
+    let holder = bob.lock_info("shared").await.unwrap().holder.expect("B's grant stands");
+    assert_eq!((holder.session.0, holder.token), (bobs.id(), held.token()));
+    let error = alice.lock_info("shared").await.unwrap_err();
+    assert!(matches!(error, ClientError::OtherCluster { .. }), "a read too: {error}");
+    assert_eq!(alice.cluster_id().as_deref(), Some(a_id.as_str()));
+}
+
+/// A cluster restored from a backup, with its sessions (`--restore-sessions keep`), is a new
+/// cluster with an id of its own; the client of the cluster the backup came from follows it,
+/// and its session and grant go on there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_follows_its_cluster_to_a_restore_of_it() {
+    let dir = temp_dir();
+    let backup = dir.path().join("picket.backup");
+    let (_old_dir, old) = ServerProcess::start_ready(Path::new(PICKET), &[]);
+    let old_id = cluster_id(&old.addr, None);
+    let restored_addr = format!("127.0.0.1:{}", picket_testkit::free_port());
+
+    let config = ClientConfig { retry_for: Duration::from_secs(30), ..ClientConfig::default() };
+    let client =
+        Client::connect_with([old.addr.clone(), restored_addr.clone()], config).await.unwrap();
+    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    let guard = session.try_lock("kept").await.unwrap();
+
+    let output = Command::new(PICKET)
+        .args(["--endpoints", &old.addr, "snapshot", "save"])
+        .arg(&backup)
+        .output()
+        .expect("picket snapshot save runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    drop(old);
+
+    let restore = ["--restore", &backup.display().to_string(), "--restore-sessions", "keep"]
+        .map(str::to_owned);
+    let listen = restored_addr.parse().expect("an address");
+    let restored =
+        ServerProcess::start(Path::new(PICKET), &dir.path().join("new"), listen, &restore);
+    let restored_id = cluster_id(&restored.addr, Some(&old_id));
+    assert_ne!(restored_id, old_id, "a restored cluster is named anew");
+
+    let holder = client.lock_info("kept").await.unwrap().holder.expect("the grant was kept");
+    assert_eq!((holder.session.0, holder.token), (session.id(), guard.token()));
+    assert_eq!(client.cluster_id().as_deref(), Some(restored_id.as_str()), "followed");
+    guard.release().await.unwrap();
+    let next = session.try_lock("kept").await.unwrap();
+    assert!(next.token() > 1 << 48, "granted in the restored cluster's epoch: {}", next.token());
+}
