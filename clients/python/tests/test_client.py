@@ -165,10 +165,10 @@ def test_a_node_that_cannot_serve_is_passed_over_for_the_next_endpoint() -> None
     """A node that answers ``unavailable`` (cut off from a quorum, catching up) may not be the
     only one: the next attempt goes to the next endpoint, as after a ``not_leader`` naming no
     leader. It used to go to the same node again until the client's timeout ran out."""
-    from picket._transport import _Attempts, _Endpoints
+    from picket._transport import _Attempts, _Cluster, _Endpoints
 
     endpoints = _Endpoints(["127.0.0.1:1", "127.0.0.1:2"])
-    attempts = _Attempts(endpoints, 1.0)
+    attempts = _Attempts(endpoints, _Cluster(None, httpx.Headers()), 1.0)
     cut_off = httpx.Response(503, json={"code": "unavailable", "message": "no quorum"})
     assert attempts.answered(cut_off) is None, "tried again"
     assert endpoints.url() == "http://127.0.0.1:2"
@@ -441,3 +441,80 @@ def test_leaders_named_by_nodes_are_kept_one_at_a_time() -> None:
     endpoints.follow("127.0.0.1:2")
     assert endpoints.url() == "http://127.0.0.1:2"
     assert len(endpoints.all) == 3
+
+
+def cluster_id_of(server: Server) -> str:
+    named: List[str] = []
+
+    def known() -> bool:
+        named[:] = [httpx.get(f"http://{server.addr}/v1/cluster").json()["cluster_id"] or ""]
+        return bool(named[0])
+
+    wait_until("the cluster to be named", 20, known)
+    return named[0]
+
+
+def test_a_client_never_sends_a_call_to_a_node_of_another_cluster(tmp_path: "object") -> None:
+    """Session ids of two clusters coincide. Alice's client reached cluster A first; once A is
+    down, the only node it reaches is one of cluster B, which refuses its requests
+    (``other_cluster``): a release naming B's session and grant, as a release of a session with
+    the same id would, leaves B's grant standing."""
+    import pathlib
+
+    root = pathlib.Path(str(tmp_path))
+    a, b = Server(root / "a"), Server(root / "b")
+    try:
+        a_id, b_id = cluster_id_of(a), cluster_id_of(b)
+        with picket.Client([b.addr]) as bob, picket.Client([a.addr, b.addr], timeout=3) as alice:
+            bobs = bob.session(ttl=60)
+            held = bobs.lock("shared")
+            alice.session(ttl=60)
+            assert alice.cluster_id == a_id, "the first cluster that answered"
+            a.stop()
+            release = {"name": "shared", "session_id": bobs.id, "token": held.token}
+            started = time.monotonic()
+            with pytest.raises(picket.OtherCluster) as refused:
+                alice.transport.call("POST", "/v1/locks/release", release, safe=True)
+            assert time.monotonic() - started < 3, "said before the client's timeout"
+            assert f"belongs to cluster {b_id}, not to cluster {a_id}" in str(refused.value)
+            assert holder(b, "shared")["token"] == held.token, "B's grant stands"
+            with picket.Client([b.addr], cluster_id=a_id, timeout=3) as given:
+                with pytest.raises(picket.OtherCluster):
+                    given.lock_info("shared")
+            bobs.close()
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_client_follows_a_restore_of_its_cluster_once_its_own_is_gone() -> None:
+    """A client asks a restore of its cluster to take its requests (``picket-follow-restore``)
+    only once no node of its own that it reached can be reached; a node that took such a
+    request and names another cluster is that restore, which the client keeps to from then on.
+    An answer to a request that expected nothing, once the client keeps to a cluster, changes
+    nothing."""
+    from picket._transport import EXPECT_CLUSTER_HEADER, FOLLOW_RESTORE_HEADER, _Cluster
+
+    headers = httpx.Headers()
+    cluster = _Cluster(None, headers)
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+
+    def answer(named: str, status: int = 200, **sent: str) -> httpx.Response:
+        request = httpx.Request("GET", "http://node/v1/cluster", headers=sent)
+        return httpx.Response(status, headers={"picket-cluster-id": named}, request=request)
+
+    assert cluster.request_headers() == {}
+    cluster.observe("http://a:1", answer(a))
+    assert (cluster.id, headers[EXPECT_CLUSTER_HEADER]) == (a, a)
+    cluster.observe("http://b:1", answer(b))
+    assert cluster.id == a, "a request sent before the client knew its cluster"
+    assert cluster.request_headers() == {}, "its own cluster answers"
+    cluster.unreachable("http://a:1")
+    assert cluster.request_headers() == {FOLLOW_RESTORE_HEADER: "1"}
+    cluster.observe("http://b:1", answer(b, 412, **{EXPECT_CLUSTER_HEADER: a}))
+    assert cluster.id == a, "refused: another cluster"
+    cluster.observe("http://c:1", answer(c, **{EXPECT_CLUSTER_HEADER: a}))
+    assert cluster.id == a, "not asked to follow"
+    cluster.observe("http://c:1", answer(c, **{EXPECT_CLUSTER_HEADER: a, FOLLOW_RESTORE_HEADER: "1"}))
+    assert (cluster.id, headers[EXPECT_CLUSTER_HEADER]) == (c, c), "a restore of it"
+    assert cluster.request_headers() == {}, "the restored cluster answers"

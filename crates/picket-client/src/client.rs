@@ -27,8 +27,9 @@ impl Client {
     /// them answers.
     ///
     /// # Errors
-    /// [`ClientError::Unreachable`] when none answers; [`ClientError::InvalidArgument`] for an
-    /// empty or malformed endpoint list.
+    /// [`ClientError::Unreachable`] when none answers; [`ClientError::OtherCluster`] when only
+    /// nodes of another cluster than [`ClientConfig::cluster_id`] answer;
+    /// [`ClientError::InvalidArgument`] for an empty or malformed endpoint list or cluster id.
     pub async fn connect(
         endpoints: impl IntoIterator<Item = impl Into<String>>,
     ) -> Result<Self, ClientError> {

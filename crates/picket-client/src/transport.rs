@@ -241,41 +241,49 @@ impl Transport {
     /// The open connection to `endpoint`, opened first if there is none or it has closed, and
     /// then checked to lead to the client's cluster.
     async fn connection(&self, endpoint: &str) -> Result<Connection, Failure> {
+        let before = self.inner.identity.generation();
         let cached = self.lock_connections().get(endpoint).filter(|c| !c.is_closed()).cloned();
-        let connection = match cached {
-            Some(connection) => connection,
-            None => {
-                let opened = Connection::open_with(
-                    endpoint,
-                    self.inner.config.connect_timeout,
-                    MAX_REQUEST_BYTES,
-                    self.inner.config.tls.as_ref(),
-                    self.inner.config.protocol,
-                )
-                .await
-                .map_err(|status| classify(&status))?;
-                let opened = match &self.inner.config.bearer_token {
-                    Some(token) => opened.with_bearer_token(token).map_err(|s| classify(&s))?,
-                    None => opened,
-                };
-                if self.inner.check_cluster && self.check_cluster(endpoint, &opened).await? {
-                    // A restore of the client's cluster: the connections to the nodes of the
-                    // cluster before are not used again.
-                    self.lock_connections().clear();
-                    self.set_leader_hint(None);
-                }
-                // Another call may have opened one meanwhile; keep a single live connection.
-                let mut connections = self.lock_connections();
-                forget_named(&mut connections, &self.inner.endpoints, endpoint);
-                let entry =
-                    connections.entry(endpoint.to_owned()).or_insert_with(|| opened.clone());
-                if entry.is_closed() {
-                    *entry = opened;
-                }
-                entry.clone()
-            }
+        if let Some(connection) = cached {
+            return Ok(connection);
+        }
+        let opened = Connection::open_with(
+            endpoint,
+            self.inner.config.connect_timeout,
+            MAX_REQUEST_BYTES,
+            self.inner.config.tls.as_ref(),
+            self.inner.config.protocol,
+        )
+        .await
+        .map_err(|status| {
+            self.inner.identity.unreachable(endpoint);
+            classify(&status)
+        })?;
+        let opened = match &self.inner.config.bearer_token {
+            Some(token) => opened.with_bearer_token(token).map_err(|s| classify(&s))?,
+            None => opened,
         };
-        Ok(connection)
+        let followed = self.inner.check_cluster && self.check_cluster(endpoint, &opened).await?;
+        if followed {
+            // A restore of the client's cluster: the connections to the nodes of the cluster
+            // before are not used again.
+            self.lock_connections().clear();
+            self.set_leader_hint(None);
+        }
+        // Another call may have opened one meanwhile; keep a single live connection.
+        let mut connections = self.lock_connections();
+        // Read with the map locked: a follow bumps the generation before it clears the map, so
+        // a connection judged before another task's follow is never kept after it.
+        if self.inner.identity.generation() != before + u64::from(followed) {
+            return Err(Failure::Unsent(format!(
+                "{endpoint} was judged before the client followed its cluster to a restore"
+            )));
+        }
+        forget_named(&mut connections, &self.inner.endpoints, endpoint);
+        let entry = connections.entry(endpoint.to_owned()).or_insert_with(|| opened.clone());
+        if entry.is_closed() {
+            *entry = opened;
+        }
+        Ok(entry.clone())
     }
 
     /// Asks the node at the other end of a new `connection` which cluster it belongs to, and
@@ -313,6 +321,9 @@ impl Transport {
         match self.inner.identity.judge(endpoint, &info.cluster_id, &info.restored_from_cluster_id)
         {
             Verdict::Same => Ok(false),
+            Verdict::Unknown => Err(Failure::Unavailable(format!(
+                "{endpoint} does not know its cluster's id yet (starting, or catching up)"
+            ))),
             Verdict::Learned => {
                 tracing::debug!(%endpoint, cluster_id = %info.cluster_id, "keeping to the cluster found");
                 Ok(false)
@@ -397,6 +408,7 @@ impl Transport {
         let mut redirects = 0;
         let mut other_cluster = None;
         loop {
+            let generation = self.inner.identity.generation();
             let (target, known) = self.next_target(next_endpoint);
             // A connection opened or looked up here is kept with the leader once a call on it
             // succeeds; the leader's own is already there.
@@ -421,7 +433,11 @@ impl Transport {
                     };
                     match result {
                         Ok(response) => {
-                            self.answered_at(&target, keep);
+                            // Not after a follow of the client's cluster to a restore: the
+                            // node answered for the cluster before.
+                            if self.inner.identity.generation() == generation {
+                                self.answered_at(&target, keep);
+                            }
                             return Ok(response.into_inner());
                         }
                         Err(status) => classify(&status),

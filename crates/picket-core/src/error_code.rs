@@ -104,6 +104,8 @@ pub enum ErrorCode {
     BodyTooLarge,
     /// A browser request from another site, refused.
     CrossSiteRequest,
+    /// The request expects another cluster than the node's (`picket-expect-cluster`).
+    OtherCluster,
     // Made by the Rust client, never sent by a node.
     /// A backup stream ended before its last chunk.
     BackupIncomplete,
@@ -157,6 +159,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::MethodNotAllowed, "method_not_allowed"),
     (ErrorCode::BodyTooLarge, "body_too_large"),
     (ErrorCode::CrossSiteRequest, "cross_site_request"),
+    (ErrorCode::OtherCluster, "other_cluster"),
     (ErrorCode::BackupIncomplete, "backup_incomplete"),
     (ErrorCode::FenceRegistrationFailed, "fence_registration_failed"),
 ];

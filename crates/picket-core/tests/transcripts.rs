@@ -1305,6 +1305,10 @@ fn a_cluster_is_named_once_and_a_restored_state_is_named_anew_and_knows_its_orig
     assert_eq!(emptied.restored_from_cluster_id(), Some(first.as_str()), "without sessions too");
     let again = StateMachine::restore(&next_epoch.snapshot()).expect("restores");
     assert_eq!(again.restored_from_cluster_id(), Some(first.as_str()), "it travels in snapshots");
+    let text = String::from_utf8(next_epoch.snapshot()).expect("a snapshot is JSON");
+    let damaged = text.replace(&first, "not-an-id");
+    let refused = StateMachine::restore(damaged.as_bytes()).expect_err("a malformed origin");
+    assert!(refused.to_string().contains("restored from"), "{refused}");
 
     let text = String::from_utf8(snapshot).expect("a snapshot is JSON");
     let damaged = text.replace(&first, "not-an-id");

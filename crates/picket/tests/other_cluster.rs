@@ -25,6 +25,21 @@ fn cluster_id(addr: &str, origin: Option<&str>) -> String {
     })
 }
 
+/// `method path` at `addr` with `picket-expect-cluster: expected`.
+fn expecting(
+    addr: &str,
+    expected: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> http::Reply {
+    let caller = http::As {
+        headers: vec![("picket-expect-cluster".to_owned(), expected.to_owned())],
+        ..http::As::default()
+    };
+    http::request_as(addr, &caller, method, path, body).expect("the node answers")
+}
+
 fn quick() -> ClientConfig {
     ClientConfig {
         retry_for: Duration::from_secs(3),
@@ -48,7 +63,10 @@ async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
     let bobs = bob.session(Duration::from_secs(60)).await.unwrap();
     let held = bobs.try_lock("shared").await.unwrap();
 
-    let alice = Client::connect_with([a.addr.clone(), b.addr.clone()], quick()).await.unwrap();
+    // A retry window far longer than the bound below: the refusal must come from the client
+    // finding no node of its cluster, not from the window running out.
+    let patient = ClientConfig { retry_for: Duration::from_secs(30), ..quick() };
+    let alice = Client::connect_with([a.addr.clone(), b.addr.clone()], patient).await.unwrap();
     assert_eq!(alice.cluster_id().as_deref(), Some(a_id.as_str()), "the first cluster reached");
     let alices = alice.session(Duration::from_secs(60)).await.unwrap();
     alices.try_lock("mine").await.unwrap();
@@ -65,6 +83,43 @@ async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
     let malformed = ClientConfig { cluster_id: Some("B".to_owned()), ..quick() };
     let refused = Client::connect_with([a.addr.clone()], malformed).await.unwrap_err();
     assert!(matches!(refused, ClientError::InvalidArgument(_)), "{refused}");
+
+    // Over HTTP, a request that names the cluster it expects is refused by a node of another,
+    // and every answer names the node's cluster.
+    let opened = expecting(
+        &b.addr,
+        &b_id,
+        "POST",
+        "/v1/sessions",
+        Some(&serde_json::json!({ "ttl_ms": 10_000 })),
+    );
+    assert_eq!(opened.status, 200, "{}", opened.text);
+    assert_eq!(opened.header("picket-cluster-id"), Some(b_id.as_str()));
+    let sessions_before = http::get(&b.addr, "/v1/sessions").body;
+    let body =
+        serde_json::json!({ "name": "shared", "session_id": bobs.id(), "token": held.token() });
+    let refused = expecting(&b.addr, &a_id, "POST", "/v1/locks/release", Some(&body));
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (412, Some("other_cluster")),
+        "{}",
+        refused.text
+    );
+    assert_eq!(refused.body["outcome"], "not_applied");
+    assert!(
+        refused.text.contains(&format!("belongs to cluster {b_id}, not to cluster {a_id}")),
+        "{}",
+        refused.text
+    );
+    let opened = expecting(
+        &b.addr,
+        &a_id,
+        "POST",
+        "/v1/sessions",
+        Some(&serde_json::json!({ "ttl_ms": 10_000 })),
+    );
+    assert_eq!(opened.status, 412, "{}", opened.text);
+    assert_eq!(http::get(&b.addr, "/v1/sessions").body, sessions_before, "nothing was applied");
 
     a.kill();
     let started = std::time::Instant::now();
@@ -86,10 +141,11 @@ async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
 }
 
 /// A cluster restored from a backup, with its sessions (`--restore-sessions keep`), is a new
-/// cluster with an id of its own; the client of the cluster the backup came from follows it,
-/// and its session and grant go on there.
+/// cluster with an id of its own. While the cluster the backup came from runs, its clients keep
+/// to it; once it is gone, its client follows the restored one, and its session and grant go on
+/// there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_follows_its_cluster_to_a_restore_of_it() {
+async fn a_client_follows_its_cluster_to_a_restore_of_it_once_that_is_gone() {
     let dir = temp_dir();
     let backup = dir.path().join("picket.backup");
     let (_old_dir, old) = ServerProcess::start_ready(Path::new(PICKET), &[]);
@@ -108,7 +164,6 @@ async fn a_client_follows_its_cluster_to_a_restore_of_it() {
         .output()
         .expect("picket snapshot save runs");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    drop(old);
 
     let restore = ["--restore", &backup.display().to_string(), "--restore-sessions", "keep"]
         .map(str::to_owned);
@@ -117,6 +172,32 @@ async fn a_client_follows_its_cluster_to_a_restore_of_it() {
         ServerProcess::start(Path::new(PICKET), &dir.path().join("new"), listen, &restore);
     let restored_id = cluster_id(&restored.addr, Some(&old_id));
     assert_ne!(restored_id, old_id, "a restored cluster is named anew");
+
+    // The old cluster still runs: a client of it that reaches the restored copy first is not
+    // drawn away (a staging copy of production, in a copied configuration).
+    let given = ClientConfig { cluster_id: Some(old_id.clone()), ..quick() };
+    let staying =
+        Client::connect_with([restored_addr.clone(), old.addr.clone()], given).await.unwrap();
+    let holder = staying.lock_info("kept").await.unwrap().holder.expect("held in the old cluster");
+    assert_eq!(holder.token, guard.token());
+    assert_eq!(staying.cluster_id().as_deref(), Some(old_id.as_str()));
+    drop(old);
+
+    // Over HTTP, a request expecting the cluster the backup came from is taken when it says it
+    // follows that cluster to a restore, and refused otherwise.
+    let refused = expecting(&restored.addr, &old_id, "GET", "/v1/locks/kept", None);
+    assert_eq!(refused.status, 412, "{}", refused.text);
+    let following = http::As {
+        headers: vec![
+            ("picket-expect-cluster".to_owned(), old_id.clone()),
+            ("picket-follow-restore".to_owned(), "1".to_owned()),
+        ],
+        ..http::As::default()
+    };
+    let read = http::request_as(&restored.addr, &following, "GET", "/v1/locks/kept", None)
+        .expect("the node answers");
+    assert_eq!(read.status, 200, "{}", read.text);
+    assert_eq!(read.header("picket-cluster-id"), Some(restored_id.as_str()));
 
     let holder = client.lock_info("kept").await.unwrap().holder.expect("the grant was kept");
     assert_eq!((holder.session.0, holder.token), (session.id(), guard.token()));

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
-from .errors import NotLeader, OutcomeUnknown, PicketError, Unavailable, from_response
+from .errors import NotLeader, OtherCluster, OutcomeUnknown, PicketError, Unavailable, from_response
 
 Json = Dict[str, Any]
 
@@ -30,6 +30,13 @@ Cert = Optional[Tuple[str, str]]
 
 #: Pause between attempts while the cluster has no leader.
 RETRY_PAUSE_S = 0.1
+
+#: The header on a node's answers that names its cluster, once the cluster is named.
+CLUSTER_ID_HEADER = "picket-cluster-id"
+#: The header that names the cluster a request expects: a node of another one refuses it.
+EXPECT_CLUSTER_HEADER = "picket-expect-cluster"
+#: The header that lets a cluster restored from the expected one take the request.
+FOLLOW_RESTORE_HEADER = "picket-follow-restore"
 
 
 def _path_now(path: Path) -> str:
@@ -81,6 +88,72 @@ class _Endpoints:
             self.current = self.configured
 
 
+class _Cluster:
+    """The cluster the client keeps to: the one given, else the first named one that answered.
+
+    Session ids of two clusters coincide, so a client whose endpoints name nodes of two clusters
+    would keep alive, release or acquire in another client's session. Every request carries the
+    id once known (``picket-expect-cluster``), and a node of another cluster refuses it
+    (``other_cluster``) before anything else. A cluster restored from a backup of the client's
+    (its sessions may go on there) takes the request only when it also says
+    ``picket-follow-restore``, which the client says only once no node of its own cluster that
+    it reached before can be reached: a copy restored while the cluster it came from runs on
+    (a staging copy of production, in a copied configuration) does not draw the client away.
+    A node that took it names its own cluster on the answer, which the client keeps to from
+    then on."""
+
+    def __init__(self, cluster_id: Optional[str], headers: httpx.Headers) -> None:
+        self.headers = headers
+        self.id: Optional[str] = None
+        #: The endpoints found to be nodes of the kept cluster, and whether the last attempt
+        #: to reach each did.
+        self.own: Dict[str, bool] = {}
+        if cluster_id:
+            self._keep(cluster_id)
+
+    def _keep(self, cluster_id: str) -> None:
+        self.id = cluster_id
+        self.own.clear()
+        self.headers[EXPECT_CLUSTER_HEADER] = cluster_id
+
+    def unreachable(self, url: str) -> None:
+        """Notes that ``url`` could not be connected to."""
+        if url in self.own:
+            self.own[url] = False
+
+    def request_headers(self) -> Dict[str, str]:
+        """What a request says beyond the client's own headers: that it may follow a restore,
+        once no node of the client's cluster can be reached."""
+        if self.own and not any(self.own.values()):
+            return {FOLLOW_RESTORE_HEADER: "1"}
+        return {}
+
+    def stream_headers(self) -> Dict[str, str]:
+        """What a request on a client of its own (a watch stream) says: the cluster the client
+        keeps to now, which may have changed since that client was made."""
+        headers = self.request_headers()
+        if self.id:
+            headers[EXPECT_CLUSTER_HEADER] = self.id
+        return headers
+
+    def observe(self, url: str, response: httpx.Response) -> None:
+        """Learns from an answer at ``url`` the client's cluster, or a restore of it, to keep
+        to."""
+        named = response.headers.get(CLUSTER_ID_HEADER)
+        if not named or response.status_code == 412:
+            return
+        if named == self.id:
+            self.own[url] = True
+            return
+        expected = response.request.headers.get(EXPECT_CLUSTER_HEADER)
+        following = response.request.headers.get(FOLLOW_RESTORE_HEADER)
+        if (self.id is None and expected is None) or (following and expected == self.id):
+            # The first named cluster that answered, or a restore of the client's that took a
+            # request expecting it.
+            self._keep(named)
+            self.own[url] = True
+
+
 def tls(verify: Verify, cert: Cert) -> Union[bool, ssl.SSLContext]:
     """What httpx takes as ``verify``: the default, or a context that trusts ``verify`` (a CA
     bundle) and presents ``cert``."""
@@ -102,20 +175,28 @@ def _headers(token: Optional[str]) -> Dict[str, str]:
 class _Attempts:
     """The retry rule, shared by the sync and async transports."""
 
-    def __init__(self, endpoints: _Endpoints, timeout_s: float) -> None:
+    def __init__(self, endpoints: _Endpoints, cluster: _Cluster, timeout_s: float) -> None:
         self.endpoints = endpoints
+        self.cluster = cluster
         self.deadline = time.monotonic() + timeout_s
         self.last: Optional[BaseException] = None
+        self.others = 0
 
     def expired(self) -> bool:
         return time.monotonic() >= self.deadline
 
-    def unsent(self, error: BaseException) -> None:
+    def unsent(self, error: BaseException, unreachable: Optional[str] = None) -> None:
+        """Notes a request that never left (to the endpoint ``unreachable``, when no connection
+        to it could be made)."""
+        if unreachable:
+            self.cluster.unreachable(unreachable)
         self.last = error
         self.endpoints.next()
 
-    def answered(self, response: httpx.Response) -> Optional[Json]:
-        """The body on success; ``None`` to try again; raises a final error."""
+    def answered(self, response: httpx.Response, url: str = "") -> Optional[Json]:
+        """The body of ``response`` (from the endpoint ``url``) on success; ``None`` to try
+        again; raises a final error."""
+        self.cluster.observe(url, response)
         try:
             body: Json = response.json()
         except ValueError:
@@ -126,6 +207,15 @@ class _Attempts:
         if isinstance(error, NotLeader):
             self.last = error
             self.endpoints.follow(error.leader)
+            return None
+        if isinstance(error, OtherCluster):
+            # Another endpoint may be of the client's cluster; once each was tried three times
+            # over and none took the request, say so now rather than at the deadline.
+            self.last = error
+            self.others += 1
+            if self.others >= 3 * len(self.endpoints.all):
+                raise error
+            self.endpoints.next()
             return None
         if isinstance(error, Unavailable):
             # This node cannot serve now (cut off from a quorum, catching up, just elected):
@@ -164,6 +254,7 @@ class Transport:
         timeout_s: float = 10.0,
         verify: Verify = True,
         cert: Cert = None,
+        cluster_id: Optional[str] = None,
     ) -> None:
         self.endpoints = _Endpoints(endpoints)
         self.timeout_s = timeout_s
@@ -171,6 +262,7 @@ class Transport:
         self.verify = verify
         self.tls = tls(verify, cert)
         self.http = httpx.Client(timeout=timeout_s, verify=self.tls, headers=_headers(token))
+        self.cluster = _Cluster(cluster_id, self.http.headers)
 
     def call(
         self,
@@ -181,15 +273,21 @@ class Transport:
         safe: bool,
         timeout_s: Optional[float] = None,
     ) -> Json:
-        attempts = _Attempts(self.endpoints, timeout_s or self.timeout_s)
+        attempts = _Attempts(self.endpoints, self.cluster, timeout_s or self.timeout_s)
         shown = ""
         while not attempts.expired():
             shown = _path_now(path)
-            url = self.endpoints.url() + shown
+            endpoint = self.endpoints.url()
             try:
-                response = self.http.request(method, url, json=body, timeout=timeout_s or self.timeout_s)
+                response = self.http.request(
+                    method,
+                    endpoint + shown,
+                    json=body,
+                    timeout=timeout_s or self.timeout_s,
+                    headers=self.cluster.request_headers(),
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
-                attempts.unsent(error)
+                attempts.unsent(error, unreachable=endpoint)
                 time.sleep(RETRY_PAUSE_S / 4)
                 continue
             except httpx.TransportError as error:
@@ -197,7 +295,7 @@ class Transport:
                     raise _lost_answer(shown, error) from error
                 attempts.unsent(error)
                 continue
-            answer = attempts.answered(response)
+            answer = attempts.answered(response, endpoint)
             if answer is not None:
                 return answer
             time.sleep(RETRY_PAUSE_S)
@@ -218,6 +316,7 @@ class AsyncTransport:
         timeout_s: float = 10.0,
         verify: Verify = True,
         cert: Cert = None,
+        cluster_id: Optional[str] = None,
     ) -> None:
         self.endpoints = _Endpoints(endpoints)
         self.timeout_s = timeout_s
@@ -225,6 +324,7 @@ class AsyncTransport:
         self.verify = verify
         self.tls = tls(verify, cert)
         self.http = httpx.AsyncClient(timeout=timeout_s, verify=self.tls, headers=_headers(token))
+        self.cluster = _Cluster(cluster_id, self.http.headers)
 
     async def call(
         self,
@@ -237,17 +337,21 @@ class AsyncTransport:
     ) -> Json:
         import asyncio
 
-        attempts = _Attempts(self.endpoints, timeout_s or self.timeout_s)
+        attempts = _Attempts(self.endpoints, self.cluster, timeout_s or self.timeout_s)
         shown = ""
         while not attempts.expired():
             shown = _path_now(path)
-            url = self.endpoints.url() + shown
+            endpoint = self.endpoints.url()
             try:
                 response = await self.http.request(
-                    method, url, json=body, timeout=timeout_s or self.timeout_s
+                    method,
+                    endpoint + shown,
+                    json=body,
+                    timeout=timeout_s or self.timeout_s,
+                    headers=self.cluster.request_headers(),
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
-                attempts.unsent(error)
+                attempts.unsent(error, unreachable=endpoint)
                 await asyncio.sleep(RETRY_PAUSE_S / 4)
                 continue
             except httpx.TransportError as error:
@@ -255,7 +359,7 @@ class AsyncTransport:
                     raise _lost_answer(shown, error) from error
                 attempts.unsent(error)
                 continue
-            answer = attempts.answered(response)
+            answer = attempts.answered(response, endpoint)
             if answer is not None:
                 return answer
             await asyncio.sleep(RETRY_PAUSE_S)

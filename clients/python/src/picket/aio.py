@@ -402,7 +402,8 @@ async def _watch(this: "weakref.ref[AsyncSession]") -> None:
         while not closing.is_set() and not lost.is_set():
             try:
                 url = transport.endpoints.url() + "/v1/watch"
-                async with http.stream("GET", url, params=query) as response:
+                cluster = transport.cluster.stream_headers()
+                async with http.stream("GET", url, params=query, headers=cluster) as response:
                     if response.status_code != 200:
                         transport.endpoints.next()
                         await asyncio.sleep(0.5)
@@ -474,9 +475,12 @@ class AsyncClient:
         timeout: float = 10.0,
         verify: Verify = True,
         cert: Cert = None,
+        cluster_id: Optional[str] = None,
     ) -> None:
         self.timeout = timeout
-        self.transport = AsyncTransport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
+        self.transport = AsyncTransport(
+            endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert, cluster_id=cluster_id
+        )
         self._abandons = _AsyncAbandonSender(self.transport)
         # A client dropped without ``close`` does not keep its abandons' task trying.
         weakref.finalize(self, self._abandons.orphan).atexit = False
@@ -522,6 +526,11 @@ class AsyncClient:
 
     async def revoke(self, session_id: int) -> None:
         await self.transport.call("POST", f"/v1/sessions/{session_id}/revoke", {}, safe=True)
+
+    @property
+    def cluster_id(self) -> Optional[str]:
+        """The id of the cluster this client keeps to; ``None`` until it has reached a named one."""
+        return self.transport.cluster.id
 
     async def close(self) -> None:
         self._abandons.close()

@@ -428,7 +428,9 @@ def _watch(this: "weakref.ref[Session]", http: httpx.Client) -> None:
             query = {"session_id": str(session.id), "losses_only": "true"}
             del session
             try:
-                with http.stream("GET", transport.endpoints.url() + "/v1/watch", params=query) as response:
+                url = transport.endpoints.url() + "/v1/watch"
+                cluster = transport.cluster.stream_headers()
+                with http.stream("GET", url, params=query, headers=cluster) as response:
                     if response.status_code != 200:
                         transport.endpoints.next()
                         closing.wait(0.5)
@@ -516,7 +518,10 @@ class Client:
     ``https://host:port`` for TLS); the client follows the leader. ``token`` is a bearer token for
     nodes with ``--auth-file``; ``verify`` the CA bundle that signed the nodes' certificates (the
     servers' ``--peer-ca``); ``cert`` a client certificate and key, for a principal named by its
-    certificate."""
+    certificate. The client keeps to one cluster: ``cluster_id`` (``cluster id`` in ``picket
+    members``), else the first named one that answers; a node of another refuses its requests
+    (:class:`~picket.errors.OtherCluster`), and a cluster restored from a backup of it is
+    followed. ``cluster_id`` is the one it keeps to, once known."""
 
     def __init__(
         self,
@@ -526,9 +531,12 @@ class Client:
         timeout: float = 10.0,
         verify: Verify = True,
         cert: Cert = None,
+        cluster_id: Optional[str] = None,
     ) -> None:
         self.timeout = timeout
-        self.transport = Transport(endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert)
+        self.transport = Transport(
+            endpoints, token=token, timeout_s=timeout, verify=verify, cert=cert, cluster_id=cluster_id
+        )
         self._abandons = _AbandonSender(self.transport)
         # A client dropped without ``close`` does not keep its abandons' thread trying.
         weakref.finalize(self, self._abandons.orphan).atexit = False
@@ -575,6 +583,11 @@ class Client:
     def revoke(self, session_id: int) -> None:
         """Ends a session as an expiry would (admins, or its owner)."""
         self.transport.call("POST", f"/v1/sessions/{session_id}/revoke", {}, safe=True)
+
+    @property
+    def cluster_id(self) -> Optional[str]:
+        """The id of the cluster this client keeps to; ``None`` until it has reached a named one."""
+        return self.transport.cluster.id
 
     def close(self) -> None:
         self._abandons.close()

@@ -116,6 +116,12 @@ class OutcomeUnknown(PicketError):
     """The request may or may not have been applied: read the state before retrying."""
 
 
+class OtherCluster(PicketError):
+    """The node belongs to another cluster than the client's (the one given as ``cluster_id``,
+    or the first named one it reached): it refused the request, which changed nothing. The
+    client's endpoints name nodes of two clusters; give it only the nodes of one."""
+
+
 class SessionLost(PicketError):
     """The session is gone: expired, revoked, closed, or silent past its TTL by this client's clock."""
 
@@ -183,6 +189,7 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "outcome_unknown": OutcomeUnknown,
     "stopped": OutcomeUnknown,
     "wait_untracked": OutcomeUnknown,
+    "other_cluster": OtherCluster,
 }
 
 

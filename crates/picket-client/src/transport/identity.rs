@@ -8,15 +8,30 @@
 //! A node of another cluster is not used. The one exception is a cluster restored from a backup
 //! of the client's (`picket serve --restore`): a restore starts a new epoch of revisions, so
 //! none of its sessions has the id of one the client opened after the backup, and those it
-//! kept are the client's own. The client follows it, and from then on keeps to it.
+//! kept are the client's own. The client follows it, and from then on keeps to it, but only
+//! once no node of its own cluster it knows of can be reached: a copy restored from a backup
+//! while the cluster it came from runs on (a staging copy of production, in a copied
+//! configuration) does not draw the client away from it.
 
 use crate::error::ClientError;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The cluster a client keeps to, once known.
 #[derive(Debug)]
 pub(super) struct Identity {
-    known: Mutex<Option<Known>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    known: Option<Known>,
+    /// Bumped each time the client follows a restore: a connection checked under an earlier
+    /// generation leads to the cluster before, and is not used again.
+    generation: u64,
+    /// The endpoints found to be nodes of the kept cluster, and whether the last attempt to
+    /// connect to each reached it.
+    own: HashMap<String, bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -39,14 +54,21 @@ enum Learned {
 /// What a node's answer means for the connection to it.
 #[derive(Debug)]
 pub(super) enum Verdict {
-    /// Use it: the client's cluster, or a node that does not know its cluster's id yet.
+    /// Use it: the client's cluster, or, while the client keeps to none, a node that does not
+    /// know its cluster's id (a cluster not named yet, or of an older build).
     Same,
+    /// Do not use it for now: the client keeps to a cluster, and the node does not know its
+    /// own cluster's id yet (it is starting and has not replayed its log, or it belongs to a
+    /// cluster not named yet). Such a node cannot serve a write or a read yet anyway, and a
+    /// connection to it would not be checked again once it knows.
+    Unknown,
     /// Use it, and keep to its cluster from now on: the first named cluster found.
     Learned,
     /// Use it, and keep to its cluster from now on: a restore of the client's cluster. The
     /// connections to the nodes of the cluster before may be dropped.
     Followed,
-    /// Do not use it: the node belongs to another cluster.
+    /// Do not use it: the node belongs to another cluster (or to a restore of the client's,
+    /// while a node of the client's own may still answer).
     Other(ClientError),
 }
 
@@ -54,12 +76,26 @@ impl Identity {
     /// An identity that keeps to `cluster_id` if given, else to the first one found.
     pub(super) fn new(cluster_id: Option<String>) -> Self {
         let known = cluster_id.map(|cluster_id| Known { cluster_id, learned: Learned::Given });
-        Self { known: Mutex::new(known) }
+        Self { state: Mutex::new(State { known, ..State::default() }) }
     }
 
     /// The cluster the client keeps to, if it knows one yet.
     pub(super) fn cluster_id(&self) -> Option<String> {
-        self.lock().as_ref().map(|known| known.cluster_id.clone())
+        self.lock().known.as_ref().map(|known| known.cluster_id.clone())
+    }
+
+    /// How many restores the client has followed: a connection judged under an earlier count
+    /// leads to the cluster before.
+    pub(super) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Notes that a connection to `endpoint` could not be opened: if it is a node of the kept
+    /// cluster, that cluster may be gone.
+    pub(super) fn unreachable(&self, endpoint: &str) {
+        if let Some(reached) = self.lock().own.get_mut(endpoint) {
+            *reached = false;
+        }
     }
 
     /// Judges the node at `endpoint` by the cluster id it reported (`found`, empty when its
@@ -67,19 +103,29 @@ impl Identity {
     /// own was restored from (`restored_from`, empty when none), and keeps to a new cluster
     /// when the verdict says so.
     pub(super) fn judge(&self, endpoint: &str, found: &str, restored_from: &str) -> Verdict {
-        let mut known = self.lock();
+        let mut state = self.lock();
+        let state = &mut *state;
         if found.is_empty() {
-            return Verdict::Same;
+            return if state.known.is_some() { Verdict::Unknown } else { Verdict::Same };
         }
-        let Some(kept) = known.as_ref() else {
-            *known = Some(Known { cluster_id: found.to_owned(), learned: Learned::FirstReached });
+        let Some(kept) = state.known.as_ref() else {
+            state.known =
+                Some(Known { cluster_id: found.to_owned(), learned: Learned::FirstReached });
+            state.own.insert(endpoint.to_owned(), true);
             return Verdict::Learned;
         };
         if kept.cluster_id == found {
+            state.own.insert(endpoint.to_owned(), true);
             return Verdict::Same;
         }
-        if kept.cluster_id == restored_from {
-            *known = Some(Known { cluster_id: found.to_owned(), learned: Learned::Restored });
+        let restore_of_kept = kept.cluster_id == restored_from;
+        // Only once the client has reached its own cluster, and can reach none of it now.
+        let own_gone = !state.own.is_empty() && state.own.values().all(|reached| !reached);
+        if restore_of_kept && own_gone {
+            state.known = Some(Known { cluster_id: found.to_owned(), learned: Learned::Restored });
+            state.generation += 1;
+            state.own.clear();
+            state.own.insert(endpoint.to_owned(), true);
             return Verdict::Followed;
         }
         let how = match kept.learned {
@@ -87,15 +133,20 @@ impl Identity {
             Learned::FirstReached => "this client reached first",
             Learned::Restored => "this client followed to a restore",
         };
+        let restore = if restore_of_kept {
+            " (restored from a backup of it, followed only once no node of the client's cluster can be reached)"
+        } else {
+            ""
+        };
         Verdict::Other(ClientError::OtherCluster {
             endpoint: endpoint.to_owned(),
-            found: found.to_owned(),
+            found: format!("{found}{restore}"),
             expected: format!("{}, the one {how}", kept.cluster_id),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Known>> {
-        self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -127,7 +178,7 @@ mod tests {
         assert_eq!(identity.cluster_id(), None);
         assert_eq!(identity.judge("a:1", A, ""), Verdict::Learned);
         assert_eq!(identity.judge("a:2", A, ""), Verdict::Same);
-        assert_eq!(identity.judge("a:3", "", ""), Verdict::Same, "a node not told the name yet");
+        assert_eq!(identity.judge("a:3", "", ""), Verdict::Unknown, "a node not told it yet");
         let error = refused(identity.judge("b:1", B, ""));
         assert!(error.contains(&format!("belongs to cluster {B}")), "{error}");
         assert!(error.contains(&format!("{A}, the one this client reached first")), "{error}");
@@ -142,17 +193,30 @@ mod tests {
         assert_eq!(identity.judge("b:1", B, ""), Verdict::Same);
     }
 
-    /// A restore of the client's cluster is followed, once; the cluster before is then
-    /// another cluster, so the client does not go back and forth between the two.
+    /// A restore of the kept cluster is followed once no node of that cluster can be reached
+    /// (not while one may still answer); the cluster before is then another cluster, so the
+    /// client does not go back and forth between the two.
     #[test]
-    fn a_restore_of_the_kept_cluster_is_followed_and_the_one_before_left() {
+    fn a_restore_of_the_kept_cluster_is_followed_once_its_nodes_are_gone() {
+        let given = Identity::new(Some(A.to_owned()));
+        refused(given.judge("b:1", B, A));
+        assert_eq!(given.cluster_id().as_deref(), Some(A), "not before it reached its own");
         let identity = Identity::new(None);
         assert_eq!(identity.judge("a:1", A, ""), Verdict::Learned);
+        assert_eq!(identity.judge("a:2", A, ""), Verdict::Same);
+        identity.unreachable("a:1");
+        let error = refused(identity.judge("b:1", B, A));
+        assert!(error.contains("followed only once no node of the client's cluster"), "{error}");
+        identity.unreachable("a:2");
+        identity.unreachable("b:1");
+        assert_eq!(identity.generation(), 0);
         assert_eq!(identity.judge("b:1", B, A), Verdict::Followed);
-        assert_eq!(identity.cluster_id().as_deref(), Some(B));
+        assert_eq!((identity.cluster_id().as_deref(), identity.generation()), (Some(B), 1));
         let error = refused(identity.judge("a:1", A, ""));
         assert!(error.contains("followed to a restore"), "{error}");
         refused(identity.judge("c:1", C, A));
+        identity.unreachable("b:1");
         assert_eq!(identity.judge("c:1", C, B), Verdict::Followed, "a restore of the restore");
+        assert_eq!(identity.generation(), 2);
     }
 }

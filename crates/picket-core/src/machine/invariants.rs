@@ -57,6 +57,10 @@ pub enum BrokenInvariant {
         "the cluster id {cluster_id:?} is not {digits} lowercase hexadecimal digits, or the state says it holds no entry of apply rules 7"
     )]
     MalformedClusterId { cluster_id: String, digits: usize },
+    #[error(
+        "the id of the cluster this state was restored from, {cluster_id:?}, is not {digits} lowercase hexadecimal digits"
+    )]
+    MalformedRestoredFrom { cluster_id: String, digits: usize },
 }
 
 /// Snapshots and invariants.
@@ -119,7 +123,7 @@ impl StateMachine {
         if let Some(cluster_id) =
             self.restored_from_cluster_id.as_ref().filter(|id| !is_cluster_id(id))
         {
-            return Err(BrokenInvariant::MalformedClusterId {
+            return Err(BrokenInvariant::MalformedRestoredFrom {
                 cluster_id: cluster_id.clone(),
                 digits: CLUSTER_ID_HEX_DIGITS,
             });

@@ -43,6 +43,17 @@ use std::sync::Arc;
 /// `Location` on the leader for the same path.
 pub const LEADER_HEADER: &str = "picket-leader";
 
+/// The header on every answer of a node whose cluster is named: the cluster's id.
+pub const CLUSTER_ID_HEADER: &str = "picket-cluster-id";
+
+/// The header a client sends to say which cluster it expects: a node of another one refuses the
+/// request ([`keep_to_cluster`]).
+pub const EXPECT_CLUSTER_HEADER: &str = "picket-expect-cluster";
+
+/// The header that lets a node of a cluster restored from the expected one take the request: the
+/// client follows its cluster to the restore (it sends it once it can reach none of its own).
+pub const FOLLOW_RESTORE_HEADER: &str = "picket-follow-restore";
+
 /// The HTTP routes of a node, reading request bodies of at most `max_body_bytes`
 /// ([`crate::ServerLimits::max_http_body_bytes`]).
 pub fn router(node: Arc<Node>, max_body_bytes: usize) -> Router {
@@ -73,7 +84,47 @@ pub fn router(node: Arc<Node>, max_body_bytes: usize) -> Router {
         .layer(axum::middleware::from_fn(locate_leader))
         .layer(axum::middleware::from_fn(refuse_cross_site))
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), keep_to_cluster))
         .with_state(node)
+}
+
+/// Refuses, before anything else, a request whose `picket-expect-cluster` names another cluster
+/// than this node's (or than the one it was restored from, when the request also says
+/// `picket-follow-restore`: that cluster's clients may go on here), and names this node's
+/// cluster on every answer (`picket-cluster-id`), so a client learns it.
+///
+/// Session ids of two clusters coincide: a client whose endpoints mix the nodes of two clusters
+/// would otherwise keep alive, release or acquire in another client's session. A node that does
+/// not know its cluster's id yet (not named, or its log not replayed so far) cannot tell, and
+/// lets the request through.
+async fn keep_to_cluster(
+    axum::extract::State(node): axum::extract::State<Arc<Node>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let own = node.cluster_id();
+    let expected = request.headers().get(EXPECT_CLUSTER_HEADER);
+    if let (Some(own), Some(expected)) = (&own, expected) {
+        let expected = String::from_utf8_lossy(expected.as_bytes());
+        let following = request.headers().contains_key(FOLLOW_RESTORE_HEADER);
+        let origin =
+            || node.read_local(|state| state.machine.restored_from_cluster_id().map(str::to_owned));
+        if *expected != **own && !(following && origin().as_deref() == Some(&*expected)) {
+            return ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                ErrorCode::OtherCluster,
+                format!(
+                    "this node belongs to cluster {own}, not to cluster {expected}, which the request expects: the client's endpoints name nodes of two clusters; give it only the nodes of one"
+                ),
+            )
+            .into_response();
+        }
+    }
+    let mut response = next.run(request).await;
+    if let Some(value) = own.and_then(|own| axum::http::HeaderValue::from_str(&own).ok()) {
+        response.headers_mut().insert(CLUSTER_ID_HEADER, value);
+    }
+    response
 }
 
 /// Refuses a request that changes something when a browser says another site sent it.
