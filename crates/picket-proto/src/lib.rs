@@ -47,3 +47,11 @@ pub const HOLDER_TOKEN_KEY: &str = "picket-holder-token";
 /// Metadata key of an error's outcome: `not_applied` (nothing changed, retrying is safe) or
 /// `unknown` (it may have been applied: read the state before retrying).
 pub const OUTCOME_KEY: &str = "picket-outcome";
+/// Header (HTTP) or metadata key (gRPC) naming the cluster a request expects: a node of another
+/// cluster refuses it (`other_cluster`) before anything else.
+pub const EXPECT_CLUSTER_KEY: &str = "picket-expect-cluster";
+/// Header or metadata key that lets a node of a cluster restored from the expected one take the
+/// request: its client follows its cluster to the restore.
+pub const FOLLOW_RESTORE_KEY: &str = "picket-follow-restore";
+/// Header on every HTTP answer of a node whose cluster is named: the cluster's id.
+pub const CLUSTER_ID_KEY: &str = "picket-cluster-id";

@@ -62,6 +62,16 @@ pub enum ServiceError {
     /// The caller is authenticated but may not do this.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The request expects another cluster than this node's.
+    #[error(
+        "this node belongs to cluster {own}, not to cluster {expected}, which the request expects: the client's endpoints name nodes of two clusters; give it only the nodes of one"
+    )]
+    OtherCluster {
+        /// This node's cluster.
+        own: String,
+        /// The cluster the request expects.
+        expected: String,
+    },
     /// One of this node's own bounds is full.
     #[error("this node already has {max} {}: retry later, or use another node", .limit.what())]
     Exhausted {
@@ -109,6 +119,7 @@ impl ServiceError {
             Self::Stopped(_) => ErrorCode::Stopped,
             Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
             Self::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            Self::OtherCluster { .. } => ErrorCode::OtherCluster,
             Self::Exhausted { limit, .. } => limit.code(),
         }
     }
@@ -127,6 +138,7 @@ impl ServiceError {
             | Self::BadRequest(_)
             | Self::Unauthenticated(_)
             | Self::PermissionDenied(_)
+            | Self::OtherCluster { .. }
             | Self::Exhausted { .. } => "not_applied",
         }
     }
@@ -168,6 +180,7 @@ impl ServiceError {
             Self::BadRequest(_) => 400,
             Self::Unauthenticated(_) => 401,
             Self::PermissionDenied(_) => 403,
+            Self::OtherCluster { .. } => 412,
             Self::Exhausted { .. } => 429,
         }
     }
@@ -177,7 +190,7 @@ impl ServiceError {
     pub fn grpc_code(&self) -> tonic::Code {
         match self.http_status() {
             404 => tonic::Code::NotFound,
-            409 => tonic::Code::FailedPrecondition,
+            409 | 412 => tonic::Code::FailedPrecondition,
             429 => tonic::Code::ResourceExhausted,
             400 => tonic::Code::InvalidArgument,
             401 => tonic::Code::Unauthenticated,

@@ -29,8 +29,14 @@ impl ClientService {
     /// The caller of a request, from its connection and `authorization` metadata
     /// ([`crate::auth`]).
     fn who<T>(&self, request: &Request<T>) -> Result<Access, Status> {
+        let metadata = request.metadata();
+        if let Some(expected) = metadata.get(picket_proto::EXPECT_CLUSTER_KEY) {
+            let following = metadata.contains_key(picket_proto::FOLLOW_RESTORE_KEY);
+            let checked = self.node.check_expected_cluster(expected.as_bytes(), following);
+            checked.map_err(|error| status(&error))?;
+        }
         let caller = request.extensions().get::<Caller>();
-        let authorization = request.metadata().get("authorization").map(|value| value.as_bytes());
+        let authorization = metadata.get("authorization").map(|value| value.as_bytes());
         authenticate(self.node.auth(), caller, authorization).map_err(|error| status(&error))
     }
 

@@ -7,6 +7,8 @@
 //! loopback ports.
 
 use picket_client::{Client, ClientConfig, ClientError};
+use picket_proto::connection::{Connection, Protocol};
+use picket_proto::v1;
 use picket_testkit::{ServerProcess, http, temp_dir, wait_until};
 use std::path::Path;
 use std::process::Command;
@@ -120,6 +122,28 @@ async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
     );
     assert_eq!(opened.status, 412, "{}", opened.text);
     assert_eq!(http::get(&b.addr, "/v1/sessions").body, sessions_before, "nothing was applied");
+
+    // Over gRPC too, on the wire protocol's direct path and on HTTP/2.
+    for protocol in [Protocol::Wire, Protocol::Grpc] {
+        let connection =
+            Connection::open_with(&b.addr, Duration::from_secs(5), 1 << 22, None, protocol)
+                .await
+                .expect("connected");
+        let mut release = tonic::Request::new(v1::ReleaseRequest {
+            name: "shared".to_owned(),
+            session_id: bobs.id(),
+            token: held.token(),
+        });
+        release.metadata_mut().insert("picket-expect-cluster", a_id.parse().unwrap());
+        let refused = connection.grpc().release(release).await.expect_err("refused");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{protocol:?}: {refused:?}");
+        let code = refused.metadata().get("picket-error-code").map(|code| code.to_str().unwrap());
+        assert_eq!(code, Some("other_cluster"), "{protocol:?}: {refused:?}");
+        let mut read = tonic::Request::new(v1::GetLockRequest { name: "shared".to_owned() });
+        read.metadata_mut().insert("picket-expect-cluster", b_id.parse().unwrap());
+        let lock = connection.grpc().get_lock(read).await.expect("its own cluster").into_inner();
+        assert_eq!((lock.holder_session_id, lock.token), (bobs.id(), held.token()), "{protocol:?}");
+    }
 
     a.kill();
     let started = std::time::Instant::now();

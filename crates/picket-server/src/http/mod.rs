@@ -43,17 +43,6 @@ use std::sync::Arc;
 /// `Location` on the leader for the same path.
 pub const LEADER_HEADER: &str = "picket-leader";
 
-/// The header on every answer of a node whose cluster is named: the cluster's id.
-pub const CLUSTER_ID_HEADER: &str = "picket-cluster-id";
-
-/// The header a client sends to say which cluster it expects: a node of another one refuses the
-/// request ([`keep_to_cluster`]).
-pub const EXPECT_CLUSTER_HEADER: &str = "picket-expect-cluster";
-
-/// The header that lets a node of a cluster restored from the expected one take the request: the
-/// client follows its cluster to the restore (it sends it once it can reach none of its own).
-pub const FOLLOW_RESTORE_HEADER: &str = "picket-follow-restore";
-
 /// The HTTP routes of a node, reading request bodies of at most `max_body_bytes`
 /// ([`crate::ServerLimits::max_http_body_bytes`]).
 pub fn router(node: Arc<Node>, max_body_bytes: usize) -> Router {
@@ -102,27 +91,16 @@ async fn keep_to_cluster(
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let own = node.cluster_id();
-    let expected = request.headers().get(EXPECT_CLUSTER_HEADER);
-    if let (Some(own), Some(expected)) = (&own, expected) {
-        let expected = String::from_utf8_lossy(expected.as_bytes());
-        let following = request.headers().contains_key(FOLLOW_RESTORE_HEADER);
-        let origin =
-            || node.read_local(|state| state.machine.restored_from_cluster_id().map(str::to_owned));
-        if *expected != **own && !(following && origin().as_deref() == Some(&*expected)) {
-            return ApiError::new(
-                StatusCode::PRECONDITION_FAILED,
-                ErrorCode::OtherCluster,
-                format!(
-                    "this node belongs to cluster {own}, not to cluster {expected}, which the request expects: the client's endpoints name nodes of two clusters; give it only the nodes of one"
-                ),
-            )
-            .into_response();
+    if let Some(expected) = request.headers().get(picket_proto::EXPECT_CLUSTER_KEY) {
+        let following = request.headers().contains_key(picket_proto::FOLLOW_RESTORE_KEY);
+        if let Err(error) = node.check_expected_cluster(expected.as_bytes(), following) {
+            return ApiError::from(error).into_response();
         }
     }
     let mut response = next.run(request).await;
+    let own = node.cluster_id();
     if let Some(value) = own.and_then(|own| axum::http::HeaderValue::from_str(&own).ok()) {
-        response.headers_mut().insert(CLUSTER_ID_HEADER, value);
+        response.headers_mut().insert(picket_proto::CLUSTER_ID_KEY, value);
     }
     response
 }

@@ -168,6 +168,35 @@ impl Node {
         }
     }
 
+    /// Refuses a request that expects (`expected`, from `picket-expect-cluster`) another cluster
+    /// than this node's, or than the one it was restored from when the request is `following`
+    /// its cluster to a restore (`picket-follow-restore`): session ids of two clusters coincide,
+    /// so the request could act on another client's session. A node that does not know its
+    /// cluster's id yet (not named, or its log not replayed so far) cannot tell, and lets it
+    /// through.
+    ///
+    /// # Errors
+    /// [`ServiceError::OtherCluster`].
+    pub fn check_expected_cluster(
+        &self,
+        expected: &[u8],
+        following: bool,
+    ) -> Result<(), ServiceError> {
+        let Some(own) = self.cluster_id() else { return Ok(()) };
+        if expected == own.as_bytes() {
+            return Ok(());
+        }
+        let origin =
+            || self.read_local(|state| state.machine.restored_from_cluster_id().map(str::to_owned));
+        if following && origin().is_some_and(|origin| origin.as_bytes() == expected) {
+            return Ok(());
+        }
+        Err(ServiceError::OtherCluster {
+            own: own.to_string(),
+            expected: String::from_utf8_lossy(expected).chars().take(64).collect(),
+        })
+    }
+
     /// Where peers reach member `id` (its peer port, or its client port without one), if it
     /// is in this node's membership.
     pub(crate) fn peer_addr_of(&self, id: NodeId) -> Option<String> {
