@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import picket
-from conftest import AnswerSwallowingProxy, Server, free_port
+from conftest import AnswerSwallowingProxy, Server, free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -251,3 +251,36 @@ async def test_each_attempt_of_an_open_and_a_keepalive_carries_its_own_clock_rea
     # The failed attempt moves the client on to the refused endpoint, then back.
     assert len(failed) == 1 and len(keepalives) >= 2, urls
     assert keepalives == sorted(set(keepalives)), keepalives
+
+
+def named(server: Server) -> bool:
+    return bool(httpx.get(f"http://{server.addr}/v1/cluster").json()["cluster_id"])
+
+
+async def test_a_client_never_sends_a_call_to_a_node_of_another_cluster(tmp_path: "object") -> None:
+    """As the blocking client's test: once the first cluster reached is down, the only node left
+    belongs to another cluster, which refuses a release naming its own session and grant."""
+    import pathlib
+
+    root = pathlib.Path(str(tmp_path))
+    a, b = Server(root / "a"), Server(root / "b")
+    try:
+        for node in (a, b):
+            wait_until("the cluster to be named", 20, lambda: named(node))
+        opened = httpx.post(f"http://{b.addr}/v1/sessions", json={"ttl_ms": 60_000}).json()
+        body = {"name": "shared", "session_id": opened["session_id"], "wait_ms": 0}
+        token = httpx.post(f"http://{b.addr}/v1/locks/acquire", json=body).json()["token"]
+        async with picket.AsyncClient([a.addr, b.addr], timeout=3) as alice:
+            await alice.lock_info("mine")
+            a_id = alice.cluster_id
+            assert a_id is not None and a_id == httpx.get(f"http://{a.addr}/v1/cluster").json()["cluster_id"]
+            a.stop()
+            release = {"name": "shared", "session_id": opened["session_id"], "token": token}
+            with pytest.raises(picket.OtherCluster) as refused:
+                await alice.transport.call("POST", "/v1/locks/release", release, safe=True)
+            assert f"not to cluster {a_id}" in str(refused.value)
+        holder = httpx.get(f"http://{b.addr}/v1/locks/shared").json()["holder"]
+        assert holder["token"] == token, "B's grant stands"
+    finally:
+        a.stop()
+        b.stop()
