@@ -168,7 +168,7 @@ def test_a_node_that_cannot_serve_is_passed_over_for_the_next_endpoint() -> None
     from picket._transport import _Attempts, _Cluster, _Endpoints
 
     endpoints = _Endpoints(["127.0.0.1:1", "127.0.0.1:2"])
-    attempts = _Attempts(endpoints, _Cluster(None, httpx.Headers()), 1.0)
+    attempts = _Attempts(endpoints, _Cluster(None, httpx.Headers(), endpoints), 1.0)
     cut_off = httpx.Response(503, json={"code": "unavailable", "message": "no quorum"})
     assert attempts.answered(cut_off) is None, "tried again"
     assert endpoints.url() == "http://127.0.0.1:2"
@@ -362,7 +362,10 @@ def test_each_attempt_of_an_open_carries_a_reading_of_the_clock_taken_as_it_is_s
     endpoint refuses connections, so the open is sent twice."""
     refused = f"127.0.0.1:{free_port()}"
     urls: List[str] = []
-    with picket.Client([refused, server.addr], timeout=10) as client:
+    # Given its cluster, the client asks no node which cluster it is of before the open, so
+    # the open itself meets the refused endpoint first.
+    cluster = cluster_id_of(server)
+    with picket.Client([refused, server.addr], timeout=10, cluster_id=cluster) as client:
         hooks = client.transport.http.event_hooks["request"]
         hooks.append(lambda request: urls.append(str(request.url)))
         session = client.session(ttl=5.0)
@@ -488,33 +491,36 @@ def test_a_client_never_sends_a_call_to_a_node_of_another_cluster(tmp_path: "obj
 
 
 def test_a_client_follows_a_restore_of_its_cluster_once_its_own_is_gone() -> None:
-    """A client asks a restore of its cluster to take its requests (``picket-follow-restore``)
-    only once no node of its own that it reached can be reached; a node that took such a
-    request and names another cluster is that restore, which the client keeps to from then on.
-    An answer to a request that expected nothing, once the client keeps to a cluster, changes
-    nothing."""
-    from picket._transport import EXPECT_CLUSTER_HEADER, FOLLOW_RESTORE_HEADER, _Cluster
+    """Until it knows its cluster, the client asks a node first (a probe); it asks a restore of
+    its cluster to take it (``picket-follow-restore``) only once no configured node of its own
+    can be reached (refused connections, or another cluster where its own was), and keeps to a
+    restore that took that probe. An answer to a request that expected nothing, once the client
+    keeps to a cluster, changes nothing."""
+    from picket._transport import EXPECT_CLUSTER_HEADER, FOLLOW_RESTORE_HEADER, _Cluster, _Endpoints
 
     headers = httpx.Headers()
-    cluster = _Cluster(None, headers)
+    endpoints = _Endpoints(["a:1", "a:2"])
+    cluster = _Cluster(None, headers, endpoints)
     a, b, c = "a" * 32, "b" * 32, "c" * 32
 
     def answer(named: str, status: int = 200, **sent: str) -> httpx.Response:
-        request = httpx.Request("GET", "http://node/v1/cluster", headers=sent)
+        request = httpx.Request("GET", "http://node/healthz", headers=sent)
         return httpx.Response(status, headers={"picket-cluster-id": named}, request=request)
 
-    assert cluster.request_headers() == {}
+    assert cluster.probe_headers("http://a:1") == {}, "a probe before the first request"
     cluster.observe("http://a:1", answer(a))
     assert (cluster.id, headers[EXPECT_CLUSTER_HEADER]) == (a, a)
+    assert cluster.probe_headers("http://a:1") is None, "no probe while its own cluster answers"
+    cluster.observe("http://a:2", answer(a))
     cluster.observe("http://b:1", answer(b))
     assert cluster.id == a, "a request sent before the client knew its cluster"
-    assert cluster.request_headers() == {}, "its own cluster answers"
     cluster.unreachable("http://a:1")
-    assert cluster.request_headers() == {FOLLOW_RESTORE_HEADER: "1"}
-    cluster.observe("http://b:1", answer(b, 412, **{EXPECT_CLUSTER_HEADER: a}))
-    assert cluster.id == a, "refused: another cluster"
+    assert cluster.probe_headers("http://b:1") is None, "a:2 may still answer"
+    cluster.observe("http://a:2", answer(c, 412, **{EXPECT_CLUSTER_HEADER: a}))
+    assert cluster.id == a, "refused: another cluster, where the client's was"
+    assert cluster.probe_headers("http://c:1") == {FOLLOW_RESTORE_HEADER: "1"}
     cluster.observe("http://c:1", answer(c, **{EXPECT_CLUSTER_HEADER: a}))
     assert cluster.id == a, "not asked to follow"
     cluster.observe("http://c:1", answer(c, **{EXPECT_CLUSTER_HEADER: a, FOLLOW_RESTORE_HEADER: "1"}))
     assert (cluster.id, headers[EXPECT_CLUSTER_HEADER]) == (c, c), "a restore of it"
-    assert cluster.request_headers() == {}, "the restored cluster answers"
+    assert cluster.probe_headers("http://c:1") is None, "the restored cluster answers"

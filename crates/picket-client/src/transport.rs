@@ -209,8 +209,8 @@ impl Transport {
         }
         Ok(Self {
             inner: Arc::new(Inner {
+                identity: Identity::new(config.cluster_id.clone(), endpoints.clone()),
                 endpoints,
-                identity: Identity::new(config.cluster_id.clone()),
                 config,
                 leader: Mutex::new(None),
                 connections: Mutex::new(HashMap::new()),

@@ -10,7 +10,9 @@ retried until the deadline.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -37,6 +39,8 @@ CLUSTER_ID_HEADER = "picket-cluster-id"
 EXPECT_CLUSTER_HEADER = "picket-expect-cluster"
 #: The header that lets a cluster restored from the expected one take the request.
 FOLLOW_RESTORE_HEADER = "picket-follow-restore"
+#: How long a node found to know no cluster id is not asked again before a request.
+UNNAMED_PROBE_PAUSE_S = 1.0
 
 
 def _path_now(path: Path) -> str:
@@ -93,21 +97,27 @@ class _Cluster:
 
     Session ids of two clusters coincide, so a client whose endpoints name nodes of two clusters
     would keep alive, release or acquire in another client's session. Every request carries the
-    id once known (``picket-expect-cluster``), and a node of another cluster refuses it
-    (``other_cluster``) before anything else. A cluster restored from a backup of the client's
-    (its sessions may go on there) takes the request only when it also says
-    ``picket-follow-restore``, which the client says only once no node of its own cluster that
-    it reached before can be reached: a copy restored while the cluster it came from runs on
-    (a staging copy of production, in a copied configuration) does not draw the client away.
-    A node that took it names its own cluster on the answer, which the client keeps to from
-    then on."""
+    id once known (``picket-expect-cluster``), and a named node of another cluster refuses it
+    (``other_cluster``) before anything else. Until the client knows its cluster, it asks a node
+    first (``GET /healthz``, whose answer names the node's cluster) before sending it anything
+    that could change state, one probe at a time, so that no request goes out unchecked once a
+    cluster is named. A cluster restored from a backup of the client's (its sessions may go on
+    there) is followed the same way: a probe that says ``picket-follow-restore``, sent only once
+    no configured node of the client's own cluster can be reached, so that a copy restored while
+    the cluster it came from runs on (a staging copy of production) does not draw the client
+    away."""
 
-    def __init__(self, cluster_id: Optional[str], headers: httpx.Headers) -> None:
+    def __init__(self, cluster_id: Optional[str], headers: httpx.Headers, endpoints: _Endpoints) -> None:
         self.headers = headers
+        self.endpoints = endpoints
         self.id: Optional[str] = None
         #: The endpoints found to be nodes of the kept cluster, and whether the last attempt
         #: to reach each did.
         self.own: Dict[str, bool] = {}
+        #: Endpoints whose node knew no cluster id, and until when they are not asked again.
+        self.unnamed_until: Dict[str, float] = {}
+        #: One probe at a time (the sync client's threads share the transport).
+        self.lock = threading.Lock()
         if cluster_id:
             self._keep(cluster_id)
 
@@ -121,35 +131,45 @@ class _Cluster:
         if url in self.own:
             self.own[url] = False
 
-    def request_headers(self) -> Dict[str, str]:
-        """What a request says beyond the client's own headers: that it may follow a restore,
-        once no node of the client's cluster can be reached."""
-        if self.own and not any(self.own.values()):
-            return {FOLLOW_RESTORE_HEADER: "1"}
-        return {}
+    def _own_gone(self) -> bool:
+        configured = set(self.endpoints.all[: self.endpoints.configured])
+        reached = [ok for url, ok in self.own.items() if url in configured] or list(self.own.values())
+        return bool(reached) and not any(reached)
+
+    def probe_headers(self, url: str) -> Optional[Dict[str, str]]:
+        """The headers of a probe to send ``url`` before a request, or ``None`` when none is
+        due: the client does not know its cluster yet (and the node was not found unnamed a
+        moment ago), or it may follow a restore of it."""
+        if self.id is None:
+            return {} if time.monotonic() >= self.unnamed_until.get(url, 0.0) else None
+        return {FOLLOW_RESTORE_HEADER: "1"} if self._own_gone() else None
 
     def stream_headers(self) -> Dict[str, str]:
         """What a request on a client of its own (a watch stream) says: the cluster the client
         keeps to now, which may have changed since that client was made."""
-        headers = self.request_headers()
-        if self.id:
-            headers[EXPECT_CLUSTER_HEADER] = self.id
-        return headers
+        return {EXPECT_CLUSTER_HEADER: self.id} if self.id else {}
 
     def observe(self, url: str, response: httpx.Response) -> None:
-        """Learns from an answer at ``url`` the client's cluster, or a restore of it, to keep
-        to."""
+        """Learns from an answer at ``url`` (a probe's, or a request's) the client's cluster,
+        or a restore of it, to keep to."""
         named = response.headers.get(CLUSTER_ID_HEADER)
-        if not named or response.status_code == 412:
+        if not named:
+            if self.id is None:
+                self.unnamed_until[url] = time.monotonic() + UNNAMED_PROBE_PAUSE_S
             return
         if named == self.id:
             self.own[url] = True
+            return
+        if url in self.own:
+            # Another cluster where the client's was: restored in place, or the address reused.
+            self.own[url] = False
+        if response.status_code == 412:
             return
         expected = response.request.headers.get(EXPECT_CLUSTER_HEADER)
         following = response.request.headers.get(FOLLOW_RESTORE_HEADER)
         if (self.id is None and expected is None) or (following and expected == self.id):
             # The first named cluster that answered, or a restore of the client's that took a
-            # request expecting it.
+            # probe expecting it.
             self._keep(named)
             self.own[url] = True
 
@@ -181,6 +201,8 @@ class _Attempts:
         self.deadline = time.monotonic() + timeout_s
         self.last: Optional[BaseException] = None
         self.others = 0
+        #: Whether a node of the client's own cluster answered (not a node of another).
+        self.reached = False
 
     def expired(self) -> bool:
         return time.monotonic() >= self.deadline
@@ -204,16 +226,18 @@ class _Attempts:
         if response.is_success:
             return body
         error = from_response(response.status_code, body)
+        if not isinstance(error, OtherCluster):
+            self.reached = True
         if isinstance(error, NotLeader):
             self.last = error
             self.endpoints.follow(error.leader)
             return None
         if isinstance(error, OtherCluster):
             # Another endpoint may be of the client's cluster; once each was tried three times
-            # over and none took the request, say so now rather than at the deadline.
+            # over and none of the client's answered, say so now rather than at the deadline.
             self.last = error
             self.others += 1
-            if self.others >= 3 * len(self.endpoints.all):
+            if not self.reached and self.others >= 3 * len(self.endpoints.all):
                 raise error
             self.endpoints.next()
             return None
@@ -233,6 +257,14 @@ class _Attempts:
             f"start one with `picket serve`, or pass the right endpoints ({self.last})",
             code="unreachable",
         )
+
+
+class _ProbeFailed(Exception):
+    """A probe of a node's cluster broke after it was sent; the request was not."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _lost_answer(path: str, error: BaseException) -> OutcomeUnknown:
@@ -262,7 +294,7 @@ class Transport:
         self.verify = verify
         self.tls = tls(verify, cert)
         self.http = httpx.Client(timeout=timeout_s, verify=self.tls, headers=_headers(token))
-        self.cluster = _Cluster(cluster_id, self.http.headers)
+        self.cluster = _Cluster(cluster_id, self.http.headers, self.endpoints)
 
     def call(
         self,
@@ -279,16 +311,15 @@ class Transport:
             shown = _path_now(path)
             endpoint = self.endpoints.url()
             try:
-                response = self.http.request(
-                    method,
-                    endpoint + shown,
-                    json=body,
-                    timeout=timeout_s or self.timeout_s,
-                    headers=self.cluster.request_headers(),
-                )
+                self._probe(endpoint)
+                response = self.http.request(method, endpoint + shown, json=body, timeout=timeout_s or self.timeout_s)
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
                 attempts.unsent(error, unreachable=endpoint)
                 time.sleep(RETRY_PAUSE_S / 4)
+                continue
+            except _ProbeFailed as failed:
+                # Only the probe was sent: the request itself may go elsewhere.
+                attempts.unsent(failed.error)
                 continue
             except httpx.TransportError as error:
                 if not safe:
@@ -300,6 +331,23 @@ class Transport:
                 return answer
             time.sleep(RETRY_PAUSE_S)
         raise attempts.give_up(shown or _path_now(path))
+
+    def _probe(self, endpoint: str) -> None:
+        """Asks ``endpoint`` which cluster it belongs to before a request, when that is due
+        (:meth:`_Cluster.probe_headers`), one probe at a time."""
+        if self.cluster.probe_headers(endpoint) is None:
+            return
+        with self.cluster.lock:
+            headers = self.cluster.probe_headers(endpoint)
+            if headers is None:
+                return
+            try:
+                response = self.http.get(endpoint + "/healthz", headers=headers, timeout=self.timeout_s)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                raise
+            except httpx.TransportError as error:
+                raise _ProbeFailed(error) from error
+            self.cluster.observe(endpoint, response)
 
     def close(self) -> None:
         self.http.close()
@@ -324,7 +372,8 @@ class AsyncTransport:
         self.verify = verify
         self.tls = tls(verify, cert)
         self.http = httpx.AsyncClient(timeout=timeout_s, verify=self.tls, headers=_headers(token))
-        self.cluster = _Cluster(cluster_id, self.http.headers)
+        self.cluster = _Cluster(cluster_id, self.http.headers, self.endpoints)
+        self.probing = asyncio.Lock()
 
     async def call(
         self,
@@ -343,16 +392,17 @@ class AsyncTransport:
             shown = _path_now(path)
             endpoint = self.endpoints.url()
             try:
+                await self._probe(endpoint)
                 response = await self.http.request(
-                    method,
-                    endpoint + shown,
-                    json=body,
-                    timeout=timeout_s or self.timeout_s,
-                    headers=self.cluster.request_headers(),
+                    method, endpoint + shown, json=body, timeout=timeout_s or self.timeout_s
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
                 attempts.unsent(error, unreachable=endpoint)
                 await asyncio.sleep(RETRY_PAUSE_S / 4)
+                continue
+            except _ProbeFailed as failed:
+                # Only the probe was sent: the request itself may go elsewhere.
+                attempts.unsent(failed.error)
                 continue
             except httpx.TransportError as error:
                 if not safe:
@@ -364,6 +414,22 @@ class AsyncTransport:
                 return answer
             await asyncio.sleep(RETRY_PAUSE_S)
         raise attempts.give_up(shown or _path_now(path))
+
+    async def _probe(self, endpoint: str) -> None:
+        """As :meth:`Transport._probe`."""
+        if self.cluster.probe_headers(endpoint) is None:
+            return
+        async with self.probing:
+            headers = self.cluster.probe_headers(endpoint)
+            if headers is None:
+                return
+            try:
+                response = await self.http.get(endpoint + "/healthz", headers=headers, timeout=self.timeout_s)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                raise
+            except httpx.TransportError as error:
+                raise _ProbeFailed(error) from error
+            self.cluster.observe(endpoint, response)
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -26,6 +26,9 @@ pub(super) struct Identity {
 #[derive(Debug, Default)]
 struct State {
     known: Option<Known>,
+    /// The endpoints the client was given: whether its cluster is gone is judged by these (a
+    /// leader a node named may be an alias of one of them, or a node that moved away).
+    configured: Vec<String>,
     /// Bumped each time the client follows a restore: a connection checked under an earlier
     /// generation leads to the cluster before, and is not used again.
     generation: u64,
@@ -72,11 +75,25 @@ pub(super) enum Verdict {
     Other(ClientError),
 }
 
+impl State {
+    /// Whether the client reached its own cluster, and can reach none of its configured nodes
+    /// now (or, when none of those was found in it, none of the others).
+    fn own_gone(&self) -> bool {
+        let configured = |endpoint: &&String| self.configured.contains(endpoint);
+        let mut reached = self.own.iter().filter(|(endpoint, _)| configured(endpoint)).peekable();
+        if reached.peek().is_some() {
+            return reached.all(|(_, reached)| !reached);
+        }
+        !self.own.is_empty() && self.own.values().all(|reached| !reached)
+    }
+}
+
 impl Identity {
-    /// An identity that keeps to `cluster_id` if given, else to the first one found.
-    pub(super) fn new(cluster_id: Option<String>) -> Self {
+    /// An identity that keeps to `cluster_id` if given, else to the first one found, among
+    /// the `configured` endpoints.
+    pub(super) fn new(cluster_id: Option<String>, configured: Vec<String>) -> Self {
         let known = cluster_id.map(|cluster_id| Known { cluster_id, learned: Learned::Given });
-        Self { state: Mutex::new(State { known, ..State::default() }) }
+        Self { state: Mutex::new(State { known, configured, ..State::default() }) }
     }
 
     /// The cluster the client keeps to, if it knows one yet.
@@ -118,10 +135,12 @@ impl Identity {
             state.own.insert(endpoint.to_owned(), true);
             return Verdict::Same;
         }
+        if let Some(reached) = state.own.get_mut(endpoint) {
+            // Another cluster where the client's was: restored in place, or the address reused.
+            *reached = false;
+        }
         let restore_of_kept = kept.cluster_id == restored_from;
-        // Only once the client has reached its own cluster, and can reach none of it now.
-        let own_gone = !state.own.is_empty() && state.own.values().all(|reached| !reached);
-        if restore_of_kept && own_gone {
+        if restore_of_kept && state.own_gone() {
             state.known = Some(Known { cluster_id: found.to_owned(), learned: Learned::Restored });
             state.generation += 1;
             state.own.clear();
@@ -164,6 +183,10 @@ mod tests {
     const B: &str = "fedcba9876543210fedcba9876543210";
     const C: &str = "00000000000000000000000000000001";
 
+    fn configured() -> Vec<String> {
+        ["a:1", "a:2", "b:1", "c:1"].map(str::to_owned).to_vec()
+    }
+
     fn refused(verdict: Verdict) -> String {
         match verdict {
             Verdict::Other(error) => error.to_string(),
@@ -173,7 +196,7 @@ mod tests {
 
     #[test]
     fn the_first_named_cluster_found_is_kept_to() {
-        let identity = Identity::new(None);
+        let identity = Identity::new(None, configured());
         assert_eq!(identity.judge("a:1", "", ""), Verdict::Same, "a cluster not named yet");
         assert_eq!(identity.cluster_id(), None);
         assert_eq!(identity.judge("a:1", A, ""), Verdict::Learned);
@@ -187,7 +210,7 @@ mod tests {
 
     #[test]
     fn a_given_cluster_is_kept_to_from_the_start() {
-        let identity = Identity::new(Some(B.to_owned()));
+        let identity = Identity::new(Some(B.to_owned()), configured());
         let error = refused(identity.judge("a:1", A, ""));
         assert!(error.contains("the one this client was given"), "{error}");
         assert_eq!(identity.judge("b:1", B, ""), Verdict::Same);
@@ -198,10 +221,10 @@ mod tests {
     /// client does not go back and forth between the two.
     #[test]
     fn a_restore_of_the_kept_cluster_is_followed_once_its_nodes_are_gone() {
-        let given = Identity::new(Some(A.to_owned()));
+        let given = Identity::new(Some(A.to_owned()), configured());
         refused(given.judge("b:1", B, A));
         assert_eq!(given.cluster_id().as_deref(), Some(A), "not before it reached its own");
-        let identity = Identity::new(None);
+        let identity = Identity::new(None, configured());
         assert_eq!(identity.judge("a:1", A, ""), Verdict::Learned);
         assert_eq!(identity.judge("a:2", A, ""), Verdict::Same);
         identity.unreachable("a:1");
@@ -218,5 +241,19 @@ mod tests {
         identity.unreachable("b:1");
         assert_eq!(identity.judge("c:1", C, B), Verdict::Followed, "a restore of the restore");
         assert_eq!(identity.generation(), 2);
+    }
+
+    /// A restore onto the same addresses: each node of the client's cluster now answers for
+    /// the restore, which is followed once the last of them has. A leader name outside the
+    /// configured endpoints (an alias, or a node since gone) does not hold the follow back.
+    #[test]
+    fn a_restore_in_place_is_followed_once_every_configured_node_is_of_it() {
+        let identity = Identity::new(None, configured());
+        assert_eq!(identity.judge("a:1", A, ""), Verdict::Learned);
+        assert_eq!(identity.judge("a:2", A, ""), Verdict::Same);
+        assert_eq!(identity.judge("leader-alias:1", A, ""), Verdict::Same);
+        refused(identity.judge("a:1", B, A));
+        assert_eq!(identity.judge("a:2", B, A), Verdict::Followed);
+        assert_eq!(identity.cluster_id().as_deref(), Some(B));
     }
 }

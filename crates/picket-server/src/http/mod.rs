@@ -91,13 +91,17 @@ async fn keep_to_cluster(
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if let Some(expected) = request.headers().get(picket_proto::EXPECT_CLUSTER_KEY) {
-        let following = request.headers().contains_key(picket_proto::FOLLOW_RESTORE_KEY);
-        if let Err(error) = node.check_expected_cluster(expected.as_bytes(), following) {
-            return ApiError::from(error).into_response();
+    let checked = match request.headers().get(picket_proto::EXPECT_CLUSTER_KEY) {
+        Some(expected) => {
+            let following = request.headers().contains_key(picket_proto::FOLLOW_RESTORE_KEY);
+            node.check_expected_cluster(expected.as_bytes(), following)
         }
-    }
-    let mut response = next.run(request).await;
+        None => Ok(()),
+    };
+    let mut response = match checked {
+        Ok(()) => next.run(request).await,
+        Err(error) => ApiError::from(error).into_response(),
+    };
     let own = node.cluster_id();
     if let Some(value) = own.and_then(|own| axum::http::HeaderValue::from_str(&own).ok()) {
         response.headers_mut().insert(picket_proto::CLUSTER_ID_KEY, value);

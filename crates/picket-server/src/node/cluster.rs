@@ -172,17 +172,22 @@ impl Node {
     /// than this node's, or than the one it was restored from when the request is `following`
     /// its cluster to a restore (`picket-follow-restore`): session ids of two clusters coincide,
     /// so the request could act on another client's session. A node that does not know its
-    /// cluster's id yet (not named, or its log not replayed so far) cannot tell, and lets it
-    /// through.
+    /// cluster's id yet (not named, or its log not replayed so far) cannot tell, and refuses it
+    /// as unavailable, for the client to try another node or again shortly.
     ///
     /// # Errors
-    /// [`ServiceError::OtherCluster`].
+    /// [`ServiceError::OtherCluster`]; [`ServiceError::Unavailable`] on a node that does not
+    /// know its cluster's id.
     pub fn check_expected_cluster(
         &self,
         expected: &[u8],
         following: bool,
     ) -> Result<(), ServiceError> {
-        let Some(own) = self.cluster_id() else { return Ok(()) };
+        let Some(own) = self.cluster_id() else {
+            return Err(ServiceError::Unavailable(
+                "this node does not know its cluster's id yet (it is starting or catching up, or the cluster is not named), so it cannot tell whether it belongs to the cluster the request expects".to_owned(),
+            ));
+        };
         if expected == own.as_bytes() {
             return Ok(());
         }
