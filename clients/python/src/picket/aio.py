@@ -253,7 +253,8 @@ class AsyncSession:
         try:
             await self.keepalive()
         except UnknownSession:
-            self._mark_lost("ended")
+            # The stream's event, if the end came after the stream opened, says why first.
+            asyncio.get_running_loop().call_later(_common.ENDED_GRACE_S, self._mark_lost, "ended")
         except PicketError:
             pass
 

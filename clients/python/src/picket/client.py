@@ -259,7 +259,10 @@ class Session:
         try:
             self.keepalive()
         except UnknownSession:
-            self._mark_lost("ended")
+            # The stream's event, if the end came after the stream opened, says why first.
+            timer = threading.Timer(_common.ENDED_GRACE_S, self._mark_lost, args=("ended",))
+            timer.daemon = True
+            timer.start()
         except PicketError:
             pass
 
