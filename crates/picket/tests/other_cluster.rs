@@ -145,6 +145,29 @@ async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
         assert_eq!((lock.holder_session_id, lock.token), (bobs.id(), held.token()), "{protocol:?}");
     }
 
+    // A node that does not know its cluster's id yet (here one started to join a cluster, not
+    // added yet) cannot tell whether it is of the expected cluster: it refuses the request as
+    // unavailable, and a client that keeps to a cluster does not use it.
+    let joiner_dir = temp_dir();
+    let listen = "127.0.0.1:0".parse().expect("an address");
+    let join = ["--node-id", "2", "--join"].map(str::to_owned);
+    let joiner =
+        ServerProcess::start(Path::new(PICKET), &joiner_dir.path().join("n2"), listen, &join);
+    let view = http::get(&joiner.addr, "/v1/cluster").body;
+    assert!(view["cluster_id"].is_null(), "{view}");
+    let unsure = expecting(&joiner.addr, &a_id, "GET", "/v1/locks/shared", None);
+    assert_eq!(
+        (unsure.status, unsure.body["code"].as_str()),
+        (503, Some("unavailable")),
+        "{}",
+        unsure.text
+    );
+    let kept_to_a = ClientConfig { cluster_id: Some(a_id.clone()), ..quick() };
+    let error = Client::connect_with([joiner.addr.clone()], kept_to_a).await.unwrap_err();
+    assert_eq!(error.code(), Some(picket_client::ErrorCode::Unavailable), "{error}");
+    assert!(error.to_string().contains("does not know its cluster's id yet"), "{error}");
+    drop(joiner);
+
     a.kill();
     let started = std::time::Instant::now();
     let error = alice.release_in(bobs.id(), "shared", held.token()).await.unwrap_err();
