@@ -151,7 +151,7 @@ impl StateStore {
         // revision (every token's source) starts again near zero.
         #[cfg(feature = "mutations")]
         if stored.is_some() && crate::mutation::is_on("token_counter_resets_on_restart") {
-            state.machine = StateMachine::new(limits_for_mutation);
+            state.machine = emptied_for_mutation(&state.machine, limits_for_mutation);
         }
         hub.resync(&state.machine);
         if let Some(snapshot) = &stored {
@@ -444,6 +444,22 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             self.inner.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         Ok(current.map(|stored| Snapshot { meta: stored.meta, snapshot: stored.data }))
     }
+}
+
+/// The mutation `token_counter_resets_on_restart`: an empty state (revision 0) that keeps the
+/// cluster's id, so the bug is a reset token counter alone. A state that lost its id too is
+/// another cluster to Picket's clients, which pass over its nodes instead of being granted the
+/// reset tokens, and the fault harness could no longer see the bug.
+#[cfg(feature = "mutations")]
+fn emptied_for_mutation(machine: &StateMachine, limits: Limits) -> StateMachine {
+    let empty = StateMachine::new(limits);
+    let Some(cluster_id) = machine.cluster_id() else { return empty };
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&empty.snapshot()).expect("a state's snapshot is JSON");
+    json["cluster_id"] = serde_json::json!(cluster_id);
+    json["newest_apply_rules"] = serde_json::json!(machine.newest_apply_rules());
+    let bytes = serde_json::to_vec(&json).expect("JSON encodes");
+    StateMachine::restore(&bytes).expect("an empty state with the id restores")
 }
 
 #[cfg(test)]
