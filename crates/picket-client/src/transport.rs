@@ -255,7 +255,13 @@ impl Transport {
         )
         .await
         .map_err(|status| {
-            self.inner.identity.unreachable(endpoint);
+            // Only an endpoint where nothing could be reached counts toward the client's
+            // cluster being gone: a node that took the connection and then failed its TLS
+            // handshake (a certificate this client does not trust) or did not answer in time
+            // (stalled) may still be a node of it, and a restore must not draw the client away.
+            if picket_proto::connection::nothing_reached(&status) {
+                self.inner.identity.unreachable(endpoint);
+            }
             classify(&status)
         })?;
         let opened = match &self.inner.config.bearer_token {
@@ -651,13 +657,12 @@ impl Transport {
 
 /// Refuses a given cluster id that no cluster could have: 32 lowercase hexadecimal digits.
 fn check_cluster_id(cluster_id: &str) -> Result<(), ClientError> {
-    let digits =
-        cluster_id.bytes().all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte));
-    if cluster_id.len() == 32 && digits {
+    if picket_core::is_cluster_id(cluster_id) {
         return Ok(());
     }
+    let digits = picket_core::CLUSTER_ID_HEX_DIGITS;
     Err(ClientError::InvalidArgument(format!(
-        "{cluster_id:?} is not a cluster id (32 lowercase hexadecimal digits): copy it from `picket members` or GET /v1/cluster"
+        "{cluster_id:?} is not a cluster id ({digits} lowercase hexadecimal digits): copy it from `picket members` or GET /v1/cluster"
     )))
 }
 

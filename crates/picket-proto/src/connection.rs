@@ -37,10 +37,35 @@ pub fn not_sent_status(message: &str) -> Status {
     status
 }
 
-/// Whether `status` is marked [`NotSent`].
+/// Marks a request not sent because nothing could be reached at its endpoint: no TCP
+/// connection could be made (refused, unreachable, or not made within the connect timeout).
+/// A request so marked was not sent either ([`was_not_sent`]). A connection that was made and
+/// then failed (its TLS handshake, its HTTP/2 handshake, or the answer was not in time) is
+/// not marked so: something listens there, and which cluster it belongs to is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("nothing was reached at the endpoint")]
+pub struct NothingReached;
+
+/// Whether `status` is marked [`NotSent`] (or [`NothingReached`], which is not sent either).
 #[must_use]
 pub fn was_not_sent(status: &Status) -> bool {
-    std::error::Error::source(status).is_some_and(|source| source.is::<NotSent>())
+    std::error::Error::source(status)
+        .is_some_and(|source| source.is::<NotSent>() || source.is::<NothingReached>())
+}
+
+/// Whether `status` is marked [`NothingReached`]: no TCP connection could be made to the
+/// endpoint.
+#[must_use]
+pub fn nothing_reached(status: &Status) -> bool {
+    std::error::Error::source(status).is_some_and(|source| source.is::<NothingReached>())
+}
+
+/// The `UNAVAILABLE` status of a connection that could not reach its endpoint, marked with
+/// [`NothingReached`].
+fn nothing_reached_status(message: &str) -> Status {
+    let mut status = Status::unavailable(format!("not sent: {message}"));
+    status.set_source(std::sync::Arc::new(NothingReached));
+    status
 }
 
 /// Per-stream and per-connection receive windows: large enough that a watch stream's burst of
@@ -105,9 +130,9 @@ impl Connection {
     /// `max_request_bytes` is refused before it is sent.
     ///
     /// # Errors
-    /// `UNAVAILABLE`, marked [`NotSent`], when the endpoint cannot be
-    /// reached in time or its certificate is not trusted; `INVALID_ARGUMENT` when it is not
-    /// `host:port`.
+    /// `UNAVAILABLE`, marked [`NotSent`], when the endpoint cannot be reached in time or its
+    /// certificate is not trusted, and marked [`NothingReached`] instead when no TCP
+    /// connection could be made; `INVALID_ARGUMENT` when it is not `host:port`.
     pub async fn open(
         endpoint: &str,
         connect_timeout: Duration,
@@ -137,9 +162,11 @@ impl Connection {
             Some(_) => Some(crate::tls::server_name(endpoint).map_err(Status::invalid_argument)?),
             None => None,
         };
+        // Set once a TCP connection is made: a failure after it met something at the endpoint.
+        let reached = std::sync::atomic::AtomicBool::new(false);
         let connecting = async {
             if protocol == Protocol::Wire {
-                let stream = connect(endpoint, tls, server_name.clone()).await?;
+                let stream = connect(endpoint, tls, server_name.clone(), &reached).await?;
                 let started = match stream {
                     Stream::Plain(stream) => WireConnection::start(stream, connect_timeout).await?,
                     Stream::Tls(stream) => WireConnection::start(stream, connect_timeout).await?,
@@ -149,20 +176,23 @@ impl Connection {
                 }
                 tracing::debug!(%endpoint, "the node does not speak the wire protocol; using gRPC");
             }
-            let send = match connect(endpoint, tls, server_name).await? {
+            let send = match connect(endpoint, tls, server_name, &reached).await? {
                 Stream::Plain(stream) => handshake(stream).await?,
                 Stream::Tls(stream) => handshake(stream).await?,
             };
             Ok::<_, std::io::Error>(Link::H2(send))
         };
-        match tokio::time::timeout(connect_timeout, connecting).await {
-            Ok(Ok(link)) => Ok(Self { link, max_request_bytes, origin, authorization: None }),
-            Ok(Err(error)) => {
-                Err(not_sent_status(&format!("cannot connect to {endpoint}: {error}")))
+        let failure = match tokio::time::timeout(connect_timeout, connecting).await {
+            Ok(Ok(link)) => {
+                return Ok(Self { link, max_request_bytes, origin, authorization: None });
             }
-            Err(_) => Err(not_sent_status(&format!(
-                "cannot connect to {endpoint} within {connect_timeout:?}"
-            ))),
+            Ok(Err(error)) => format!("cannot connect to {endpoint}: {error}"),
+            Err(_) => format!("cannot connect to {endpoint} within {connect_timeout:?}"),
+        };
+        if reached.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(not_sent_status(&failure))
+        } else {
+            Err(nothing_reached_status(&failure))
         }
     }
 
@@ -238,13 +268,16 @@ enum Stream {
     Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
 }
 
-/// Connects to `endpoint` with `TCP_NODELAY`, and performs the TLS handshake when `tls` is given.
+/// Connects to `endpoint` with `TCP_NODELAY`, and performs the TLS handshake when `tls` is
+/// given. Sets `reached` once the TCP connection is made.
 async fn connect(
     endpoint: &str,
     tls: Option<&ClientTls>,
     server_name: Option<rustls::pki_types::ServerName<'static>>,
+    reached: &std::sync::atomic::AtomicBool,
 ) -> std::io::Result<Stream> {
     let stream = tokio::net::TcpStream::connect(endpoint).await?;
+    reached.store(true, std::sync::atomic::Ordering::Relaxed);
     // Without TCP_NODELAY, small frames wait for delayed ACKs.
     stream.set_nodelay(true)?;
     // A node whose host went away without a word is found by the kernel's probes: the wire
@@ -481,7 +514,28 @@ mod tests {
         let error = Connection::open(&addr, TIMEOUT, 1024, None).await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::Unavailable);
         assert!(was_not_sent(&error), "{}", error.message());
+        assert!(nothing_reached(&error), "no TCP connection: {}", error.message());
         assert!(error.message().contains(&addr), "{}", error.message());
+    }
+
+    /// Something that accepts the connection and then does not answer its opening is not
+    /// nothing: a client must not take the node there for gone (it may be a node of its
+    /// cluster that is stalled, or whose certificate the client does not trust).
+    #[tokio::test]
+    async fn a_connection_made_but_not_answered_is_not_sent_yet_reached_something() {
+        let (listener, addr) = listener().await;
+        let silent = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(TIMEOUT).await;
+            drop(stream);
+        });
+        let quick = Duration::from_millis(200);
+        let error =
+            Connection::open_with(&addr, quick, 1024, None, Protocol::Wire).await.unwrap_err();
+        silent.abort();
+        assert_eq!(error.code(), tonic::Code::Unavailable);
+        assert!(was_not_sent(&error), "{}", error.message());
+        assert!(!nothing_reached(&error), "a TCP connection was made: {}", error.message());
     }
 
     /// The request's body reaches the server whole, and the response's data comes before the

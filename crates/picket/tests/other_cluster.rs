@@ -6,9 +6,10 @@
 //! the nodes of its own, or of a cluster restored from a backup of it. Real processes, on free
 //! loopback ports.
 
-use picket_client::{Client, ClientConfig, ClientError};
+use picket_client::{Client, ClientConfig, ClientError, ClientTls};
 use picket_proto::connection::{Connection, Protocol};
 use picket_proto::v1;
+use picket_testkit::pki::TestPki;
 use picket_testkit::{ServerProcess, http, temp_dir, wait_until};
 use std::path::Path;
 use std::process::Command;
@@ -122,6 +123,14 @@ async fn a_client_never_sends_a_call_to_a_node_of_another_cluster() {
     );
     assert_eq!(opened.status, 412, "{}", opened.text);
     assert_eq!(http::get(&b.addr, "/v1/sessions").body, sessions_before, "nothing was applied");
+    // A value no cluster has, long or not ASCII, is refused the same way, and the refusal
+    // quotes no more of it than a cluster id's length and a little.
+    for hostile in ["z".repeat(2_000), "é".repeat(40)] {
+        let refused = expecting(&b.addr, &hostile, "GET", "/v1/locks/shared", None);
+        assert_eq!(refused.status, 412, "{}", refused.text);
+        assert_eq!(refused.body["code"], "other_cluster", "{}", refused.text);
+        assert!(refused.text.len() < 1_000, "{} bytes", refused.text.len());
+    }
 
     // Over gRPC too, on the wire protocol's direct path and on HTTP/2.
     for protocol in [Protocol::Wire, Protocol::Grpc] {
@@ -252,4 +261,91 @@ async fn a_client_follows_its_cluster_to_a_restore_of_it_once_that_is_gone() {
     guard.release().await.unwrap();
     let next = session.try_lock("kept").await.unwrap();
     assert!(next.token() > 1 << 48, "granted in the restored cluster's epoch: {}", next.token());
+}
+
+/// The cluster a client over TLS reaches at `addr`, once it is named (and, when `origin` is
+/// given, once it knows it was restored from that cluster).
+async fn tls_cluster_id(addr: &str, tls: &ClientTls, origin: Option<&str>) -> String {
+    let config = ClientConfig { tls: Some(tls.clone()), ..quick() };
+    let probe = Client::connect_with([addr.to_owned()], config).await.expect("the node answers");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(info) = probe.cluster().await {
+            let restored_from = info.restored_from_cluster_id.as_str();
+            if !info.cluster_id.is_empty() && origin.is_none_or(|origin| origin == restored_from) {
+                return info.cluster_id;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{addr} was not named within 20 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A node of the client's cluster whose TLS handshake fails (restarted with a certificate the
+/// client does not trust) took the connection: it is not gone, and a restore of the cluster
+/// does not draw the client away from it. It used to count as gone, as a refused connection
+/// does. Once nothing listens at its address, the client follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_tls_handshake_fails_is_not_taken_for_gone() {
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let tls = ClientTls::from_files(&pki.peer_ca, None).expect("usable TLS files");
+    let old_data = dir.path().join("old");
+    let old_listen = format!("127.0.0.1:{}", picket_testkit::free_port()).parse().unwrap();
+    let mut old = ServerProcess::start(Path::new(PICKET), &old_data, old_listen, &pki.serve_args());
+    let old_id = tls_cluster_id(&old.addr, &tls, None).await;
+
+    let restored_addr = format!("127.0.0.1:{}", picket_testkit::free_port());
+    let config = ClientConfig {
+        tls: Some(tls.clone()),
+        cluster_id: Some(old_id.clone()),
+        retry_for: Duration::from_secs(3),
+        ..ClientConfig::default()
+    };
+    let client =
+        Client::connect_with([old.addr.clone(), restored_addr.clone()], config).await.unwrap();
+    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    let guard = session.try_lock("kept").await.unwrap();
+
+    let backup = dir.path().join("picket.backup");
+    let output = Command::new(PICKET)
+        .args(["--endpoints", &old.addr, "--ca"])
+        .arg(&pki.peer_ca)
+        // A backup over TLS with no auth file takes a member's certificate.
+        .arg("--cert")
+        .arg(&pki.node.cert)
+        .arg("--key")
+        .arg(&pki.node.key)
+        .args(["snapshot", "save"])
+        .arg(&backup)
+        .output()
+        .expect("picket snapshot save runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut restore = pki.serve_args();
+    restore.extend(
+        ["--restore", &backup.display().to_string(), "--restore-sessions", "keep"]
+            .map(str::to_owned),
+    );
+    let listen = restored_addr.parse().expect("an address");
+    let _restored =
+        ServerProcess::start(Path::new(PICKET), &dir.path().join("new"), listen, &restore);
+    let restored_id = tls_cluster_id(&restored_addr, &tls, Some(&old_id)).await;
+
+    // The old node comes back on its data and address with a certificate nobody trusts.
+    let old_addr = old.addr.clone();
+    drop(old);
+    let mut untrusted = pki.serve_args();
+    let cert = untrusted.iter().position(|arg| arg == "--tls-cert").expect("a certificate");
+    untrusted[cert + 1] = pki.rogue_node.cert.display().to_string();
+    untrusted[cert + 3] = pki.rogue_node.key.display().to_string();
+    let listen = old_addr.parse().expect("an address");
+    old = ServerProcess::start(Path::new(PICKET), &old_data, listen, &untrusted);
+    let error = client.lock_info("kept").await.expect_err("no node the client may use");
+    assert_eq!(client.cluster_id().as_deref(), Some(old_id.as_str()), "not followed: {error}");
+
+    // Nothing listens there any more: the client's cluster is gone, and it follows the restore.
+    drop(old);
+    let holder = client.lock_info("kept").await.unwrap().holder.expect("the grant was kept");
+    assert_eq!((holder.session.0, holder.token), (session.id(), guard.token()));
+    assert_eq!(client.cluster_id().as_deref(), Some(restored_id.as_str()), "followed");
 }

@@ -107,8 +107,8 @@ impl Identity {
         self.lock().generation
     }
 
-    /// Notes that a connection to `endpoint` could not be opened: if it is a node of the kept
-    /// cluster, that cluster may be gone.
+    /// Notes that nothing could be reached at `endpoint` (no TCP connection could be made):
+    /// if it is a node of the kept cluster, that cluster may be gone.
     pub(super) fn unreachable(&self, endpoint: &str) {
         if let Some(reached) = self.lock().own.get_mut(endpoint) {
             *reached = false;

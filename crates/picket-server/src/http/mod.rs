@@ -85,7 +85,8 @@ pub fn router(node: Arc<Node>, max_body_bytes: usize) -> Router {
 /// Session ids of two clusters coincide: a client whose endpoints mix the nodes of two clusters
 /// would otherwise keep alive, release or acquire in another client's session. A node that does
 /// not know its cluster's id yet (not named, or its log not replayed so far) cannot tell, and
-/// lets the request through.
+/// refuses a request that names one as `unavailable`, so that the client tries elsewhere or
+/// again; a request that names none is let through.
 async fn keep_to_cluster(
     axum::extract::State(node): axum::extract::State<Arc<Node>>,
     request: Request,
@@ -380,6 +381,31 @@ mod tests {
             unserved.is_empty(),
             "openapi.json describes routes the router lacks: {unserved:?}"
         );
+    }
+
+    /// `keep_to_cluster` wraps every route: each operation says so, so that a route added
+    /// later is described with it too.
+    #[test]
+    fn every_operation_describes_the_cluster_headers_and_the_412() {
+        let description: Value = serde_json::from_str(OPENAPI).expect("the description is JSON");
+        for (path, operations) in description["paths"].as_object().expect("paths") {
+            for (method, operation) in operations.as_object().expect("operations") {
+                let parameters = operation["parameters"].to_string();
+                for parameter in ["ExpectCluster", "FollowRestore"] {
+                    let reference = format!("#/components/parameters/{parameter}");
+                    assert!(parameters.contains(&reference), "{method} {path}: {parameter}");
+                }
+                let responses = &operation["responses"];
+                assert!(responses["412"].is_object(), "{method} {path}: its 412");
+                let named = &responses["200"]["headers"][picket_proto::CLUSTER_ID_KEY];
+                assert!(named.is_object(), "{method} {path}: its 200 names the cluster");
+            }
+        }
+        let error = &description["components"]["responses"]["Error"];
+        assert!(error["headers"][picket_proto::CLUSTER_ID_KEY].is_object(), "{error}");
+        let parameters = &description["components"]["parameters"];
+        assert_eq!(parameters["ExpectCluster"]["name"], picket_proto::EXPECT_CLUSTER_KEY);
+        assert_eq!(parameters["FollowRestore"]["name"], picket_proto::FOLLOW_RESTORE_KEY);
     }
 
     #[test]
