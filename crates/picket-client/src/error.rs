@@ -123,9 +123,11 @@ pub(crate) fn classify(status: &Status) -> Failure {
     };
     match code {
         ErrorCode::NotLeader => Failure::NotLeader(metadata(status, LEADER_KEY)),
-        ErrorCode::Unavailable | ErrorCode::Stopped => {
-            Failure::Unavailable(status.message().to_owned())
-        }
+        ErrorCode::Unavailable => Failure::Unavailable(status.message().to_owned()),
+        // The node stopped serving with the request perhaps written to its log (its
+        // consensus engine failed under it): the outcome is unknown, as when the connection
+        // broke after the request was sent. Only a call safe to repeat is sent again.
+        ErrorCode::Stopped => Failure::Broken(format!("the node stopped: {}", status.message())),
         ErrorCode::OutcomeUnknown => {
             Failure::Final(ClientError::OutcomeUnknown(status.message().to_owned()))
         }
@@ -213,6 +215,19 @@ mod tests {
         assert!(
             matches!(classify(&status), Failure::NotLeader(Some(leader)) if leader == "127.0.0.1:7001")
         );
+    }
+
+    /// `stopped` is answered with outcome `unknown` (the request may be in the node's log):
+    /// sent again only when the call is safe to repeat, as a broken connection is. It was
+    /// taken for `unavailable`, which applied nothing, so a session could be opened twice.
+    #[test]
+    fn a_node_that_stopped_under_a_request_leaves_its_outcome_unknown() {
+        let mut stopped = Status::unavailable("this node has stopped serving");
+        stopped.metadata_mut().insert(ERROR_CODE_KEY, "stopped".parse().unwrap());
+        assert!(matches!(classify(&stopped), Failure::Broken(_)));
+        let mut electing = Status::unavailable("no leader yet");
+        electing.metadata_mut().insert(ERROR_CODE_KEY, "unavailable".parse().unwrap());
+        assert!(matches!(classify(&electing), Failure::Unavailable(_)));
     }
 
     #[test]

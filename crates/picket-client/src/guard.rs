@@ -106,8 +106,13 @@ impl Guard {
     /// `token_mismatch`; the cluster being unreachable. A grant that already ended is not an
     /// error: there is nothing left to release.
     pub async fn release(mut self) -> Result<Released, ClientError> {
+        let released = release(&self.shared, &self.name, self.token, &self.lost).await;
+        // Marked only once the release is over: a caller that gives up on it (drops this
+        // future, say by a timeout) drops the guard with it, whose drop then releases in the
+        // background. Marked before, the grant stayed with the session while it lived, and no
+        // guard knew of it (a ghost holder).
         self.released = true;
-        release(&self.shared, &self.name, self.token, &self.lost).await
+        released
     }
 }
 

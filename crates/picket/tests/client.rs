@@ -471,6 +471,33 @@ async fn an_acquire_given_up_unanswered_leaves_no_ghost_holder() {
     }
 }
 
+/// A release given up on (its future dropped, here by a timeout) while nothing reached the
+/// node still ends the grant: the guard it consumed releases it in the background once the
+/// node can be reached. The guard was marked released before the request went out, so its
+/// drop sent nothing, and the session, kept alive by its keepalives, held the lock with no
+/// guard left to know it: a ghost holder until the session ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_given_up_on_still_ends_the_grant() {
+    let BehindProxy { _dir, _server, direct, proxy, _client, session } =
+        behind_proxy(Duration::from_secs(10), Duration::from_millis(500)).await;
+    let guard = session.try_lock("given-up-release").await.unwrap();
+    proxy.cut(true);
+    tokio::time::timeout(Duration::from_millis(300), guard.release())
+        .await
+        .expect_err("nothing answers while the link is cut");
+    assert_eq!(
+        direct.lock_info("given-up-release").await.unwrap().holder_session(),
+        Some(SessionId(session.id())),
+        "nothing reached the node"
+    );
+    proxy.cut(false);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while direct.lock_info("given-up-release").await.unwrap().holder.is_some() {
+        assert!(Instant::now() < deadline, "the grant of the given-up release is still held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Many acquires given up at once during an outage are all abandoned once it ends. The node
 /// granted every one (only the answers were lost), then the client was cut off from it for
 /// longer than its retries: the client's one abandons task keeps 16 on their way at a time,
