@@ -28,7 +28,7 @@ pub enum ServiceError {
         holder_token: Option<u64>,
     },
     /// The wait ended without a grant for another reason.
-    #[error("the wait for lock {name:?} ended without a grant ({cause:?}): {}", cancel_advice(*.cause))]
+    #[error("the wait for lock {name:?} ended without a grant ({}): {}", cause.as_str(), cancel_advice(*.cause))]
     WaitEnded {
         /// The lock.
         name: String,

@@ -224,6 +224,11 @@ pub struct ServeArgs {
     /// as any client or as a cluster member: only for a network that only you can reach.
     #[arg(long, env = "PICKET_INSECURE_PLAINTEXT")]
     insecure_plaintext: bool,
+    /// Serve clients without credentials (TLS and no --auth-file) on an address other than
+    /// loopback. Anyone whose client trusts the CA can then end, keep alive or release any
+    /// session and its locks: only for a network that only you can reach.
+    #[arg(long, env = "PICKET_INSECURE_ANONYMOUS_CLIENTS")]
+    insecure_anonymous_clients: bool,
 }
 
 /// What a restore does with the backup's sessions.
@@ -358,6 +363,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         },
         metrics_prefixes: args.metrics_prefixes,
         insecure_plaintext: args.insecure_plaintext,
+        insecure_anonymous_clients: args.insecure_anonymous_clients,
     };
     raise_open_files_limit(
         config.limits.max_connections

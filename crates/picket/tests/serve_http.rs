@@ -226,6 +226,39 @@ fn a_disconnected_waiter_leaves_no_ghost() {
     assert_eq!(lock.body["holder"], Value::Null, "nobody holds the lock: {}", lock.text);
 }
 
+/// SPEC: a waiter can cancel. A waiting acquire cancelled by its session (`POST
+/// /v1/locks/cancel`) is answered at once, `wait_ended` with the cause `requested`, nothing
+/// applied, and the session is out of the queue: the holder's release leaves the lock free.
+#[test]
+fn a_waiter_that_cancels_is_answered_at_once_and_leaves_the_queue() {
+    let (_dir, server) = start();
+    let addr = server.addr.clone();
+    let holder = open_session(&addr, 10_000, 0);
+    let token = token_of(&acquire(&addr, "c", holder, Some(0)));
+    let waiter = open_session(&addr, 10_000, 0);
+    let waiting = {
+        let addr = addr.clone();
+        std::thread::spawn(move || acquire(&addr, "c", waiter, Some(60_000)))
+    };
+    wait_until("the waiter to queue", Duration::from_secs(5), || {
+        (http::get(&addr, "/v1/locks/c").body["waiters"] == json!([waiter])).then_some(())
+    });
+    let started = Instant::now();
+    let cancelled =
+        http::post(&addr, "/v1/locks/cancel", &json!({ "name": "c", "session_id": waiter }));
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+    let answered = waiting.join().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "answered at the cancel, not its wait");
+    assert_eq!(answered.status, 409, "{}", answered.text);
+    assert_eq!(answered.body["code"], "wait_ended", "{}", answered.text);
+    assert_eq!(answered.body["outcome"], "not_applied", "{}", answered.text);
+    assert!(answered.body["message"].to_string().contains("(requested)"), "{}", answered.text);
+    assert_eq!(http::get(&addr, "/v1/locks/c").body["waiters"], json!([]));
+    assert_eq!(release(&addr, "c", holder, token).status, 200);
+    let lock = http::get(&addr, "/v1/locks/c");
+    assert_eq!(lock.body["holder"], Value::Null, "nobody was granted it: {}", lock.text);
+}
+
 /// Issue 14, point 1: two overlapping waiting acquires of one session used to both answer
 /// `wait_replaced` while the session stayed queued, and then held the lock with nobody told.
 /// Now the second request is refused at once (`already_waiting`), the first keeps waiting and

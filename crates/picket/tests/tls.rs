@@ -486,6 +486,30 @@ fn plaintext_beyond_loopback_is_refused_unless_asked_for() {
     assert!(stderr.contains("--insecure-plaintext"), "{stderr}");
 }
 
+/// SPEC: beyond loopback, clients authenticate. A node with TLS and no auth file serves every
+/// client as anyone (each may end, keep alive or release any session), so beyond loopback it
+/// refuses to start, and says what to do. (`server::tests` covers the cases that start: no
+/// test binds beyond loopback.)
+#[test]
+fn clients_without_credentials_beyond_loopback_are_refused_unless_asked_for() {
+    let dir = temp_dir();
+    let pki = TestPki::generate(&dir.path().join("pki"));
+    let output = Command::new(binary())
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(pki.serve_args())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("refusing to serve clients without credentials on 0.0.0.0:0"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--auth-file"), "{stderr}");
+    assert!(stderr.contains("--insecure-anonymous-clients"), "{stderr}");
+}
+
 /// Review of issue 15: past its TLS handshake a connection's opening is encrypted and cannot be
 /// peeked at, so a client that finished the handshake and then sent nothing held a connection
 /// place for ever. Its first read now has the same deadline as a plaintext connection's opening.

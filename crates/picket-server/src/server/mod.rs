@@ -152,6 +152,36 @@ fn check_data_dir(config: &ServerConfig) -> Result<(), StartError> {
     }
 }
 
+/// Refuses to serve, beyond loopback, what anyone who reaches the port could abuse: plaintext
+/// (anyone could act as any client or as a member), or clients without credentials (TLS and no
+/// auth file: any client that trusts the CA could end, keep alive or release any session),
+/// unless the operator said the network is trusted.
+fn check_exposure(config: &ServerConfig) -> Result<(), StartError> {
+    for listen in std::iter::once(config.listen).chain(config.peer_listen) {
+        if config.tls.is_none() && !listen.ip().is_loopback() && !config.insecure_plaintext {
+            return Err(StartError::Config(format!(
+                "refusing to serve plaintext on {listen}: anyone who can reach that address \
+                 could act as any client or as a cluster member. Give --tls-cert, --tls-key and \
+                 --peer-ca, listen on loopback, or pass --insecure-plaintext on a network only \
+                 you can reach"
+            )));
+        }
+    }
+    let anonymous = config.auth_file.is_none()
+        && !config.insecure_anonymous_clients
+        && !config.insecure_plaintext;
+    if config.tls.is_some() && anonymous && !config.listen.ip().is_loopback() {
+        return Err(StartError::Config(format!(
+            "refusing to serve clients without credentials on {}: anyone whose client trusts \
+             the CA could end, keep alive or release any session and its locks. Give \
+             --auth-file (bearer tokens, or client certificates named as principals), listen \
+             on loopback, or pass --insecure-anonymous-clients on a network only you can reach",
+            config.listen
+        )));
+    }
+    Ok(())
+}
+
 fn raft_config(tuning: &RaftTuning) -> Result<Arc<Config>, StartError> {
     let config = Config {
         cluster_name: "picket".to_owned(),
@@ -202,16 +232,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             crate::metrics::MAX_CONFIGURED_PREFIXES,
         )));
     }
-    for listen in std::iter::once(config.listen).chain(config.peer_listen) {
-        if config.tls.is_none() && !listen.ip().is_loopback() && !config.insecure_plaintext {
-            return Err(StartError::Config(format!(
-                "refusing to serve plaintext on {listen}: anyone who can reach that address \
-                 could act as any client or as a cluster member. Give --tls-cert, --tls-key and \
-                 --peer-ca, listen on loopback, or pass --insecure-plaintext on a network only \
-                 you can reach"
-            )));
-        }
-    }
+    check_exposure(&config)?;
     let tls = match config.tls.clone() {
         Some(files) => Some(Arc::new(
             ServerTls::load(files).map_err(|error| StartError::Config(error.to_string()))?,
@@ -738,6 +759,39 @@ async fn bootstrap(raft: &Raft, peers: &BTreeMap<NodeId, Member>) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::peer_advertise_of;
+
+    /// SPEC: beyond loopback, clients authenticate. A node with TLS and no auth file serves
+    /// every client as anyone, so beyond loopback it starts only when told the network is
+    /// trusted; on loopback, or with an auth file, it starts. (The refusal is run end to end
+    /// in `tests/tls.rs`; the cases that start are here, as no test binds beyond loopback.)
+    #[test]
+    fn clients_without_credentials_are_served_beyond_loopback_only_when_asked_for() {
+        use super::{ServerConfig, check_exposure};
+        let tls = crate::tls::TlsFiles {
+            cert: "node.pem".into(),
+            key: "node-key.pem".into(),
+            peer_ca: "peer-ca.pem".into(),
+            client_ca: None,
+        };
+        let on = |listen: &str| {
+            let mut config = ServerConfig::single("data", listen.parse().unwrap());
+            config.tls = Some(tls.clone());
+            config
+        };
+        let refused = check_exposure(&on("0.0.0.0:7687")).unwrap_err().to_string();
+        assert!(refused.contains("without credentials on 0.0.0.0:7687"), "{refused}");
+        assert!(check_exposure(&on("127.0.0.1:7687")).is_ok(), "loopback");
+        let mut with_auth = on("10.0.0.1:7687");
+        with_auth.auth_file = Some("auth.toml".into());
+        assert!(check_exposure(&with_auth).is_ok(), "clients authenticate");
+        let mut told = on("10.0.0.1:7687");
+        told.insecure_anonymous_clients = true;
+        assert!(check_exposure(&told).is_ok(), "the operator said the network is trusted");
+        let mut plaintext = ServerConfig::single("data", "10.0.0.1:7687".parse().unwrap());
+        assert!(check_exposure(&plaintext).is_err(), "plaintext beyond loopback");
+        plaintext.insecure_plaintext = true;
+        assert!(check_exposure(&plaintext).is_ok(), "plaintext on a trusted network is open too");
+    }
 
     /// Review of issue 13's peer port: a node bound to every interface refused Raft messages
     /// on its client port naming 0.0.0.0 as where to send them, and started a new cluster
