@@ -288,3 +288,42 @@ async def test_a_client_never_sends_a_call_to_a_node_of_another_cluster(tmp_path
     finally:
         a.stop()
         b.stop()
+
+
+async def test_two_grants_of_one_lock_in_a_session_both_hear_of_its_end(server: Server) -> None:
+    """As in the blocking client: both grant objects of one grant hear of its end."""
+    async with picket.AsyncClient([server.addr]) as client:
+        session = await client.session(ttl=30)
+        first = await session.lock("twice")
+        second = await session.lock("twice")
+        assert first.token == second.token
+        await first.release()
+        assert second.lost.is_set() and second.lost_reason == "grant_ended"
+        assert (await client.lock_info("twice"))["holder"] is None
+
+        third = await session.lock("twice")
+        fourth = await session.lock("twice")
+        await client.revoke(session.id)
+        await asyncio.wait_for(asyncio.gather(third.lost.wait(), fourth.lost.wait()), 3)
+        await session.close()
+
+
+async def test_a_grant_ended_unseen_is_found_when_the_watch_opens_again_or_on_resync(server: Server) -> None:
+    """As in the blocking client: what the watch stream missed is asked for."""
+    async with picket.AsyncClient([server.addr]) as client:
+        session = await client.session(ttl=30)
+        kept, ended = await session.lock("recheck/kept"), await session.lock("recheck/ended")
+        release = {"name": "recheck/ended", "session_id": session.id, "token": ended.token}
+        async with httpx.AsyncClient() as http:
+            assert (await http.post(f"http://{server.addr}/v1/locks/release", json=release)).status_code == 200
+            session._on_event({"kind": "resync"})
+            await asyncio.wait_for(ended.lost.wait(), 3)
+            assert ended.lost_reason == "grant_ended" and not kept.lost.is_set()
+
+            again = await session.lock("recheck/ended")
+            release["token"] = again.token
+            assert (await http.post(f"http://{server.addr}/v1/locks/release", json=release)).status_code == 200
+        await session._probe()
+        assert again.lost.is_set() and again.lost_reason == "grant_ended"
+        assert not kept.lost.is_set() and not session.lost.is_set()
+        await session.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import json
+import ssl
 import threading
 import time
 from typing import List, Tuple
@@ -493,8 +495,8 @@ def test_a_client_never_sends_a_call_to_a_node_of_another_cluster(tmp_path: "obj
 def test_a_client_follows_a_restore_of_its_cluster_once_its_own_is_gone() -> None:
     """Until it knows its cluster, the client asks a node first (a probe); it asks a restore of
     its cluster to take it (``picket-follow-restore``) only once no configured node of its own
-    can be reached (refused connections, or another cluster where its own was), and keeps to a
-    restore that took that probe. An answer to a request that expected nothing, once the client
+    can be reached (refused connections, not failed TLS handshakes, or another cluster where its
+    own was), and keeps to a restore that took that probe. An answer to a request that expected nothing, once the client
     keeps to a cluster, changes nothing."""
     from picket._transport import EXPECT_CLUSTER_HEADER, FOLLOW_RESTORE_HEADER, _Cluster, _Endpoints
 
@@ -514,8 +516,12 @@ def test_a_client_follows_a_restore_of_its_cluster_once_its_own_is_gone() -> Non
     cluster.observe("http://a:2", answer(a))
     cluster.observe("http://b:1", answer(b))
     assert cluster.id == a, "a request sent before the client knew its cluster"
-    cluster.unreachable("http://a:1")
-    assert cluster.probe_headers("http://b:1") is None, "a:2 may still answer"
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    untrusted = httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    untrusted.__cause__ = ssl.SSLCertVerificationError("certificate verify failed")
+    cluster.unreachable("http://a:1", refused)
+    cluster.unreachable("http://a:2", untrusted)
+    assert cluster.probe_headers("http://b:1") is None, "a:2 may still answer: something listens there"
     cluster.observe("http://a:2", answer(c, 412, **{EXPECT_CLUSTER_HEADER: a}))
     assert cluster.id == a, "refused: another cluster, where the client's was"
     assert cluster.probe_headers("http://c:1") == {FOLLOW_RESTORE_HEADER: "1"}
@@ -524,3 +530,129 @@ def test_a_client_follows_a_restore_of_its_cluster_once_its_own_is_gone() -> Non
     cluster.observe("http://c:1", answer(c, **{EXPECT_CLUSTER_HEADER: a, FOLLOW_RESTORE_HEADER: "1"}))
     assert (cluster.id, headers[EXPECT_CLUSTER_HEADER]) == (c, c), "a restore of it"
     assert cluster.probe_headers("http://c:1") is None, "the restored cluster answers"
+
+
+def test_two_grants_of_one_lock_in_a_session_both_hear_of_its_end(server: Server) -> None:
+    """An acquire of a lock the session holds is answered with the same grant. Each grant
+    object hears of the grant's end: a revocation reaches both, and one's release ends the
+    other (the watch does not report a holder's own release). The client kept one grant per
+    lock name, so the first was never told."""
+    with picket.Client([server.addr]) as client:
+        session = client.session(ttl=30)
+        first = session.lock("twice")
+        second = session.lock("twice")
+        assert first.token == second.token
+        first.release()
+        assert second.lost.wait(3) and second.lost_reason == "grant_ended"
+        assert holder(server, "twice") is None
+
+        third = session.lock("twice")
+        fourth = session.lock("twice")
+        client.revoke(session.id)
+        assert third.lost.wait(3) and fourth.lost.wait(3), "the revocation reaches both"
+        session.close()
+
+
+def test_a_grant_ended_unseen_is_found_when_the_watch_opens_again_or_on_resync(server: Server) -> None:
+    """What the watch stream missed (it was not open, or the node installed a snapshot and said
+    ``resync``) is asked for: the session, and each grant's holder and token. A grant ended
+    meanwhile is marked lost; one still held is not. Here another caller releases the grant with
+    the session's id and token, which the watch reports as the holder's own release."""
+    with picket.Client([server.addr]) as client:
+        session = client.session(ttl=30)
+        kept, ended = session.lock("recheck/kept"), session.lock("recheck/ended")
+        release = {"name": "recheck/ended", "session_id": session.id, "token": ended.token}
+        assert httpx.post(f"http://{server.addr}/v1/locks/release", json=release).status_code == 200
+        session._on_event({"kind": "resync"})
+        assert ended.lost.is_set() and ended.lost_reason == "grant_ended"
+        assert not kept.lost.is_set()
+
+        again = session.lock("recheck/ended")
+        release["token"] = again.token
+        assert httpx.post(f"http://{server.addr}/v1/locks/release", json=release).status_code == 200
+        session._probe()
+        assert again.lost.is_set() and again.lost_reason == "grant_ended"
+        assert not kept.lost.is_set() and not session.lost.is_set()
+        session.close()
+
+
+def test_lost_reads_the_lease_clock_when_asked() -> None:
+    """``lost.is_set()`` asks the lease clock itself: a process suspended past its lease knows
+    it is lost as soon as it looks, not once the thread watching the deadline wakes (its sleep
+    stops while the machine is suspended; the lease clock does not)."""
+    from picket.client import _LeaseEvent
+
+    class Lease:
+        def __init__(self) -> None:
+            self.over = False
+            self.lost = _LeaseEvent(self.check)
+
+        def check(self) -> None:
+            if self.over:
+                self.lost.set()
+
+    lease = Lease()
+    assert not lease.lost.is_set()
+    lease.over = True
+    assert lease.lost.is_set(), "the check ran when asked"
+    assert lease.lost.is_set_now()
+    collected = Lease()
+    event = collected.lost
+    del collected
+    gc.collect()
+    assert not event.is_set(), "the event does not keep its session alive, nor fail once it is gone"
+
+
+def test_each_attempt_of_an_acquire_has_its_own_number_and_a_release_is_sent_again() -> None:
+    """The service abandons an acquire attempt it answered ``unavailable`` and refuses that
+    attempt's number from then on: the client's retry takes the next number (it sent the same
+    one, which the abandon could refuse or release). A release whose answer was lost is sent
+    again, and a retry that finds the lock no longer held under its token counts as done."""
+    from picket._common import AcquireAttempts
+    from picket._transport import Transport
+
+    seen: List[Tuple[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        named = {"picket-cluster-id": "a" * 32}
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json={"status": "ok"}, headers=named)
+        body = json.loads(request.content)
+        seen.append((request.url.path, body.get("attempt", body.get("token"))))
+        if request.url.path == "/v1/locks/acquire" and body["attempt"] == 0:
+            return httpx.Response(503, json={"code": "unavailable", "message": "electing"}, headers=named)
+        if request.url.path == "/v1/locks/acquire":
+            return httpx.Response(200, json={"token": 9, "sequencer": "p1.9.x"}, headers=named)
+        if len(seen) == 3:
+            raise httpx.ReadError("the answer was lost", request=request)
+        return httpx.Response(404, json={"code": "not_held", "message": "free"}, headers=named)
+
+    transport = Transport(["node:1"], timeout_s=5)
+    transport.http = httpx.Client(transport=httpx.MockTransport(answer), headers=transport.http.headers)
+    attempts = AcquireAttempts("x", 5, wait_ms=None)
+    granted = transport.call("POST", "/v1/locks/acquire", attempts.next_body, safe=False)
+    assert granted["token"] == 9
+    assert seen == [("/v1/locks/acquire", 0), ("/v1/locks/acquire", 1)]
+    assert attempts.abandon_body() == {"name": "x", "session_id": 5, "request_id": attempts.request_id, "attempt": 1}
+    assert attempts.may_have_left_something(picket.LockBusy("busy", code="lock_busy")), "after a retry"
+
+    class Holder:
+        id = 5
+        client = type("C", (), {"transport": transport})()
+        _guard = threading.Lock()
+        ended: List[Tuple[str, str, int]] = []
+
+        def _forget(self, grant: picket.Grant) -> None:
+            pass
+
+        def _grant_lost(self, name: str, reason: str, token: int) -> None:
+            self.ended.append((name, reason, token))
+
+        def _check_lease(self) -> None:
+            pass
+
+    session = Holder()
+    picket.Grant(session, "x", 9, "p1.9.x", None).release()  # type: ignore[arg-type]
+    assert seen[2:] == [("/v1/locks/release", 9), ("/v1/locks/release", 9)], "sent again"
+    assert session.ended == [("x", "grant_ended", 9)], "other grants of it are told"
+    transport.close()

@@ -114,3 +114,21 @@ def test_fence_on_acquire_in_postgresql_refuses_the_old_holder_before_the_new_on
                 with pytest.raises(picket.StaleToken):
                     with conn.transaction():
                         picket.fence.admit(conn, "accounts/1", old.sequencer)
+
+
+def test_a_lock_name_with_escaped_characters_is_the_name_the_fence_binds(server: Server, postgres: Postgres) -> None:
+    """A sequencer escapes the bytes of its lock's name outside ``A-Za-z0-9-_.~/``. The fence
+    binds the name itself, as the Rust fence does: the escaped text used to be taken for the
+    name, so a resource bound to ``tenant:42/orders`` refused every write as ``wrong_lock``."""
+    name = "tenant:42/orders été"
+    prepare(postgres)
+    with picket.Client([server.addr]) as client:
+        with client.lock(name, ttl=5) as grant:
+            assert grant.sequencer == f"p1.{grant.token}.tenant%3A42/orders%20%C3%A9t%C3%A9"
+            assert picket.Sequencer.parse(grant.sequencer).lock == name
+            with psycopg.connect(postgres.dsn) as conn:
+                with conn.transaction():
+                    assert picket.fence.admit(conn, "orders", grant.sequencer, lock=name) == "advanced"
+    for malformed in ["p1.7.a%2", "p1.7.a%zz", "p1.7.%FF", "p1.7.a\nb", "p1.7.%"]:
+        with pytest.raises(ValueError):
+            picket.Sequencer.parse(malformed)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import collections
 import logging
 import random
+import string
 import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from .errors import NotLeader, NothingToAbandon, OutcomeUnknown, Unavailable, UnknownSession
+from .errors import NotLeader, NothingToAbandon, OtherCluster, OutcomeUnknown, Unavailable, UnknownSession
 
 _log = logging.getLogger("picket")
 
@@ -31,6 +32,41 @@ WATCH_READ_TIMEOUT_S = 30.0
 #: before it is marked lost for no known reason, ``ended``. Without the wait, a revocation
 #: right after the stream opened could be reported as ``ended`` instead of ``session_revoked``.
 ENDED_GRACE_S = 0.5
+
+
+#: The longest a session's own check of its lease sleeps at once. A sleep is counted on a
+#: clock that stops while the machine is suspended, the lease on one that does not: a machine
+#: that wakes after its lease ran out notices within this, not a whole sleep later.
+LEASE_CHECK_MAX_S = 1.0
+
+#: The reason a grant is lost when it was found ended with no event to say how: another grant
+#: of the same lock in the session (an acquire answered ``already_held``) was released, or the
+#: check made when the watch stream opens again, or after a ``resync``, found the lock free or
+#: held under another token.
+GRANT_ENDED = "grant_ended"
+
+
+class LeaseCheck:
+    """The check a session's ``lost`` event makes when asked whether it is set: whether the
+    lease ran out by this client's clock (``check``, a method of the session), so that the
+    answer is right even before the thread or task that watches the deadline has woken (after
+    the machine was suspended, say). The method is held weakly: the finalizer that ends a
+    session nobody holds keeps its ``lost``, which must not keep the session itself. A check
+    that asks the event again (through the session) is not run twice."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = weakref.WeakMethod(check)
+        self._checking = False
+
+    def run(self) -> None:
+        check = self._check()
+        if check is None or self._checking:
+            return
+        self._checking = True
+        try:
+            check()
+        finally:
+            self._checking = False
 
 
 def lease_clock() -> float:
@@ -66,6 +102,61 @@ def new_request_id() -> int:
     return random.SystemRandom().randint(1, (1 << 63) - 1)
 
 
+class AcquireAttempts:
+    """The attempts of one acquire: one request id, and a number for each attempt, in order.
+    The service abandons an attempt it answered ``unavailable`` (its leader may have written it
+    to the log) and from then on refuses that attempt's number, so each attempt, a retry of
+    the transport's own included, takes a new one (as the Rust client does)."""
+
+    def __init__(self, name: str, session_id: int, wait_ms: Optional[int]) -> None:
+        self.name = name
+        self.session_id = session_id
+        self.request_id = new_request_id()
+        self.wait_ms = wait_ms
+        #: How many attempts were made so far (the next one's number).
+        self.made = 0
+
+    def next_body(self) -> Dict[str, Any]:
+        """The body of the next attempt."""
+        body: Dict[str, Any] = {
+            "name": self.name,
+            "session_id": self.session_id,
+            "request_id": self.request_id,
+            "attempt": self.made,
+        }
+        if self.wait_ms is not None:
+            body["wait_ms"] = self.wait_ms
+        self.made += 1
+        return body
+
+    def abandon_body(self) -> Optional[Dict[str, Any]]:
+        """The abandon of every attempt made so far (``None`` when none was): a later one
+        arriving is refused too."""
+        if self.made == 0:
+            return None
+        return {
+            "name": self.name,
+            "session_id": self.session_id,
+            "request_id": self.request_id,
+            "attempt": self.made - 1,
+        }
+
+    def may_have_left_something(self, error: BaseException) -> bool:
+        """Whether the acquire, ended by ``error``, may have left a wait or a grant that nobody
+        here knows of: after a retry (an earlier attempt's answer was lost, and the last one's
+        refusal does not show what it did), or when no answer came at all. Abandoning what did
+        nothing changes nothing."""
+        no_answer = isinstance(error, (OutcomeUnknown, Unavailable, OtherCluster))
+        return self.made > 1 or (self.made == 1 and no_answer)
+
+
+def still_held(info: Dict[str, Any], session_id: int, token: int) -> bool:
+    """Whether a lock's state (``GET /v1/locks/{name}``) shows it held by ``session_id`` under
+    ``token``."""
+    holder = info.get("holder") or {}
+    return bool(holder.get("session_id") == session_id and holder.get("token") == token)
+
+
 def lock_path(name: str) -> str:
     """The path of a lock: its name as it is, other bytes percent-encoded."""
     return "/v1/locks/" + urllib.parse.quote(name, safe="/-._~")
@@ -75,10 +166,28 @@ def ms(seconds: Optional[float]) -> Optional[int]:
     return None if seconds is None else max(0, int(round(seconds * 1000)))
 
 
+def _decode_name(encoded: str) -> Optional[str]:
+    """A sequencer's lock name, its escapes decoded (Picket escapes every byte of the name
+    outside ``A-Za-z0-9-_.~/``), or ``None`` when it is malformed: a control character, a
+    ``%`` not followed by two hexadecimal digits, or escapes that are not UTF-8. The same rule
+    as the Rust ``picket_core::decode_escaped``, so both fences bind the same name."""
+    for index, char in enumerate(encoded):
+        if ord(char) < 0x20 or ord(char) == 0x7F:
+            return None
+        escaped = encoded[index + 1 : index + 3]
+        if char == "%" and (len(escaped) != 2 or any(c not in string.hexdigits for c in escaped)):
+            return None
+    try:
+        return urllib.parse.unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        return None
+
+
 @dataclass(frozen=True)
 class Sequencer:
     """A grant as a resource sees it: its lock and token (``p1.<token>.<lock>``, or a signed
-    ``p2.<token>.<session>.<cluster>.<key>.<signature>.<lock>``)."""
+    ``p2.<token>.<session>.<cluster>.<key>.<signature>.<lock>``). ``lock`` is the lock's name,
+    its escapes in the sequencer decoded."""
 
     text: str
     token: int
@@ -96,9 +205,10 @@ class Sequencer:
                 raise ValueError(text)
         except ValueError as error:
             raise ValueError(f"{text!r} is not a Picket sequencer") from error
-        if token <= 0 or not lock:
+        name = _decode_name(lock)
+        if token <= 0 or not name:
             raise ValueError(f"{text!r} is not a Picket sequencer")
-        return Sequencer(text, token, lock)
+        return Sequencer(text, token, name)
 
     def __str__(self) -> str:
         return self.text

@@ -26,6 +26,10 @@ Json = Dict[str, Any]
 #: reading of the client's clock must carry one taken as that attempt is sent: a retry that
 #: resent an earlier reading would make the clock look faster than it is).
 Path = Union[str, Callable[[], str]]
+#: A request's JSON body, or a function that gives it afresh for each attempt (an acquire
+#: numbers its attempts: the service abandons an attempt it answered ``unavailable``, and
+#: refuses that attempt's number from then on).
+Body = Union[Json, Callable[[], Json], None]
 Verify = Union[bool, str]
 #: A client certificate and its key (PEM files), for nodes that take certificates.
 Cert = Optional[Tuple[str, str]]
@@ -43,8 +47,24 @@ FOLLOW_RESTORE_HEADER = "picket-follow-restore"
 UNNAMED_PROBE_PAUSE_S = 1.0
 
 
+def _tls_failed(error: BaseException) -> bool:
+    """Whether ``error`` came of a TLS handshake (httpx wraps the ``ssl`` error it met)."""
+    cause: Optional[BaseException] = error
+    for _ in range(8):
+        if cause is None:
+            return False
+        if isinstance(cause, ssl.SSLError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def _path_now(path: Path) -> str:
     return path if isinstance(path, str) else path()
+
+
+def _body_now(body: Body) -> Optional[Json]:
+    return body() if callable(body) else body
 
 
 def normalize(endpoint: str) -> str:
@@ -126,9 +146,12 @@ class _Cluster:
         self.own.clear()
         self.headers[EXPECT_CLUSTER_HEADER] = cluster_id
 
-    def unreachable(self, url: str) -> None:
-        """Notes that ``url`` could not be connected to."""
-        if url in self.own:
+    def unreachable(self, url: str, error: BaseException) -> None:
+        """Notes that no connection to ``url`` could be made (``error``). A failed TLS handshake
+        does not count: something listens there, perhaps a node of the client's cluster whose
+        certificate the client does not trust, and a restore must not draw the client away from
+        it."""
+        if url in self.own and not _tls_failed(error):
             self.own[url] = False
 
     def _own_gone(self) -> bool:
@@ -211,7 +234,7 @@ class _Attempts:
         """Notes a request that never left (to the endpoint ``unreachable``, when no connection
         to it could be made)."""
         if unreachable:
-            self.cluster.unreachable(unreachable)
+            self.cluster.unreachable(unreachable, error)
         self.last = error
         self.endpoints.next()
 
@@ -300,7 +323,7 @@ class Transport:
         self,
         method: str,
         path: Path,
-        body: Optional[Json] = None,
+        body: Body = None,
         *,
         safe: bool,
         timeout_s: Optional[float] = None,
@@ -312,7 +335,9 @@ class Transport:
             endpoint = self.endpoints.url()
             try:
                 self._probe(endpoint)
-                response = self.http.request(method, endpoint + shown, json=body, timeout=timeout_s or self.timeout_s)
+                response = self.http.request(
+                    method, endpoint + shown, json=_body_now(body), timeout=timeout_s or self.timeout_s
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
                 attempts.unsent(error, unreachable=endpoint)
                 time.sleep(RETRY_PAUSE_S / 4)
@@ -379,7 +404,7 @@ class AsyncTransport:
         self,
         method: str,
         path: Path,
-        body: Optional[Json] = None,
+        body: Body = None,
         *,
         safe: bool,
         timeout_s: Optional[float] = None,
@@ -394,7 +419,7 @@ class AsyncTransport:
             try:
                 await self._probe(endpoint)
                 response = await self.http.request(
-                    method, endpoint + shown, json=body, timeout=timeout_s or self.timeout_s
+                    method, endpoint + shown, json=_body_now(body), timeout=timeout_s or self.timeout_s
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
                 attempts.unsent(error, unreachable=endpoint)

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional
 import httpx
 
 from . import _common
-from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id, open_path
+from ._common import Sequencer, lease_clock, lock_path, ms, open_path
 from ._transport import AsyncTransport, Cert, Json, Verify
 from .client import MAX_ACQUIRE_RETRIES, fence_refusal
 from .errors import NotHeld, OutcomeUnknown, PicketError, SessionLost, TokenMismatch, UnknownSession
@@ -35,6 +35,25 @@ async def _logged(work: Awaitable[None], name: str) -> None:
         _log.exception("on_lost callback for %s raised", name)
 
 
+class _LeaseEvent(asyncio.Event):
+    """``lost``: an :class:`asyncio.Event` whose ``is_set()`` first asks the session whether its
+    lease ran out by this client's clock (:class:`~picket._common.LeaseCheck`). ``wait()`` is
+    the event's own: the task that watches the deadline sets it."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        super().__init__()
+        self._lease = _common.LeaseCheck(check)
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._lease.run()
+        return super().is_set()
+
+    def is_set_now(self) -> bool:
+        """Whether the event is set, without the check."""
+        return super().is_set()
+
+
 class AsyncGrant:
     """A lock held under ``token``; ``lost`` is an :class:`asyncio.Event` set the moment the
     grant is known to be over."""
@@ -46,14 +65,14 @@ class AsyncGrant:
         self.name = name
         self.token = token
         self.sequencer = sequencer
-        self.lost = asyncio.Event()
+        self.lost = _LeaseEvent(session._check_lease)
         self.lost_reason: Optional[str] = None
         self._on_lost = on_lost
         self._released = False
 
     def _mark_lost(self, reason: str, token: Optional[int] = None) -> None:
         """Marks the grant lost once; ``token`` (from an event) must be this grant's."""
-        if (token is not None and token != self.token) or self.lost.is_set() or self._released:
+        if (token is not None and token != self.token) or self.lost.is_set_now() or self._released:
             return
         self.lost_reason = reason
         self.lost.set()
@@ -68,7 +87,9 @@ class AsyncGrant:
             self.session._spawn(_logged(result, self.name))
 
     async def release(self) -> None:
-        """Releases the grant; releasing a grant that was already lost does nothing."""
+        """Releases the grant; releasing a grant that was already lost does nothing. Another
+        grant of the same lock in this session (an acquire answered ``already_held``) is the
+        same grant: it is lost with this one (``grant_ended``)."""
         if self._released:
             return
         self._released = True
@@ -77,9 +98,12 @@ class AsyncGrant:
             return
         body = {"name": self.name, "session_id": self.session.id, "token": self.token}
         try:
-            await self.session.client.transport.call("POST", "/v1/locks/release", body, safe=False)
+            # Safe to send again: a retry whose first attempt did release finds the lock free
+            # or held under another token, which is what this release leaves behind anyway.
+            await self.session.client.transport.call("POST", "/v1/locks/release", body, safe=True)
         except (NotHeld, TokenMismatch, UnknownSession):
             pass
+        self.session._grant_lost(self.name, _common.GRANT_ENDED, self.token)
 
     async def __aenter__(self) -> "AsyncGrant":
         return self
@@ -100,9 +124,11 @@ class AsyncSession:
         self.client = client
         self.id = session_id
         self.ttl = ttl_s
-        self.lost = asyncio.Event()
+        self.lost = _LeaseEvent(self._check_lease)
         self.lost_reason: Optional[str] = None
-        self._grants: Dict[str, AsyncGrant] = {}
+        #: The grants held, by lock: two when an acquire of a lock the session holds was
+        #: answered ``already_held`` (the same grant, told to both).
+        self._grants: Dict[str, List[AsyncGrant]] = {}
         self._closing = asyncio.Event()
         # The lease counts from when the request that opened it was sent, not from its answer.
         self._confirmed_at = opened_at
@@ -173,55 +199,73 @@ class AsyncSession:
     async def _acquire(self, name: str, wait_ms: Optional[int], on_lost: Optional[AsyncOnLost]) -> AsyncGrant:
         if self.lost.is_set():
             raise SessionLost(f"session {self.id} is lost ({self.lost_reason}): open a new session", code="session_lost")
-        request_id = new_request_id()
+        attempts = _common.AcquireAttempts(name, self.id, wait_ms)
         budget = self.client.timeout + (wait_ms / 1000 if wait_ms is not None else 365 * 86400.0)
-        for attempt in range(MAX_ACQUIRE_RETRIES + 1):
-            body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
-            if wait_ms is not None:
-                body["wait_ms"] = wait_ms
+        for retry in range(MAX_ACQUIRE_RETRIES + 1):
             try:
                 answer = await self.client.transport.call(
-                    "POST", "/v1/locks/acquire", body, safe=False, timeout_s=budget
+                    "POST", "/v1/locks/acquire", attempts.next_body, safe=False, timeout_s=budget
                 )
             except OutcomeUnknown:
-                if attempt == MAX_ACQUIRE_RETRIES:
-                    self._abandon(name, request_id, attempt)
+                # The same request id under the next attempt: the service applies it once.
+                if retry == MAX_ACQUIRE_RETRIES:
+                    self._abandon(attempts)
                     raise
                 continue
-            except PicketError:
+            except PicketError as error:
+                if attempts.may_have_left_something(error):
+                    self._abandon(attempts)
                 raise
             except BaseException:
                 # The caller gave up (cancelled) while this attempt's answer may be on its way.
-                self._abandon(name, request_id, attempt)
+                self._abandon(attempts)
                 raise
             grant = AsyncGrant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
-            self._grants[name] = grant
+            self._grants.setdefault(name, []).append(grant)
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
             return grant
         raise AssertionError("unreachable")
 
-    def _abandon(self, name: str, request_id: int, attempt: int) -> None:
+    def _abandon(self, attempts: _common.AcquireAttempts) -> None:
         """Undoes, in the background, what an acquire given up on may have done: its wait, or
         a grant nobody here knows of (which would otherwise stay with the session while it
-        lives). Attempts up to ``attempt`` are covered, and one arriving later is refused."""
-        body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
-        self.client._abandons.add(body)
+        lives). Every attempt made is covered, and one arriving later is refused."""
+        body = attempts.abandon_body()
+        if body is not None:
+            self.client._abandons.add(body)
 
     def _forget(self, grant: AsyncGrant) -> None:
-        if self._grants.get(grant.name) is grant:
-            del self._grants[grant.name]
+        grants = self._grants.get(grant.name, [])
+        if grant in grants:
+            grants.remove(grant)
+        if not grants:
+            self._grants.pop(grant.name, None)
+
+    def _held(self) -> List[AsyncGrant]:
+        return [grant for grants in self._grants.values() for grant in grants]
 
     def _mark_lost(self, reason: str) -> None:
-        if self.lost.is_set():
+        if self.lost.is_set_now():
             return
         self.lost_reason = reason
         self.lost.set()
-        for grant in list(self._grants.values()):
+        for grant in self._held():
             grant._mark_lost(reason)
 
+    def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
+        for grant in list(self._grants.get(name, ())):
+            grant._mark_lost(reason, token)
+
     def _ended(self) -> bool:
-        return self._closing.is_set() or self.lost.is_set()
+        return self._closing.is_set() or self.lost.is_set_now()
+
+    def _check_lease(self) -> None:
+        """Marks the session lost if its lease is over by this client's clock: asked by
+        ``lost.is_set()``, so that a process that was suspended past its lease knows it at
+        once, before the task that watches the deadline wakes."""
+        if not self._ended() and lease_clock() >= self._lease_deadline():
+            self._mark_lost("silent")
 
     def _lease_deadline(self) -> float:
         """When the lease is over by this client's clock, as confirmed so far."""
@@ -250,25 +294,36 @@ class AsyncSession:
         return sent_at
 
     async def _probe(self) -> None:
+        """As :meth:`picket.client.Session._probe`: whether the session still lives, and
+        whether each grant is still held under its token."""
         try:
             await self.keepalive()
         except UnknownSession:
             # The stream's event, if the end came after the stream opened, says why first.
             asyncio.get_running_loop().call_later(_common.ENDED_GRACE_S, self._mark_lost, "ended")
+            return
         except PicketError:
-            pass
+            return
+        for name, token in sorted({(grant.name, grant.token) for grant in self._held()}):
+            try:
+                info = await self.client.lock_info(name)
+            except PicketError:
+                continue
+            if not _common.still_held(info, self.id, token):
+                self._grant_lost(name, _common.GRANT_ENDED, token)
 
     def _on_event(self, event: Dict[str, Any]) -> None:
+        if event.get("kind") == "resync":
+            self._spawn(self._probe())
+            return
         reason = _common.loss_of(event)
         if reason is None:
             return
         if event.get("kind") == "session_ended":
             self._mark_lost(reason)
         else:
-            grant = self._grants.get(str(event.get("name")))
             token = event.get("token")
-            if grant is not None:
-                grant._mark_lost(reason, int(token) if token is not None else None)
+            self._grant_lost(str(event.get("name")), reason, int(token) if token is not None else None)
 
     async def keepalive(self) -> None:
         """Sends a keepalive now (the background task sends them anyway)."""
@@ -284,7 +339,7 @@ class AsyncSession:
             return
         self._finalizer.detach()
         self._closing.set()
-        for grant in self._grants.values():
+        for grant in self._held():
             grant._released = True
         for task in list(self._tasks):
             task.cancel()
@@ -380,7 +435,9 @@ async def _keep_alive(this: "weakref.ref[AsyncSession]") -> None:
                 if session is not None:
                     session._mark_lost("silent")
                 return
-            pause = min(deadline - now, max(0.0, sent_at + period - now))
+            # Not longer than a moment at once: a sleep stops while the machine is suspended,
+            # and the lease does not.
+            pause = min(deadline - now, max(0.0, sent_at + period - now), _common.LEASE_CHECK_MAX_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(closing.wait(), pause)
             if closing.is_set():

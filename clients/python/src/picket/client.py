@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import httpx
 
 from . import _common
-from ._common import Sequencer, lease_clock, lock_path, ms, new_request_id, open_path
+from ._common import Sequencer, lease_clock, lock_path, ms, open_path
 from ._transport import Cert, Json, Transport, Verify
 from .errors import (
     FenceRefused,
@@ -39,6 +39,25 @@ _log = logging.getLogger("picket")
 MAX_ACQUIRE_RETRIES = 5
 
 
+class _LeaseEvent(threading.Event):
+    """``lost``: an :class:`threading.Event` whose ``is_set()`` first asks the session whether its
+    lease ran out by this client's clock (:class:`~picket._common.LeaseCheck`). ``wait()`` is
+    the event's own: the thread that watches the deadline sets it."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        super().__init__()
+        self._lease = _common.LeaseCheck(check)
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._lease.run()
+        return super().is_set()
+
+    def is_set_now(self) -> bool:
+        """Whether the event is set, without the check."""
+        return super().is_set()
+
+
 class Grant:
     """A lock held under ``token``. ``sequencer`` goes with every write to a fenced resource;
     ``lost`` is set the moment the grant is known to be over (released by the service, the
@@ -49,7 +68,7 @@ class Grant:
         self.name = name
         self.token = token
         self.sequencer = sequencer
-        self.lost = threading.Event()
+        self.lost = _LeaseEvent(session._check_lease)
         self.lost_reason: Optional[str] = None
         self._on_lost = on_lost
         self._released = False
@@ -59,7 +78,7 @@ class Grant:
         if token is not None and token != self.token:
             return
         with self.session._guard:
-            if self.lost.is_set() or self._released:
+            if self.lost.is_set_now() or self._released:
                 return
             self.lost_reason = reason
             self.lost.set()
@@ -71,7 +90,9 @@ class Grant:
 
     def release(self) -> None:
         """Releases the grant; the next waiter gets a greater token. Releasing a grant that
-        was already lost does nothing."""
+        was already lost does nothing. Another grant of the same lock in this session (an
+        acquire answered ``already_held``) is the same grant: it is lost with this one
+        (``grant_ended``), since the watch does not report a holder's own release."""
         if self._released:
             return
         self._released = True
@@ -80,9 +101,12 @@ class Grant:
             return
         body = {"name": self.name, "session_id": self.session.id, "token": self.token}
         try:
-            self.session.client.transport.call("POST", "/v1/locks/release", body, safe=False)
+            # Safe to send again: a retry whose first attempt did release finds the lock free
+            # or held under another token, which is what this release leaves behind anyway.
+            self.session.client.transport.call("POST", "/v1/locks/release", body, safe=True)
         except (NotHeld, TokenMismatch, UnknownSession):
             pass
+        self.session._grant_lost(self.name, _common.GRANT_ENDED, self.token)
 
     def __enter__(self) -> "Grant":
         return self
@@ -103,10 +127,12 @@ class Session:
         self.client = client
         self.id = session_id
         self.ttl = ttl_s
-        self.lost = threading.Event()
-        self.lost_reason: Optional[str] = None
-        self._grants: Dict[str, Grant] = {}
         self._guard = threading.Lock()
+        self.lost = _LeaseEvent(self._check_lease)
+        self.lost_reason: Optional[str] = None
+        #: The grants held, by lock: two when an acquire of a lock the session holds was
+        #: answered ``already_held`` (the same grant, told to both).
+        self._grants: Dict[str, List[Grant]] = {}
         self._closing = threading.Event()
         # The lease counts from when the request that opened it was sent, not from its answer.
         self._confirmed_at = opened_at
@@ -163,63 +189,72 @@ class Session:
     def _acquire(self, name: str, wait_ms: Optional[int], on_lost: Optional[OnLost]) -> Grant:
         if self.lost.is_set():
             raise SessionLost(f"session {self.id} is lost ({self.lost_reason}): open a new session", code="session_lost")
-        request_id = new_request_id()
+        attempts = _common.AcquireAttempts(name, self.id, wait_ms)
         budget = self.client.timeout + (wait_ms / 1000 if wait_ms is not None else 365 * 86400.0)
-        for attempt in range(MAX_ACQUIRE_RETRIES + 1):
-            body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
-            if wait_ms is not None:
-                body["wait_ms"] = wait_ms
+        for retry in range(MAX_ACQUIRE_RETRIES + 1):
             try:
-                answer = self.client.transport.call("POST", "/v1/locks/acquire", body, safe=False, timeout_s=budget)
+                answer = self.client.transport.call(
+                    "POST", "/v1/locks/acquire", attempts.next_body, safe=False, timeout_s=budget
+                )
             except OutcomeUnknown:
                 # The same request id under the next attempt: the service applies it once.
-                if attempt == MAX_ACQUIRE_RETRIES:
-                    self._abandon(name, request_id, attempt)
+                if retry == MAX_ACQUIRE_RETRIES:
+                    self._abandon(attempts)
                     raise
                 continue
-            except PicketError:
+            except PicketError as error:
+                if attempts.may_have_left_something(error):
+                    self._abandon(attempts)
                 raise
             except BaseException:
                 # The caller gave up (an interrupt) while this attempt's answer may be on its way.
-                self._abandon(name, request_id, attempt)
+                self._abandon(attempts)
                 raise
             grant = Grant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
             with self._guard:
-                self._grants[name] = grant
+                self._grants.setdefault(name, []).append(grant)
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
             return grant
         raise AssertionError("unreachable")
 
-    def _abandon(self, name: str, request_id: int, attempt: int) -> None:
+    def _abandon(self, attempts: _common.AcquireAttempts) -> None:
         """Undoes, in the background, what an acquire given up on may have done: its wait, or a
         grant nobody here knows of (which would otherwise stay with the session while it lives).
-        Attempts up to ``attempt`` are covered, and one arriving later is refused."""
-        body: Json = {"name": name, "session_id": self.id, "request_id": request_id, "attempt": attempt}
-        self.client._abandons.add(body)
+        Every attempt made is covered, and one arriving later is refused."""
+        body = attempts.abandon_body()
+        if body is not None:
+            self.client._abandons.add(body)
 
     def _forget(self, grant: Grant) -> None:
         with self._guard:
-            if self._grants.get(grant.name) is grant:
-                del self._grants[grant.name]
+            grants = self._grants.get(grant.name, [])
+            if grant in grants:
+                grants.remove(grant)
+            if not grants:
+                self._grants.pop(grant.name, None)
+
+    def _held(self) -> List[Grant]:
+        with self._guard:
+            return [grant for grants in self._grants.values() for grant in grants]
 
     # Liveness.
 
     def _mark_lost(self, reason: str) -> None:
         with self._guard:
-            if self.lost.is_set():
+            if self.lost.is_set_now():
                 return
             self.lost_reason = reason
             self.lost.set()
-            grants = list(self._grants.values())
+            grants = [grant for grants in self._grants.values() for grant in grants]
         self._renewed.set()
         for grant in grants:
             grant._mark_lost(reason)
 
     def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
         with self._guard:
-            grant = self._grants.get(name)
-        if grant is not None:
+            grants = list(self._grants.get(name, ()))
+        for grant in grants:
             grant._mark_lost(reason, token)
 
     def _confirmed(self, sent_at: float) -> None:
@@ -252,10 +287,21 @@ class Session:
             self._mark_lost("silent")
         return remaining
 
+    def _check_lease(self) -> None:
+        """Marks the session lost if its lease is over by this client's clock: asked by
+        ``lost.is_set()``, so that a process that was suspended past its lease knows it at
+        once, before the thread that watches the deadline wakes."""
+        if not self._ended():
+            self._lease_remaining()
+
     def _ended(self) -> bool:
-        return self._closing.is_set() or self.lost.is_set()
+        return self._closing.is_set() or self.lost.is_set_now()
 
     def _probe(self) -> None:
+        """Asks what the session's events may have said while nobody listened (the watch
+        stream was not open, or the node installed a snapshot and said ``resync``): whether
+        the session still lives, and whether each grant is still held under its token. What is
+        gone is marked lost, as the missed events would have."""
         try:
             self.keepalive()
         except UnknownSession:
@@ -263,10 +309,21 @@ class Session:
             timer = threading.Timer(_common.ENDED_GRACE_S, self._mark_lost, args=("ended",))
             timer.daemon = True
             timer.start()
+            return
         except PicketError:
-            pass
+            return
+        for name, token in sorted({(grant.name, grant.token) for grant in self._held()}):
+            try:
+                info = self.client.lock_info(name)
+            except PicketError:
+                continue
+            if not _common.still_held(info, self.id, token):
+                self._grant_lost(name, _common.GRANT_ENDED, token)
 
     def _on_event(self, event: Dict[str, Any]) -> None:
+        if event.get("kind") == "resync":
+            self._probe()
+            return
         reason = _common.loss_of(event)
         if reason is None:
             return
@@ -289,9 +346,7 @@ class Session:
         if self._closing.is_set():
             return
         self._closing.set()
-        with self._guard:
-            grants: List[Grant] = list(self._grants.values())
-        for grant in grants:
+        for grant in self._held():
             grant._released = True
         self._finalizer.detach()
         self._watch_http.close()
@@ -414,7 +469,7 @@ def _watch_deadline(this: "weakref.ref[Session]") -> None:
         del session
         if remaining <= 0:
             return
-        renewed.wait(remaining)
+        renewed.wait(min(remaining, _common.LEASE_CHECK_MAX_S))
         renewed.clear()
 
 
