@@ -324,6 +324,7 @@ async def test_a_grant_ended_unseen_is_found_when_the_watch_opens_again_or_on_re
             release["token"] = again.token
             assert (await http.post(f"http://{server.addr}/v1/locks/release", json=release)).status_code == 200
         await session._probe()
-        assert again.lost.is_set() and again.lost_reason == "grant_ended"
+        await asyncio.wait_for(again.lost.wait(), 3)
+        assert again.lost_reason == "grant_ended"
         assert not kept.lost.is_set() and not session.lost.is_set()
         await session.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import socket
 import ssl
 import threading
 import time
@@ -517,6 +518,7 @@ def test_a_client_follows_a_restore_of_its_cluster_once_its_own_is_gone() -> Non
     cluster.observe("http://b:1", answer(b))
     assert cluster.id == a, "a request sent before the client knew its cluster"
     refused = httpx.ConnectError("[Errno 111] Connection refused")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
     untrusted = httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
     untrusted.__cause__ = ssl.SSLCertVerificationError("certificate verify failed")
     cluster.unreachable("http://a:1", refused)
@@ -564,14 +566,14 @@ def test_a_grant_ended_unseen_is_found_when_the_watch_opens_again_or_on_resync(s
         release = {"name": "recheck/ended", "session_id": session.id, "token": ended.token}
         assert httpx.post(f"http://{server.addr}/v1/locks/release", json=release).status_code == 200
         session._on_event({"kind": "resync"})
-        assert ended.lost.is_set() and ended.lost_reason == "grant_ended"
+        assert ended.lost.wait(3) and ended.lost_reason == "grant_ended", "checked aside"
         assert not kept.lost.is_set()
 
         again = session.lock("recheck/ended")
         release["token"] = again.token
         assert httpx.post(f"http://{server.addr}/v1/locks/release", json=release).status_code == 200
         session._probe()
-        assert again.lost.is_set() and again.lost_reason == "grant_ended"
+        assert again.lost.wait(3) and again.lost_reason == "grant_ended"
         assert not kept.lost.is_set() and not session.lost.is_set()
         session.close()
 
@@ -579,28 +581,54 @@ def test_a_grant_ended_unseen_is_found_when_the_watch_opens_again_or_on_resync(s
 def test_lost_reads_the_lease_clock_when_asked() -> None:
     """``lost.is_set()`` asks the lease clock itself: a process suspended past its lease knows
     it is lost as soon as it looks, not once the thread watching the deadline wakes (its sleep
-    stops while the machine is suspended; the lease clock does not)."""
+    stops while the machine is suspended; the lease clock does not). Asking changes nothing:
+    that thread marks the session lost and runs the callbacks."""
     from picket.client import _LeaseEvent
 
     class Lease:
         def __init__(self) -> None:
             self.over = False
-            self.lost = _LeaseEvent(self.check)
+            self.lost = _LeaseEvent(self.lease_over)
 
-        def check(self) -> None:
-            if self.over:
-                self.lost.set()
+        def lease_over(self) -> bool:
+            return self.over
 
     lease = Lease()
     assert not lease.lost.is_set()
     lease.over = True
-    assert lease.lost.is_set(), "the check ran when asked"
-    assert lease.lost.is_set_now()
+    assert lease.lost.is_set(), "the lease clock is read when asked"
+    assert not lease.lost.is_set_now(), "asking set nothing"
     collected = Lease()
+    collected.over = True
     event = collected.lost
     del collected
     gc.collect()
     assert not event.is_set(), "the event does not keep its session alive, nor fail once it is gone"
+
+
+def test_a_grant_whose_answer_arrives_after_its_release_is_lost_at_once(server: Server) -> None:
+    """An acquire of a lock the session holds is answered with the same grant; when another
+    grant object of it was released while that answer was on its way, the new one is lost from
+    the start (the watch does not report a holder's own release)."""
+    with picket.Client([server.addr]) as client:
+        session = client.session(ttl=30)
+        first = session.lock("late")
+        # The second acquire's answer arrives only after the first grant's release.
+        original = client.transport.call
+
+        def answer_after_release(method: str, path: object, *args: object, **kwargs: object) -> object:
+            answer = original(method, path, *args, **kwargs)  # type: ignore[arg-type]
+            if path == "/v1/locks/acquire":
+                first.release()
+            return answer
+
+        client.transport.call = answer_after_release  # type: ignore[method-assign]
+        second = session.lock("late")
+        client.transport.call = original  # type: ignore[method-assign]
+        assert second.token == first.token
+        assert second.lost.is_set() and second.lost_reason == "grant_ended"
+        assert holder(server, "late") is None
+        session.close()
 
 
 def test_each_attempt_of_an_acquire_has_its_own_number_and_a_release_is_sent_again() -> None:
@@ -648,11 +676,41 @@ def test_each_attempt_of_an_acquire_has_its_own_number_and_a_release_is_sent_aga
         def _grant_lost(self, name: str, reason: str, token: int) -> None:
             self.ended.append((name, reason, token))
 
-        def _check_lease(self) -> None:
-            pass
+        def _lease_over(self) -> bool:
+            return False
 
     session = Holder()
     picket.Grant(session, "x", 9, "p1.9.x", None).release()  # type: ignore[arg-type]
     assert seen[2:] == [("/v1/locks/release", 9), ("/v1/locks/release", 9)], "sent again"
     assert session.ended == [("x", "grant_ended", 9)], "other grants of it are told"
     transport.close()
+
+
+def test_a_lock_name_with_dot_segments_is_read_as_itself(server: Server) -> None:
+    """``.`` and ``..`` are valid in a lock's name; an HTTP client folds such path segments
+    away, so reading ``dots/./x`` read ``dots/x`` (and a recheck took a live grant for ended)."""
+    with picket.Client([server.addr]) as client:
+        with client.lock("dots/./x", ttl=30) as grant, client.lock("dots/..", ttl=30) as other:
+            assert client.lock_info("dots/./x")["holder"]["token"] == grant.token
+            assert client.lock_info("dots/..")["holder"]["token"] == other.token
+            assert client.lock_info("dots/x")["holder"] is None
+
+
+def test_only_nothing_at_an_endpoint_counts_as_a_node_gone() -> None:
+    """Whether a failed connection says nothing is there (which may let the client follow a
+    restore of its cluster): a refusal or an unknown host does; a failed TLS handshake or a
+    reset does not (something listens); a connect timeout does over plain HTTP only (over
+    HTTPS it may have come during the handshake)."""
+    from picket._common import nothing_reached
+
+    def failed(cause: BaseException) -> httpx.ConnectError:
+        error = httpx.ConnectError(str(cause))
+        error.__cause__ = cause
+        return error
+
+    assert nothing_reached("http://a:1", failed(ConnectionRefusedError(111, "refused")))
+    assert nothing_reached("https://a:1", failed(socket.gaierror(-2, "Name or service not known")))
+    assert not nothing_reached("https://a:1", failed(ssl.SSLCertVerificationError("verify failed")))
+    assert not nothing_reached("http://a:1", failed(ConnectionResetError(104, "reset")))
+    assert nothing_reached("http://a:1", httpx.ConnectTimeout("timed out"))
+    assert not nothing_reached("https://a:1", httpx.ConnectTimeout("timed out"))

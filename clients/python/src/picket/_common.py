@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import random
+import socket
+import ssl
 import string
 import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
+
+import httpx
 
 from .errors import NotLeader, NothingToAbandon, OtherCluster, OutcomeUnknown, Unavailable, UnknownSession
 
@@ -47,26 +52,54 @@ GRANT_ENDED = "grant_ended"
 
 
 class LeaseCheck:
-    """The check a session's ``lost`` event makes when asked whether it is set: whether the
-    lease ran out by this client's clock (``check``, a method of the session), so that the
-    answer is right even before the thread or task that watches the deadline has woken (after
-    the machine was suspended, say). The method is held weakly: the finalizer that ends a
-    session nobody holds keeps its ``lost``, which must not keep the session itself. A check
-    that asks the event again (through the session) is not run twice."""
+    """What a session's (or grant's) ``lost`` event asks when the caller asks whether it is
+    set: whether the lease ran out by this client's clock (``over``, a method of the session),
+    so that the answer is right even before the thread or task that watches the deadline has
+    woken (after the machine was suspended, say). The question changes nothing: that thread or
+    task marks the session lost and runs the callbacks, within ``LEASE_CHECK_MAX_S``. The
+    method is held weakly: the finalizer that ends a session nobody holds keeps its ``lost``,
+    which must not keep the session itself."""
 
-    def __init__(self, check: Callable[[], None]) -> None:
-        self._check = weakref.WeakMethod(check)
-        self._checking = False
+    def __init__(self, over: Callable[[], bool]) -> None:
+        self._over = weakref.WeakMethod(over)
 
-    def run(self) -> None:
-        check = self._check()
-        if check is None or self._checking:
-            return
-        self._checking = True
-        try:
-            check()
-        finally:
-            self._checking = False
+    def over(self) -> bool:
+        over = self._over()
+        return over is not None and over()
+
+
+#: For how many locks a session remembers the newest grant that ended while no grant object
+#: held it (the answer to an acquire told ``already_held`` may arrive after the release or
+#: the check that ended it), as the Rust client does.
+ENDED_GRANTS_KEPT = 1024
+
+
+def remember_ended(ended: Dict[str, int], name: str, token: int) -> None:
+    """Records that grant ``token`` of ``name`` ended while no grant object of it was known."""
+    if len(ended) >= ENDED_GRANTS_KEPT and name not in ended:
+        # Forget some lock's record: only an answer still on its way needed it.
+        ended.pop(next(iter(ended)))
+    ended[name] = max(token, ended.get(name, 0))
+
+
+def nothing_reached(url: str, error: BaseException) -> bool:
+    """Whether ``error``, met connecting to ``url``, says nothing is there: the connection was
+    refused, the host is unreachable or unknown, or (plain HTTP) the TCP connection was not made
+    in time. A failed TLS handshake, a reset, or a timeout that may have come after the TCP
+    connection (HTTPS) says something listens there, perhaps a node of the client's cluster:
+    not a node gone."""
+    if isinstance(error, httpx.ConnectTimeout):
+        return not url.startswith("https://")
+    cause: Optional[BaseException] = error
+    for _ in range(8):
+        if cause is None or isinstance(cause, ssl.SSLError):
+            return False
+        if isinstance(cause, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        if isinstance(cause, OSError) and cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def lease_clock() -> float:
@@ -158,8 +191,13 @@ def still_held(info: Dict[str, Any], session_id: int, token: int) -> bool:
 
 
 def lock_path(name: str) -> str:
-    """The path of a lock: its name as it is, other bytes percent-encoded."""
-    return "/v1/locks/" + urllib.parse.quote(name, safe="/-._~")
+    """The path of a lock: its name as it is, other bytes percent-encoded, and the dots of a
+    segment ``.`` or ``..`` too (valid in a lock's name: an HTTP client folds such segments
+    away, so the request read another lock)."""
+    segments = (urllib.parse.quote(segment, safe="-._~") for segment in name.split("/"))
+    return "/v1/locks/" + "/".join(
+        segment.replace(".", "%2E") if segment in (".", "..") else segment for segment in segments
+    )
 
 
 def ms(seconds: Optional[float]) -> Optional[int]:

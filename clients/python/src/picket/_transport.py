@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
+from ._common import nothing_reached
 from .errors import NotLeader, OtherCluster, OutcomeUnknown, PicketError, Unavailable, from_response
 
 Json = Dict[str, Any]
@@ -45,18 +46,6 @@ EXPECT_CLUSTER_HEADER = "picket-expect-cluster"
 FOLLOW_RESTORE_HEADER = "picket-follow-restore"
 #: How long a node found to know no cluster id is not asked again before a request.
 UNNAMED_PROBE_PAUSE_S = 1.0
-
-
-def _tls_failed(error: BaseException) -> bool:
-    """Whether ``error`` came of a TLS handshake (httpx wraps the ``ssl`` error it met)."""
-    cause: Optional[BaseException] = error
-    for _ in range(8):
-        if cause is None:
-            return False
-        if isinstance(cause, ssl.SSLError):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
 
 
 def _path_now(path: Path) -> str:
@@ -147,11 +136,11 @@ class _Cluster:
         self.headers[EXPECT_CLUSTER_HEADER] = cluster_id
 
     def unreachable(self, url: str, error: BaseException) -> None:
-        """Notes that no connection to ``url`` could be made (``error``). A failed TLS handshake
-        does not count: something listens there, perhaps a node of the client's cluster whose
-        certificate the client does not trust, and a restore must not draw the client away from
-        it."""
-        if url in self.own and not _tls_failed(error):
+        """Notes that no connection to ``url`` could be made (``error``). Only nothing being
+        there counts (:func:`~picket._common.nothing_reached`): a failed TLS handshake says
+        something listens, perhaps a node of the client's cluster whose certificate the client
+        does not trust, and a restore must not draw the client away from it."""
+        if url in self.own and nothing_reached(url, error):
             self.own[url] = False
 
     def _own_gone(self) -> bool:

@@ -36,18 +36,16 @@ async def _logged(work: Awaitable[None], name: str) -> None:
 
 
 class _LeaseEvent(asyncio.Event):
-    """``lost``: an :class:`asyncio.Event` whose ``is_set()`` first asks the session whether its
-    lease ran out by this client's clock (:class:`~picket._common.LeaseCheck`). ``wait()`` is
-    the event's own: the task that watches the deadline sets it."""
+    """``lost``: an :class:`asyncio.Event` whose ``is_set()`` is also true once the session's lease
+    ran out by this client's clock (:class:`~picket._common.LeaseCheck`), before the task
+    that watches the deadline has set it. ``wait()`` is the event's own."""
 
-    def __init__(self, check: Callable[[], None]) -> None:
+    def __init__(self, over: Callable[[], bool]) -> None:
         super().__init__()
-        self._lease = _common.LeaseCheck(check)
+        self._lease = _common.LeaseCheck(over)
 
     def is_set(self) -> bool:
-        if not super().is_set():
-            self._lease.run()
-        return super().is_set()
+        return super().is_set() or self._lease.over()
 
     def is_set_now(self) -> bool:
         """Whether the event is set, without the check."""
@@ -65,7 +63,7 @@ class AsyncGrant:
         self.name = name
         self.token = token
         self.sequencer = sequencer
-        self.lost = _LeaseEvent(session._check_lease)
+        self.lost = _LeaseEvent(session._lease_over)
         self.lost_reason: Optional[str] = None
         self._on_lost = on_lost
         self._released = False
@@ -94,7 +92,7 @@ class AsyncGrant:
             return
         self._released = True
         self.session._forget(self)
-        if self.lost.is_set():
+        if self.lost.is_set_now():
             return
         body = {"name": self.name, "session_id": self.session.id, "token": self.token}
         try:
@@ -124,11 +122,14 @@ class AsyncSession:
         self.client = client
         self.id = session_id
         self.ttl = ttl_s
-        self.lost = _LeaseEvent(self._check_lease)
+        self.lost = _LeaseEvent(self._lease_over)
         self.lost_reason: Optional[str] = None
         #: The grants held, by lock: two when an acquire of a lock the session holds was
         #: answered ``already_held`` (the same grant, told to both).
         self._grants: Dict[str, List[AsyncGrant]] = {}
+        #: The newest grant of each lock that ended while no grant object held it, for one
+        #: made from an answer still on its way (``_common.remember_ended``).
+        self._ended_grants: Dict[str, int] = {}
         self._closing = asyncio.Event()
         # The lease counts from when the request that opened it was sent, not from its answer.
         self._confirmed_at = opened_at
@@ -224,6 +225,10 @@ class AsyncSession:
             self._grants.setdefault(name, []).append(grant)
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
+            elif grant.token <= self._ended_grants.get(name, 0):
+                # Released by another grant of it, or found ended, while this answer was on
+                # its way.
+                grant._mark_lost(_common.GRANT_ENDED)
             return grant
         raise AssertionError("unreachable")
 
@@ -254,18 +259,18 @@ class AsyncSession:
             grant._mark_lost(reason)
 
     def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
-        for grant in list(self._grants.get(name, ())):
+        grants = [grant for grant in self._grants.get(name, ()) if token is None or grant.token == token]
+        if not grants and token is not None:
+            _common.remember_ended(self._ended_grants, name, token)
+        for grant in grants:
             grant._mark_lost(reason, token)
 
     def _ended(self) -> bool:
         return self._closing.is_set() or self.lost.is_set_now()
 
-    def _check_lease(self) -> None:
-        """Marks the session lost if its lease is over by this client's clock: asked by
-        ``lost.is_set()``, so that a process that was suspended past its lease knows it at
-        once, before the task that watches the deadline wakes."""
-        if not self._ended() and lease_clock() >= self._lease_deadline():
-            self._mark_lost("silent")
+    def _lease_over(self) -> bool:
+        """As :meth:`picket.client.Session._lease_over`."""
+        return lease_clock() >= self._lease_deadline()
 
     def _lease_deadline(self) -> float:
         """When the lease is over by this client's clock, as confirmed so far."""
@@ -293,9 +298,13 @@ class AsyncSession:
             pass
         return sent_at
 
-    async def _probe(self) -> None:
+    def _held_tokens(self) -> Set[Tuple[str, int]]:
+        return {(grant.name, grant.token) for grant in self._held()}
+
+    async def _probe(self, held: Optional[Set[Tuple[str, int]]] = None) -> None:
         """As :meth:`picket.client.Session._probe`: whether the session still lives, and
-        whether each grant is still held under its token."""
+        whether each grant ``held`` when the stream opened is still held under its token."""
+        held = self._held_tokens() if held is None else held
         try:
             await self.keepalive()
         except UnknownSession:
@@ -304,17 +313,19 @@ class AsyncSession:
             return
         except PicketError:
             return
-        for name, token in sorted({(grant.name, grant.token) for grant in self._held()}):
+        for name, token in sorted(held):
             try:
                 info = await self.client.lock_info(name)
             except PicketError:
                 continue
             if not _common.still_held(info, self.id, token):
-                self._grant_lost(name, _common.GRANT_ENDED, token)
+                # After a moment, as the session's end above: the stream may say why first.
+                loop = asyncio.get_running_loop()
+                loop.call_later(_common.ENDED_GRACE_S, self._grant_lost, name, _common.GRANT_ENDED, token)
 
     def _on_event(self, event: Dict[str, Any]) -> None:
         if event.get("kind") == "resync":
-            self._spawn(self._probe())
+            self._spawn(self._probe(self._held_tokens()))
             return
         reason = _common.loss_of(event)
         if reason is None:
@@ -344,7 +355,7 @@ class AsyncSession:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if not self.lost.is_set():
+        if not self.lost.is_set_now():
             with contextlib.suppress(UnknownSession):
                 await self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
             self._mark_lost("closed")
@@ -466,13 +477,15 @@ async def _watch(this: "weakref.ref[AsyncSession]") -> None:
                         transport.endpoints.next()
                         await asyncio.sleep(0.5)
                         continue
-                    watching.set()
-                    # Whatever ended while the stream was not open is not replayed: ask.
+                    # Whatever ended while the stream was not open is not replayed: ask, of the
+                    # grants held now (later ones are the stream's).
                     session = this()
                     if session is None:
                         return
+                    held = session._held_tokens()
+                    watching.set()
                     try:
-                        await session._probe()
+                        await session._probe(held)
                     finally:
                         del session
                     sse = _common.SseEvents()

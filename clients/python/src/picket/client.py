@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import httpx
 
@@ -40,18 +40,16 @@ MAX_ACQUIRE_RETRIES = 5
 
 
 class _LeaseEvent(threading.Event):
-    """``lost``: an :class:`threading.Event` whose ``is_set()`` first asks the session whether its
-    lease ran out by this client's clock (:class:`~picket._common.LeaseCheck`). ``wait()`` is
-    the event's own: the thread that watches the deadline sets it."""
+    """``lost``: an :class:`threading.Event` whose ``is_set()`` is also true once the session's lease
+    ran out by this client's clock (:class:`~picket._common.LeaseCheck`), before the thread
+    that watches the deadline has set it. ``wait()`` is the event's own."""
 
-    def __init__(self, check: Callable[[], None]) -> None:
+    def __init__(self, over: Callable[[], bool]) -> None:
         super().__init__()
-        self._lease = _common.LeaseCheck(check)
+        self._lease = _common.LeaseCheck(over)
 
     def is_set(self) -> bool:
-        if not super().is_set():
-            self._lease.run()
-        return super().is_set()
+        return super().is_set() or self._lease.over()
 
     def is_set_now(self) -> bool:
         """Whether the event is set, without the check."""
@@ -68,7 +66,7 @@ class Grant:
         self.name = name
         self.token = token
         self.sequencer = sequencer
-        self.lost = _LeaseEvent(session._check_lease)
+        self.lost = _LeaseEvent(session._lease_over)
         self.lost_reason: Optional[str] = None
         self._on_lost = on_lost
         self._released = False
@@ -97,7 +95,7 @@ class Grant:
             return
         self._released = True
         self.session._forget(self)
-        if self.lost.is_set():
+        if self.lost.is_set_now():
             return
         body = {"name": self.name, "session_id": self.session.id, "token": self.token}
         try:
@@ -128,11 +126,18 @@ class Session:
         self.id = session_id
         self.ttl = ttl_s
         self._guard = threading.Lock()
-        self.lost = _LeaseEvent(self._check_lease)
+        self.lost = _LeaseEvent(self._lease_over)
         self.lost_reason: Optional[str] = None
         #: The grants held, by lock: two when an acquire of a lock the session holds was
         #: answered ``already_held`` (the same grant, told to both).
         self._grants: Dict[str, List[Grant]] = {}
+        #: The newest grant of each lock that ended while no grant object held it, for one
+        #: made from an answer still on its way (``_common.remember_ended``).
+        self._ended_grants: Dict[str, int] = {}
+        #: Whether a recheck (``_probe``) runs on a thread of its own, and whether another was
+        #: asked for meanwhile: ``resync`` events come as one recheck at a time.
+        self._rechecking = False
+        self._recheck_again = False
         self._closing = threading.Event()
         # The lease counts from when the request that opened it was sent, not from its answer.
         self._confirmed_at = opened_at
@@ -213,8 +218,13 @@ class Session:
             grant = Grant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
             with self._guard:
                 self._grants.setdefault(name, []).append(grant)
+                ended = grant.token <= self._ended_grants.get(name, 0)
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
+            elif ended:
+                # Released by another grant of it, or found ended, while this answer was on
+                # its way.
+                grant._mark_lost(_common.GRANT_ENDED)
             return grant
         raise AssertionError("unreachable")
 
@@ -253,7 +263,9 @@ class Session:
 
     def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
         with self._guard:
-            grants = list(self._grants.get(name, ()))
+            grants = [grant for grant in self._grants.get(name, ()) if token is None or grant.token == token]
+            if not grants and token is not None:
+                _common.remember_ended(self._ended_grants, name, token)
         for grant in grants:
             grant._mark_lost(reason, token)
 
@@ -287,21 +299,26 @@ class Session:
             self._mark_lost("silent")
         return remaining
 
-    def _check_lease(self) -> None:
-        """Marks the session lost if its lease is over by this client's clock: asked by
-        ``lost.is_set()``, so that a process that was suspended past its lease knows it at
-        once, before the thread that watches the deadline wakes."""
-        if not self._ended():
-            self._lease_remaining()
+    def _lease_over(self) -> bool:
+        """Whether the lease ran out by this client's clock, as ``lost.is_set()`` asks: a
+        process suspended past its lease knows it at once, before the thread that watches the
+        deadline wakes and marks the session lost. Changes nothing."""
+        return lease_clock() >= self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
 
     def _ended(self) -> bool:
         return self._closing.is_set() or self.lost.is_set_now()
 
-    def _probe(self) -> None:
+    def _held_tokens(self) -> Set[Tuple[str, int]]:
+        return {(grant.name, grant.token) for grant in self._held()}
+
+    def _probe(self, held: Optional[Set[Tuple[str, int]]] = None) -> None:
         """Asks what the session's events may have said while nobody listened (the watch
         stream was not open, or the node installed a snapshot and said ``resync``): whether
-        the session still lives, and whether each grant is still held under its token. What is
-        gone is marked lost, as the missed events would have."""
+        the session still lives, and whether each grant ``held`` when the stream opened (or
+        the ``resync`` came; later ones are the stream's) is still held under its token. What
+        is gone is marked lost, as the missed events would have, after a moment in which the
+        stream's own event, if the end came after the stream opened, says why first."""
+        held = self._held_tokens() if held is None else held
         try:
             self.keepalive()
         except UnknownSession:
@@ -312,17 +329,45 @@ class Session:
             return
         except PicketError:
             return
-        for name, token in sorted({(grant.name, grant.token) for grant in self._held()}):
+        for name, token in sorted(held):
             try:
                 info = self.client.lock_info(name)
             except PicketError:
                 continue
             if not _common.still_held(info, self.id, token):
-                self._grant_lost(name, _common.GRANT_ENDED, token)
+                args = (name, _common.GRANT_ENDED, token)
+                timer = threading.Timer(_common.ENDED_GRACE_S, self._grant_lost, args=args)
+                timer.daemon = True
+                timer.start()
+
+    def _recheck_aside(self) -> None:
+        """Runs :meth:`_probe` on a thread of its own, so that the watch thread goes on reading
+        events; one at a time, and once more if asked for meanwhile."""
+        with self._guard:
+            if self._rechecking:
+                self._recheck_again = True
+                return
+            self._rechecking = True
+        held = self._held_tokens()
+
+        def recheck() -> None:
+            nonlocal held
+            while True:
+                try:
+                    self._probe(held)
+                finally:
+                    with self._guard:
+                        again, self._recheck_again = self._recheck_again, False
+                        self._rechecking = again
+                if not again:
+                    return
+                held = self._held_tokens()
+
+        threading.Thread(target=recheck, name=f"picket-recheck-{self.id}", daemon=True).start()
 
     def _on_event(self, event: Dict[str, Any]) -> None:
         if event.get("kind") == "resync":
-            self._probe()
+            self._recheck_aside()
             return
         reason = _common.loss_of(event)
         if reason is None:
@@ -350,7 +395,7 @@ class Session:
             grant._released = True
         self._finalizer.detach()
         self._watch_http.close()
-        if not self.lost.is_set():
+        if not self.lost.is_set_now():
             try:
                 self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
             except UnknownSession:
@@ -493,12 +538,14 @@ def _watch(this: "weakref.ref[Session]", http: httpx.Client) -> None:
                         transport.endpoints.next()
                         closing.wait(0.5)
                         continue
-                    watching.set()
-                    # Whatever ended while the stream was not open is not replayed: ask.
+                    # Whatever ended while the stream was not open is not replayed: ask, of the
+                    # grants held now (later ones are the stream's).
                     session = this()
                     if session is None:
                         return
-                    session._probe()
+                    held = session._held_tokens()
+                    watching.set()
+                    session._probe(held)
                     del session
                     sse = _common.SseEvents()
                     for text in response.iter_text():
