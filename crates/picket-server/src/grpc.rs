@@ -357,6 +357,14 @@ impl picket_server::Picket for ClientService {
         respond(abandoned.map(|released_token| v1::AbandonResponse { released_token }))
     }
 
+    async fn cancel(&self, request: Request<v1::CancelRequest>) -> RpcResult<v1::Empty> {
+        let who = self.who(&request)?;
+        let request = request.into_inner();
+        let cancelled =
+            self.node.as_caller(who).cancel(SessionId(request.session_id), &request.name).await;
+        respond(cancelled.map(|()| v1::Empty {}))
+    }
+
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> RpcResult<v1::Empty> {
         let who = self.who(&request)?;
         let request = request.into_inner();

@@ -159,6 +159,7 @@ enum Call {
     Close(v1::SessionRequest),
     Acquire(v1::AcquireRequest),
     Abandon(v1::AbandonRequest),
+    Cancel(v1::CancelRequest),
     Release(v1::ReleaseRequest),
     GetLock(v1::GetLockRequest),
     ListLocks(v1::ListLocksRequest),
@@ -197,6 +198,8 @@ fn call() -> impl Strategy<Value = Call> {
                 attempt
             })
         ),
+        (name(), edge_u64())
+            .prop_map(|(name, session_id)| Call::Cancel(v1::CancelRequest { name, session_id })),
         (name(), edge_u64(), edge_u64()).prop_map(|(name, session_id, token)| Call::Release(
             v1::ReleaseRequest { name, session_id, token }
         )),
@@ -220,6 +223,7 @@ async fn send(
         Call::Close(request) => client.close_session(request).await.map(drop),
         Call::Acquire(request) => client.acquire(request).await.map(drop),
         Call::Abandon(request) => client.abandon(request).await.map(drop),
+        Call::Cancel(request) => client.cancel(request).await.map(drop),
         Call::Release(request) => client.release(request).await.map(drop),
         Call::GetLock(request) => client.get_lock(request).await.map(drop),
         Call::ListLocks(request) => client.list_locks(request).await.map(drop),

@@ -105,6 +105,43 @@ async fn lock_life_cycle_over_grpc() {
     assert_eq!(listed.locks[0].holder_session_id, b);
 }
 
+/// SPEC: a waiter can cancel, over gRPC as over HTTP. The waiting Acquire is answered at once,
+/// `wait_ended`, nothing applied; a cancel of a session that does not wait is `not_waiting`.
+#[tokio::test]
+async fn a_waiter_cancels_over_grpc() {
+    let (_dir, _server, mut client) = start().await;
+    let holder = open(&mut client, 10_000, 0).await;
+    let waiter = open(&mut client, 10_000, 0).await;
+    let granted = client.acquire(acquire_request("c", holder, Some(0))).await.unwrap();
+    let mut waiting_client = client.clone();
+    let waiting = tokio::spawn(async move {
+        waiting_client.acquire(acquire_request("c", waiter, Some(60_000))).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while client
+        .get_lock(v1::GetLockRequest { name: "c".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .waiters
+        != [waiter]
+    {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    client.cancel(v1::CancelRequest { name: "c".into(), session_id: waiter }).await.unwrap();
+    let ended = waiting.await.unwrap().unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "answered at the cancel");
+    assert_eq!((ended.code(), code_of(&ended)), (Code::FailedPrecondition, "wait_ended"));
+    assert!(ended.message().contains("(requested)"), "{ended:?}");
+    let again = client.cancel(v1::CancelRequest { name: "c".into(), session_id: waiter }).await;
+    assert_eq!(code_of(&again.unwrap_err()), "not_waiting");
+    let lock = client.get_lock(v1::GetLockRequest { name: "c".into() }).await.unwrap().into_inner();
+    assert!(lock.waiters.is_empty());
+    assert_eq!(lock.token, granted.into_inner().token, "the holder keeps it");
+}
+
 /// A session that stops keeping alive expires; its lock is granted to the waiter only after
 /// the lock-delay; the waiter's session watch and the lock watch both see it happen.
 #[tokio::test]
