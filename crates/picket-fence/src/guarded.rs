@@ -58,13 +58,18 @@ impl<T> Guarded<T> {
     }
 
     fn lock_state(&self) -> MutexGuard<'_, (Option<FenceRecord>, T)> {
-        // A panic inside a caller's closure poisons the mutex; the fence record is only replaced
-        // after the rule admits, so the state is still consistent and can be used.
+        // A panic inside a caller's closure poisons the mutex. The fence record is replaced
+        // only once the closure returned, so it is still consistent and can be used; the value
+        // is the caller's (see `write`).
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs `mutate` on the value if the rule admits `presented`. All the changes `mutate` makes
-    /// are one unit: checked once, applied together.
+    /// are one unit: checked once, applied together. The write counts (its token, `seq` and
+    /// idempotency key are recorded) only once `mutate` returned: a closure that panics leaves
+    /// no record of the write, so its retry is applied, not answered as a duplicate of a write
+    /// that did not finish. The fence cannot undo what a panicking closure changed in the
+    /// value before it panicked.
     ///
     /// # Errors
     /// The [`Refusal`] when the write must not land; the value is then untouched.
@@ -78,8 +83,8 @@ impl<T> Guarded<T> {
         let now_ms = self.clock.now_ms();
         let (admission, record) =
             rule::admit(&self.resource, state.0.as_ref(), &self.policy, presented, now_ms)?;
-        state.0 = Some(record);
         let output = admission.should_apply().then(|| mutate(&mut state.1));
+        state.0 = Some(record);
         Ok(Written { admission, output })
     }
 
@@ -112,5 +117,30 @@ impl<T> Guarded<T> {
     /// The highest token admitted or registered, 0 if none.
     pub fn highest_token(&self) -> u64 {
         self.lock_state().0.as_ref().map_or(0, |record| record.highest_token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC: a retry with the same stamp and key gets the original outcome, never a second
+    /// application; and a unit is applied whole or not at all. A keyed write whose closure
+    /// panicked did not finish: its record (with the key) was kept all the same, so its retry
+    /// was answered `Duplicate` and never applied.
+    #[test]
+    fn a_write_whose_closure_panicked_is_not_remembered_and_its_retry_applies() {
+        let guarded = Guarded::new("accounts/42", Policy::new("accounts"), 0_i64);
+        let keyed = Presented::new("accounts", 7).with_idempotency_key("k1");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            guarded.write(&keyed, |_: &mut i64| panic!("the caller's code failed"))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(guarded.highest_token(), 0, "nothing of the write was recorded");
+        let retried = guarded.write(&keyed, |value| *value += 30).unwrap();
+        assert_eq!(retried.output, Some(()), "applied: {:?}", retried.admission);
+        let again = guarded.write(&keyed, |value| *value += 30).unwrap();
+        assert_eq!(again.output, None, "now a duplicate: {:?}", again.admission);
+        assert_eq!(guarded.read("accounts", 7, |value| *value).unwrap(), 30);
     }
 }

@@ -14,7 +14,9 @@
 //! resource queue behind each other until the first commits: the check and the write are one
 //! atomic step, and the highest token is durable when the transaction commits. Tokens are
 //! PostgreSQL `bigint`: tokens above 2^63 − 1 are refused by the Rust helper before they reach the
-//! database. Idempotency keys are not kept in PostgreSQL; use a unique key in your own table.
+//! database. Idempotency keys are not kept in PostgreSQL: a write that presents one is refused
+//! ([`PgFenceError::KeysNotKept`]) rather than admitted again on a retry; use a unique key in
+//! your own table, in the same transaction.
 //!
 //! **Signed sequencers are verified in the caller, not in SQL.** The function trusts the lock
 //! name and token it is given. A caller that holds the lock service's public keys verifies the
@@ -45,6 +47,13 @@ pub enum PgFenceError {
     /// The sequencer is not one.
     #[error("the sequencer was refused before the database: {0}")]
     BadSequencer(#[from] picket_core::SequencerError),
+    /// The write presented an idempotency key, which the PostgreSQL fence does not keep: a
+    /// retry with the same key would be admitted and applied again, not answered with the
+    /// first outcome as the other fences do. Refused rather than ignored.
+    #[error(
+        "the PostgreSQL fence keeps no idempotency keys, so a retry with this key would be applied twice: make the write idempotent in its own table (a unique key, in the same transaction) and present no key"
+    )]
+    KeysNotKept,
     /// The function answered something this helper does not know (a newer migration?).
     #[error("the PostgreSQL fence answered {0:?}: run this version's MIGRATION")]
     Unexpected(String),
@@ -109,6 +118,9 @@ pub async fn admit(
     policy: &Policy,
     presented: &Presented,
 ) -> Result<Admission, PgFenceError> {
+    if presented.idempotency_key.is_some() {
+        return Err(PgFenceError::KeysNotKept);
+    }
     let stamp = presented.stamp;
     let Some(token) = to_bigint(stamp.token) else {
         return Err(refusal(

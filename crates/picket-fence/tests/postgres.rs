@@ -369,6 +369,29 @@ fn the_highest_token_survives_a_database_restart() {
     });
 }
 
+/// SPEC: a retry with the same stamp and key gets the original outcome back, never a second
+/// application. The PostgreSQL fence keeps no keys, so a write that presents one is refused
+/// before the database, and the table is left as it was; it was admitted, key ignored, so its
+/// retry was applied twice.
+#[test]
+fn a_write_with_an_idempotency_key_is_refused_not_applied_twice() {
+    with_postgres(|server, runtime| {
+        let policy = Policy::new("keyed");
+        runtime.block_on(async {
+            let client = server.connect().await;
+            let mut keyed = presented("keyed", 5, None);
+            keyed.idempotency_key = Some("retry-1".to_owned());
+            for _ in 0..2 {
+                let refused = postgres::admit(&client, "keyed/", &policy, &keyed).await;
+                assert!(matches!(refused, Err(PgFenceError::KeysNotKept)), "{refused:?}");
+                let said = refused.unwrap_err().to_string();
+                assert!(said.contains("unique key"), "says what to do: {said}");
+            }
+            assert_eq!(postgres::highest_token(&client, "keyed/").await.unwrap(), 0);
+        });
+    });
+}
+
 /// Issue 15: with the lock service's public keys, the helper verifies a signed sequencer before
 /// the database sees it. A forged huge token, an altered lock or token, and a sequencer signed
 /// by an unknown key are refused (`BadSignature`) and leave the table as it was; real ones are
