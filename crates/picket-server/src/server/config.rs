@@ -106,8 +106,8 @@ pub struct ServerConfig {
     /// start: anyone who can reach the port could then act as any client or as a peer.
     pub insecure_plaintext: bool,
     /// Serve clients without credentials (TLS, no auth file) on an address other than
-    /// loopback. Without it (or `insecure_plaintext`) such a node refuses to start: anyone
-    /// whose client trusts the CA could end, keep alive or release any session's locks.
+    /// loopback. Without it such a node refuses to start: anyone whose client trusts the CA
+    /// could end, keep alive or release any session's locks.
     pub insecure_anonymous_clients: bool,
 }
 

@@ -167,9 +167,8 @@ fn check_exposure(config: &ServerConfig) -> Result<(), StartError> {
             )));
         }
     }
-    let anonymous = config.auth_file.is_none()
-        && !config.insecure_anonymous_clients
-        && !config.insecure_plaintext;
+    // Only its own flag: `--insecure-plaintext` says nothing of a node that serves TLS.
+    let anonymous = config.auth_file.is_none() && !config.insecure_anonymous_clients;
     if config.tls.is_some() && anonymous && !config.listen.ip().is_loopback() {
         return Err(StartError::Config(format!(
             "refusing to serve clients without credentials on {}: anyone whose client trusts \
@@ -784,6 +783,9 @@ mod tests {
         let mut with_auth = on("10.0.0.1:7687");
         with_auth.auth_file = Some("auth.toml".into());
         assert!(check_exposure(&with_auth).is_ok(), "clients authenticate");
+        let mut plaintext_flag = on("10.0.0.1:7687");
+        plaintext_flag.insecure_plaintext = true;
+        assert!(check_exposure(&plaintext_flag).is_err(), "--insecure-plaintext is not this");
         let mut told = on("10.0.0.1:7687");
         told.insecure_anonymous_clients = true;
         assert!(check_exposure(&told).is_ok(), "the operator said the network is trusted");
