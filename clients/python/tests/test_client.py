@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import gc
 import json
 import socket
@@ -714,3 +715,30 @@ def test_only_nothing_at_an_endpoint_counts_as_a_node_gone() -> None:
     assert not nothing_reached("http://a:1", failed(ConnectionResetError(104, "reset")))
     assert nothing_reached("http://a:1", httpx.ConnectTimeout("timed out"))
     assert not nothing_reached("https://a:1", httpx.ConnectTimeout("timed out"))
+    group = getattr(builtins, "ExceptionGroup", None)
+    if group is not None:
+        # anyio (the asyncio client) tries each address of a name and raises them all at once.
+        def each(*causes: Exception) -> httpx.ConnectError:
+            tried = OSError("All connection attempts failed")
+            tried.__cause__ = group("attempts", list(causes))
+            return failed(tried)
+
+        refusals = each(ConnectionRefusedError(111, "refused"), ConnectionRefusedError(111, "refused"))
+        assert nothing_reached("https://localhost:1", refusals)
+        mixed = each(ConnectionRefusedError(111, "refused"), ssl.SSLError("handshake"))
+        assert not nothing_reached("https://localhost:1", mixed)
+
+
+def test_a_lease_seen_to_run_out_stays_lost_though_a_keepalive_gets_through(server: Server) -> None:
+    """``lost.is_set()`` reads the lease clock: once it said the lease ran out (a process that
+    was suspended past it, say), a keepalive confirmed after does not bring the session back,
+    and the session is marked lost (``silent``) with its grants."""
+    with picket.Client([server.addr]) as client:
+        session = client.session(ttl=30)
+        grant = session.lock("suspended")
+        session._confirmed_at -= 60  # as after a suspension of a minute
+        assert session.lost.is_set() and grant.lost.is_set(), "seen at once"
+        session.keepalive()
+        assert session.lost.is_set() and session.lost_reason == "silent"
+        assert grant.lost.wait(3) and grant.lost_reason == "silent"
+        session.close()

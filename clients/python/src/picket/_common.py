@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import collections
 import errno
 import logging
@@ -55,8 +56,10 @@ class LeaseCheck:
     """What a session's (or grant's) ``lost`` event asks when the caller asks whether it is
     set: whether the lease ran out by this client's clock (``over``, a method of the session),
     so that the answer is right even before the thread or task that watches the deadline has
-    woken (after the machine was suspended, say). The question changes nothing: that thread or
-    task marks the session lost and runs the callbacks, within ``LEASE_CHECK_MAX_S``. The
+    woken (after the machine was suspended, say). The question runs no callback: that thread
+    or task marks the session lost and runs them, within ``LEASE_CHECK_MAX_S``; the session
+    only remembers that its lease ran out, so that a keepalive confirmed later does not bring
+    it back. The
     method is held weakly: the finalizer that ends a session nobody holds keeps its ``lost``,
     which must not keep the session itself."""
 
@@ -74,12 +77,21 @@ class LeaseCheck:
 ENDED_GRANTS_KEPT = 1024
 
 
-def remember_ended(ended: Dict[str, int], name: str, token: int) -> None:
-    """Records that grant ``token`` of ``name`` ended while no grant object of it was known."""
+def remember_ended(ended: Dict[str, "tuple[int, str]"], name: str, token: int, reason: str) -> None:
+    """Records that grant ``token`` of ``name`` ended, and why: a grant object made from an
+    answer still on its way (an acquire told ``already_held``) starts lost. Recorded whether
+    or not a grant object held it, since another answer may be on its way either way."""
     if len(ended) >= ENDED_GRANTS_KEPT and name not in ended:
         # Forget some lock's record: only an answer still on its way needed it.
         ended.pop(next(iter(ended)))
-    ended[name] = max(token, ended.get(name, 0))
+    if token >= ended.get(name, (0, ""))[0]:
+        ended[name] = (token, reason)
+
+
+def ended_reason(ended: Dict[str, "tuple[int, str]"], name: str, token: int) -> Optional[str]:
+    """Why grant ``token`` of ``name`` ended, if it is known to have (:func:`remember_ended`)."""
+    newest, reason = ended.get(name, (0, ""))
+    return reason if token <= newest else None
 
 
 def nothing_reached(url: str, error: BaseException) -> bool:
@@ -90,16 +102,32 @@ def nothing_reached(url: str, error: BaseException) -> bool:
     not a node gone."""
     if isinstance(error, httpx.ConnectTimeout):
         return not url.startswith("https://")
-    cause: Optional[BaseException] = error
-    for _ in range(8):
-        if cause is None or isinstance(cause, ssl.SSLError):
+    # A name with several addresses fails with one error for each, in a group (anyio's, under
+    # the asyncio client): nothing is there only if nothing is at any of them.
+    causes: List[BaseException] = [error]
+    for _ in range(32):
+        if not causes:
+            return True
+        cause = causes.pop()
+        if isinstance(cause, ssl.SSLError):
             return False
         if isinstance(cause, (ConnectionRefusedError, socket.gaierror)):
-            return True
+            continue
         if isinstance(cause, OSError) and cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return True
-        cause = cause.__cause__ or cause.__context__
+            continue
+        group = getattr(cause, "exceptions", None)
+        if _EXCEPTION_GROUP is not None and isinstance(cause, _EXCEPTION_GROUP) and group:
+            causes.extend(group)
+            continue
+        earlier = cause.__cause__ or cause.__context__
+        if earlier is None:
+            return False
+        causes.append(earlier)
     return False
+
+
+#: ``BaseExceptionGroup`` where Python has it (3.11 and later).
+_EXCEPTION_GROUP: Optional[type] = getattr(builtins, "BaseExceptionGroup", None)
 
 
 def lease_clock() -> float:

@@ -129,7 +129,12 @@ class AsyncSession:
         self._grants: Dict[str, List[AsyncGrant]] = {}
         #: The newest grant of each lock that ended while no grant object held it, for one
         #: made from an answer still on its way (``_common.remember_ended``).
-        self._ended_grants: Dict[str, int] = {}
+        self._ended_grants: Dict[str, Tuple[int, str]] = {}
+        #: As in the blocking client: once seen to run out, the lease stays so.
+        self._lease_ran_out = False
+        #: Whether a recheck task runs, and whether another was asked for meanwhile.
+        self._rechecking = False
+        self._recheck_again = False
         self._closing = asyncio.Event()
         # The lease counts from when the request that opened it was sent, not from its answer.
         self._confirmed_at = opened_at
@@ -223,12 +228,13 @@ class AsyncSession:
                 raise
             grant = AsyncGrant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
             self._grants.setdefault(name, []).append(grant)
+            ended = _common.ended_reason(self._ended_grants, name, grant.token)
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
-            elif grant.token <= self._ended_grants.get(name, 0):
-                # Released by another grant of it, or found ended, while this answer was on
+            elif ended is not None:
+                # Released by another grant of it, or ended otherwise, while this answer was on
                 # its way.
-                grant._mark_lost(_common.GRANT_ENDED)
+                grant._mark_lost(ended)
             return grant
         raise AssertionError("unreachable")
 
@@ -260,8 +266,8 @@ class AsyncSession:
 
     def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
         grants = [grant for grant in self._grants.get(name, ()) if token is None or grant.token == token]
-        if not grants and token is not None:
-            _common.remember_ended(self._ended_grants, name, token)
+        if token is not None:
+            _common.remember_ended(self._ended_grants, name, token, reason)
         for grant in grants:
             grant._mark_lost(reason, token)
 
@@ -270,7 +276,16 @@ class AsyncSession:
 
     def _lease_over(self) -> bool:
         """As :meth:`picket.client.Session._lease_over`."""
-        return lease_clock() >= self._lease_deadline()
+        if not self._lease_ran_out:
+            self._lease_ran_out = lease_clock() >= self._lease_deadline()
+        return self._lease_ran_out
+
+    def _confirmed(self, sent_at: float) -> None:
+        """As :meth:`picket.client.Session._confirmed`."""
+        if self._lease_over():
+            self._mark_lost("silent")
+        else:
+            self._confirmed_at = max(self._confirmed_at, sent_at)
 
     def _lease_deadline(self) -> float:
         """When the lease is over by this client's clock, as confirmed so far."""
@@ -290,7 +305,7 @@ class AsyncSession:
         budget = min(period, remaining)
         try:
             await asyncio.wait_for(self.client.transport.call("POST", path, {}, safe=True, timeout_s=budget), budget)
-            self._confirmed_at = max(self._confirmed_at, sent_at)
+            self._confirmed(sent_at)
         except UnknownSession:
             self._mark_lost("expired")
             return None
@@ -323,9 +338,33 @@ class AsyncSession:
                 loop = asyncio.get_running_loop()
                 loop.call_later(_common.ENDED_GRACE_S, self._grant_lost, name, _common.GRANT_ENDED, token)
 
+    def _recheck_aside(self, held: Set[Tuple[str, int]]) -> None:
+        """As :meth:`picket.client.Session._recheck_aside`, in a task."""
+        if self._rechecking:
+            self._recheck_again = True
+            return
+        self._rechecking = True
+
+        async def recheck() -> None:
+            checking = held
+            try:
+                while True:
+                    try:
+                        await self._probe(checking)
+                    except Exception:  # noqa: BLE001 - a recheck that failed must not stop the next
+                        _log.debug("rechecking session %s failed", self.id, exc_info=True)
+                    if not self._recheck_again:
+                        return
+                    self._recheck_again = False
+                    checking = self._held_tokens()
+            finally:
+                self._rechecking = False
+
+        self._spawn(recheck())
+
     def _on_event(self, event: Dict[str, Any]) -> None:
         if event.get("kind") == "resync":
-            self._spawn(self._probe(self._held_tokens()))
+            self._recheck_aside(self._held_tokens())
             return
         reason = _common.loss_of(event)
         if reason is None:
@@ -342,7 +381,7 @@ class AsyncSession:
         await self.client.transport.call(
             "POST", lambda: _common.keepalive_path(self.id, lease_clock()), {}, safe=True
         )
-        self._confirmed_at = max(self._confirmed_at, sent_at)
+        self._confirmed(sent_at)
 
     async def close(self) -> None:
         """Releases what the session holds and ends it."""
@@ -484,10 +523,8 @@ async def _watch(this: "weakref.ref[AsyncSession]") -> None:
                         return
                     held = session._held_tokens()
                     watching.set()
-                    try:
-                        await session._probe(held)
-                    finally:
-                        del session
+                    session._recheck_aside(held)
+                    del session
                     sse = _common.SseEvents()
                     async for text in response.aiter_text():
                         if not _common.hand_over(this, sse, text):

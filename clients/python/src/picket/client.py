@@ -133,7 +133,10 @@ class Session:
         self._grants: Dict[str, List[Grant]] = {}
         #: The newest grant of each lock that ended while no grant object held it, for one
         #: made from an answer still on its way (``_common.remember_ended``).
-        self._ended_grants: Dict[str, int] = {}
+        self._ended_grants: Dict[str, Tuple[int, str]] = {}
+        #: Set once the lease was seen to run out by this client's clock: a keepalive confirmed
+        #: after that does not bring it back (``lost`` never goes from set to unset).
+        self._lease_ran_out = False
         #: Whether a recheck (``_probe``) runs on a thread of its own, and whether another was
         #: asked for meanwhile: ``resync`` events come as one recheck at a time.
         self._rechecking = False
@@ -218,13 +221,13 @@ class Session:
             grant = Grant(self, name, int(answer["token"]), str(answer["sequencer"]), on_lost)
             with self._guard:
                 self._grants.setdefault(name, []).append(grant)
-                ended = grant.token <= self._ended_grants.get(name, 0)
+                ended = _common.ended_reason(self._ended_grants, name, grant.token)
             if self.lost.is_set():
                 grant._mark_lost(self.lost_reason or "session_lost")
-            elif ended:
-                # Released by another grant of it, or found ended, while this answer was on
+            elif ended is not None:
+                # Released by another grant of it, or ended otherwise, while this answer was on
                 # its way.
-                grant._mark_lost(_common.GRANT_ENDED)
+                grant._mark_lost(ended)
             return grant
         raise AssertionError("unreachable")
 
@@ -264,14 +267,21 @@ class Session:
     def _grant_lost(self, name: str, reason: str, token: Optional[int]) -> None:
         with self._guard:
             grants = [grant for grant in self._grants.get(name, ()) if token is None or grant.token == token]
-            if not grants and token is not None:
-                _common.remember_ended(self._ended_grants, name, token)
+            if token is not None:
+                _common.remember_ended(self._ended_grants, name, token, reason)
         for grant in grants:
             grant._mark_lost(reason, token)
 
     def _confirmed(self, sent_at: float) -> None:
+        """A keepalive sent at ``sent_at`` was confirmed: the lease counts from then, unless it
+        already ran out by this client's clock (then the session stays lost: whoever looked
+        was told so)."""
         with self._guard:
-            self._confirmed_at = max(self._confirmed_at, sent_at)
+            over = self._lease_over()
+            if not over:
+                self._confirmed_at = max(self._confirmed_at, sent_at)
+        if over:
+            self._mark_lost("silent")
         self._renewed.set()
 
     def _keepalive_round(self) -> float:
@@ -302,8 +312,11 @@ class Session:
     def _lease_over(self) -> bool:
         """Whether the lease ran out by this client's clock, as ``lost.is_set()`` asks: a
         process suspended past its lease knows it at once, before the thread that watches the
-        deadline wakes and marks the session lost. Changes nothing."""
-        return lease_clock() >= self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+        deadline wakes and marks the session lost (and runs the callbacks). Once it has, it
+        stays so."""
+        if not self._lease_ran_out:
+            self._lease_ran_out = lease_clock() >= self._confirmed_at + self.ttl * (1 - _common.LEASE_MARGIN)
+        return self._lease_ran_out
 
     def _ended(self) -> bool:
         return self._closing.is_set() or self.lost.is_set_now()
@@ -340,34 +353,35 @@ class Session:
                 timer.daemon = True
                 timer.start()
 
-    def _recheck_aside(self) -> None:
-        """Runs :meth:`_probe` on a thread of its own, so that the watch thread goes on reading
-        events; one at a time, and once more if asked for meanwhile."""
+    def _recheck_aside(self, held: Set[Tuple[str, int]]) -> None:
+        """Runs :meth:`_probe` of ``held`` on a thread of its own, so that the watch thread
+        goes on reading events (the stream's own event may say why a grant ended); one at a
+        time, and once more, of the grants held then, if asked for meanwhile."""
         with self._guard:
             if self._rechecking:
                 self._recheck_again = True
                 return
             self._rechecking = True
-        held = self._held_tokens()
 
         def recheck() -> None:
-            nonlocal held
+            checking = held
             while True:
                 try:
-                    self._probe(held)
-                finally:
-                    with self._guard:
-                        again, self._recheck_again = self._recheck_again, False
-                        self._rechecking = again
+                    self._probe(checking)
+                except Exception:  # noqa: BLE001 - a recheck that failed must not stop the next
+                    _log.debug("rechecking session %s failed", self.id, exc_info=True)
+                with self._guard:
+                    again, self._recheck_again = self._recheck_again, False
+                    self._rechecking = again
                 if not again:
                     return
-                held = self._held_tokens()
+                checking = self._held_tokens()
 
         threading.Thread(target=recheck, name=f"picket-recheck-{self.id}", daemon=True).start()
 
     def _on_event(self, event: Dict[str, Any]) -> None:
         if event.get("kind") == "resync":
-            self._recheck_aside()
+            self._recheck_aside(self._held_tokens())
             return
         reason = _common.loss_of(event)
         if reason is None:
@@ -545,6 +559,9 @@ def _watch(this: "weakref.ref[Session]", http: httpx.Client) -> None:
                         return
                     held = session._held_tokens()
                     watching.set()
+                    # Here, before the stream is read: a read that has begun is not woken when
+                    # `close` closes the watch's HTTP client, and the thread would outlive its
+                    # session until the stream's next byte.
                     session._probe(held)
                     del session
                     sse = _common.SseEvents()
