@@ -86,10 +86,8 @@ impl SessionState {
 
     pub(crate) fn grant_ended(&self, name: &str, token: u64, reason: LostReason) {
         let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut told = false;
         for (held, signal) in grants.get(name).into_iter().flatten() {
             if *held == token {
-                told = true;
                 signal.send_if_modified(|current| {
                     current.is_none() && {
                         *current = Some(reason);
@@ -98,10 +96,9 @@ impl SessionState {
                 });
             }
         }
-        if told {
-            return;
-        }
-        // No guard holds it (yet): remember it for a guard made from an answer on its way.
+        // Remembered whether or not a guard held it: another acquire of the lock, answered
+        // `already_held` with this grant, may still be on its way (found in review: with two
+        // guards told and a third answer on its way, the third was never told).
         let mut ended = self.ended_grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if ended.len() >= ENDED_GRANTS_KEPT && !ended.contains_key(name) {
             // Forget some lock's record: only an answer still on its way needed it.
@@ -312,6 +309,19 @@ mod tests {
         let signal = state.register_grant("jobs", 5);
         state.grant_ended("jobs", 5, LostReason::Expired);
         assert_eq!(*signal.borrow(), Some(LostReason::Expired));
+    }
+
+    /// Found in review: an end was remembered only when no guard held the grant, so with one
+    /// guard told and another acquire's `already_held` answer on its way, that answer's guard
+    /// was never told.
+    #[test]
+    fn an_end_told_to_one_guard_reaches_a_guard_made_after_it() {
+        let state = session_state();
+        let first = state.register_grant("jobs", 5);
+        state.grant_ended("jobs", 5, LostReason::GrantEnded);
+        assert_eq!(*first.borrow(), Some(LostReason::GrantEnded));
+        let late = state.register_grant("jobs", 5);
+        assert_eq!(*late.borrow(), Some(LostReason::GrantEnded), "the answer on its way");
     }
 
     #[test]
