@@ -65,11 +65,12 @@ impl<T> Guarded<T> {
     }
 
     /// Runs `mutate` on the value if the rule admits `presented`. All the changes `mutate` makes
-    /// are one unit: checked once, applied together. The write counts (its token, `seq` and
-    /// idempotency key are recorded) only once `mutate` returned: a closure that panics leaves
-    /// no record of the write, so its retry is applied, not answered as a duplicate of a write
-    /// that did not finish. The fence cannot undo what a panicking closure changed in the
-    /// value before it panicked.
+    /// are one unit: checked once, applied together. The write is remembered (its `seq` and
+    /// idempotency key) only once `mutate` returned: a closure that panics leaves its token
+    /// recorded as the highest (as a registration would), so older grants stay refused over
+    /// whatever it changed, but not the write itself, so its retry is applied, not answered as
+    /// a duplicate of a write that did not finish. The fence cannot undo what a panicking
+    /// closure changed in the value before it panicked.
     ///
     /// # Errors
     /// The [`Refusal`] when the write must not land; the value is then untouched.
@@ -83,9 +84,21 @@ impl<T> Guarded<T> {
         let now_ms = self.clock.now_ms();
         let (admission, record) =
             rule::admit(&self.resource, state.0.as_ref(), &self.policy, presented, now_ms)?;
-        let output = admission.should_apply().then(|| mutate(&mut state.1));
+        if !admission.should_apply() {
+            state.0 = Some(record);
+            return Ok(Written { admission, output: None });
+        }
+        let (lock, token) = (presented.lock.as_str(), presented.stamp.token);
+        // Admitted, so the token is not below the highest: registering it cannot be refused,
+        // and a failure leaves the record as it was, at least as high.
+        if let Ok(floor) =
+            rule::register(&self.resource, state.0.as_ref(), &self.policy, lock, token)
+        {
+            state.0 = Some(floor);
+        }
+        let output = mutate(&mut state.1);
         state.0 = Some(record);
-        Ok(Written { admission, output })
+        Ok(Written { admission, output: Some(output) })
     }
 
     /// Fence on acquire: makes `token` the highest so older grants are refused from now on.
@@ -128,19 +141,28 @@ mod tests {
     /// application; and a unit is applied whole or not at all. A keyed write whose closure
     /// panicked did not finish: its record (with the key) was kept all the same, so its retry
     /// was answered `Duplicate` and never applied.
+    /// Whatever the panicking closure changed stays fenced: a paused older holder is still
+    /// refused (found in review: with the record stored only after the closure, token 6 was
+    /// admitted over token 7's partial write).
     #[test]
     fn a_write_whose_closure_panicked_is_not_remembered_and_its_retry_applies() {
         let guarded = Guarded::new("accounts/42", Policy::new("accounts"), 0_i64);
+        guarded.write(&Presented::new("accounts", 6), |value| *value = 1).unwrap();
         let keyed = Presented::new("accounts", 7).with_idempotency_key("k1");
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            guarded.write(&keyed, |_: &mut i64| panic!("the caller's code failed"))
+            guarded.write(&keyed, |value: &mut i64| {
+                *value = 100;
+                panic!("the caller's code failed halfway")
+            })
         }));
         assert!(panicked.is_err());
-        assert_eq!(guarded.highest_token(), 0, "nothing of the write was recorded");
+        assert_eq!(guarded.highest_token(), 7, "its token fences what it changed");
+        let older = guarded.write(&Presented::new("accounts", 6), |value| *value = 2);
+        assert!(older.is_err(), "the older holder stays refused");
         let retried = guarded.write(&keyed, |value| *value += 30).unwrap();
         assert_eq!(retried.output, Some(()), "applied: {:?}", retried.admission);
         let again = guarded.write(&keyed, |value| *value += 30).unwrap();
         assert_eq!(again.output, None, "now a duplicate: {:?}", again.admission);
-        assert_eq!(guarded.read("accounts", 7, |value| *value).unwrap(), 30);
+        assert_eq!(guarded.read("accounts", 7, |value| *value).unwrap(), 130);
     }
 }
