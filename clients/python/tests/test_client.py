@@ -741,4 +741,27 @@ def test_a_lease_seen_to_run_out_stays_lost_though_a_keepalive_gets_through(serv
         session.keepalive()
         assert session.lost.is_set() and session.lost_reason == "silent"
         assert grant.lost.wait(3) and grant.lost_reason == "silent"
+        # Still alive at the service, with its lock: closing ends it there.
+        assert holder(server, "suspended") is not None
         session.close()
+        assert holder(server, "suspended") is None
+
+
+def test_an_ended_grant_is_remembered_by_its_first_report_and_the_oldest_lock_is_forgotten() -> None:
+    """What a grant object made from an answer still on its way is told: the first report of
+    its grant's end (the stream's reason, not a later recheck's ``grant_ended``); and when the
+    record is full, the lock whose end is oldest is forgotten, not one just reported."""
+    from picket._common import ENDED_GRANTS_KEPT, ended_reason, remember_ended
+
+    ended: dict = {}
+    remember_ended(ended, "jobs", 5, "session_revoked")
+    remember_ended(ended, "jobs", 5, "grant_ended")
+    assert ended_reason(ended, "jobs", 5) == "session_revoked"
+    assert ended_reason(ended, "jobs", 6) is None, "a newer grant"
+    for lock in range(ENDED_GRANTS_KEPT - 1):
+        remember_ended(ended, f"lock-{lock}", 1, "grant_ended")
+    remember_ended(ended, "jobs", 7, "abandoned")
+    remember_ended(ended, "one-more", 1, "grant_ended")
+    assert len(ended) == ENDED_GRANTS_KEPT
+    assert ended_reason(ended, "jobs", 7) == "abandoned", "reported last, kept"
+    assert ended_reason(ended, "lock-0", 1) is None, "the oldest, forgotten"

@@ -108,7 +108,9 @@ impl SessionState {
             }
         }
         let newest = ended.entry(name.to_owned()).or_insert((token, reason));
-        if token >= newest.0 {
+        // The first report of an end says why best: a later one (a release answered
+        // `Earlier`, a recheck's) knows less.
+        if token > newest.0 {
             *newest = (token, reason);
         }
     }
@@ -318,10 +320,12 @@ mod tests {
     fn an_end_told_to_one_guard_reaches_a_guard_made_after_it() {
         let state = session_state();
         let first = state.register_grant("jobs", 5);
+        state.grant_ended("jobs", 5, LostReason::Revoked);
+        assert_eq!(*first.borrow(), Some(LostReason::Revoked));
+        // A later report of the same end knows less, and does not replace the first.
         state.grant_ended("jobs", 5, LostReason::GrantEnded);
-        assert_eq!(*first.borrow(), Some(LostReason::GrantEnded));
         let late = state.register_grant("jobs", 5);
-        assert_eq!(*late.borrow(), Some(LostReason::GrantEnded), "the answer on its way");
+        assert_eq!(*late.borrow(), Some(LostReason::Revoked), "the answer on its way");
     }
 
     #[test]

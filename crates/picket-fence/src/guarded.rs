@@ -58,9 +58,9 @@ impl<T> Guarded<T> {
     }
 
     fn lock_state(&self) -> MutexGuard<'_, (Option<FenceRecord>, T)> {
-        // A panic inside a caller's closure poisons the mutex. The fence record is replaced
-        // only once the closure returned, so it is still consistent and can be used; the value
-        // is the caller's (see `write`).
+        // A panic inside a caller's closure poisons the mutex. The fence record then holds
+        // the write's token as a registration (see `write`), so it is consistent and can be
+        // used; the value is the caller's.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -138,9 +138,8 @@ mod tests {
     use super::*;
 
     /// SPEC: a retry with the same stamp and key gets the original outcome, never a second
-    /// application; and a unit is applied whole or not at all. A keyed write whose closure
-    /// panicked did not finish: its record (with the key) was kept all the same, so its retry
-    /// was answered `Duplicate` and never applied.
+    /// application. A keyed write whose closure panicked did not finish: its record (with the
+    /// key) was kept all the same, so its retry was answered `Duplicate` and never applied.
     /// Whatever the panicking closure changed stays fenced: a paused older holder is still
     /// refused (found in review: with the record stored only after the closure, token 6 was
     /// admitted over token 7's partial write).

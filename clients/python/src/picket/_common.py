@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import collections
 import errno
 import logging
@@ -81,11 +80,17 @@ def remember_ended(ended: Dict[str, "tuple[int, str]"], name: str, token: int, r
     """Records that grant ``token`` of ``name`` ended, and why: a grant object made from an
     answer still on its way (an acquire told ``already_held``) starts lost. Recorded whether
     or not a grant object held it, since another answer may be on its way either way."""
-    if len(ended) >= ENDED_GRANTS_KEPT and name not in ended:
-        # Forget some lock's record: only an answer still on its way needed it.
+    newest = ended.pop(name, None)
+    if newest is not None and newest[0] >= token:
+        # The first report of an end says why best: a later one (a recheck's, a release's)
+        # knows less. Put back last: the least recently ended lock is forgotten first.
+        ended[name] = newest
+        return
+    if len(ended) >= ENDED_GRANTS_KEPT:
+        # Forget the least recently ended lock's record: only an answer still on its way
+        # needed it.
         ended.pop(next(iter(ended)))
-    if token >= ended.get(name, (0, ""))[0]:
-        ended[name] = (token, reason)
+    ended[name] = (token, reason)
 
 
 def ended_reason(ended: Dict[str, "tuple[int, str]"], name: str, token: int) -> Optional[str]:
@@ -115,8 +120,9 @@ def nothing_reached(url: str, error: BaseException) -> bool:
             continue
         if isinstance(cause, OSError) and cause.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
             continue
+        # An exception group, built in (3.11) or the backport anyio raises before it.
         group = getattr(cause, "exceptions", None)
-        if _EXCEPTION_GROUP is not None and isinstance(cause, _EXCEPTION_GROUP) and group:
+        if isinstance(group, (list, tuple)) and group and all(isinstance(e, BaseException) for e in group):
             causes.extend(group)
             continue
         earlier = cause.__cause__ or cause.__context__
@@ -125,9 +131,6 @@ def nothing_reached(url: str, error: BaseException) -> bool:
         causes.append(earlier)
     return False
 
-
-#: ``BaseExceptionGroup`` where Python has it (3.11 and later).
-_EXCEPTION_GROUP: Optional[type] = getattr(builtins, "BaseExceptionGroup", None)
 
 
 def lease_clock() -> float:

@@ -398,6 +398,11 @@ class AsyncSession:
             with contextlib.suppress(UnknownSession):
                 await self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
             self._mark_lost("closed")
+        elif self.lost_reason == "silent":
+            # Lost by this client's clock alone: it may still live at the service, with its
+            # locks. Ended there too, at best (it expires by its TTL anyway).
+            with contextlib.suppress(PicketError):
+                await self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
 
     async def __aenter__(self) -> "AsyncSession":
         return self

@@ -415,6 +415,13 @@ class Session:
             except UnknownSession:
                 pass
             self._mark_lost("closed")
+        elif self.lost_reason == "silent":
+            # Lost by this client's clock alone: it may still live at the service, with its
+            # locks. Ended there too, at best (it expires by its TTL anyway).
+            try:
+                self.client.transport.call("DELETE", f"/v1/sessions/{self.id}", safe=True)
+            except PicketError:
+                pass
 
     def __enter__(self) -> "Session":
         return self
