@@ -108,6 +108,18 @@ async fn refused_commands_never_enter_the_raft_log() {
     assert_refused(&post(&addr, "/v1/locks/release", &release), "token_mismatch");
     let cancel = json!({ "name": "jobs/held", "session_id": session });
     assert_refused(&post(&addr, "/v1/locks/cancel", &cancel), "not_waiting");
+    // A watch of a name, or a prefix, no lock could have (found in review: each stream kept
+    // it, whatever its length).
+    let long = "n".repeat(300);
+    for query in [format!("name={long}"), format!("prefix={long}"), "name=a%01b".to_owned()] {
+        assert_refused(&get(&addr, &format!("/v1/watch?{query}")), "invalid_name");
+    }
+    // An abandon of a session not issued yet (found in review: each wrote a log entry, refused
+    // only at apply).
+    for unissued in [u64::MAX, before + 1_000] {
+        let abandon = json!({ "name": "jobs/x", "session_id": unissued, "request_id": 5 });
+        assert_refused(&post(&addr, "/v1/locks/abandon", &abandon), "unknown_session");
+    }
 
     let mut grpc = PicketClient::connect(format!("http://{addr}")).await.expect("connects");
     for _ in 0..50 {
@@ -137,6 +149,14 @@ async fn refused_commands_never_enter_the_raft_log() {
     assert_eq!(grpc_code(&refused), "ttl_out_of_range");
     let release = v1::ReleaseRequest { name: "jobs/x".to_owned(), session_id: ended, token: 1 };
     let refused = grpc.release(release).await.expect_err("refused");
+    assert_eq!(grpc_code(&refused), "unknown_session");
+    let abandon = v1::AbandonRequest {
+        name: "jobs/x".to_owned(),
+        session_id: u64::MAX,
+        request_id: 5,
+        attempt: 0,
+    };
+    let refused = grpc.abandon(abandon).await.expect_err("refused");
     assert_eq!(grpc_code(&refused), "unknown_session");
 
     assert_eq!(applied_log_index(&addr), before, "a refused command reached the log");

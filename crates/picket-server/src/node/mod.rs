@@ -603,10 +603,20 @@ impl Node {
         if lasts {
             return Some(ServiceError::Command(refusal));
         }
-        let ordered =
-            matches!(command, Command::Abandon { .. } | Command::Tick { .. } | Command::Refresh)
-                || matches!(command, Command::Acquire { attempt, .. } if *attempt > 0)
-                    && earlier_in_flight;
+        // An abandon is written even when it finds nothing (it refuses a later attempt), so
+        // its other refusals are the apply's to decide; but one of a session this node has not
+        // seen is decided on the settled state, like any other: a session no settled leader
+        // has applied was never told to a client, so nothing was asked in it, and the entry
+        // would only be refused at apply (found in review: `session_id` 2^64 − 1 wrote one
+        // entry per request).
+        let ordered = match command {
+            Command::Abandon { .. } => {
+                !matches!(refusal, picket_core::CommandError::UnknownSession { .. })
+            }
+            Command::Tick { .. } | Command::Refresh => true,
+            Command::Acquire { attempt, .. } => *attempt > 0 && earlier_in_flight,
+            _ => false,
+        };
         if ordered {
             return None;
         }

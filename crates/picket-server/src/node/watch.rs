@@ -145,8 +145,20 @@ impl Node {
     ///
     /// # Errors
     /// [`ServiceError::Exhausted`] when this node has as many watch streams as it allows, or
-    /// its watches follow as many sessions as it allows.
+    /// its watches follow as many sessions as it allows; `invalid_name` for a lock name, or a
+    /// prefix, that no lock could have (a stream keeps it for its whole life: found in review,
+    /// a 128 KiB name was kept by each of 10,000 streams).
     pub fn watch(&self, target: Watched) -> Result<WatchStream, ServiceError> {
+        let named = match &target {
+            Watched::Lock(name) => Some(name.as_str()),
+            Watched::Prefix(prefix) if !prefix.is_empty() => Some(prefix.as_str()),
+            _ => None,
+        };
+        if let Some(name) = named {
+            let limits = self.read_local(|state| state.machine.limits().clone());
+            picket_core::validate_name(name, &limits)
+                .map_err(picket_core::CommandError::InvalidName)?;
+        }
         let place = self.watch_streams.take()?;
         // Registered under the state's read lock, so a session that ends meanwhile has its
         // `SessionEnded` published after this stream is registered, and its entry goes then.
