@@ -401,3 +401,35 @@ fn a_hostile_client_cannot_crash_wedge_or_exhaust_a_node() {
     let (cycles, _) = after.stop();
     assert!(cycles > 0, "the restarted node serves");
 }
+
+/// Found in a hostile-input audit: a request that declared a body and then sent only part of
+/// it held its request and its connection for as long as it liked (over gRPC, with the
+/// decoder's buffer for the whole declared message, before any credential was checked). Now
+/// the body must arrive within `BODY_DEADLINE` (10 s) of the headers: the request is refused
+/// then, and the node goes on serving.
+#[test]
+fn a_request_body_that_never_arrives_whole_is_refused_at_its_deadline() {
+    let (_dir, server) = ServerProcess::start_ready(Path::new(env!("CARGO_BIN_EXE_picket")), &[]);
+    let mut stream = TcpStream::connect(&server.addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(40))).expect("a timeout");
+    let started = Instant::now();
+    stream
+        .write_all(
+            b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"ttl_ms\":",
+        )
+        .expect("send");
+    let mut answer = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while !answer.windows(4).any(|window| window == b"\r\n\r\n") {
+        match stream.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => answer.extend_from_slice(&buffer[..read]),
+        }
+    }
+    let waited = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "refused: {answer:?} after {waited:?}");
+    assert!(waited >= Duration::from_secs(9), "not before its deadline: {waited:?}");
+    assert!(waited < Duration::from_secs(30), "at its deadline, not never: {waited:?}");
+    assert_eq!(get(&server.addr, "/healthz").status, 200, "the node goes on serving");
+}

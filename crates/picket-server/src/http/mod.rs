@@ -6,6 +6,7 @@
 //! Lock names go in the path as they are, `/` included (`GET /v1/locks/jobs/nightly`); other
 //! characters outside `A-Z a-z 0-9 - . _ ~ /` must be percent-encoded.
 
+mod deadline;
 mod locks;
 mod node;
 mod sessions;
@@ -38,6 +39,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sessions::{close_session, keep_alive, list_sessions, open_session, revoke_session};
 use std::sync::Arc;
+
+pub use deadline::BODY_DEADLINE;
+pub(crate) use deadline::body_deadline;
 
 /// The header that names the leader's address on a `421 not_leader` answer; [`router`] adds a
 /// `Location` on the leader for the same path.

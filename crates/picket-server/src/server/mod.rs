@@ -414,7 +414,8 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     if let Some(peer_advertise) = &peer_advertise {
         app = app.merge(crate::network::raft_served_elsewhere(peer_advertise.clone()));
     }
-    let app = app.fallback(http::not_found);
+    // A client's request body has a deadline (`http::BODY_DEADLINE`); Raft's do not.
+    let app = app.fallback(http::not_found).layer(axum::middleware::from_fn(http::body_deadline));
     if let Some(tls) = &tls {
         let tls = tls.clone();
         let stop = shutdown_signal.clone();
