@@ -7,8 +7,12 @@
 //! long as it liked. gRPC authenticates a call only once its message is read, so this needed
 //! no credentials. A client's request body must now arrive whole within [`BODY_DEADLINE`] of
 //! the request's headers; past it, the body reads as failed and the request is refused.
-//! Raft's messages are exempt: their snapshot chunks are large, they come from members only,
-//! and openraft has timeouts of its own.
+//! Raft's messages are exempt: their snapshot chunks are large (a slow link must not make a
+//! snapshot's install fail for ever), and under TLS a connection that is not a member's is
+//! refused before its body is read; without TLS (loopback, or `--insecure-plaintext`)
+//! whoever reaches the port is trusted as a peer anyway. The wire protocol's frames are not
+//! requests of this app until they are whole: a frame is bounded by its size, and a
+//! connection that sends nothing by the idle timeout.
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
@@ -21,7 +25,8 @@ use std::time::Duration;
 
 /// How long a client request's body may take to arrive whole, from its headers: as long as
 /// the headers themselves may take ([`crate::listener::HEADER_READ_TIMEOUT`]). A body is at
-/// most 128 KiB by default, so this asks at least about 13 KB/s of a client.
+/// most 128 KiB by default, so this asks at least about 13 KB/s of a client (more where
+/// `--max-grpc-message-bytes` is raised: 1.6 MB/s at its 16 MiB bound).
 pub const BODY_DEADLINE: Duration = crate::listener::HEADER_READ_TIMEOUT;
 
 /// The path prefix of the peers' Raft service, whose bodies have no deadline here.

@@ -579,7 +579,8 @@ impl Node {
     /// grant, a watch event) was committed before, so the refusal is a linearizable answer.
     /// Not decided early, so written undecided: `Abandon`, which must follow the acquire it
     /// undoes even while that acquire is in flight (and which the state accepts even when it
-    /// finds nothing); the leader's `Tick` and `Refresh`; and a retried acquire (attempt above
+    /// finds nothing), unless it names a session the state does not know, which is decided
+    /// like any other refusal; the leader's `Tick` and `Refresh`; and a retried acquire (attempt above
     /// 0) while an earlier proposal of its request may still be on its way to the log
     /// (`earlier_in_flight`, see [`in_flight`]; `submit` first waits up to a second for it),
     /// which could grant it. That retry must be written: it is what settles the order (on a
