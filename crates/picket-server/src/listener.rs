@@ -416,8 +416,9 @@ pub async fn serve(
     phase.send_replace(Phase::Closed);
 }
 
-/// Connections open per remote IP address. An address has an entry only while it has a
-/// connection open, so the table holds at most as many entries as the listener has places.
+/// Connections open per remote IP address (per [`client_host`]: an IPv6 /64 counts as one
+/// address). An address has an entry only while it has a connection open, so the table holds
+/// at most as many entries as the listener has places.
 #[derive(Debug, Default)]
 struct PerIp {
     open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, IpCount>>,
@@ -431,8 +432,9 @@ struct IpCount {
 }
 
 impl PerIp {
-    /// A place for one more connection from `ip`, or `None` when it has `max` open.
+    /// A place for one more connection from `ip`, or `None` when its host has `max` open.
     fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<IpPlace> {
+        let ip = client_host(ip);
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let count = open.entry(ip).or_default();
         if count.open >= max {
@@ -450,6 +452,24 @@ impl PerIp {
         }
         count.open += 1;
         Some(IpPlace { table: self.clone(), ip })
+    }
+}
+
+/// The host a connection comes from, for the per-address bound: an IPv4 address (also when it
+/// comes mapped into IPv6), or an IPv6 address's /64 prefix. One IPv6 host is commonly given a
+/// whole /64, and could otherwise take every place of the node from as many addresses (found
+/// in a hostile-input audit).
+fn client_host(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V4(_) => ip,
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None if v6.is_loopback() => ip,
+            None => {
+                let prefix = u128::from(v6) & !u128::from(u64::MAX);
+                std::net::IpAddr::V6(std::net::Ipv6Addr::from(prefix))
+            }
+        },
     }
 }
 

@@ -360,3 +360,21 @@ async fn one_address_holds_at_most_its_share_of_the_connections() {
         assert!(start.elapsed() < Duration::from_secs(5), "the place never came back");
     }
 }
+
+/// An IPv6 host is commonly given a whole /64: the per-address bound counts the /64 as one
+/// address, so one host cannot take every place from as many addresses. IPv4, also when it
+/// comes mapped into IPv6, counts per address.
+#[test]
+fn the_per_address_bound_counts_an_ipv6_64_as_one_host() {
+    let table = Arc::new(PerIp::default());
+    let ip = |text: &str| text.parse::<std::net::IpAddr>().expect("an address");
+    let first = table.take(ip("2001:db8:1:2::1"), 1).expect("a place");
+    assert!(table.take(ip("2001:db8:1:2:ffff::9"), 1).is_none(), "the same /64");
+    let other = table.take(ip("2001:db8:1:3::1"), 1).expect("another /64");
+    let v4 = table.take(ip("192.0.2.7"), 1).expect("an IPv4 address");
+    assert!(table.take(ip("::ffff:192.0.2.7"), 1).is_none(), "the same address, mapped");
+    assert!(table.take(ip("192.0.2.8"), 1).is_some(), "another IPv4 address");
+    drop(first);
+    assert!(table.take(ip("2001:db8:1:2::5"), 1).is_some(), "a place given back");
+    drop((other, v4));
+}
