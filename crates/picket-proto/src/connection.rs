@@ -32,8 +32,13 @@ pub struct NotSent;
 /// The `UNAVAILABLE` status of a request that was not sent, marked with [`NotSent`].
 #[must_use]
 pub fn not_sent_status(message: &str) -> Status {
+    marked_unsent(message, NotSent)
+}
+
+/// The `UNAVAILABLE` status of a request not sent, with `mark` as its source.
+fn marked_unsent(message: &str, mark: impl std::error::Error + Send + Sync + 'static) -> Status {
     let mut status = Status::unavailable(format!("not sent: {message}"));
-    status.set_source(std::sync::Arc::new(NotSent));
+    status.set_source(std::sync::Arc::new(mark));
     status
 }
 
@@ -63,9 +68,7 @@ pub fn nothing_reached(status: &Status) -> bool {
 /// The `UNAVAILABLE` status of a connection that could not reach its endpoint, marked with
 /// [`NothingReached`].
 fn nothing_reached_status(message: &str) -> Status {
-    let mut status = Status::unavailable(format!("not sent: {message}"));
-    status.set_source(std::sync::Arc::new(NothingReached));
-    status
+    marked_unsent(message, NothingReached)
 }
 
 /// Per-stream and per-connection receive windows: large enough that a watch stream's burst of

@@ -34,7 +34,8 @@ const RAFT_PATHS: &str = "/picket.v1.Raft/";
 
 /// Gives the request's body [`BODY_DEADLINE`] to arrive, unless it is a Raft message.
 pub(crate) async fn body_deadline(request: Request, next: axum::middleware::Next) -> Response {
-    if request.uri().path().starts_with(RAFT_PATHS) {
+    // A request with no body left to come (a GET, nearly) needs no wrapper.
+    if request.body().is_end_stream() || request.uri().path().starts_with(RAFT_PATHS) {
         return next.run(request).await;
     }
     let request = request.map(|body| Body::new(DeadlineBody::new(body, BODY_DEADLINE)));
