@@ -111,6 +111,8 @@ pub enum ErrorCode {
     BackupIncomplete,
     /// A new grant could not be registered with a fence, so it was released.
     FenceRegistrationFailed,
+    /// The node is already reading as many bytes of request bodies as it may.
+    TooManyRequestBodies,
 }
 
 /// Every code with its wire string, in one place, so the two directions cannot disagree; in the
@@ -162,6 +164,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::OtherCluster, "other_cluster"),
     (ErrorCode::BackupIncomplete, "backup_incomplete"),
     (ErrorCode::FenceRegistrationFailed, "fence_registration_failed"),
+    (ErrorCode::TooManyRequestBodies, "too_many_request_bodies"),
 ];
 
 impl ErrorCode {
@@ -204,7 +207,7 @@ mod tests {
             assert_eq!(code.as_str(), *wire);
         }
         // The last variant's discriminant is the count of variants: the table must hold each.
-        let variants = ErrorCode::FenceRegistrationFailed as usize + 1;
+        let variants = ErrorCode::TooManyRequestBodies as usize + 1;
         assert_eq!(WIRE.len(), variants, "a variant is missing from the table");
         assert_eq!(ErrorCode::from_wire("no_such_code"), None);
     }

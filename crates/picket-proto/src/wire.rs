@@ -68,6 +68,9 @@ pub fn keep_alive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
 /// Length of the length prefix.
 const PREFIX_BYTES: usize = 4;
 
+/// The most a frame's decoding reserves at once for the rest of a frame still to come.
+const READ_AHEAD_BYTES: usize = 8 * 1024;
+
 const REQUEST: u8 = 1;
 const CANCEL: u8 = 2;
 const AUTHORIZATION: u8 = 3;
@@ -275,7 +278,12 @@ impl Frame {
             return Err(WireError::TooLong { length, max: max_frame_bytes });
         }
         if buffer.len() < PREFIX_BYTES + length {
-            buffer.reserve(PREFIX_BYTES + length - buffer.len());
+            // Room for what is missing, but no more than `READ_AHEAD_BYTES` at once: the
+            // buffer grows with the bytes that arrive (amortized), not with what a prefix
+            // declares. Reserving the declared length let four bytes hold a frame's whole
+            // bound, on every connection at once (found in a hostile-input audit).
+            let missing = PREFIX_BYTES + length - buffer.len();
+            buffer.reserve(missing.min(READ_AHEAD_BYTES));
             return Ok(None);
         }
         buffer.advance(PREFIX_BYTES);
@@ -486,6 +494,25 @@ mod tests {
         let mut direct = BytesMut::new();
         Frame::encode_headers(&mut direct, 1, None, &many);
         assert_eq!(direct.freeze(), Frame::Trailers { id: 1, trailers: many }.to_bytes());
+    }
+
+    /// Regression (hostile-input audit): a prefix declaring a long frame reserved its whole
+    /// length, so a client could make a connection hold the frame bound by sending four bytes.
+    #[test]
+    fn a_declared_length_does_not_reserve_more_than_what_arrives() {
+        let mut buffer = BytesMut::new();
+        buffer.put_u32_le(1 << 20);
+        assert_eq!(Frame::decode(&mut buffer, 2 << 20), Ok(None));
+        assert!(buffer.capacity() <= PREFIX_BYTES + READ_AHEAD_BYTES, "{}", buffer.capacity());
+
+        // The frame still reads whole once its bytes are there.
+        let whole = Frame::Cancel { id: 7 }.to_bytes();
+        let mut buffer = BytesMut::new();
+        for (at, byte) in whole.iter().enumerate() {
+            buffer.put_u8(*byte);
+            let decoded = Frame::decode(&mut buffer, 1024).unwrap();
+            assert_eq!(decoded.is_some(), at + 1 == whole.len());
+        }
     }
 
     #[test]

@@ -54,6 +54,17 @@ pub struct ServerLimits {
     /// Largest gRPC request message this node decodes (default 128 KiB); a larger one gets
     /// `RESOURCE_EXHAUSTED`.
     pub max_grpc_message_bytes: usize,
+    /// Most bytes of request bodies this node reads at once, over all its connections
+    /// (default 64 MiB). Each HTTP/JSON or gRPC request whose body has not arrived with its
+    /// headers takes what its body may hold (its `Content-Length` up to
+    /// `max_http_body_bytes`, or a gRPC message's bound `max_grpc_message_bytes`, for which
+    /// the decoder reserves a message's declared length) until its body has been read; past
+    /// the bound a request gets 429 `too_many_request_bodies`. A request's body normally
+    /// arrives with it and is read at once, so only bodies still on their way hold places:
+    /// the bound keeps clients that declare bodies and then trickle them (each for at most
+    /// the body deadline, 10 s) from holding more memory than this, whatever the connections
+    /// and streams they open.
+    pub max_body_bytes_in_flight: usize,
     /// Most streams (requests and watch streams) open at once on one HTTP/2 connection
     /// (default 200); a client past it waits for one to end.
     pub max_streams_per_connection: u32,
@@ -129,6 +140,10 @@ impl ServerLimits {
     /// The largest request bound a node takes (the log's entries stay far below their own
     /// bound whatever a request holds, since the limits bound every command).
     pub const MOST_REQUEST_BYTES: u64 = 16 * 1024 * 1024;
+    /// The least `max_body_bytes_in_flight` a node takes.
+    pub const LEAST_BODY_BYTES_IN_FLIGHT: u64 = 64 * 1024;
+    /// The most `max_body_bytes_in_flight` a node takes (1 TiB, far above any memory it has).
+    pub const MOST_BODY_BYTES_IN_FLIGHT: u64 = 1 << 40;
     /// The most streams per connection a node takes.
     pub const MOST_STREAMS_PER_CONNECTION: u64 = 10_000;
     /// The most places for watched sessions a node takes (far above any memory it would have
@@ -148,6 +163,7 @@ impl Default for ServerLimits {
             idle_connection_timeout: Duration::from_secs(300),
             max_http_body_bytes: 64 * 1024,
             max_grpc_message_bytes: 128 * 1024,
+            max_body_bytes_in_flight: 64 * 1024 * 1024,
             max_streams_per_connection: 200,
             replicated: LimitOverrides::default(),
         }
@@ -164,6 +180,8 @@ pub enum ServerLimit {
     PendingAcquires,
     /// [`ServerLimits::max_watched_sessions`].
     WatchedSessions,
+    /// [`ServerLimits::max_body_bytes_in_flight`].
+    BodyBytesInFlight,
 }
 
 impl ServerLimit {
@@ -174,6 +192,7 @@ impl ServerLimit {
             Self::WatchStreams => ErrorCode::TooManyWatchStreams,
             Self::PendingAcquires => ErrorCode::TooManyPendingAcquires,
             Self::WatchedSessions => ErrorCode::TooManyWatchedSessions,
+            Self::BodyBytesInFlight => ErrorCode::TooManyRequestBodies,
         }
     }
 
@@ -186,6 +205,9 @@ impl ServerLimit {
                 "acquire requests in flight on this node (--max-pending-acquires)"
             }
             Self::WatchedSessions => "sessions followed by its watches (--max-watched-sessions)",
+            Self::BodyBytesInFlight => {
+                "bytes of request bodies on their way to it (--max-body-bytes-in-flight)"
+            }
         }
     }
 }

@@ -122,6 +122,12 @@ pub struct ServeArgs {
     /// `RESOURCE_EXHAUSTED`.
     #[arg(long, env = "PICKET_MAX_GRPC_MESSAGE_BYTES", default_value_t = ServerLimits::default().max_grpc_message_bytes, value_parser = request_bytes())]
     max_grpc_message_bytes: usize,
+    /// Most bytes of request bodies this node reads at once over all its connections: a body
+    /// still on its way holds its bound (an HTTP body its declared length, a gRPC message
+    /// --max-grpc-message-bytes) until it is read; past this a request gets 429
+    /// `too_many_request_bodies`.
+    #[arg(long, env = "PICKET_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = ServerLimits::default().max_body_bytes_in_flight, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(ServerLimits::LEAST_BODY_BYTES_IN_FLIGHT..=ServerLimits::MOST_BODY_BYTES_IN_FLIGHT))]
+    max_body_bytes_in_flight: usize,
     /// Most streams (requests and watch streams) open at once on one HTTP/2 connection; a
     /// client past it waits for one to end.
     #[arg(long, env = "PICKET_MAX_STREAMS_PER_CONNECTION", default_value_t = ServerLimits::default().max_streams_per_connection, value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=ServerLimits::MOST_STREAMS_PER_CONNECTION))]
@@ -334,6 +340,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             idle_connection_timeout: Duration::from_millis(args.idle_connection_timeout_ms),
             max_http_body_bytes: args.max_http_body_bytes,
             max_grpc_message_bytes: args.max_grpc_message_bytes,
+            max_body_bytes_in_flight: args.max_body_bytes_in_flight,
             max_streams_per_connection: args.max_streams_per_connection,
             replicated: LimitOverrides {
                 max_sessions: args.max_sessions,

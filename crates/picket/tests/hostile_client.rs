@@ -433,3 +433,52 @@ fn a_request_body_that_never_arrives_whole_is_refused_at_its_deadline() {
     assert!(waited < Duration::from_secs(30), "at its deadline, not never: {waited:?}");
     assert_eq!(get(&server.addr, "/healthz").status, 200, "the node goes on serving");
 }
+
+/// Regression (hostile-input audit): the body deadline bounded how long a request body on its
+/// way was held, not how many were: clients that declared bodies and sent none could hold a
+/// buffer each on every stream of every connection (over gRPC the decoder reserves a message's
+/// whole declared length for five bytes sent). Now bodies on their way share the node's
+/// `--max-body-bytes-in-flight`: past it a request is refused at once with 429
+/// `too_many_request_bodies` (gRPC `RESOURCE_EXHAUSTED`), requests without a body are served,
+/// and the places come back when the bodies' connections go.
+#[test]
+fn request_bodies_on_their_way_share_a_bound_across_connections() {
+    let (_dir, server) = ServerProcess::start_ready(
+        Path::new(env!("CARGO_BIN_EXE_picket")),
+        &["--max-body-bytes-in-flight", "65536", "--max-http-body-bytes", "4096"],
+    );
+    // Sixteen connections declare a 4 KiB body each and send one byte of it: 64 KiB in all.
+    let trickling: Vec<TcpStream> = (0..16)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&server.addr).expect("connect");
+            let head = b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n{";
+            stream.write_all(head).expect("send");
+            stream
+        })
+        .collect();
+    let open = json!({"ttl_ms": 5000});
+    let refused = wait_until("a request refused for the bodies on their way", HONEST_BOUND, || {
+        let reply = picket_testkit::http::post(&server.addr, "/v1/sessions", &open);
+        (reply.status != 200).then_some(reply)
+    });
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.body["code"], "too_many_request_bodies", "{refused:?}");
+    assert!(
+        refused.body["message"].as_str().unwrap_or_default().contains("--max-body-bytes-in-flight"),
+        "names its flag: {refused:?}"
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let grpc = runtime.block_on(async {
+        let mut grpc = PicketClient::connect(format!("http://{}", server.addr)).await.expect("h2");
+        grpc.open_session(v1::OpenSessionRequest { ttl_ms: 5000, ..Default::default() }).await
+    });
+    let status = grpc.expect_err("refused over gRPC too");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert_eq!(get(&server.addr, "/healthz").status, 200, "a request without a body is served");
+
+    drop(trickling);
+    wait_until("a session opened once those connections closed", HONEST_BOUND, || {
+        (picket_testkit::http::post(&server.addr, "/v1/sessions", &open).status == 200)
+            .then_some(())
+    });
+}

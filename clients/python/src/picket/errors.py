@@ -185,6 +185,7 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "too_many_watch_streams": Exhausted,
     "too_many_watched_sessions": Exhausted,
     "too_many_pending_acquires": Exhausted,
+    "too_many_request_bodies": Exhausted,
     "unavailable": Unavailable,
     "outcome_unknown": OutcomeUnknown,
     "stopped": OutcomeUnknown,

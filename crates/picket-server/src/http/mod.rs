@@ -41,7 +41,7 @@ use sessions::{close_session, keep_alive, list_sessions, open_session, revoke_se
 use std::sync::Arc;
 
 pub use deadline::BODY_DEADLINE;
-pub(crate) use deadline::body_deadline;
+pub(crate) use deadline::{BodyBounds, WholeBody, body_bounds};
 
 /// The header that names the leader's address on a `421 not_leader` answer; [`router`] adds a
 /// `Location` on the leader for the same path.

@@ -148,6 +148,7 @@ fn routed_request(
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
     request.extensions_mut().insert(caller);
+    request.extensions_mut().insert(crate::http::WholeBody);
     Some(request)
 }
 

@@ -414,8 +414,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     if let Some(peer_advertise) = &peer_advertise {
         app = app.merge(crate::network::raft_served_elsewhere(peer_advertise.clone()));
     }
-    // A client's request body has a deadline (`http::BODY_DEADLINE`); Raft's do not.
-    let app = app.fallback(http::not_found).layer(axum::middleware::from_fn(http::body_deadline));
+    // A client's request body has a deadline (`http::BODY_DEADLINE`) and a place among the
+    // node's bodies in flight; Raft's have neither.
+    let body_bounds = http::BodyBounds::new(&config.limits);
+    let app = app
+        .fallback(http::not_found)
+        .layer(axum::middleware::from_fn_with_state(body_bounds, http::body_bounds));
     if let Some(tls) = &tls {
         let tls = tls.clone();
         let stop = shutdown_signal.clone();
