@@ -5,9 +5,8 @@ use super::{Node, unexpected};
 use crate::error::ServiceError;
 use crate::hub::WaiterRegistration;
 use picket_core::{
-    CancelCause, Command, CommandError, ErrorCode, RequestId, Response, SessionId, Wait, WaitEnd,
+    CancelCause, Command, CommandError, RequestId, Response, SessionId, Wait, WaitEnd,
 };
-use picket_proto::tls::ClientTls;
 use std::sync::Arc;
 
 /// How an acquire asks: how long to wait, and which request (and attempt at it) this is.
@@ -228,7 +227,7 @@ impl Node {
                     Some(addr) => {
                         let (to_peers, cluster_id) = (self.to_peers(), self.cluster_id());
                         let to = (addr.as_str(), to_peers, cluster_id.as_deref());
-                        forward_abandon(to, session, name, (request, attempt)).await
+                        self.leader_link.abandon(to, session, name, (request, attempt)).await
                     }
                     None => Err(ServiceError::Unavailable(format!(
                         "the leader, node {leader}, is not in this node's membership yet"
@@ -279,60 +278,6 @@ fn fresh_request_id() -> RequestId {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     RequestId(hasher.finish())
-}
-
-/// Sends an abandon to the node at `addr` (the leader, as this node believes), over `tls` when
-/// the cluster runs it, telling the cluster id this node holds, if any (a node of another
-/// cluster refuses it: session ids of two clusters can coincide).
-async fn forward_abandon(
-    (addr, tls, cluster_id): (&str, Option<&ClientTls>, Option<&str>),
-    session: SessionId,
-    name: &str,
-    (request, attempt): (RequestId, u32),
-) -> Result<Option<u64>, ServiceError> {
-    use picket_proto::connection::Connection;
-    use picket_proto::v1::raft_client::RaftClient;
-    const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-    const MAX_MESSAGE_BYTES: usize = 1 << 20;
-    let connection =
-        Connection::open(addr, CONNECT_TIMEOUT, MAX_MESSAGE_BYTES, tls).await.map_err(
-            |status| ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
-        )?;
-    let origin = connection.origin();
-    let mut client = RaftClient::with_origin(connection, origin);
-    let message = picket_proto::v1::AbandonRequest {
-        name: name.to_owned(),
-        session_id: session.0,
-        request_id: request.0,
-        attempt,
-    };
-    let mut message = tonic::Request::new(message);
-    if let Some(value) = cluster_id.and_then(|cluster_id| cluster_id.parse().ok()) {
-        message.metadata_mut().insert(crate::network::CLUSTER_KEY, value);
-    }
-    match client.abandon(message).await {
-        Ok(response) => Ok(response.into_inner().released_token),
-        // A leader of an earlier build refuses an abandon that finds nothing.
-        Err(status) if error_code(&status) == Some(ErrorCode::NothingToAbandon) => Ok(None),
-        Err(status) => Err(match error_code(&status) {
-            Some(ErrorCode::UnknownSession) => {
-                ServiceError::Command(CommandError::UnknownSession { session })
-            }
-            Some(ErrorCode::NotLeader) => {
-                ServiceError::NotLeader { leader_id: None, leader_addr: None }
-            }
-            _ => ServiceError::Unavailable(format!("leader at {addr}: {}", status.message())),
-        }),
-    }
-}
-
-/// The stable error code a peer put in a refusal's metadata, if any this build knows.
-fn error_code(status: &tonic::Status) -> Option<ErrorCode> {
-    status
-        .metadata()
-        .get(picket_proto::ERROR_CODE_KEY)
-        .and_then(|value| value.to_str().ok())
-        .and_then(ErrorCode::from_wire)
 }
 
 /// Undoes an acquire whose caller went away, or whose answer was lost, before it was settled.

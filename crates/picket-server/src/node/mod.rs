@@ -9,6 +9,7 @@
 mod acquire;
 mod cluster;
 mod in_flight;
+mod leader_link;
 mod reads;
 mod sessions;
 mod watch;
@@ -77,6 +78,8 @@ pub struct Node {
     leader_lease: std::time::Duration,
     /// TLS for this node's calls to its peers, when the cluster runs TLS.
     to_peers: Option<ClientTls>,
+    /// The connection this node hands abandons to its leader on.
+    leader_link: leader_link::LeaderLink,
     /// Signs every grant's sequencer, when the cluster has a signing key.
     signer: Option<Arc<SequencerSigner>>,
     /// The principals that may use this node; `None` lets anyone do anything.
@@ -197,6 +200,7 @@ impl Node {
             in_flight: in_flight::InFlight::default(),
             leader_lease,
             to_peers: None,
+            leader_link: leader_link::LeaderLink::default(),
             signer: None,
             auth: None,
             halted: tokio::sync::watch::Sender::new(None),
