@@ -16,6 +16,7 @@
 //! A cluster member (a connection whose certificate chains to the peer CA) acts as an admin.
 //! Without an auth file, anyone who reaches the port may do anything.
 
+mod audit;
 mod file;
 
 pub use file::{AuthFile, AuthFileError, hex, new_token, token_digest};
@@ -169,8 +170,9 @@ impl Access {
         match self {
             Self::Principal(principal, _) if !principal.covers(role, name) => {
                 Err(self.denied(format!(
-                    "its {} role does not cover lock {name:?} (it covers {})",
+                    "its {} role does not cover lock {} (it covers {})",
                     role_name(role),
+                    audit::Shown(name),
                     principal.describe(role)
                 )))
             }
@@ -186,8 +188,9 @@ impl Access {
         match self {
             Self::Principal(principal, _) if !principal.covers_prefix(role, prefix) => {
                 Err(self.denied(format!(
-                    "its {} role does not cover every lock under {prefix:?}; ask for a prefix it covers ({})",
+                    "its {} role does not cover every lock under {}; ask for a prefix it covers ({})",
                     role_name(role),
+                    audit::Shown(prefix),
                     principal.describe(role)
                 )))
             }
@@ -245,7 +248,9 @@ impl Access {
     }
 
     fn denied(&self, reason: String) -> ServiceError {
-        tracing::info!(target: AUDIT, principal = self.who(), %reason, "refused");
+        if let Some(unlogged) = audit::REFUSALS.admit(std::time::Instant::now()) {
+            tracing::info!(target: AUDIT, principal = self.who(), %reason, unlogged, "refused");
+        }
         ServiceError::PermissionDenied(format!("principal {:?}: {reason}", self.who()))
     }
 }
@@ -278,7 +283,9 @@ pub fn authenticate(
     let table = auth.table();
     let remote = caller.and_then(|caller| caller.remote);
     let refuse = |reason: String| {
-        tracing::warn!(target: AUDIT, ?remote, %reason, "refused authentication");
+        if let Some(unlogged) = audit::REFUSALS.admit(std::time::Instant::now()) {
+            tracing::warn!(target: AUDIT, ?remote, %reason, unlogged, "refused authentication");
+        }
         ServiceError::Unauthenticated(reason)
     };
     if let Some(value) = authorization {

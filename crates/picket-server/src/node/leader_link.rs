@@ -196,10 +196,7 @@ mod tests {
             // Each reached the leader, which knows no such session.
             let answered = hand_over.await.unwrap();
             assert!(
-                matches!(
-                    answered,
-                    Err(ServiceError::Command(CommandError::UnknownSession { .. }))
-                ),
+                matches!(answered, Err(ServiceError::Command(CommandError::UnknownSession { .. }))),
                 "{answered:?}"
             );
         }
