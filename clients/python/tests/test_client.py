@@ -714,6 +714,7 @@ def test_only_nothing_at_an_endpoint_counts_as_a_node_gone() -> None:
     assert not nothing_reached("https://a:1", failed(ssl.SSLCertVerificationError("verify failed")))
     assert not nothing_reached("http://a:1", failed(ConnectionResetError(104, "reset")))
     assert nothing_reached("http://a:1", httpx.ConnectTimeout("timed out"))
+    # Over HTTPS only a timeout that says it came before the handshake (the next test).
     assert not nothing_reached("https://a:1", httpx.ConnectTimeout("timed out"))
     group = getattr(builtins, "ExceptionGroup", None)
     if group is not None:
@@ -727,6 +728,53 @@ def test_only_nothing_at_an_endpoint_counts_as_a_node_gone() -> None:
         assert nothing_reached("https://localhost:1", refusals)
         mixed = each(ConnectionRefusedError(111, "refused"), ssl.SSLError("handshake"))
         assert not nothing_reached("https://localhost:1", mixed)
+
+
+def test_an_https_connect_timeout_is_a_node_gone_only_before_the_handshake() -> None:
+    """Over HTTPS a connect timeout counted as something listening, whatever step timed out,
+    so a client did not follow a restore past a host that had gone silent (the Rust client
+    did). Now one that came while the TCP connection was being made (a listener whose backlog
+    is full drops the SYN) counts as nothing there, and one during the TLS handshake (a
+    listener that never speaks) does not; in the sync client and the asyncio one alike."""
+    import asyncio
+
+    from picket._common import nothing_reached
+
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(full.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    timeout = httpx.Timeout(5, connect=0.3)
+    cases = [(f"https://127.0.0.1:{full.getsockname()[1]}", True), (f"https://127.0.0.1:{silent.getsockname()[1]}", False)]
+    try:
+        for url, gone in cases:
+            with pytest.raises(httpx.ConnectTimeout) as sync_error:
+                httpx.get(url + "/v1/cluster", timeout=timeout, verify=False)
+            assert nothing_reached(url, sync_error.value) is gone, url
+
+            async def attempt(url: str) -> BaseException:
+                async with httpx.AsyncClient(verify=False, timeout=timeout) as client:
+                    try:
+                        await client.get(url + "/v1/cluster")
+                    except httpx.ConnectTimeout as error:
+                        return error
+                raise AssertionError("answered")
+
+            assert nothing_reached(url, asyncio.run(attempt(url))) is gone, url
+    finally:
+        for each in [full, silent, *fillers]:
+            each.close()
 
 
 def test_a_lease_seen_to_run_out_stays_lost_though_a_keepalive_gets_through(server: Server) -> None:

@@ -99,14 +99,37 @@ def ended_reason(ended: Dict[str, "tuple[int, str]"], name: str, token: int) -> 
     return reason if token <= newest else None
 
 
+def _timed_out_in(error: BaseException) -> Optional[str]:
+    """Where a connect timeout of httpcore's came from: ``"tcp"`` when it came while the TCP
+    connection was being made (``connect_tcp``, in both of its backends), ``"tls"`` during the
+    TLS handshake (``start_tls``), ``None`` when its tracebacks do not say."""
+    seen: List[BaseException] = []
+    cause: Optional[BaseException] = error
+    while cause is not None and len(seen) < 8:
+        seen.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    names = set()
+    for each in seen:
+        frame = each.__traceback__
+        while frame is not None:
+            names.add(frame.tb_frame.f_code.co_name)
+            frame = frame.tb_next
+    if "start_tls" in names:
+        return "tls"
+    if "connect_tcp" in names:
+        return "tcp"
+    return None
+
+
 def nothing_reached(url: str, error: BaseException) -> bool:
     """Whether ``error``, met connecting to ``url``, says nothing is there: the connection was
-    refused, the host is unreachable or unknown, or (plain HTTP) the TCP connection was not made
-    in time. A failed TLS handshake, a reset, or a timeout that may have come after the TCP
-    connection (HTTPS) says something listens there, perhaps a node of the client's cluster:
-    not a node gone."""
+    refused, the host is unreachable or unknown, or the TCP connection was not made in time. A
+    failed TLS handshake, a reset, or a timeout during the handshake says something listens
+    there, perhaps a node of the client's cluster: not a node gone."""
     if isinstance(error, httpx.ConnectTimeout):
-        return not url.startswith("https://")
+        # Over HTTPS the timeout may have come during the TLS handshake: the tracebacks say
+        # which step timed out, and one that does not say is not taken for a node gone.
+        return not url.startswith("https://") or _timed_out_in(error) == "tcp"
     # A name with several addresses fails with one error for each, in a group (anyio's, under
     # the asyncio client): nothing is there only if nothing is at any of them.
     causes: List[BaseException] = [error]
