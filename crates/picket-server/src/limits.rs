@@ -63,7 +63,9 @@ pub struct ServerLimits {
     /// arrives with it and is read at once, so only bodies still on their way hold places:
     /// the bound keeps clients that declare bodies and then trickle them (each for at most
     /// the body deadline, 10 s) from holding more memory than this, whatever the connections
-    /// and streams they open.
+    /// and streams they open. One client host (an IPv4 address or an IPv6 /64) may hold a
+    /// quarter of it, so must fit a body of each bound: a node refuses to start with less
+    /// than four times the larger of `max_grpc_message_bytes` + 5 and `max_http_body_bytes`.
     pub max_body_bytes_in_flight: usize,
     /// Most streams (requests and watch streams) open at once on one HTTP/2 connection
     /// (default 200); a client past it waits for one to end.
@@ -182,6 +184,8 @@ pub enum ServerLimit {
     WatchedSessions,
     /// [`ServerLimits::max_body_bytes_in_flight`].
     BodyBytesInFlight,
+    /// One client host's share of [`ServerLimits::max_body_bytes_in_flight`].
+    BodyBytesInFlightPerHost,
 }
 
 impl ServerLimit {
@@ -192,7 +196,9 @@ impl ServerLimit {
             Self::WatchStreams => ErrorCode::TooManyWatchStreams,
             Self::PendingAcquires => ErrorCode::TooManyPendingAcquires,
             Self::WatchedSessions => ErrorCode::TooManyWatchedSessions,
-            Self::BodyBytesInFlight => ErrorCode::TooManyRequestBodies,
+            Self::BodyBytesInFlight | Self::BodyBytesInFlightPerHost => {
+                ErrorCode::TooManyRequestBodies
+            }
         }
     }
 
@@ -207,6 +213,10 @@ impl ServerLimit {
             Self::WatchedSessions => "sessions followed by its watches (--max-watched-sessions)",
             Self::BodyBytesInFlight => {
                 "bytes of request bodies on their way to it (--max-body-bytes-in-flight)"
+            }
+            Self::BodyBytesInFlightPerHost => {
+                "bytes of request bodies on their way to it from this client's host (a quarter of \
+                 --max-body-bytes-in-flight)"
             }
         }
     }

@@ -459,7 +459,7 @@ impl PerIp {
 /// comes mapped into IPv6), or an IPv6 address's /64 prefix. One IPv6 host is commonly given a
 /// whole /64, and could otherwise take every place of the node from as many addresses (found
 /// in a hostile-input audit).
-fn client_host(ip: std::net::IpAddr) -> std::net::IpAddr {
+pub(crate) fn client_host(ip: std::net::IpAddr) -> std::net::IpAddr {
     match ip {
         std::net::IpAddr::V4(_) => ip,
         std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

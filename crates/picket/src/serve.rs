@@ -124,8 +124,9 @@ pub struct ServeArgs {
     max_grpc_message_bytes: usize,
     /// Most bytes of request bodies this node reads at once over all its connections: a body
     /// still on its way holds its bound (an HTTP body its declared length, a gRPC message
-    /// --max-grpc-message-bytes) until it is read; past this a request gets 429
-    /// `too_many_request_bodies`.
+    /// --max-grpc-message-bytes) until it is read, and one client host may hold a quarter of
+    /// it; past that a request gets 429 `too_many_request_bodies`. At least four times the
+    /// larger of --max-grpc-message-bytes (plus 5) and --max-http-body-bytes.
     #[arg(long, env = "PICKET_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = ServerLimits::default().max_body_bytes_in_flight, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(ServerLimits::LEAST_BODY_BYTES_IN_FLIGHT..=ServerLimits::MOST_BODY_BYTES_IN_FLIGHT))]
     max_body_bytes_in_flight: usize,
     /// Most streams (requests and watch streams) open at once on one HTTP/2 connection; a

@@ -221,6 +221,9 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
             "the WAL segment size {segment_bytes} bytes is out of range; choose between {MIN_WAL_SEGMENT_BYTES} and {MAX_WAL_SEGMENT_BYTES}"
         )));
     }
+    if let Some(misfit) = crate::http::BodyBounds::misfit(&config.limits) {
+        return Err(StartError::Config(misfit));
+    }
     let prefixes = &config.metrics_prefixes;
     let longest_name = Limits::default().max_name_bytes;
     if prefixes.len() > crate::metrics::MAX_CONFIGURED_PREFIXES
