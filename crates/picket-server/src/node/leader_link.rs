@@ -5,9 +5,12 @@
 //! open a connection of its own, so a failover with thousands of waiters opened thousands of
 //! connections to the new leader at once, past its peer port's bound (`--max-peer-connections`,
 //! 256), where replication and votes need places too. They now share one connection, which
-//! multiplexes them (as many at once as the leader's wire protocol allows; the rest wait for a
-//! place), and a connection that failed is opened again at most once per
-//! [`RECONNECT_PAUSE`].
+//! multiplexes them (as many at once as the leader allows on one connection; the rest wait for
+//! a place). A connection is dropped after any failure but the leader's own answers (the next
+//! hand-over opens a new one, under the TLS files in force then), and an attempt that is not
+//! answered within [`ATTEMPT_TIMEOUT`] counts as a failure, so a connection to a host gone
+//! silent does not hold every retry; a connection that could not be opened is tried again at
+//! most once per [`RECONNECT_PAUSE`].
 
 use crate::error::ServiceError;
 use picket_core::{CommandError, ErrorCode, RequestId, SessionId};
@@ -19,6 +22,8 @@ use tokio::time::Instant;
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// The largest message the connection sends: an abandon is far below it.
 const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// How long one hand-over may wait for the leader's answer (an abandon is one log entry).
+const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long after failing to reach an address the link refuses at once rather than try again,
 /// so that many hand-overs to a leader that cannot be reached do not each wait for a connect.
 const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
@@ -34,7 +39,10 @@ pub(crate) struct LeaderLink {
 struct Kept {
     /// The address `connection` and `failed_at` are of.
     addr: String,
-    connection: Option<Connection>,
+    /// The kept connection, and its number among those this link opened.
+    connection: Option<(Connection, u64)>,
+    /// How many connections this link opened.
+    opened: u64,
     /// When opening a connection to `addr` last failed.
     failed_at: Option<Instant>,
 }
@@ -55,7 +63,7 @@ impl LeaderLink {
         (request, attempt): (RequestId, u32),
     ) -> Result<Option<u64>, ServiceError> {
         use picket_proto::v1::raft_client::RaftClient;
-        let connection = self.connection(addr, tls).await?;
+        let (connection, number) = self.connection(addr, tls).await?;
         let origin = connection.origin();
         let mut client = RaftClient::with_origin(connection, origin);
         let message = picket_proto::v1::AbandonRequest {
@@ -68,15 +76,23 @@ impl LeaderLink {
         if let Some(value) = cluster_id.and_then(|cluster_id| cluster_id.parse().ok()) {
             message.metadata_mut().insert(crate::network::CLUSTER_KEY, value);
         }
-        let status = match client.abandon(message).await {
-            Ok(response) => return Ok(response.into_inner().released_token),
-            Err(status) => status,
+        let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, client.abandon(message)).await;
+        let status = match answer {
+            Ok(Ok(response)) => return Ok(response.into_inner().released_token),
+            Ok(Err(status)) => status,
+            Err(_) => {
+                tonic::Status::deadline_exceeded(format!("no answer within {ATTEMPT_TIMEOUT:?}"))
+            }
         };
         let code = error_code(&status);
-        if code.is_none() {
-            // No answer of the leader's own: the connection may be broken, or the leader gone
-            // from under it. The next hand-over opens a new one.
-            self.forget(addr).await;
+        let answered = matches!(
+            code,
+            Some(ErrorCode::NothingToAbandon | ErrorCode::UnknownSession | ErrorCode::NotLeader)
+        );
+        if !answered {
+            // Not the leader's own answer: the connection may be broken, the host gone silent,
+            // or its certificate no longer a member's. The next hand-over opens a new one.
+            self.forget(number).await;
         }
         match code {
             // A leader of an earlier build refuses an abandon that finds nothing.
@@ -91,19 +107,25 @@ impl LeaderLink {
         }
     }
 
-    /// The kept connection to `addr` while it is open; otherwise a new one, unless opening one
-    /// failed less than [`RECONNECT_PAUSE`] ago.
+    /// The kept connection to `addr` while it is open, with its number; otherwise a new one,
+    /// unless opening one failed less than [`RECONNECT_PAUSE`] ago. The lock is held while a
+    /// connection opens (at most [`CONNECT_TIMEOUT`]), so that hand-overs waiting meanwhile
+    /// share it rather than each open one.
     async fn connection(
         &self,
         addr: &str,
         tls: Option<&ClientTls>,
-    ) -> Result<Connection, ServiceError> {
+    ) -> Result<(Connection, u64), ServiceError> {
         let mut kept = self.kept.lock().await;
         if kept.addr != addr {
-            *kept = Kept { addr: addr.to_owned(), ..Kept::default() };
+            kept.addr = addr.to_owned();
+            kept.connection = None;
+            kept.failed_at = None;
         }
-        if let Some(connection) = kept.connection.as_ref().filter(|open| !open.is_closed()) {
-            return Ok(connection.clone());
+        if let Some((connection, number)) = kept.connection.as_ref()
+            && !connection.is_closed()
+        {
+            return Ok((connection.clone(), *number));
         }
         if kept.failed_at.is_some_and(|failed| failed.elapsed() < RECONNECT_PAUSE) {
             return Err(ServiceError::Unavailable(format!(
@@ -112,9 +134,11 @@ impl LeaderLink {
         }
         match Connection::open(addr, CONNECT_TIMEOUT, MAX_MESSAGE_BYTES, tls).await {
             Ok(connection) => {
-                kept.connection = Some(connection.clone());
+                kept.opened += 1;
+                let number = kept.opened;
+                kept.connection = Some((connection.clone(), number));
                 kept.failed_at = None;
-                Ok(connection)
+                Ok((connection, number))
             }
             Err(status) => {
                 kept.connection = None;
@@ -124,10 +148,11 @@ impl LeaderLink {
         }
     }
 
-    /// Drops the kept connection to `addr`, if it is the one kept.
-    async fn forget(&self, addr: &str) {
+    /// Drops the kept connection if it is still connection `number`: one opened since, after
+    /// another hand-over's failure, stays.
+    async fn forget(&self, number: u64) {
         let mut kept = self.kept.lock().await;
-        if kept.addr == addr {
+        if kept.connection.as_ref().is_some_and(|(_, kept_number)| *kept_number == number) {
             kept.connection = None;
         }
     }
@@ -148,23 +173,67 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A loopback proxy to `to` that counts the connections it accepts; dropping the returned
-    /// handle's task closes them all.
-    async fn counting_proxy(to: std::net::SocketAddr) -> (String, Arc<AtomicUsize>) {
+    /// A loopback proxy to `to` that counts the connections it accepts, and passes nothing on
+    /// while `frozen` is set (a host gone silent).
+    struct Proxy {
+        addr: String,
+        accepted: Arc<AtomicUsize>,
+        frozen: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    async fn one_way(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut buffer = vec![0_u8; 16 * 1024];
+        while let Ok(read) = from.read(&mut buffer).await {
+            if read == 0 {
+                return;
+            }
+            while frozen.load(Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            if to.write_all(&buffer[..read]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn proxy(to: std::net::SocketAddr) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let counted = accepted.clone();
+        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (counted, freezing) = (accepted.clone(), frozen.clone());
         tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut outbound = tokio::net::TcpStream::connect(to).await.unwrap();
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                });
+                let outbound = tokio::net::TcpStream::connect(to).await.unwrap();
+                let (inbound_read, inbound_write) = inbound.into_split();
+                let (outbound_read, outbound_write) = outbound.into_split();
+                tokio::spawn(one_way(inbound_read, outbound_write, freezing.clone()));
+                tokio::spawn(one_way(outbound_read, inbound_write, freezing.clone()));
             }
         });
-        (addr, accepted)
+        Proxy { addr, accepted, frozen }
+    }
+
+    async fn ready_node(dir: &std::path::Path) -> crate::ServerHandle {
+        let listen = "127.0.0.1:0".parse().unwrap();
+        let handle = crate::start(crate::ServerConfig::single(dir.join("node"), listen)).await;
+        let handle = handle.unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        while handle.node().readiness().is_err() {
+            assert!(Instant::now() < deadline, "the node did not become ready");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        handle
+    }
+
+    fn unknown_session(answered: &Result<Option<u64>, ServiceError>) -> bool {
+        matches!(answered, Err(ServiceError::Command(CommandError::UnknownSession { .. })))
     }
 
     /// Regression (hostile-input audit): each hand-over of an abandon opened a connection of
@@ -173,21 +242,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn hand_overs_share_one_connection_to_the_leader() {
         let dir = tempfile::tempdir().unwrap();
-        let listen = "127.0.0.1:0".parse().unwrap();
-        let config = crate::ServerConfig::single(dir.path().join("node"), listen);
-        let handle = crate::start(config).await.unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(20);
-        while handle.node().readiness().is_err() {
-            assert!(Instant::now() < deadline, "the node did not become ready");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        let (proxy, accepted) = counting_proxy(handle.addr()).await;
+        let handle = ready_node(dir.path()).await;
+        let proxy = proxy(handle.addr()).await;
         let link = Arc::new(LeaderLink::default());
         let hand_overs: Vec<_> = (0..64_u64)
             .map(|n| {
-                let (link, proxy) = (link.clone(), proxy.clone());
+                let (link, addr) = (link.clone(), proxy.addr.clone());
                 tokio::spawn(async move {
-                    let to = (proxy.as_str(), None, None);
+                    let to = (addr.as_str(), None, None);
                     link.abandon(to, SessionId(1_000 + n), "l", (RequestId(n + 1), 0)).await
                 })
             })
@@ -195,12 +257,37 @@ mod tests {
         for hand_over in hand_overs {
             // Each reached the leader, which knows no such session.
             let answered = hand_over.await.unwrap();
-            assert!(
-                matches!(answered, Err(ServiceError::Command(CommandError::UnknownSession { .. }))),
-                "{answered:?}"
-            );
+            assert!(unknown_session(&answered), "{answered:?}");
         }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for all of them");
+        assert_eq!(proxy.accepted.load(Ordering::SeqCst), 1, "one connection for all of them");
+        handle.shutdown().await;
+    }
+
+    /// Found in review: a kept connection to a host gone silent (no reset, so not closed) held
+    /// each retry until the whole 30 s were spent, where a fresh connection per attempt had
+    /// failed fast and moved on. An attempt not answered in time now fails, and the next one
+    /// opens a new connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attempt_not_answered_in_time_fails_and_the_next_reconnects() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = ready_node(dir.path()).await;
+        let proxy = proxy(handle.addr()).await;
+        let link = LeaderLink::default();
+        let to = (proxy.addr.as_str(), None, None);
+        let first = link.abandon(to, SessionId(7), "l", (RequestId(1), 0)).await;
+        assert!(unknown_session(&first), "{first:?}");
+
+        proxy.frozen.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        let silent = link.abandon(to, SessionId(7), "l", (RequestId(1), 0)).await;
+        let Err(ServiceError::Unavailable(message)) = &silent else { panic!("{silent:?}") };
+        assert!(message.contains("no answer within"), "{message}");
+        assert!(started.elapsed() < ATTEMPT_TIMEOUT * 2, "{:?}", started.elapsed());
+
+        proxy.frozen.store(false, Ordering::SeqCst);
+        let again = link.abandon(to, SessionId(7), "l", (RequestId(1), 0)).await;
+        assert!(unknown_session(&again), "{again:?}");
+        assert_eq!(proxy.accepted.load(Ordering::SeqCst), 2, "a new connection after the silence");
         handle.shutdown().await;
     }
 
