@@ -467,7 +467,9 @@ fn admit(members_only: bool, caller: Option<&Caller>) -> Result<(), Status> {
             "only a cluster member may send Raft messages: this connection's certificate is not signed by the cluster's peer CA",
         ),
     };
-    tracing::warn!(target: "picket::audit", ?remote, reason, "refused a Raft message");
+    if let Some(unlogged) = crate::auth::audit::UNPROVEN.admit(std::time::Instant::now()) {
+        tracing::warn!(target: "picket::audit", ?remote, reason, unlogged, "refused a Raft message");
+    }
     let mut status = Status::new(code, reason);
     status.metadata_mut().insert(
         picket_proto::ERROR_CODE_KEY,

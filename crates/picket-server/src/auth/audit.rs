@@ -1,5 +1,6 @@
 //! Audit lines of refusals, bounded: a caller's names are shown cut short, and refusals are
-//! logged at most [`REFUSALS_PER_SECOND`] a second, the rest counted into the next line.
+//! logged at most [`REFUSALS_PER_SECOND`] a second of each kind (callers who proved nothing,
+//! and authenticated principals), the rest counted into the next line of the kind.
 //!
 //! Every refused authentication and every refused role logged a line, with the whole name the
 //! request gave. Role checks come before a name's own bound is checked, so one request could
@@ -66,9 +67,19 @@ impl RefusalLog {
     }
 }
 
-/// The node's refusals, one count for all its callers.
-pub(crate) static REFUSALS: RefusalLog =
-    RefusalLog { window: Mutex::new(Window { started: None, logged: 0, unlogged: 0 }) };
+impl RefusalLog {
+    const fn new() -> Self {
+        Self { window: Mutex::new(Window { started: None, logged: 0, unlogged: 0 }) }
+    }
+}
+
+/// Refusals of callers who proved nothing (refused authentications, Raft messages from
+/// connections that are not a member's): anyone who reaches the port can cause them.
+pub(crate) static UNPROVEN: RefusalLog = RefusalLog::new();
+
+/// Refusals of authenticated principals (a role that does not cover what they asked), kept
+/// apart so that a flood of the first kind does not hide them.
+pub(crate) static PRINCIPALS: RefusalLog = RefusalLog::new();
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,7 @@
 //! A cluster member (a connection whose certificate chains to the peer CA) acts as an admin.
 //! Without an auth file, anyone who reaches the port may do anything.
 
-mod audit;
+pub(crate) mod audit;
 mod file;
 
 pub use file::{AuthFile, AuthFileError, hex, new_token, token_digest};
@@ -248,7 +248,7 @@ impl Access {
     }
 
     fn denied(&self, reason: String) -> ServiceError {
-        if let Some(unlogged) = audit::REFUSALS.admit(std::time::Instant::now()) {
+        if let Some(unlogged) = audit::PRINCIPALS.admit(std::time::Instant::now()) {
             tracing::info!(target: AUDIT, principal = self.who(), %reason, unlogged, "refused");
         }
         ServiceError::PermissionDenied(format!("principal {:?}: {reason}", self.who()))
@@ -283,7 +283,7 @@ pub fn authenticate(
     let table = auth.table();
     let remote = caller.and_then(|caller| caller.remote);
     let refuse = |reason: String| {
-        if let Some(unlogged) = audit::REFUSALS.admit(std::time::Instant::now()) {
+        if let Some(unlogged) = audit::UNPROVEN.admit(std::time::Instant::now()) {
             tracing::warn!(target: AUDIT, ?remote, %reason, unlogged, "refused authentication");
         }
         ServiceError::Unauthenticated(reason)
