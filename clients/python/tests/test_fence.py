@@ -132,3 +132,23 @@ def test_a_lock_name_with_escaped_characters_is_the_name_the_fence_binds(server:
     for malformed in ["p1.7.a%2", "p1.7.a%zz", "p1.7.%FF", "p1.7.a\nb", "p1.7.%"]:
         with pytest.raises(ValueError):
             picket.Sequencer.parse(malformed)
+
+
+def test_admit_refuses_an_autocommit_connection_outside_a_transaction(server: Server, postgres: Postgres) -> None:
+    """Found in review: outside a transaction the fence function's row lock ends with its own
+    statement, so an admitted writer that paused could write after a newer token was admitted.
+    ``admit`` refuses an autocommit connection outside a transaction, and works inside one or
+    on a connection without autocommit (psycopg opens a transaction with the statement)."""
+    prepare(postgres)
+    with picket.Client([server.addr]) as client:
+        with client.lock("accounts/1", ttl=5) as grant:
+            with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+                with pytest.raises(picket.FenceRefused) as refused:
+                    picket.fence.admit(conn, "accounts/1", grant.sequencer)
+                assert refused.value.reason == "no_transaction"
+                assert "conn.transaction()" in str(refused.value)
+                with conn.transaction():
+                    assert picket.fence.admit(conn, "accounts/1", grant.sequencer) == "advanced"
+            with psycopg.connect(postgres.dsn) as conn:
+                assert picket.fence.admit(conn, "accounts/1", grant.sequencer) == "same"
+                conn.commit()

@@ -54,6 +54,17 @@ pub enum PgFenceError {
         "the PostgreSQL fence keeps no idempotency keys, so a retry with this key would be applied twice: make the write idempotent in its own table (a unique key, in the same transaction) and present no key"
     )]
     KeysNotKept,
+    /// A token or seq above PostgreSQL's `bigint` (2^63 − 1): no grant of the lock service
+    /// comes near it, so the sequencer is not one it issued.
+    #[error(
+        "the {what} {value} is above 2^63 - 1, which the PostgreSQL fence cannot store; no grant of the lock service comes near it, so refuse the write and check where this sequencer came from"
+    )]
+    OutOfRange {
+        /// `token` or `seq`.
+        what: &'static str,
+        /// The value presented.
+        value: u64,
+    },
     /// The function answered something this helper does not know (a newer migration?).
     #[error("the PostgreSQL fence answered {0:?}: run this version's MIGRATION")]
     Unexpected(String),
@@ -77,8 +88,10 @@ pub async fn migrate(client: &impl GenericClient) -> Result<(), PgFenceError> {
     Ok(())
 }
 
-fn to_bigint(value: u64) -> Option<i64> {
-    i64::try_from(value).ok()
+/// `value` as PostgreSQL's `bigint`, or why not. (A seq past it was clamped to the bound, so
+/// two such seqs read as one and the second was refused as a replay.)
+fn to_bigint(what: &'static str, value: u64) -> Result<i64, PgFenceError> {
+    i64::try_from(value).map_err(|_| PgFenceError::OutOfRange { what, value })
 }
 
 fn reason_from(code: &str, seq: Option<u64>) -> Option<RefusalReason> {
@@ -106,14 +119,19 @@ fn refusal(
     PgFenceError::Refused(Box::new(Refusal::new(resource, &record, presented_lock, stamp, reason)))
 }
 
-/// Runs the admission rule for `presented` at `resource` inside the caller's transaction
-/// (`client` may be a `Transaction`). On `Ok`, perform the write in the same transaction and
-/// commit; on `Err(Refused)`, roll back.
+/// Runs the admission rule for `presented` at `resource` inside the caller's `transaction`.
+/// On `Ok`, perform the write in the same transaction and commit; on `Err(Refused)`, roll back.
+///
+/// It takes a transaction, not any client: the function's row lock is what makes the check
+/// and the write one step, and outside a transaction it ends with the statement, so a writer
+/// admitted and then paused could write after a newer token was admitted (found in review:
+/// this took any `GenericClient`, an autocommit `Client` too).
 ///
 /// # Errors
-/// [`PgFenceError::Refused`] with the structured refusal; database failures.
+/// [`PgFenceError::Refused`] with the structured refusal; [`PgFenceError::OutOfRange`];
+/// database failures.
 pub async fn admit(
-    client: &impl GenericClient,
+    transaction: &tokio_postgres::Transaction<'_>,
     resource: &str,
     policy: &Policy,
     presented: &Presented,
@@ -122,17 +140,9 @@ pub async fn admit(
         return Err(PgFenceError::KeysNotKept);
     }
     let stamp = presented.stamp;
-    let Some(token) = to_bigint(stamp.token) else {
-        return Err(refusal(
-            resource,
-            policy,
-            &presented.lock,
-            stamp,
-            0,
-            RefusalReason::InvalidToken,
-        ));
-    };
-    let seq = stamp.seq.map(|seq| to_bigint(seq).unwrap_or(i64::MAX));
+    let token = to_bigint("token", stamp.token)?;
+    let seq = stamp.seq.map(|seq| to_bigint("seq", seq)).transpose()?;
+    let client = transaction;
     let row = client
         .query_one(
             "SELECT admitted, reason, highest_token FROM picket_fence_admit($1, $2, $3, $4, $5, $6)",
@@ -162,14 +172,14 @@ pub async fn admit(
 /// # Errors
 /// [`PgFenceError::BadSequencer`], [`PgFenceError::BadSignature`], and [`admit`]'s errors.
 pub async fn admit_signed(
-    client: &impl GenericClient,
+    transaction: &tokio_postgres::Transaction<'_>,
     resource: &str,
     policy: &Policy,
     sequencer: &str,
     keys: &picket_core::SequencerKeys,
 ) -> Result<Admission, PgFenceError> {
     let presented = verified(sequencer, keys)?;
-    admit(client, resource, policy, &presented).await
+    admit(transaction, resource, policy, &presented).await
 }
 
 /// A sequencer string, parsed and verified exactly as received.
@@ -209,10 +219,12 @@ pub async fn register_signed(
 }
 
 /// Fence on acquire: makes `token` the highest at `resource` unless a newer one was seen.
-/// Commit the transaction afterwards.
+/// Commit the transaction afterwards. (Unlike [`admit`], this may run outside a transaction:
+/// it is one statement, and no write of the caller's depends on it.)
 ///
 /// # Errors
-/// [`PgFenceError::Refused`] for a stale token or another lock; database failures.
+/// [`PgFenceError::Refused`] for a stale token or another lock; [`PgFenceError::OutOfRange`];
+/// database failures.
 pub async fn register(
     client: &impl GenericClient,
     resource: &str,
@@ -221,9 +233,7 @@ pub async fn register(
     token: u64,
 ) -> Result<(), PgFenceError> {
     let stamp = Stamp { token, seq: None };
-    let Some(token_bigint) = to_bigint(token) else {
-        return Err(refusal(resource, policy, lock, stamp, 0, RefusalReason::InvalidToken));
-    };
+    let token_bigint = to_bigint("token", token)?;
     let row = client
         .query_one(
             "SELECT admitted, reason, highest_token FROM picket_fence_register($1, $2, $3, $4, $5)",

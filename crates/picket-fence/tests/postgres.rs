@@ -166,6 +166,39 @@ fn code(result: &Result<picket_fence::Admission, PgFenceError>) -> String {
     }
 }
 
+/// `postgres::admit` in a transaction of its own, committed when admitted, rolled back when
+/// not.
+async fn admit_alone(
+    client: &mut tokio_postgres::Client,
+    resource: &str,
+    policy: &Policy,
+    presented: &Presented,
+) -> Result<picket_fence::Admission, PgFenceError> {
+    let transaction = client.transaction().await.unwrap();
+    let admitted = postgres::admit(&transaction, resource, policy, presented).await;
+    match admitted {
+        Ok(_) => transaction.commit().await.unwrap(),
+        Err(_) => transaction.rollback().await.unwrap(),
+    }
+    admitted
+}
+
+/// `postgres::admit_signed` in a transaction of its own, as [`admit_alone`].
+async fn admit_signed_alone(
+    client: &mut tokio_postgres::Client,
+    policy: &Policy,
+    sequencer: &str,
+    keys: &picket_core::SequencerKeys,
+) -> Result<picket_fence::Admission, PgFenceError> {
+    let transaction = client.transaction().await.unwrap();
+    let admitted = postgres::admit_signed(&transaction, "signed/", policy, sequencer, keys).await;
+    match admitted {
+        Ok(_) => transaction.commit().await.unwrap(),
+        Err(_) => transaction.rollback().await.unwrap(),
+    }
+    admitted
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Write { token: u64, seq: Option<u64>, other_lock: bool },
@@ -196,7 +229,7 @@ fn with_postgres<T>(test: impl FnOnce(&Postgres, &tokio::runtime::Runtime) -> T)
 #[test]
 fn the_sql_function_agrees_with_the_rust_rule() {
     with_postgres(|server, runtime| {
-        let client = runtime.block_on(server.connect());
+        let client = std::cell::RefCell::new(runtime.block_on(server.connect()));
         let cases = AtomicU64::new(0);
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
             cases: 40,
@@ -216,8 +249,8 @@ fn the_sql_function_agrees_with_the_rust_rule() {
                                 .write(&presented(lock, token, seq), |()| ())
                                 .map(|_| ())
                                 .map_err(|refusal| refusal.reason.code().to_owned());
-                            let actual = runtime.block_on(postgres::admit(
-                                &client,
+                            let actual = runtime.block_on(admit_alone(
+                                &mut client.borrow_mut(),
                                 &resource,
                                 &policy,
                                 &presented(lock, token, seq),
@@ -229,14 +262,19 @@ fn the_sql_function_agrees_with_the_rust_rule() {
                             let expected = reference.register("lock", token).is_ok();
                             let actual = runtime
                                 .block_on(postgres::register(
-                                    &client, &resource, &policy, "lock", token,
+                                    &*client.borrow(),
+                                    &resource,
+                                    &policy,
+                                    "lock",
+                                    token,
                                 ))
                                 .is_ok();
                             prop_assert_eq!(actual, expected, "{:?}", op);
                         }
                     }
-                    let highest =
-                        runtime.block_on(postgres::highest_token(&client, &resource)).unwrap();
+                    let highest = runtime
+                        .block_on(postgres::highest_token(&*client.borrow(), &resource))
+                        .unwrap();
                     prop_assert_eq!(highest, reference.highest_token());
                 }
                 Ok(())
@@ -336,8 +374,8 @@ fn the_highest_token_survives_a_database_restart() {
     with_postgres(|server, runtime| {
         let policy = Policy::new("durable");
         runtime.block_on(async {
-            let client = server.connect().await;
-            postgres::admit(&client, "durable/", &policy, &presented("durable", 40, None))
+            let mut client = server.connect().await;
+            admit_alone(&mut client, "durable/", &policy, &presented("durable", 40, None))
                 .await
                 .unwrap();
             postgres::register(&client, "durable/", &policy, "durable", 41).await.unwrap();
@@ -345,25 +383,27 @@ fn the_highest_token_survives_a_database_restart() {
         server.stop();
         server.launch();
         runtime.block_on(async {
-            let client = server.connect().await;
+            let mut client = server.connect().await;
             assert_eq!(postgres::highest_token(&client, "durable/").await.unwrap(), 41);
             let stale =
-                postgres::admit(&client, "durable/", &policy, &presented("durable", 40, None))
+                admit_alone(&mut client, "durable/", &policy, &presented("durable", 40, None))
                     .await;
             assert_eq!(code(&stale), "stale_token");
             let Err(PgFenceError::Refused(refusal)) = stale else { unreachable!() };
             assert_eq!((refusal.resource.as_str(), refusal.highest_token), ("durable/", 41));
-            let forged = postgres::admit(
-                &client,
-                "durable/",
-                &policy,
-                &presented("durable", u64::MAX, None),
-            )
-            .await;
-            assert_eq!(
-                code(&forged),
-                "invalid_token",
-                "tokens beyond bigint never reach the table"
+            // Tokens and seqs beyond bigint never reach the table, and say so (a token was
+            // refused as "token 0 is never issued"; a seq was clamped to the bound).
+            let forged = presented("durable", u64::MAX, None);
+            let forged = admit_alone(&mut client, "durable/", &policy, &forged).await;
+            let Err(error @ PgFenceError::OutOfRange { what: "token", .. }) = forged else {
+                panic!("{forged:?}")
+            };
+            assert!(error.to_string().contains("above 2^63 - 1"), "{error}");
+            let huge_seq = presented("durable", 41, Some(1 << 63));
+            let huge_seq = admit_alone(&mut client, "durable/", &policy, &huge_seq).await;
+            assert!(
+                matches!(huge_seq, Err(PgFenceError::OutOfRange { what: "seq", .. })),
+                "{huge_seq:?}"
             );
         });
     });
@@ -378,11 +418,11 @@ fn a_write_with_an_idempotency_key_is_refused_not_applied_twice() {
     with_postgres(|server, runtime| {
         let policy = Policy::new("keyed");
         runtime.block_on(async {
-            let client = server.connect().await;
+            let mut client = server.connect().await;
             let mut keyed = presented("keyed", 5, None);
             keyed.idempotency_key = Some("retry-1".to_owned());
             for _ in 0..2 {
-                let refused = postgres::admit(&client, "keyed/", &policy, &keyed).await;
+                let refused = admit_alone(&mut client, "keyed/", &policy, &keyed).await;
                 assert!(matches!(refused, Err(PgFenceError::KeysNotKept)), "{refused:?}");
                 let said = refused.unwrap_err().to_string();
                 assert!(said.contains("unique key"), "says what to do: {said}");
@@ -406,17 +446,16 @@ fn signed_sequencers_are_verified_before_the_database() {
     with_postgres(|server, runtime| {
         let policy = Policy::new("signed");
         runtime.block_on(async {
-            let client = server.connect().await;
+            let mut client = server.connect().await;
             let real = signer.seal("signed", 30, 4).to_string();
-            postgres::admit_signed(&client, "signed/", &policy, &real, &keys).await.unwrap();
+            admit_signed_alone(&mut client, &policy, &real, &keys).await.unwrap();
             let mut huge = signer.seal("signed", 31, 4);
             huge.token = u64::MAX / 4;
             let mut other_lock = signer.seal("signed", 32, 4);
             other_lock.name = "elsewhere".into();
             for forged in [huge, other_lock, stranger.seal("signed", 33, 4)] {
                 let refused =
-                    postgres::admit_signed(&client, "signed/", &policy, &forged.to_string(), &keys)
-                        .await;
+                    admit_signed_alone(&mut client, &policy, &forged.to_string(), &keys).await;
                 assert!(matches!(refused, Err(PgFenceError::BadSignature(_))), "{refused:?}");
             }
             assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 30);
@@ -430,7 +469,7 @@ fn signed_sequencers_are_verified_before_the_database() {
             assert!(matches!(refused, Err(PgFenceError::BadSignature(_))), "{refused:?}");
             assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 30);
             let next = signer.seal("signed", 34, 5).to_string();
-            postgres::admit_signed(&client, "signed/", &policy, &next, &keys).await.unwrap();
+            admit_signed_alone(&mut client, &policy, &next, &keys).await.unwrap();
             assert_eq!(postgres::highest_token(&client, "signed/").await.unwrap(), 34);
         });
     });

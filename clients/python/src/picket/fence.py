@@ -62,6 +62,27 @@ def _admit_params(
     return parsed, (resource, lock or parsed.lock, strict, parsed.lock, parsed.token, seq)
 
 
+def _require_transaction(conn: Any, sequencer: Sequencer) -> None:
+    """Refuses a connection in autocommit mode outside a transaction: there the function's row
+    lock ends with its own statement, so the check and the caller's write would be two steps,
+    and a writer admitted then paused could write after a newer token was admitted. (A
+    connection without autocommit, psycopg's default, opens a transaction with the statement.)"""
+    connection = getattr(conn, "connection", conn)
+    if not getattr(connection, "autocommit", False):
+        return
+    status = getattr(getattr(connection, "info", None), "transaction_status", None)
+    if getattr(status, "name", None) == "IDLE":
+        raise FenceRefused(
+            "picket.fence.admit needs a transaction: this connection is in autocommit mode and "
+            "outside one, so the check and the write would not be one step; call it inside "
+            "`with conn.transaction():` with the write",
+            reason="no_transaction",
+            lock=sequencer.lock,
+            presented_token=sequencer.token,
+            highest_token=None,
+        )
+
+
 def _decide(row: Optional["tuple[Any, ...]"], sequencer: Sequencer, resource: str) -> str:
     if row is None:
         raise FenceRefused(
@@ -99,6 +120,7 @@ def admit(
     ``lock`` is the lock that guards the resource (default: the sequencer's own); returns the
     admission: ``advanced`` (a newer token) or ``same``."""
     parsed, params = _admit_params(resource, sequencer, lock, strict, seq)
+    _require_transaction(conn, parsed)
     row = conn.execute(_ADMIT, params).fetchone()
     return _decide(row, parsed, resource)
 
@@ -114,6 +136,7 @@ async def admit_async(
 ) -> str:
     """:func:`admit` for psycopg's asyncio connections."""
     parsed, params = _admit_params(resource, sequencer, lock, strict, seq)
+    _require_transaction(conn, parsed)
     cursor = await conn.execute(_ADMIT, params)
     return _decide(await cursor.fetchone(), parsed, resource)
 
