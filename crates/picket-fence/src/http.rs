@@ -434,6 +434,13 @@ pub async fn fence(
         return next.run(Request::from_parts(parts, body)).await;
     };
     let presented = match config.presented(&parts.headers) {
+        // A keyed write says at least where it goes, so a key reused for another method or
+        // path is refused rather than answered as a duplicate; a handler that knows more (the
+        // body) says so with `Presented::with_request`, which replaces this.
+        Ok(Some(presented)) if presented.idempotency_key.is_some() => {
+            let target = parts.uri.path_and_query().map_or("", |target| target.as_str());
+            Some(presented.with_request(&[parts.method.as_str().as_bytes(), target.as_bytes()]))
+        }
         Ok(presented) => presented,
         Err(response) => return response,
     };

@@ -302,8 +302,11 @@ fn judge_key(
     if let Some(seen) = record.remembered.iter().find(|seen| seen.key == key) {
         let same_request = match (&seen.request_digest, &presented.request_digest) {
             (Some(before), Some(now)) => before == now,
-            // A writer that did not say what its write does is taken at its word.
-            _ => true,
+            // A writer that never says what its writes do is taken at its word.
+            (None, None) => true,
+            // One of the two said and the other did not: they cannot be told the same, and
+            // answering `Duplicate` would drop a different write unapplied (found in review).
+            _ => false,
         };
         if seen.stamp == stamp && same_request {
             return Ok(Some(Admission::Duplicate));

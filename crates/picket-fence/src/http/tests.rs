@@ -53,3 +53,49 @@ async fn a_verification_that_aged_while_waiting_for_the_resource_is_done_again()
     assert!(verify_then_hold(&config, &resources, &presented(8)).await.is_ok());
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+/// Found in review: the middleware handed handlers keyed writes that said nothing of what they
+/// do, so a handler that did not add a digest itself answered a key reused for another write
+/// `duplicate`, dropping that write. A keyed write now says at least its method and target;
+/// an unkeyed one needs nothing.
+#[tokio::test]
+async fn a_keyed_write_says_its_method_and_target() {
+    use axum::routing::any;
+    use tower::ServiceExt as _;
+    let config = Arc::new(FenceConfig::new(
+        |_: &Parts| Some(("r".to_owned(), Policy::new("l"))),
+        Arc::new(Empty),
+        None,
+    ));
+    let digest_of = |context: axum::Extension<FenceContext>| async move {
+        let presented = context.0.presented.expect("a stamp");
+        presented.request_digest.unwrap_or_else(|| "none".to_owned())
+    };
+    let app = axum::Router::new()
+        .route("/r/{key}", any(digest_of))
+        .layer(axum::middleware::from_fn_with_state(config, fence));
+    let sequencer = Sequencer::new("l", 7).to_string();
+    let send = |method: &str, target: &str, key: Option<&str>| {
+        let mut request = axum::http::Request::builder()
+            .method(method)
+            .uri(target)
+            .header(SEQUENCER_HEADER, sequencer.as_str());
+        if let Some(key) = key {
+            request = request.header(IDEMPOTENCY_HEADER, key);
+        }
+        let request = request.body(axum::body::Body::empty()).unwrap();
+        let app = app.clone();
+        async move {
+            let answer = app.oneshot(request).await.unwrap();
+            assert_eq!(answer.status(), StatusCode::OK);
+            let body = axum::body::to_bytes(answer.into_body(), 1024).await.unwrap();
+            String::from_utf8(body.to_vec()).unwrap()
+        }
+    };
+    let put_a = send("PUT", "/r/a", Some("k")).await;
+    assert_eq!(put_a.len(), 64, "a SHA-256 in hex: {put_a}");
+    assert_eq!(send("PUT", "/r/a", Some("k")).await, put_a, "a retry says the same");
+    assert_ne!(send("PUT", "/r/b", Some("k")).await, put_a, "another target");
+    assert_ne!(send("DELETE", "/r/a", Some("k")).await, put_a, "another method");
+    assert_eq!(send("PUT", "/r/a", None).await, "none", "an unkeyed write needs none");
+}

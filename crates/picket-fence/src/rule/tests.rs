@@ -150,6 +150,25 @@ fn idempotency_key_reused_for_another_request_is_refused_not_answered_as_a_dupli
     assert_ne!(split(b"ab", b"c").request_digest, split(b"a", b"bc").request_digest);
 }
 
+/// Found in review: a write that did not say what it does was answered `duplicate` under a
+/// key whose first write did say (and the other way round), so a different write was dropped
+/// unapplied. Only two writes that both say, alike, or neither says, are one.
+#[test]
+fn a_keyed_write_that_says_what_it_does_and_one_that_does_not_are_not_one() {
+    let policy = Policy::new("a");
+    let mut record = None;
+    let said = write("a", 5, None).with_idempotency_key("op-1").with_request(&[b"PUT", b"x"]);
+    let unsaid = write("a", 5, None).with_idempotency_key("op-1");
+    assert!(step(&mut record, &policy, &said).is_ok());
+    let reused =
+        Err(RefusalReason::IdempotencyKeyReused { original: Stamp { token: 5, seq: None } });
+    assert_eq!(step(&mut record, &policy, &unsaid), reused);
+    let mut record = None;
+    assert!(step(&mut record, &policy, &unsaid).is_ok());
+    assert_eq!(step(&mut record, &policy, &said), reused);
+    assert_eq!(step(&mut record, &policy, &unsaid), Ok(Admission::Duplicate));
+}
+
 /// Issue 13, point 3: only 32 keys were remembered, and a retry arriving after 32 newer keyed
 /// writes of the same grant (no seq) was applied a second time.
 #[test]
