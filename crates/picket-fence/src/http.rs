@@ -125,9 +125,37 @@ pub struct FenceConfig {
     /// The lock service's public keys: every presented sequencer must carry a valid signature.
     keys: Option<SequencerKeys>,
     /// One lock per resource, held from the stamp's check through the handler's write, so
-    /// the check and the write are one step.
-    resource_locks:
-        std::sync::Mutex<std::collections::BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// the check and the write are one step. A resource has an entry only while a request
+    /// holds or awaits it ([`ResourceHold`]), so the map holds at most as many entries as
+    /// there are requests in flight, whatever names `resolve` makes up.
+    resource_locks: Arc<ResourceLocks>,
+}
+
+type ResourceLocks =
+    std::sync::Mutex<std::collections::BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// A resource held by a request: its lock is given back when this is dropped, and the
+/// resource's entry forgotten once no request holds or awaits it (found in review: entries
+/// were kept for ever, one per resource name a resolver ever made, so a resolver naming a
+/// resource per key grew the map with every new key a client sent).
+#[derive(Debug)]
+#[must_use = "the resource is held only while this lives"]
+pub struct ResourceHold {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    name: String,
+    locks: Arc<ResourceLocks>,
+}
+
+impl Drop for ResourceHold {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The map's own reference is the last: nobody holds it, and a request that awaits it
+        // holds a clone (taken under this same lock).
+        if locks.get(&self.name).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            locks.remove(&self.name);
+        }
+    }
 }
 
 impl FenceConfig {
@@ -144,7 +172,7 @@ impl FenceConfig {
             checker,
             verify_timeout: DEFAULT_VERIFY_TIMEOUT,
             keys: None,
-            resource_locks: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            resource_locks: Arc::default(),
         }
     }
 
@@ -176,8 +204,7 @@ impl FenceConfig {
         presented_from_headers(headers, self.keys.as_ref())
     }
 
-    /// The lock of one resource. Resources come from `resolve`, so their number is bounded by
-    /// the service's configuration.
+    /// The lock of one resource, made when no request holds or awaits it.
     fn resource_lock(&self, resource: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks =
             self.resource_locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -186,15 +213,23 @@ impl FenceConfig {
 
     /// Holds several resources at once, for a handler that serves a unit over them outside the
     /// middleware. Taken in name order, so two units never wait for each other in a cycle.
-    pub async fn hold(&self, resources: &[String]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+    pub async fn hold(&self, resources: &[String]) -> Vec<ResourceHold> {
         let mut names: Vec<&String> = resources.iter().collect();
         names.sort();
         names.dedup();
-        let mut guards = Vec::with_capacity(names.len());
+        let mut held = Vec::with_capacity(names.len());
         for name in names {
-            guards.push(self.resource_lock(name).lock_owned().await);
+            // Awaited as a hold already, so a request dropped while it waits forgets the
+            // entry too.
+            let mut hold = ResourceHold {
+                guard: None,
+                name: name.clone(),
+                locks: self.resource_locks.clone(),
+            };
+            hold.guard = Some(self.resource_lock(name).lock_owned().await);
+            held.push(hold);
         }
-        guards
+        held
     }
 }
 
@@ -382,7 +417,7 @@ pub async fn verify_then_hold(
     config: &FenceConfig,
     resources: &[(String, Policy)],
     presented: &Presented,
-) -> Result<Vec<tokio::sync::OwnedMutexGuard<()>>, Response> {
+) -> Result<Vec<ResourceHold>, Response> {
     let names: Vec<String> = resources.iter().map(|(resource, _)| resource.clone()).collect();
     for _ in 0..MAX_VERIFY_ROUNDS {
         let mut oldest: Option<Instant> = None;

@@ -70,6 +70,16 @@ pub enum KvError {
         "give at least one guarded prefix (--guard PREFIX=LOCK): the store only takes fenced writes"
     )]
     NoGuards,
+    /// A guard that could never take a write.
+    #[error("the guard --guard {prefix:?}={lock:?} is refused: {why}")]
+    BadGuard {
+        /// Its prefix.
+        prefix: String,
+        /// Its lock.
+        lock: String,
+        /// What is wrong and what to do.
+        why: String,
+    },
     /// The data directory cannot be created.
     #[error("cannot create {path}: {source}")]
     DataDir {
@@ -83,6 +93,34 @@ pub enum KvError {
     Store(#[from] StoreError),
 }
 
+/// Refuses guards that could never take a write, or that one another would hide: a prefix is
+/// the guarded resource's name, so it must be a name the fence takes (1 to
+/// `MAX_RESOURCE_BYTES` bytes), and two guards of one prefix would leave the second unused.
+/// (Such guards were taken, and every write under them failed at request time.)
+fn check_guards(guards: &[(String, Policy)]) -> Result<(), KvError> {
+    let mut seen = std::collections::HashSet::new();
+    for (prefix, policy) in guards {
+        let refuse = |why: String| KvError::BadGuard {
+            prefix: prefix.clone(),
+            lock: policy.lock.clone(),
+            why,
+        };
+        if prefix.is_empty() || prefix.len() > picket_fence::rule::MAX_RESOURCE_BYTES {
+            return Err(refuse(format!(
+                "a prefix must be 1 to {} bytes long",
+                picket_fence::rule::MAX_RESOURCE_BYTES
+            )));
+        }
+        if policy.lock.is_empty() {
+            return Err(refuse("name the lock that guards the prefix".into()));
+        }
+        if !seen.insert(prefix.as_str()) {
+            return Err(refuse("another guard has the same prefix; give each prefix once".into()));
+        }
+    }
+    Ok(())
+}
+
 /// The store's HTTP service over the store in `config.data_dir`, opened (or created) here.
 ///
 /// # Errors
@@ -91,6 +129,7 @@ pub fn router(config: KvConfig) -> Result<Router, KvError> {
     if config.guards.is_empty() {
         return Err(KvError::NoGuards);
     }
+    check_guards(&config.guards)?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|source| KvError::DataDir { path: config.data_dir.clone(), source })?;
     let store = Arc::new(FencedStore::open(config.data_dir.join("kv.redb"))?);
@@ -125,4 +164,23 @@ pub fn router(config: KvConfig) -> Result<Router, KvError> {
         .with_state(kv)
         .layer(axum::middleware::from_fn_with_state(counts.clone(), metrics::count))
         .route("/metrics", get(metrics::render).with_state(counts)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found in review: an empty or overlong prefix, or one given twice, was taken, and every
+    /// write under it failed at request time (or the second guard was never used).
+    #[test]
+    fn guards_that_could_never_take_a_write_are_refused_at_start() {
+        let guard = |prefix: &str, lock: &str| (prefix.to_owned(), Policy::new(lock));
+        assert!(check_guards(&[guard("orders/", "orders"), guard("users/", "users")]).is_ok());
+        let refused = |guards: &[(String, Policy)]| check_guards(guards).unwrap_err().to_string();
+        assert!(refused(&[guard("", "orders")]).contains("1 to 512 bytes"));
+        assert!(refused(&[guard(&"p".repeat(513), "orders")]).contains("1 to 512 bytes"));
+        assert!(refused(&[guard("orders/", "")]).contains("name the lock"));
+        let twice = refused(&[guard("orders/", "a"), guard("orders/", "b")]);
+        assert!(twice.contains("same prefix") && twice.contains("--guard"), "{twice}");
+    }
 }

@@ -99,3 +99,29 @@ async fn a_keyed_write_says_its_method_and_target() {
     assert_ne!(send("DELETE", "/r/a", Some("k")).await, put_a, "another method");
     assert_eq!(send("PUT", "/r/a", None).await, "none", "an unkeyed write needs none");
 }
+
+/// Found in review: the lock of every resource name ever held was kept for ever, so a resolver
+/// naming a resource per key grew the map with every key a client sent. A resource's entry
+/// now goes once no request holds or awaits it, a request given up while it waited included.
+#[tokio::test]
+async fn a_resource_nobody_holds_or_awaits_is_forgotten() {
+    let config = Arc::new(FenceConfig::new(|_: &Parts| None, Arc::new(Empty), None));
+    let entries = || config.resource_locks.lock().unwrap().len();
+    for n in 0..100 {
+        drop(config.hold(&[format!("key/{n}")]).await);
+    }
+    assert_eq!(entries(), 0);
+
+    let held = config.hold(&["r".to_owned()]).await;
+    let waiting = {
+        let config = config.clone();
+        tokio::spawn(async move { drop(config.hold(&["r".to_owned()]).await) })
+    };
+    while config.resource_locks.lock().unwrap().get("r").map(Arc::strong_count) != Some(3) {
+        tokio::task::yield_now().await;
+    }
+    waiting.abort();
+    let _ = waiting.await;
+    drop(held);
+    assert_eq!(entries(), 0, "neither the holder nor the waiter given up left it");
+}
