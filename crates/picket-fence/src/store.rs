@@ -33,7 +33,7 @@ pub enum StoreError {
     Storage(#[from] redb::Error),
     /// A stored fence record does not decode.
     #[error(
-        "the fence record of {resource:?} is damaged ({detail}); restore the data directory from a backup"
+        "the fence record of {resource:?} is damaged ({detail}); restore the data directory from a backup, then, before taking writes, register each guarded lock's current grant (fence on acquire: `POST /fence/{{prefix}}` with its sequencer in picket kv), since a backup's highest tokens may be older than the ones this store had admitted; or keep verification with the lock service on, which refuses grants that are no longer current"
     )]
     Corrupt {
         /// The resource.
