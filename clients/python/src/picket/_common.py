@@ -32,13 +32,6 @@ KEEPALIVE_DIVISOR = 3
 #: How long a watch stream waits for a byte before it reconnects (the server sends a comment
 #: every 15 s).
 WATCH_READ_TIMEOUT_S = 30.0
-#: How long a session that the check after a watch stream opened found gone waits for the stream
-#: to say why (the end may have come after the stream opened, and its event be on its way)
-#: before it is marked lost for no known reason, ``ended``. Without the wait, a revocation
-#: right after the stream opened could be reported as ``ended`` instead of ``session_revoked``.
-ENDED_GRACE_S = 0.5
-
-
 #: The longest a session's own check of its lease sleeps at once. A sleep is counted on a
 #: clock that stops while the machine is suspended, the lease on one that does not: a machine
 #: that wakes after its lease ran out notices within this, not a whole sleep later.

@@ -323,8 +323,7 @@ class AsyncSession:
         try:
             await self.keepalive()
         except UnknownSession:
-            # The stream's event, if the end came after the stream opened, says why first.
-            asyncio.get_running_loop().call_later(_common.ENDED_GRACE_S, self._mark_lost, "ended")
+            self._mark_lost("ended")
             return
         except PicketError:
             return
@@ -334,9 +333,7 @@ class AsyncSession:
             except PicketError:
                 continue
             if not _common.still_held(info, self.id, token):
-                # After a moment, as the session's end above: the stream may say why first.
-                loop = asyncio.get_running_loop()
-                loop.call_later(_common.ENDED_GRACE_S, self._grant_lost, name, _common.GRANT_ENDED, token)
+                self._grant_lost(name, _common.GRANT_ENDED, token)
 
     def _recheck_aside(self, held: Set[Tuple[str, int]]) -> None:
         """As :meth:`picket.client.Session._recheck_aside`, in a task."""
