@@ -54,13 +54,13 @@ pub enum PgFenceError {
         "the PostgreSQL fence keeps no idempotency keys, so a retry with this key would be applied twice: make the write idempotent in its own table (a unique key, in the same transaction) and present no key"
     )]
     KeysNotKept,
-    /// A token or seq above PostgreSQL's `bigint` (2^63 − 1): no grant of the lock service
-    /// comes near it, so the sequencer is not one it issued.
+    /// A seq above PostgreSQL's `bigint` (2^63 − 1), which the fence cannot store. (A token
+    /// above it is refused as `invalid_token`: no grant of the lock service comes near it.)
     #[error(
-        "the {what} {value} is above 2^63 - 1, which the PostgreSQL fence cannot store; no grant of the lock service comes near it, so refuse the write and check where this sequencer came from"
+        "the {what} {value} is above 2^63 - 1, which the PostgreSQL fence cannot store; number the writes of a grant from a smaller seq"
     )]
     OutOfRange {
-        /// `token` or `seq`.
+        /// `seq`.
         what: &'static str,
         /// The value presented.
         value: u64,
@@ -140,7 +140,17 @@ pub async fn admit(
         return Err(PgFenceError::KeysNotKept);
     }
     let stamp = presented.stamp;
-    let token = to_bigint("token", stamp.token)?;
+    let Ok(token) = to_bigint("token", stamp.token) else {
+        // A refusal like any other of a grant's, so that a caller answers it as one.
+        return Err(refusal(
+            resource,
+            policy,
+            &presented.lock,
+            stamp,
+            0,
+            RefusalReason::InvalidToken,
+        ));
+    };
     let seq = stamp.seq.map(|seq| to_bigint("seq", seq)).transpose()?;
     let client = transaction;
     let row = client
@@ -233,7 +243,9 @@ pub async fn register(
     token: u64,
 ) -> Result<(), PgFenceError> {
     let stamp = Stamp { token, seq: None };
-    let token_bigint = to_bigint("token", token)?;
+    let Ok(token_bigint) = to_bigint("token", token) else {
+        return Err(refusal(resource, policy, lock, stamp, 0, RefusalReason::InvalidToken));
+    };
     let row = client
         .query_one(
             "SELECT admitted, reason, highest_token FROM picket_fence_register($1, $2, $3, $4, $5)",

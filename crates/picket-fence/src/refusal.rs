@@ -142,9 +142,13 @@ impl fmt::Display for Refusal {
                 "write to {resource:?} refused: the idempotency key must be 1 to {} bytes",
                 crate::rule::MAX_IDEMPOTENCY_KEY_BYTES
             ),
-            RefusalReason::InvalidToken => write!(
+            RefusalReason::InvalidToken if token == 0 => write!(
                 f,
                 "write to {resource:?} refused: token 0 is never issued; pass the sequencer Picket gave you"
+            ),
+            RefusalReason::InvalidToken => write!(
+                f,
+                "write to {resource:?} refused: token {token} is above what this fence stores (2^63 - 1 in PostgreSQL), and no grant comes near it; check where this sequencer came from"
             ),
             RefusalReason::InvalidResource => write!(
                 f,

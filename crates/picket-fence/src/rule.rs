@@ -302,11 +302,15 @@ fn judge_key(
     if let Some(seen) = record.remembered.iter().find(|seen| seen.key == key) {
         let same_request = match (&seen.request_digest, &presented.request_digest) {
             (Some(before), Some(now)) => before == now,
-            // A writer that never says what its writes do is taken at its word.
-            (None, None) => true,
-            // One of the two said and the other did not: they cannot be told the same, and
-            // answering `Duplicate` would drop a different write unapplied (found in review).
-            _ => false,
+            // The first write said nothing of what it did (its writer never says, or it was
+            // remembered by a version before digests, or by a service before the middleware
+            // gave keyed writes one): the retry is taken at its word, as it was then, so a
+            // retry across an upgrade gets its first outcome, not a refusal.
+            (None, _) => true,
+            // The first write said what it did and this one does not: it cannot be told the
+            // same, and answering `Duplicate` would drop a different write unapplied (found in
+            // review).
+            (Some(_), None) => false,
         };
         if seen.stamp == stamp && same_request {
             return Ok(Some(Admission::Duplicate));

@@ -71,7 +71,9 @@ def _require_transaction(conn: Any, sequencer: Sequencer) -> None:
     if not getattr(connection, "autocommit", False):
         return
     status = getattr(getattr(connection, "info", None), "transaction_status", None)
-    if getattr(status, "name", None) == "IDLE":
+    # Outside a transaction the status is IDLE (or ACTIVE, a command under way in pipeline
+    # mode); inside one INTRANS, or INERROR after a failed statement (which fails this too).
+    if getattr(status, "name", None) not in ("INTRANS", "INERROR"):
         raise FenceRefused(
             "picket.fence.admit needs a transaction: this connection is in autocommit mode and "
             "outside one, so the check and the write would not be one step; call it inside "

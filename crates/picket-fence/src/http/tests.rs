@@ -124,4 +124,19 @@ async fn a_resource_nobody_holds_or_awaits_is_forgotten() {
     let _ = waiting.await;
     drop(held);
     assert_eq!(entries(), 0, "neither the holder nor the waiter given up left it");
+
+    // The other way round: the holder leaves first, then the waiter (which took the lock
+    // meanwhile, or is given up before it ran again).
+    let held = config.hold(&["r".to_owned()]).await;
+    let waiting = {
+        let config = config.clone();
+        tokio::spawn(async move { config.hold(&["r".to_owned()]).await })
+    };
+    while config.resource_locks.lock().unwrap().get("r").map(Arc::strong_count) != Some(3) {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    waiting.abort();
+    drop(waiting.await);
+    assert_eq!(entries(), 0, "the waiter, given up or done, left nothing either");
 }

@@ -6,8 +6,9 @@
 //! connections to the new leader at once, past its peer port's bound (`--max-peer-connections`,
 //! 256), where replication and votes need places too. They now share one connection, which
 //! multiplexes them (as many at once as the leader allows on one connection; the rest wait for
-//! a place). A connection is dropped after any failure but the leader's own answers (the next
-//! hand-over opens a new one, under the TLS files in force then), and an attempt that is not
+//! a place). A connection is dropped after a failure that is not an answer of the node's own,
+//! or that refuses this node's credentials (the next hand-over opens a new one, under the TLS
+//! files in force then), and an attempt that is not
 //! answered within [`ATTEMPT_TIMEOUT`] counts as a failure, so a connection to a host gone
 //! silent does not hold every retry; a connection that could not be opened is tried again at
 //! most once per [`RECONNECT_PAUSE`].
@@ -85,13 +86,14 @@ impl LeaderLink {
             }
         };
         let code = error_code(&status);
-        let answered = matches!(
-            code,
-            Some(ErrorCode::NothingToAbandon | ErrorCode::UnknownSession | ErrorCode::NotLeader)
-        );
-        if !answered {
-            // Not the leader's own answer: the connection may be broken, the host gone silent,
-            // or its certificate no longer a member's. The next hand-over opens a new one.
+        // Any answer with a code is the node's own, over a working connection, except one
+        // about who this node is: its certificate may no longer be a member's (the peer CA
+        // rotated), and a new connection presents the TLS files in force now. No code: the
+        // connection may be broken, or the host gone silent. The next hand-over opens anew.
+        let keep = code.is_some_and(|code| {
+            !matches!(code, ErrorCode::Unauthenticated | ErrorCode::PermissionDenied)
+        });
+        if !keep {
             self.forget(number).await;
         }
         match code {
