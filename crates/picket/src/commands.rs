@@ -534,7 +534,8 @@ enum MembersAction {
         #[arg(long)]
         peer_addr: Option<String>,
     },
-    /// Remove a node from the voters.
+    /// Remove a node from the cluster's membership (a voter or a learner). The leader refuses
+    /// to remove a voter when the voters left would have no majority answering it.
     Remove {
         /// Its node id.
         id: u64,

@@ -468,6 +468,39 @@ fn a_removed_leader_says_so_and_the_others_go_on() {
     assert_eq!(held.unwrap().body["holder"]["token"], before.body["token"], "the grant lives on");
 }
 
+/// Found in an audit: removing a live voter while another was down went through a joint
+/// configuration that needed a majority of the voters left, the down one included, so every
+/// write stopped until it came back (and the membership lock was held meanwhile). The leader
+/// now refuses such a removal at once, naming the silent voter, and writes go on; once that
+/// voter answers again, the removal goes through.
+#[test]
+fn a_removal_that_would_leave_no_answering_majority_is_refused() {
+    let cluster = start_cluster();
+    let leader = cluster.leader(Duration::from_secs(20));
+    let addrs = cluster.addrs();
+    let others: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let (silent, removed) = (others[0], others[1]);
+    cluster.nodes[silent].signal("-STOP");
+    // The leader counts a voter silent once a leader lease (the longest election timeout,
+    // 2 x ELECTION_TIMEOUT_MS here) passed without its acknowledgement; wait well past it.
+    std::thread::sleep(Duration::from_millis(6 * ELECTION_TIMEOUT_MS));
+    let path = format!("/v1/cluster/members/{}", removed + 1);
+    let refused = try_request(&addrs[leader], "DELETE", &path, None).expect("an answer");
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    let message = refused.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("[{}] have not answered", silent + 1)), "{message}");
+    let session = try_request(
+        &addrs[leader],
+        "POST",
+        "/v1/sessions",
+        Some(&json!({ "ttl_ms": SESSION_TTL_MS })),
+    );
+    assert_eq!(session.expect("an answer").status, 200, "writes go on");
+    cluster.nodes[silent].signal("-CONT");
+    let removal = send(&addrs, "DELETE", &path, None, Duration::from_secs(30)).expect("an answer");
+    assert_eq!(removal.status, 200, "{}", removal.text);
+}
+
 /// Issue 13, "add_member's check is check-then-act": two adds of one new id with other
 /// addresses, sent at once, both passed the check that an existing member keeps its addresses,
 /// and openraft kept the first addresses and reported success to both. Membership changes on a

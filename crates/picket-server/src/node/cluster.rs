@@ -420,6 +420,9 @@ impl Node {
         // A learner (one whose add did not finish) is dropped as a node: removing it as a voter
         // would leave it in the membership, replicated to and holding the apply rules back.
         let learner = member.is_some_and(|member| !member.voter);
+        if !learner {
+            self.check_quorum_without(node_id)?;
+        }
         let change = if learner {
             openraft::ChangeMembers::RemoveNodes(ids)
         } else {
@@ -427,6 +430,41 @@ impl Node {
         };
         self.change_membership(change, one_at_a_time).await?;
         Ok(self.cluster())
+    }
+
+    /// On the leader, refuses to remove voter `removed` when the voters left would have no
+    /// majority answering it: the change goes through a joint configuration that needs a
+    /// majority of them as well, so a removal while another voter is down stopped every write
+    /// until that voter came back, holding the membership lock meanwhile (found in an audit).
+    /// A voter answers when it acknowledged the leader within a leader lease. Not leading,
+    /// this node leaves the question to Raft, which names the leader.
+    fn check_quorum_without(&self, removed: NodeId) -> Result<(), ServiceError> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let Some(heartbeat) = metrics.heartbeat.as_ref() else { return Ok(()) };
+        let answers = |id: &NodeId| {
+            *id == self.id
+                || heartbeat
+                    .get(id)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|at| openraft::Instant::elapsed(&**at) <= self.leader_lease)
+        };
+        let remaining: Vec<NodeId> = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != removed)
+            .collect();
+        let silent: Vec<NodeId> = remaining.iter().copied().filter(|id| !answers(id)).collect();
+        if remaining.is_empty() || (remaining.len() - silent.len()) * 2 > remaining.len() {
+            return Ok(());
+        }
+        Err(ServiceError::Unavailable(format!(
+            "removing node {removed} would leave the voters {remaining:?}, of which {silent:?} \
+             have not answered the leader within {} ms: the change needs a majority of them, and \
+             would stop every write until they answer. Bring them back first (or remove a silent \
+             one instead), then retry",
+            self.leader_lease.as_millis()
+        )))
     }
 
     /// `not_leader`, naming the leader this node knows, if any.
