@@ -22,6 +22,10 @@ pub struct Client {
     watcher: Arc<OnceCell<Arc<SessionWatcher>>>,
 }
 
+/// How long a backup may take to begin arriving (the node copies and encodes the whole state
+/// first), unless the configured request timeout is longer.
+const BACKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 impl Client {
     /// Connects to a cluster through any of its members (`host:port`) and checks that one of
     /// them answers.
@@ -160,7 +164,10 @@ impl Client {
     /// # Errors
     /// Permission denied; the cluster being unreachable; the stream read too slowly (above).
     pub async fn backup_chunks(&self) -> Result<BackupChunks, ClientError> {
-        let timeout = Some(self.transport.config().request_timeout);
+        // The node answers once it has copied and encoded the whole state, which for a large
+        // one takes longer than a request's timeout: a backup under it failed every time, and
+        // each retry started another copy on the leader (found in an audit).
+        let timeout = Some(self.transport.config().request_timeout.max(BACKUP_TIMEOUT));
         let chunks = self
             .transport
             .call(Retry::Safe, timeout, |connection| async move {

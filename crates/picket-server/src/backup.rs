@@ -77,7 +77,7 @@ pub enum BackupError {
     },
     /// The data directory was restored from another backup.
     #[error(
-        "{path} was restored from another backup (SHA-256 {found}); start without --restore, or restore into an empty directory"
+        "{path} was restored from another backup (SHA-256 {found}); start without --restore to run the node restored from that one (or with --restore of that backup, if its restore was cut short), or restore this backup into an empty directory"
     )]
     OtherBackup {
         /// The data directory.

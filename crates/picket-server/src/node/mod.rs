@@ -80,6 +80,8 @@ pub struct Node {
     to_peers: Option<ClientTls>,
     /// The connection this node hands abandons to its leader on.
     leader_link: leader_link::LeaderLink,
+    /// Held while a backup is taken: one at a time.
+    backups: Arc<tokio::sync::Mutex<()>>,
     /// Signs every grant's sequencer, when the cluster has a signing key.
     signer: Option<Arc<SequencerSigner>>,
     /// The principals that may use this node; `None` lets anyone do anything.
@@ -201,6 +203,7 @@ impl Node {
             leader_lease,
             to_peers: None,
             leader_link: leader_link::LeaderLink::default(),
+            backups: Arc::default(),
             signer: None,
             auth: None,
             halted: tokio::sync::watch::Sender::new(None),

@@ -86,7 +86,8 @@ impl Node {
     /// grant any client was told of before the call.
     ///
     /// # Errors
-    /// On a follower ([`ServiceError::NotLeader`]), and when no quorum answers.
+    /// On a follower ([`ServiceError::NotLeader`]), when no quorum answers, and while another
+    /// backup is being taken on this node ([`ServiceError::Unavailable`]).
     pub async fn backup(&self) -> Result<Vec<u8>, ServiceError> {
         let taken_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -96,9 +97,19 @@ impl Node {
         // and encoded away from the runtime's threads and the encoding away from the lock, as
         // a snapshot is: a worker encoding a million sessions held up every task behind it, and
         // the lock held up every apply (found in review).
+        // One at a time: each holds a copy of the state and its encoding, twice the state's
+        // size, and a caller that gave up (its timeout) cannot stop one under way, so callers
+        // retrying a slow backup piled up copies (found in an audit).
+        let Ok(one_at_a_time) = self.backups.clone().try_lock_owned() else {
+            return Err(ServiceError::Unavailable(
+                "another backup is being taken on this node; retry once it is done".into(),
+            ));
+        };
         self.read_linearizable(|_| ()).await?;
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
+            // Held to the end of the encoding, which goes on when the caller goes away.
+            let _one_at_a_time = one_at_a_time;
             let (snapshot_meta, machine) = store.copy();
             let meta = crate::backup::BackupMeta {
                 revision: machine.revision(),
@@ -145,5 +156,34 @@ impl Node {
             watched_sessions: self.hub().watched_sessions(),
         };
         self.metrics().render(&scrape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ServiceError;
+
+    /// Found in an audit: backups ran side by side, each holding a copy of the state and its
+    /// encoding, and a caller retrying a slow one started another copy each time. One at a
+    /// time now; a second while one is taken is answered `unavailable`, to retry.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn backups_are_taken_one_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let listen = "127.0.0.1:0".parse().unwrap();
+        let handle = crate::start(crate::ServerConfig::single(dir.path().join("node"), listen));
+        let handle = handle.await.unwrap();
+        let node = handle.node().clone();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while node.readiness().is_err() {
+            assert!(std::time::Instant::now() < deadline, "the node did not become ready");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let under_way = node.backups.clone().try_lock_owned().expect("no backup yet");
+        let refused = node.backup().await;
+        let Err(ServiceError::Unavailable(message)) = &refused else { panic!("{refused:?}") };
+        assert!(message.contains("another backup"), "{message}");
+        drop(under_way);
+        assert!(!node.backup().await.expect("a backup").is_empty());
+        handle.shutdown().await;
     }
 }
