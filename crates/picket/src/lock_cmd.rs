@@ -3,8 +3,10 @@
 //! The command gets `PICKET_LOCK`, `PICKET_TOKEN` and `PICKET_SEQUENCER` in its environment and
 //! runs in its own process group. If the lock or its session is lost while it runs, the whole
 //! group gets SIGTERM at once and SIGKILL after `--kill-grace`, and `picket` exits with
-//! [`EXIT_LOCK_LOST`]. Otherwise the lock is released when the command ends and `picket` exits
-//! with the command's own exit code. (etcdctl lock passes the revision but never kills; consul
+//! [`EXIT_LOCK_LOST`]. Otherwise, when the command ends, whatever it left running in its group
+//! gets SIGTERM (and SIGKILL after the grace), the lock is released, and `picket` exits with the
+//! command's own exit code (with [`EXIT_LOCK_LOST`] if the release finds the lock ended
+//! already). A `--ttl` too short to stop the command in time is refused. (etcdctl lock passes the revision but never kills; consul
 //! lock kills but passes no index: this does both.)
 //!
 //! If `picket lock` itself dies (SIGKILL, the OOM killer), its session expires and the lock
@@ -135,6 +137,19 @@ fn signal_group(group: Pid, signal: Signal) {
     let _ = killpg(group, signal);
 }
 
+/// SIGTERM to the group, and SIGCONT after it: a group stopped (Ctrl-Z, SIGTTIN) would keep
+/// the SIGTERM pending, never clean up, and wait out the whole grace for its SIGKILL (found
+/// in review).
+fn terminate_group(group: Pid) {
+    signal_group(group, Signal::SIGTERM);
+    signal_group(group, Signal::SIGCONT);
+}
+
+/// Whether any process is left in `group` (signal 0 asks without sending anything).
+fn group_alive(group: Pid) -> bool {
+    killpg(group, None).is_ok()
+}
+
 fn exit_code_of(status: std::process::ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
@@ -168,10 +183,9 @@ pub fn watchdog(args: &WatchdogArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let group = Pid::from_raw(args.group);
-    signal_group(group, Signal::SIGTERM);
+    terminate_group(group);
     let deadline = std::time::Instant::now() + Duration::from_millis(args.grace_ms);
-    // Signal 0 asks whether anyone in the group is left.
-    while std::time::Instant::now() < deadline && killpg(group, None).is_ok() {
+    while std::time::Instant::now() < deadline && group_alive(group) {
         std::thread::sleep(Duration::from_millis(20));
     }
     signal_group(group, Signal::SIGKILL);
@@ -211,11 +225,37 @@ impl Group {
     }
 }
 
-impl Drop for Group {
-    fn drop(&mut self) {
+impl Group {
+    /// Ends the placeholder, so that whatever is left in the group is the command's.
+    fn end_placeholder(&mut self) {
         // Killed, not asked: a group stopped by Ctrl-Z would not read its end of the pipe.
         let _ = self.placeholder.kill();
         let _ = self.placeholder.wait();
+    }
+
+    /// Stops what the command left running in its group once it exited (a job it put in
+    /// the background, a daemon that did not leave the group): SIGTERM, and SIGKILL after
+    /// `grace`. Returns whether anything was left. The lock is released only after this: the
+    /// command's other processes carry its token, and wrote on after the release before
+    /// (found in review).
+    async fn stop_the_rest(&mut self, grace: Duration) -> bool {
+        self.end_placeholder();
+        if !group_alive(self.id) {
+            return false;
+        }
+        terminate_group(self.id);
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline && group_alive(self.id) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        signal_group(self.id, Signal::SIGKILL);
+        true
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.end_placeholder();
     }
 }
 
@@ -262,6 +302,9 @@ impl Drop for Watchdog {
 
 /// Runs `picket lock`.
 pub async fn run(args: LockArgs, connect: &crate::connect::Connect) -> anyhow::Result<ExitCode> {
+    if let Some(too_short) = ttl_too_short(args.ttl, args.kill_grace) {
+        anyhow::bail!(too_short);
+    }
     let client = connect.connect_for_ttl(args.ttl).await?;
     let session = client.session_with_lock_delay(args.ttl, args.lock_delay).await?;
     let session_id = session.id();
@@ -318,9 +361,26 @@ async fn hold_and_run(
     };
     let (program, arguments) = args.command.split_first().expect("clap requires a command");
     let kill_grace = effective_kill_grace(args.kill_grace, session.ttl());
+    // Fencing may have taken a while: a grant lost meanwhile, or a lease already too short to
+    // stop the command in time, runs nothing (found in review).
+    if let Some(reason) = guard.lost_reason() {
+        eprintln!(
+            "picket: lost lock {:?} ({}) before the command could start; not running it",
+            args.name,
+            describe(reason)
+        );
+        return Ok(ExitCode::from(EXIT_LOCK_LOST));
+    }
+    if session.lease_remaining() <= kill_grace + STOP_MARGIN {
+        eprintln!(
+            "picket: the lease of lock {:?} ran short before the command could start (no keepalive confirmed in time); not running it",
+            args.name
+        );
+        return Ok(ExitCode::from(EXIT_LOCK_LOST));
+    }
     // The group, then its watchdog, then the command: from the moment the command exists,
     // something stops it should `picket lock` die.
-    let command_group = Group::start()?;
+    let mut command_group = Group::start()?;
     let group = command_group.id;
     let watchdog = Watchdog::start(group, kill_grace)?;
     let mut child = tokio::process::Command::new(program)
@@ -360,21 +420,34 @@ async fn hold_and_run(
     drop(foreground);
     let exit_code = match outcome {
         Outcome::Exited(status) => {
-            match guard.release().await {
-                Ok(Released::Now) => {}
-                Ok(_) => eprintln!(
-                    "picket: the command finished, but lock {:?} had ended before its release (its session was lost just then, or a retried release found its first attempt had ended it); writes made after that point may have been refused by fenced resources",
+            if command_group.stop_the_rest(kill_grace).await {
+                eprintln!(
+                    "picket: the command exited and left processes running in its group; stopped them before releasing lock {:?}",
                     args.name
-                ),
-                Err(error) => eprintln!(
-                    "picket: the command finished but releasing lock {:?} failed: {error}",
-                    args.name
-                ),
+                );
             }
-            exit_code_of(status)
+            match guard.release().await {
+                Ok(Released::Now) => exit_code_of(status),
+                // The lock ended while the command ran: said as a loss is, whatever the
+                // command's own code (found in review: it exited 0).
+                Ok(_) => {
+                    eprintln!(
+                        "picket: the command finished, but lock {:?} had ended before its release (its session was lost just then, or a retried release found its first attempt had ended it); writes made after that point may have been refused by fenced resources",
+                        args.name
+                    );
+                    EXIT_LOCK_LOST
+                }
+                Err(error) => {
+                    eprintln!(
+                        "picket: the command finished but releasing lock {:?} failed: {error}",
+                        args.name
+                    );
+                    exit_code_of(status)
+                }
+            }
         }
         Outcome::Lost(_) | Outcome::LeaseShort => {
-            signal_group(group, Signal::SIGTERM);
+            terminate_group(group);
             let stopped = tokio::time::timeout(kill_grace, child.wait()).await;
             // SIGKILL the group whether or not its leader exited: a grandchild may still run.
             signal_group(group, Signal::SIGKILL);
@@ -413,6 +486,8 @@ async fn hold_and_run(
                     child.wait().await?
                 }
             };
+            // What the command left in its group goes too, before the release.
+            command_group.stop_the_rest(kill_grace / 2).await;
             guard.release().await.ok();
             exit_code_of(status)
         }
@@ -426,6 +501,35 @@ async fn hold_and_run(
 /// The margin kept between SIGKILL and the end of the lease, for the two clocks' drift and
 /// for the signal to land.
 const STOP_MARGIN: Duration = Duration::from_millis(500);
+
+/// The time a keepalive's round trip may take without the command being stopped on a healthy
+/// session.
+const KEEPALIVE_ROUND_TRIP_BUDGET: Duration = Duration::from_millis(200);
+
+/// Why `ttl` is too short for `picket lock`, if it is. The client counts on its lease for the
+/// TTL less 3 % from each confirmed keepalive's send, and sends one every third of the TTL; the
+/// command is stopped the grace and [`STOP_MARGIN`] before the lease ends. So just before a
+/// keepalive is confirmed the lease has about 0.64 TTL left, which must be above the stop
+/// point and a round trip. Below that every command was stopped on a healthy session (a TTL of
+/// 1 s stopped it before the first keepalive went out: found in review).
+fn ttl_too_short(ttl: Duration, kill_grace: Duration) -> Option<String> {
+    let fits = |ttl: Duration| {
+        let lowest_lease = ttl - ttl * 3 / 100 - ttl / 3;
+        lowest_lease
+            >= effective_kill_grace(kill_grace, ttl) + STOP_MARGIN + KEEPALIVE_ROUND_TRIP_BUDGET
+    };
+    if fits(ttl) {
+        return None;
+    }
+    // The least TTL that fits, in tenths of a second (every TTL of 3 s or more fits).
+    let least = (1..=30_u32)
+        .map(|tenths| Duration::from_millis(u64::from(tenths) * 100))
+        .find(|ttl| fits(*ttl))
+        .unwrap_or(Duration::from_secs(3));
+    Some(format!(
+        "--ttl {ttl:?} is too short for picket lock: it stops the command --kill-grace (at most a quarter of the TTL) and {STOP_MARGIN:?} before the lease ends, and a lease renewed every third of the TTL leaves too little for that and a keepalive's round trip; give --ttl {least:?} or more"
+    ))
+}
 
 /// The grace between SIGTERM and SIGKILL: `--kill-grace`, but never more than a quarter of the
 /// TTL, so a healthy session's lease (renewed every third of the TTL) never runs that short.
