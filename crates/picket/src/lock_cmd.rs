@@ -14,8 +14,11 @@
 //! __lock-watchdog`, in a process group of its own) holds the reading end of a pipe from
 //! `picket lock`: when `picket lock` ends, it writes `done` first; when it dies, the pipe just
 //! closes, and the watchdog stops the command's group as a lost lock would (SIGTERM, then
-//! SIGKILL after the grace). The crate forbids `unsafe`, so a parent-death signal is not an
-//! option.
+//! SIGKILL after the grace). `picket lock` also tells it, every 100 ms, the point by which the
+//! command must be stopped if no keepalive is confirmed before it (on `CLOCK_BOOTTIME`, which
+//! both read): a `picket lock` stopped (SIGSTOP, a debugger, Ctrl-Z with no terminal to hand
+//! the command) keeps no lease, and the watchdog, in a group of its own, stops the command by
+//! then. The crate forbids `unsafe`, so a parent-death signal is not an option.
 //!
 //! The watchdog must run before the command does: killed between the two, `picket lock` would
 //! leave a command running that nothing stops. But the watchdog needs the command's process
@@ -171,17 +174,64 @@ pub struct WatchdogArgs {
 }
 
 /// What `picket lock` writes to its watchdog when it ends normally.
-const WATCHDOG_DONE: &[u8] = b"done";
+const WATCHDOG_DONE: &str = "done";
 
-/// Runs the watchdog: waits for standard input to close; unless `picket lock` said it is done,
-/// stops the command's process group.
+/// What `picket lock` writes to its watchdog, followed by a reading of [`boottime_ms`], each
+/// time the point moves by which the command must be stopped if no keepalive is confirmed
+/// before it (the lease's end less the grace and [`STOP_MARGIN`]).
+const WATCHDOG_UNTIL: &str = "until ";
+
+/// `CLOCK_BOOTTIME` in milliseconds: the clock the client counts its lease on, which counts a
+/// suspension, read alike by `picket lock` and its watchdog (two processes).
+fn boottime_ms() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |reading| {
+        let seconds = u64::try_from(reading.tv_sec()).unwrap_or(0);
+        let millis = u64::try_from(reading.tv_nsec()).unwrap_or(0) / 1_000_000;
+        seconds.saturating_mul(1_000).saturating_add(millis)
+    })
+}
+
+/// Runs the watchdog. It reads `picket lock`'s lines until `done`, and stops the command's
+/// process group (SIGTERM, SIGKILL after the grace) when the pipe closes without it (`picket
+/// lock` died), or when the last point `picket lock` gave (`until`) passes without a newer one:
+/// `picket lock` stopped (SIGSTOP, or Ctrl-Z with no terminal to hand the command) keeps no
+/// lease, and the command ran on past it, after the lock could be granted again (found in
+/// review).
 pub fn watchdog(args: &WatchdogArgs) -> ExitCode {
-    use std::io::Read;
-    let mut said = Vec::new();
-    let _ = std::io::stdin().take(16).read_to_end(&mut said);
-    if said == WATCHDOG_DONE {
-        return ExitCode::SUCCESS;
-    }
+    use std::io::BufRead;
+    use std::sync::mpsc::RecvTimeoutError;
+    let (lines, said) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut until: Option<u64> = None;
+    let why = loop {
+        // Checked every 100 ms at least: the channel's timeout does not count a suspension.
+        let wait = until.map_or(Duration::from_millis(100), |at| {
+            Duration::from_millis(at.saturating_sub(boottime_ms())).min(Duration::from_millis(100))
+        });
+        match said.recv_timeout(wait) {
+            Ok(line) if line == WATCHDOG_DONE => return ExitCode::SUCCESS,
+            Ok(line) => {
+                if let Some(at) = line.strip_prefix(WATCHDOG_UNTIL).and_then(|at| at.parse().ok()) {
+                    until = Some(at);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                break "picket lock ended without a word (killed?)";
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if until.is_some_and(|at| boottime_ms() >= at) {
+                    break "picket lock confirmed no keepalive in time (stopped or frozen?), and its lease was about to end";
+                }
+            }
+        }
+    };
     let group = Pid::from_raw(args.group);
     terminate_group(group);
     let deadline = std::time::Instant::now() + Duration::from_millis(args.grace_ms);
@@ -189,9 +239,7 @@ pub fn watchdog(args: &WatchdogArgs) -> ExitCode {
         std::thread::sleep(Duration::from_millis(20));
     }
     signal_group(group, Signal::SIGKILL);
-    eprintln!(
-        "picket: picket lock ended without a word (killed?); stopped its command's process group"
-    );
+    eprintln!("picket: {why}; stopped its command's process group");
     ExitCode::SUCCESS
 }
 
@@ -265,12 +313,14 @@ impl Drop for Group {
 /// `picket lock` died. A command is never left running with nothing to stop it.
 struct Watchdog {
     child: std::process::Child,
+    /// The pipe to it, written from the task that keeps it told of the lease.
+    pipe: std::sync::Mutex<Option<std::process::ChildStdin>>,
 }
 
 impl Watchdog {
     fn start(group: Pid, kill_grace: Duration) -> anyhow::Result<Self> {
         use std::os::unix::process::CommandExt;
-        let child = std::process::Command::new(std::env::current_exe()?)
+        let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["__lock-watchdog", "--group", &group.as_raw().to_string()])
             .args(["--grace-ms", &kill_grace.as_millis().to_string()])
             .stdin(std::process::Stdio::piped())
@@ -279,15 +329,44 @@ impl Watchdog {
             .process_group(0)
             .spawn()
             .context("cannot start the lock's watchdog")?;
-        Ok(Self { child })
+        let pipe = std::sync::Mutex::new(child.stdin.take());
+        Ok(Self { child, pipe })
+    }
+
+    fn say(&self, line: &str) {
+        use std::io::Write;
+        let mut pipe = self.pipe.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(pipe) = pipe.as_mut() {
+            // A few bytes into a pipe the watchdog drains: this does not block. Failing, the
+            // watchdog is gone, and nothing would hear it.
+            let _ = pipe.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    /// Tells the watchdog the point by which the command must be stopped if no keepalive is
+    /// confirmed before it: the lease's end less `stop_before`.
+    fn tell_lease(&self, session: &Session, stop_before: Duration) {
+        let left = session.lease_remaining().saturating_sub(stop_before);
+        let until = boottime_ms().saturating_add(u64::try_from(left.as_millis()).unwrap_or(0));
+        self.say(&format!("{WATCHDOG_UNTIL}{until}"));
+    }
+
+    /// Keeps the watchdog told of the lease, every 100 ms, for as long as it is polled.
+    async fn follow_lease(
+        &self,
+        session: &Session,
+        stop_before: Duration,
+    ) -> std::convert::Infallible {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.tell_lease(session, stop_before);
+        }
     }
 
     /// Tells the watchdog the command ended as meant, and waits for it to exit.
     fn finish(mut self) {
-        use std::io::Write;
-        if let Some(mut stdin) = self.child.stdin.take() {
-            let _ = stdin.write_all(WATCHDOG_DONE);
-        }
+        self.say(WATCHDOG_DONE);
+        drop(self.pipe.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
         let _ = self.child.wait();
     }
 }
@@ -296,7 +375,7 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         // Closing the pipe without `done` tells the watchdog to stop the group. It is not
         // waited for: it runs in a group of its own and outlives `picket lock` by design.
-        drop(self.child.stdin.take());
+        drop(self.pipe.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
     }
 }
 
@@ -383,6 +462,7 @@ async fn hold_and_run(
     let mut command_group = Group::start()?;
     let group = command_group.id;
     let watchdog = Watchdog::start(group, kill_grace)?;
+    watchdog.tell_lease(session, kill_grace + STOP_MARGIN);
     let mut child = tokio::process::Command::new(program)
         .args(arguments)
         .env("PICKET_LOCK", &args.name)
@@ -414,6 +494,7 @@ async fn hold_and_run(
         () = lease_running_short(session, kill_grace) => Outcome::LeaseShort,
         signal = interrupts.next() => Outcome::Interrupted(signal),
         never = follow_stops => match never {},
+        never = watchdog.follow_lease(session, kill_grace + STOP_MARGIN) => match never {},
     };
     // The terminal goes back to picket's group now, not after the release: the command's
     // group may be gone, and Ctrl-C must reach someone.

@@ -313,6 +313,33 @@ fn a_stopped_command_is_woken_to_take_its_sigterm_when_the_lock_is_lost() {
     );
 }
 
+/// Found in review: `picket lock` stopped (SIGSTOP here; Ctrl-Z does the same when it has no
+/// terminal to hand its command) kept no lease and stopped nothing, and the watchdog acted only
+/// when it died, so the command ran on past the lease, after the lock could be granted again.
+/// The watchdog is told the lease's end now, and stops the command before it, on its own.
+#[test]
+fn a_stopped_picket_lock_has_its_command_stopped_before_the_lease_ends() {
+    let (dir, server) = start();
+    let lock = ["--ttl", "4s", "--kill-grace", "1s", "frozen"];
+    let (running, command) = lock_a_loop(&dir, &server, &lock, "");
+    let picket_pid = nix::unistd::Pid::from_raw(i32::try_from(running.id()).unwrap());
+    nix::sys::signal::kill(picket_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped_at = Instant::now();
+    let gone_at = wait_until("the command to be stopped", Duration::from_secs(10), || {
+        (!alive(command)).then(Instant::now)
+    });
+    nix::sys::signal::kill(picket_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let output = running.wait_with_output().unwrap();
+    // The lease runs 0.97 x 4 s from the last confirmed keepalive's send, at most 4/3 s before
+    // the stop; the command is gone by its end less the grace.
+    assert!(
+        gone_at.duration_since(stopped_at) < Duration::from_millis(3_880),
+        "stopped {:?} after picket lock was",
+        gone_at.duration_since(stopped_at)
+    );
+    assert!(stderr(&output).contains("confirmed no keepalive in time"), "{}", stderr(&output));
+}
+
 /// Starts `picket lock LOCK_ARGS -- sh -c '<prelude>; loop'`, a command that writes its pid and
 /// loops until killed; returns the running `picket` and the command's pid once it runs.
 fn lock_a_loop(
