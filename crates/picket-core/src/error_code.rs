@@ -113,6 +113,8 @@ pub enum ErrorCode {
     FenceRegistrationFailed,
     /// The node is already reading as many bytes of request bodies as it may.
     TooManyRequestBodies,
+    /// The node is already taking a backup (one at a time).
+    TooManyBackups,
 }
 
 /// Every code with its wire string, in one place, so the two directions cannot disagree; in the
@@ -165,6 +167,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::BackupIncomplete, "backup_incomplete"),
     (ErrorCode::FenceRegistrationFailed, "fence_registration_failed"),
     (ErrorCode::TooManyRequestBodies, "too_many_request_bodies"),
+    (ErrorCode::TooManyBackups, "too_many_backups"),
 ];
 
 impl ErrorCode {
@@ -207,7 +210,7 @@ mod tests {
             assert_eq!(code.as_str(), *wire);
         }
         // The last variant's discriminant is the count of variants: the table must hold each.
-        let variants = ErrorCode::TooManyRequestBodies as usize + 1;
+        let variants = ErrorCode::TooManyBackups as usize + 1;
         assert_eq!(WIRE.len(), variants, "a variant is missing from the table");
         assert_eq!(ErrorCode::from_wire("no_such_code"), None);
     }

@@ -186,6 +186,8 @@ pub enum ServerLimit {
     BodyBytesInFlight,
     /// One client host's share of [`ServerLimits::max_body_bytes_in_flight`].
     BodyBytesInFlightPerHost,
+    /// Backups under way on a node: one at a time.
+    Backups,
 }
 
 impl ServerLimit {
@@ -199,6 +201,7 @@ impl ServerLimit {
             Self::BodyBytesInFlight | Self::BodyBytesInFlightPerHost => {
                 ErrorCode::TooManyRequestBodies
             }
+            Self::Backups => ErrorCode::TooManyBackups,
         }
     }
 
@@ -218,6 +221,7 @@ impl ServerLimit {
                 "bytes of request bodies on their way to it from this client's host (a quarter of \
                  --max-body-bytes-in-flight)"
             }
+            Self::Backups => "backup under way (one at a time)",
         }
     }
 }

@@ -184,7 +184,12 @@ const WATCHDOG_UNTIL: &str = "until ";
 /// `CLOCK_BOOTTIME` in milliseconds: the clock the client counts its lease on, which counts a
 /// suspension, read alike by `picket lock` and its watchdog (two processes).
 fn boottime_ms() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |reading| {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let clock = nix::time::ClockId::CLOCK_BOOTTIME;
+    // Elsewhere the client counts its lease on the monotonic clock too.
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let clock = nix::time::ClockId::CLOCK_MONOTONIC;
+    nix::time::clock_gettime(clock).map_or(0, |reading| {
         let seconds = u64::try_from(reading.tv_sec()).unwrap_or(0);
         let millis = u64::try_from(reading.tv_nsec()).unwrap_or(0) / 1_000_000;
         seconds.saturating_mul(1_000).saturating_add(millis)
@@ -344,9 +349,12 @@ impl Watchdog {
     }
 
     /// Tells the watchdog the point by which the command must be stopped if no keepalive is
-    /// confirmed before it: the lease's end less `stop_before`.
+    /// confirmed before it: the lease's end less `stop_before`, and [`WATCHDOG_LAG`] later, so
+    /// that `picket lock`, when it runs, acts first (both acting, the command's end was taken
+    /// for an exit: found in review), and a keepalive confirmed just before the point reaches
+    /// the watchdog in time.
     fn tell_lease(&self, session: &Session, stop_before: Duration) {
-        let left = session.lease_remaining().saturating_sub(stop_before);
+        let left = session.lease_remaining().saturating_sub(stop_before) + WATCHDOG_LAG;
         let until = boottime_ms().saturating_add(u64::try_from(left.as_millis()).unwrap_or(0));
         self.say(&format!("{WATCHDOG_UNTIL}{until}"));
     }
@@ -489,9 +497,12 @@ async fn hold_and_run(
         }
     };
     let outcome = tokio::select! {
-        status = child.wait() => Outcome::Exited(status?),
+        // A loss first: a command that died of the SIGTERM its loss brought (from the
+        // watchdog, say) is a loss, not an exit (found in review).
+        biased;
         reason = guard.lost() => Outcome::Lost(reason),
         () = lease_running_short(session, kill_grace) => Outcome::LeaseShort,
+        status = child.wait() => Outcome::Exited(status?),
         signal = interrupts.next() => Outcome::Interrupted(signal),
         never = follow_stops => match never {},
         never = watchdog.follow_lease(session, kill_grace + STOP_MARGIN) => match never {},
@@ -499,85 +510,129 @@ async fn hold_and_run(
     // The terminal goes back to picket's group now, not after the release: the command's
     // group may be gone, and Ctrl-C must reach someone.
     drop(foreground);
-    let exit_code = match outcome {
-        Outcome::Exited(status) => {
-            if command_group.stop_the_rest(kill_grace).await {
-                eprintln!(
-                    "picket: the command exited and left processes running in its group; stopped them before releasing lock {:?}",
-                    args.name
-                );
+    // Whatever ends the command's group below, the watchdog is kept told of the lease until
+    // it is told `done`: the waits below can take the grace and more, and a watchdog left
+    // with the last point told stopped a command on a healthy session (found in review).
+    let ended = async {
+        match outcome {
+            Outcome::Exited(status) => {
+                let left = command_group.stop_the_rest(kill_grace).await;
+                Ok::<_, std::io::Error>((Some(status), left, None))
             }
-            match guard.release().await {
-                Ok(Released::Now) => exit_code_of(status),
-                // The lock ended while the command ran: said as a loss is, whatever the
-                // command's own code (found in review: it exited 0).
-                Ok(_) => {
-                    eprintln!(
-                        "picket: the command finished, but lock {:?} had ended before its release (its session was lost just then, or a retried release found its first attempt had ended it); writes made after that point may have been refused by fenced resources",
-                        args.name
-                    );
-                    EXIT_LOCK_LOST
+            Outcome::Lost(_) | Outcome::LeaseShort => {
+                terminate_group(group);
+                let stopped = tokio::time::timeout(kill_grace, child.wait()).await;
+                // SIGKILL the group whether or not its leader exited: a grandchild may still
+                // run.
+                signal_group(group, Signal::SIGKILL);
+                if stopped.is_err() {
+                    let _ = child.wait().await;
                 }
-                Err(error) => {
-                    eprintln!(
-                        "picket: the command finished but releasing lock {:?} failed: {error}",
-                        args.name
-                    );
-                    exit_code_of(status)
-                }
+                let why = match outcome {
+                    Outcome::Lost(reason) => describe(reason),
+                    _ => {
+                        "no keepalive was confirmed in time, and the lease would end before the command could be stopped"
+                    }
+                };
+                Ok((None, false, Some(why)))
+            }
+            Outcome::Interrupted(signal) => {
+                let status = pass_on(signal, group, &mut child, kill_grace).await?;
+                // What the command left in its group goes too, before the release.
+                let left = command_group.stop_the_rest(kill_grace / 2).await;
+                Ok((Some(status), left, None))
             }
         }
-        Outcome::Lost(_) | Outcome::LeaseShort => {
-            terminate_group(group);
-            let stopped = tokio::time::timeout(kill_grace, child.wait()).await;
-            // SIGKILL the group whether or not its leader exited: a grandchild may still run.
-            signal_group(group, Signal::SIGKILL);
-            if stopped.is_err() {
-                let _ = child.wait().await;
-            }
-            let why = match outcome {
-                Outcome::Lost(reason) => describe(reason),
-                _ => {
-                    "no keepalive was confirmed in time, and the lease would end before the command could be stopped"
-                }
-            };
+    };
+    let ended = tokio::select! {
+        ended = ended => ended?,
+        never = watchdog.follow_lease(session, kill_grace + STOP_MARGIN) => match never {},
+    };
+    // The group is gone: nothing is left for the watchdog to stop.
+    watchdog.finish();
+    let exit_code = match ended {
+        (_, _, Some(why)) => {
             eprintln!(
                 "picket: lost lock {:?} ({why}) while the command ran; stopped the command and its process group. Its writes after this point may be refused by fenced resources.",
                 args.name,
             );
             EXIT_LOCK_LOST
         }
-        Outcome::Interrupted(signal) => {
-            // Passed on as it came: a command may treat a hangup or an interrupt apart from
-            // a request to terminate. One that goes on (it reloads on SIGHUP, or ignores
-            // SIGINT as a shell's background job does) gets SIGTERM halfway through the grace,
-            // and SIGKILL at its end.
-            signal_group(group, signal);
-            let terminated = signal == Signal::SIGTERM;
-            let first_wait = if terminated { kill_grace } else { kill_grace / 2 };
-            let mut ended = tokio::time::timeout(first_wait, child.wait()).await;
-            if ended.is_err() && !terminated {
-                signal_group(group, Signal::SIGTERM);
-                ended = tokio::time::timeout(kill_grace - first_wait, child.wait()).await;
+        (status, left, None) => {
+            if left {
+                eprintln!(
+                    "picket: the command left processes running in its group; stopped them before releasing lock {:?}",
+                    args.name
+                );
             }
-            let status = match ended {
-                Ok(status) => status?,
-                Err(_) => {
-                    signal_group(group, Signal::SIGKILL);
-                    child.wait().await?
-                }
-            };
-            // What the command left in its group goes too, before the release.
-            command_group.stop_the_rest(kill_grace / 2).await;
-            guard.release().await.ok();
-            exit_code_of(status)
+            let lost_before = guard.lost_reason();
+            let released = guard.release().await;
+            release_outcome(&args.name, released, lost_before, status)
         }
     };
-    // Only here, with the command ended (or its group stopped) as meant, is the watchdog told
-    // `done`; every early return above leaves it to stop the group.
-    watchdog.finish();
     Ok(ExitCode::from(exit_code))
 }
+
+/// Passes `signal`, which `picket lock` got, on to the command's group, and waits for the
+/// command to end: as it came, since a command may treat a hangup or an interrupt apart from a
+/// request to terminate. One that goes on (it reloads on SIGHUP, or ignores SIGINT as a shell's
+/// background job does) gets SIGTERM halfway through the grace, and SIGKILL at its end. Each
+/// signal is followed by SIGCONT, so a stopped group takes it (found in review).
+async fn pass_on(
+    signal: Signal,
+    group: Pid,
+    child: &mut tokio::process::Child,
+    kill_grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_group(group, signal);
+    signal_group(group, Signal::SIGCONT);
+    let terminated = signal == Signal::SIGTERM;
+    let first_wait = if terminated { kill_grace } else { kill_grace / 2 };
+    let mut ended = tokio::time::timeout(first_wait, child.wait()).await;
+    if ended.is_err() && !terminated {
+        terminate_group(group);
+        ended = tokio::time::timeout(kill_grace - first_wait, child.wait()).await;
+    }
+    match ended {
+        Ok(status) => status,
+        Err(_) => {
+            signal_group(group, Signal::SIGKILL);
+            child.wait().await
+        }
+    }
+}
+
+/// The exit code once the command ended (`status`) and its lock's release answered: the
+/// command's own, unless the lock was found lost before the release (`lost_before`), which
+/// exits [`EXIT_LOCK_LOST`] (found in review: it exited with the command's 0). A release that
+/// finds the lock ended with no loss seen is said, not counted a loss: a retried release whose
+/// first attempt ended the lock answers so too.
+fn release_outcome(
+    name: &str,
+    released: Result<Released, ClientError>,
+    lost_before: Option<LostReason>,
+    status: Option<std::process::ExitStatus>,
+) -> u8 {
+    let own = status.map_or(1, exit_code_of);
+    match released {
+        Ok(Released::Now) => own,
+        Ok(_) => {
+            eprintln!(
+                "picket: the command finished, but lock {name:?} had ended before its release (its session was lost just then, or a retried release found its first attempt had ended it); writes made after that point may have been refused by fenced resources"
+            );
+            if lost_before.is_some() { EXIT_LOCK_LOST } else { own }
+        }
+        Err(error) => {
+            eprintln!("picket: the command finished but releasing lock {name:?} failed: {error}");
+            own
+        }
+    }
+}
+
+/// How long after `picket lock`'s own point to stop the command (see [`Watchdog::tell_lease`])
+/// the watchdog waits: more than the period at which it is told (100 ms), and less than
+/// [`STOP_MARGIN`], so its SIGKILL still lands before the lease ends.
+const WATCHDOG_LAG: Duration = Duration::from_millis(200);
 
 /// The margin kept between SIGKILL and the end of the lease, for the two clocks' drift and
 /// for the signal to land.

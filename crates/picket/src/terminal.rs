@@ -11,7 +11,8 @@
 //! takes the terminal back and stops `picket lock` too, so the shell gets its prompt and sees
 //! the job stopped; `fg` continues `picket lock`, which gives the command the terminal again
 //! and continues it. While `picket lock` is stopped it sends no keepalives: a job stopped for
-//! longer than the TTL loses its lock, and the command is stopped for good when it continues.
+//! about the TTL loses its lock, and the watchdog (in a group of its own, so not stopped with
+//! the job) stops the command for good before the lease ends, while the job is still stopped.
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask, raise};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};

@@ -508,7 +508,11 @@ fn lock_that_ends_normally_leaves_the_watchdog_quiet() {
     // end too.
     let output = picket(&server.addr, &["lock", "quiet", "--", "true"]);
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(!stderr(&output).contains("without a word"), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("stopped its command's process group"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 /// The read commands print tables, or JSON with --json; check's exit code tells current from

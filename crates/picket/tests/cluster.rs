@@ -484,6 +484,12 @@ fn a_removal_that_would_leave_no_answering_majority_is_refused() {
     // The leader counts a voter silent once a leader lease (the longest election timeout,
     // 2 x ELECTION_TIMEOUT_MS here) passed without its acknowledgement; wait well past it.
     std::thread::sleep(Duration::from_millis(6 * ELECTION_TIMEOUT_MS));
+    // Still the leader (the other two form a majority); asked again in case it moved.
+    let leader = wait_until("the leader", Duration::from_secs(20), || {
+        let view = cluster.view(removed);
+        let leader = usize::try_from(view["leader_id"].as_u64()?).ok()?.checked_sub(1)?;
+        (leader != silent).then_some(leader)
+    });
     let path = format!("/v1/cluster/members/{}", removed + 1);
     let refused = try_request(&addrs[leader], "DELETE", &path, None).expect("an answer");
     assert_eq!(refused.status, 503, "{}", refused.text);

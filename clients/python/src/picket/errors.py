@@ -186,6 +186,7 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "too_many_watched_sessions": Exhausted,
     "too_many_pending_acquires": Exhausted,
     "too_many_request_bodies": Exhausted,
+    "too_many_backups": Exhausted,
     "unavailable": Unavailable,
     "outcome_unknown": OutcomeUnknown,
     "stopped": OutcomeUnknown,

@@ -448,21 +448,22 @@ impl Node {
                     .and_then(Option::as_ref)
                     .is_some_and(|at| openraft::Instant::elapsed(&**at) <= self.leader_lease)
         };
-        let remaining: Vec<NodeId> = metrics
-            .membership_config
-            .membership()
-            .voter_ids()
-            .filter(|id| *id != removed)
-            .collect();
-        let silent: Vec<NodeId> = remaining.iter().copied().filter(|id| !answers(id)).collect();
-        if remaining.is_empty() || (remaining.len() - silent.len()) * 2 > remaining.len() {
+        // The joint configuration needs a majority of the voters now and of those left.
+        let now: Vec<NodeId> = metrics.membership_config.membership().voter_ids().collect();
+        let remaining: Vec<NodeId> = now.iter().copied().filter(|id| *id != removed).collect();
+        let has_majority = |voters: &[NodeId]| {
+            voters.is_empty() || voters.iter().filter(|id| answers(id)).count() * 2 > voters.len()
+        };
+        if has_majority(&now) && has_majority(&remaining) {
             return Ok(());
         }
+        let silent: Vec<NodeId> = now.iter().copied().filter(|id| !answers(id)).collect();
         Err(ServiceError::Unavailable(format!(
-            "removing node {removed} would leave the voters {remaining:?}, of which {silent:?} \
-             have not answered the leader within {} ms: the change needs a majority of them, and \
-             would stop every write until they answer. Bring them back first (or remove a silent \
-             one instead), then retry",
+            "removing node {removed} needs a majority of the voters {now:?} and of those left, \
+             {remaining:?}, to answer, and {silent:?} have not answered the leader within {} ms \
+             (a leader elected a moment ago has heard from none yet): the change would stop \
+             every write until they answer. Bring them back first (or remove a silent one \
+             instead), then retry",
             self.leader_lease.as_millis()
         )))
     }

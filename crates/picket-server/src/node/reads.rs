@@ -87,7 +87,7 @@ impl Node {
     ///
     /// # Errors
     /// On a follower ([`ServiceError::NotLeader`]), when no quorum answers, and while another
-    /// backup is being taken on this node ([`ServiceError::Unavailable`]).
+    /// backup is being taken on this node ([`ServiceError::Exhausted`], `too_many_backups`).
     pub async fn backup(&self) -> Result<Vec<u8>, ServiceError> {
         let taken_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -101,9 +101,12 @@ impl Node {
         // size, and a caller that gave up (its timeout) cannot stop one under way, so callers
         // retrying a slow backup piled up copies (found in an audit).
         let Ok(one_at_a_time) = self.backups.clone().try_lock_owned() else {
-            return Err(ServiceError::Unavailable(
-                "another backup is being taken on this node; retry once it is done".into(),
-            ));
+            // Not `unavailable`, which clients retry at once, elsewhere, and then report as no
+            // leader (found in review).
+            return Err(ServiceError::Exhausted {
+                limit: crate::limits::ServerLimit::Backups,
+                max: 1,
+            });
         };
         self.read_linearizable(|_| ()).await?;
         let store = self.store.clone();
@@ -161,8 +164,6 @@ impl Node {
 
 #[cfg(test)]
 mod tests {
-    use crate::ServiceError;
-
     /// Found in an audit: backups ran side by side, each holding a copy of the state and its
     /// encoding, and a caller retrying a slow one started another copy each time. One at a
     /// time now; a second while one is taken is answered `unavailable`, to retry.
@@ -179,9 +180,9 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let under_way = node.backups.clone().try_lock_owned().expect("no backup yet");
-        let refused = node.backup().await;
-        let Err(ServiceError::Unavailable(message)) = &refused else { panic!("{refused:?}") };
-        assert!(message.contains("another backup"), "{message}");
+        let refused = node.backup().await.expect_err("one at a time");
+        assert_eq!(refused.code(), picket_core::ErrorCode::TooManyBackups);
+        assert!(refused.to_string().contains("backup under way"), "{refused}");
         drop(under_way);
         assert!(!node.backup().await.expect("a backup").is_empty());
         handle.shutdown().await;
