@@ -366,8 +366,8 @@ impl Watchdog {
         stop_before: Duration,
     ) -> std::convert::Infallible {
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
             self.tell_lease(session, stop_before);
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -482,9 +482,18 @@ async fn hold_and_run(
         .process_group(group.as_raw())
         .spawn()
         .with_context(|| format!("cannot run {program:?}"))?;
-    let command = Pid::from_raw(
-        i32::try_from(child.id().context("the command has no pid")?).context("pid out of range")?,
-    );
+    // From here on, an error returned stops the command's group first: returned, the session
+    // is closed at once, and the watchdog would give the command the grace after that release
+    // (found in review).
+    let killed = |error: std::io::Error| {
+        signal_group(group, Signal::SIGKILL);
+        error
+    };
+    let command = child.id().map(|pid| Pid::from_raw(i32::try_from(pid).unwrap_or(0)));
+    let Some(command) = command.filter(|pid| pid.as_raw() > 0) else {
+        signal_group(group, Signal::SIGKILL);
+        anyhow::bail!("the command has no pid");
+    };
     // In a terminal's foreground, the command gets the foreground (see `terminal.rs`), as soon
     // as it runs.
     let foreground = Foreground::give(group);
@@ -502,10 +511,23 @@ async fn hold_and_run(
         biased;
         reason = guard.lost() => Outcome::Lost(reason),
         () = lease_running_short(session, kill_grace) => Outcome::LeaseShort,
-        status = child.wait() => Outcome::Exited(status?),
+        status = child.wait() => Outcome::Exited(status.map_err(killed)?),
         signal = interrupts.next() => Outcome::Interrupted(signal),
         never = follow_stops => match never {},
         never = watchdog.follow_lease(session, kill_grace + STOP_MARGIN) => match never {},
+    };
+    // A command that exited of its own while `picket lock` was frozen (both ready as it
+    // resumed) did its work under the lock: a lease only short has not ended (found in review).
+    let outcome = match outcome {
+        Outcome::LeaseShort => match child.try_wait() {
+            Ok(Some(status))
+                if std::os::unix::process::ExitStatusExt::signal(&status).is_none() =>
+            {
+                Outcome::Exited(status)
+            }
+            _ => Outcome::LeaseShort,
+        },
+        other => other,
     };
     // The terminal goes back to picket's group now, not after the release: the command's
     // group may be gone, and Ctrl-C must reach someone.
@@ -537,7 +559,8 @@ async fn hold_and_run(
                 Ok((None, false, Some(why)))
             }
             Outcome::Interrupted(signal) => {
-                let status = pass_on(signal, group, &mut child, kill_grace).await?;
+                let status =
+                    pass_on(signal, group, &mut child, kill_grace).await.map_err(killed)?;
                 // What the command left in its group goes too, before the release.
                 let left = command_group.stop_the_rest(kill_grace / 2).await;
                 Ok((Some(status), left, None))

@@ -462,8 +462,7 @@ impl Node {
             "removing node {removed} needs a majority of the voters {now:?} and of those left, \
              {remaining:?}, to answer, and {silent:?} have not answered the leader within {} ms \
              (a leader elected a moment ago has heard from none yet): the change would stop \
-             every write until they answer. Bring them back first (or remove a silent one \
-             instead), then retry",
+             every write until they answer. Bring them back first, then retry",
             self.leader_lease.as_millis()
         )))
     }

@@ -166,7 +166,7 @@ impl Node {
 mod tests {
     /// Found in an audit: backups ran side by side, each holding a copy of the state and its
     /// encoding, and a caller retrying a slow one started another copy each time. One at a
-    /// time now; a second while one is taken is answered `unavailable`, to retry.
+    /// time now; a second while one is taken is answered `too_many_backups`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn backups_are_taken_one_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
