@@ -406,11 +406,26 @@ fn spawn_client(world: &World, lock_args: &[&str], script: &str) -> Child {
     command.spawn().unwrap()
 }
 
+/// The pid of the watchdog `picket lock` (pid `lock`) started: its child running
+/// `__lock-watchdog`.
+fn watchdog_of(lock: u32) -> i64 {
+    wait_until("picket lock's watchdog", Duration::from_secs(10), || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i64 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let watching = String::from_utf8_lossy(&cmdline).contains("__lock-watchdog");
+            (parent == lock && watching).then_some(pid)
+        })
+    })
+}
+
 fn signal(target: i64, signal: &str) {
     Command::new("kill").args([signal, "--", &target.to_string()]).status().unwrap();
 }
 
-/// The seeds' canonical trace with real processes. Client 1 acquires with a 1 s TTL and is
+/// The seeds' canonical trace with real processes. Client 1 acquires with a 2 s TTL and is
 /// frozen (SIGSTOP) after its last check and before its write; its session expires; client 2
 /// acquires and writes; client 1 resumes and sends its write with the old token.
 fn canonical_race(world: &World, fence_on_acquire: bool) -> RaceOutcome {
@@ -418,16 +433,20 @@ fn canonical_race(world: &World, fence_on_acquire: bool) -> RaceOutcome {
     // on resume: the fence, not the client, must stop it.
     let client1 = spawn_client(
         world,
-        &["--ttl", "1s", "--kill-grace", "30s"],
+        &["--ttl", "2s", "--kill-grace", "30s"],
         "trap '' TERM; echo $$ > ready1; while [ ! -e go1 ]; do sleep 0.01; done; \"$PICKET_BIN\" kv put res/data client1 > out1 2>&1; echo $? > status1",
     );
     let script_pid: i64 = wait_until("client 1 to hold the lock", Duration::from_secs(10), || {
         std::fs::read_to_string(world.path("ready1")).ok()?.trim().parse().ok()
     });
-    // Freeze client 1 entirely: `picket lock` (its keepalive) and its command.
+    // Freeze client 1 entirely: `picket lock` (its keepalive), its command, and its watchdog
+    // (in a group of its own), as a paused machine would be: the watchdog, left running,
+    // stops the command by the lease's end on its own.
     let client1_pid = i64::from(client1.id());
+    let watchdog = watchdog_of(client1.id());
     signal(-client1_pid, "-STOP");
     signal(-script_pid, "-STOP");
+    signal(watchdog, "-STOP");
     wait_until("client 1's session to expire", Duration::from_secs(10), || {
         (http::get(&world.picket.addr, "/v1/locks/res").body["holder"].is_null()).then_some(())
     });
@@ -457,6 +476,7 @@ fn canonical_race(world: &World, fence_on_acquire: bool) -> RaceOutcome {
     std::fs::write(world.path("go1"), "").unwrap();
     signal(-script_pid, "-CONT");
     signal(-client1_pid, "-CONT");
+    signal(watchdog, "-CONT");
     let stale_write_status: i32 = wait_until("client 1's write", Duration::from_secs(20), || {
         std::fs::read_to_string(world.path("status1")).ok()?.trim().parse().ok()
     });
