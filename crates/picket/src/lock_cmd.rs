@@ -276,9 +276,7 @@ impl Group {
         let id = Pid::from_raw(i32::try_from(placeholder.id()).context("pid out of range")?);
         Ok(Self { placeholder, id })
     }
-}
 
-impl Group {
     /// Ends the placeholder, so that whatever is left in the group is the command's.
     fn end_placeholder(&mut self) {
         // Killed, not asked: a group stopped by Ctrl-Z would not read its end of the pipe.

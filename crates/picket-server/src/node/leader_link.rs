@@ -222,18 +222,6 @@ mod tests {
         Proxy { addr, accepted, frozen }
     }
 
-    async fn ready_node(dir: &std::path::Path) -> crate::ServerHandle {
-        let listen = "127.0.0.1:0".parse().unwrap();
-        let handle = crate::start(crate::ServerConfig::single(dir.join("node"), listen)).await;
-        let handle = handle.unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(20);
-        while handle.node().readiness().is_err() {
-            assert!(Instant::now() < deadline, "the node did not become ready");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        handle
-    }
-
     fn unknown_session(answered: &Result<Option<u64>, ServiceError>) -> bool {
         matches!(answered, Err(ServiceError::Command(CommandError::UnknownSession { .. })))
     }
@@ -244,7 +232,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn hand_overs_share_one_connection_to_the_leader() {
         let dir = tempfile::tempdir().unwrap();
-        let handle = ready_node(dir.path()).await;
+        let handle = super::super::ready_single_node(dir.path()).await;
         let proxy = proxy(handle.addr()).await;
         let link = Arc::new(LeaderLink::default());
         let hand_overs: Vec<_> = (0..64_u64)
@@ -272,7 +260,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_attempt_not_answered_in_time_fails_and_the_next_reconnects() {
         let dir = tempfile::tempdir().unwrap();
-        let handle = ready_node(dir.path()).await;
+        let handle = super::super::ready_single_node(dir.path()).await;
         let proxy = proxy(handle.addr()).await;
         let link = LeaderLink::default();
         let to = (proxy.addr.as_str(), None, None);

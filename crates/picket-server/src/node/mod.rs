@@ -96,6 +96,21 @@ pub struct Node {
     limits_refused: std::sync::Mutex<Option<String>>,
 }
 
+/// A one-node cluster started in this process in `dir`, returned once it is ready: for the
+/// tests of a node's own operations.
+#[cfg(test)]
+pub(crate) async fn ready_single_node(dir: &std::path::Path) -> crate::ServerHandle {
+    let listen = "127.0.0.1:0".parse().expect("a loopback address");
+    let handle = crate::start(crate::ServerConfig::single(dir.join("node"), listen)).await;
+    let handle = handle.expect("the node starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while handle.node().readiness().is_err() {
+        assert!(std::time::Instant::now() < deadline, "the node did not become ready");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    handle
+}
+
 /// Longest a refusal on a leader elected a moment ago waits for the leader's `Refresh` before
 /// it goes to the log instead (one commit round, normally).
 const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);

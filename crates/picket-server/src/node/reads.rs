@@ -170,15 +170,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn backups_are_taken_one_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
-        let listen = "127.0.0.1:0".parse().unwrap();
-        let handle = crate::start(crate::ServerConfig::single(dir.path().join("node"), listen));
-        let handle = handle.await.unwrap();
+        let handle = super::super::ready_single_node(dir.path()).await;
         let node = handle.node().clone();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while node.readiness().is_err() {
-            assert!(std::time::Instant::now() < deadline, "the node did not become ready");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
         let under_way = node.backups.clone().try_lock_owned().expect("no backup yet");
         let refused = node.backup().await.expect_err("one at a time");
         assert_eq!(refused.code(), picket_core::ErrorCode::TooManyBackups);
