@@ -145,6 +145,7 @@ fn cluster_message(view: ClusterView) -> v1::ClusterInfo {
         voter_sets: view.voter_sets.into_iter().map(|node_ids| v1::VoterSet { node_ids }).collect(),
         cluster_id: view.cluster_id.unwrap_or_default(),
         restored_from_cluster_id: view.restored_from_cluster_id.unwrap_or_default(),
+        waiting_for_peers: view.waiting_for_peers,
     }
 }
 

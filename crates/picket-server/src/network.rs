@@ -264,6 +264,15 @@ impl PeerClient {
     }
 }
 
+/// What a peer told of itself in its answer to a clock reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PeerState {
+    /// It holds a log: it formed or joined a cluster, or was restored from a backup.
+    pub(crate) holds_log: bool,
+    /// Its state's restore epoch (0: never restored, or not sent its state yet).
+    pub(crate) restore_epoch: u64,
+}
+
 /// Why a node refuses another's messages for as long as it runs (see
 /// [`ClockProbe::lasting_refusal`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -310,9 +319,19 @@ impl ClockProbe {
 
     /// The peer's clock source reading, in milliseconds, and the newest apply rules it knows.
     pub(crate) async fn read(&mut self, timeout: Duration) -> Result<(f64, u32), String> {
-        self.read_or_refusal(timeout).await.map_err(|status| {
-            format!("node {} at {}: {}", self.peer.target, self.peer.addr, status.message())
-        })
+        let reading = self.read_or_refusal(timeout).await.map_err(|status| self.failed(&status))?;
+        Ok((reading.source_ms, reading.apply_rules))
+    }
+
+    /// Whether the peer holds a log, and its state's restore epoch (see
+    /// [`crate::server::formation`]).
+    pub(crate) async fn peer_state(&mut self, timeout: Duration) -> Result<PeerState, String> {
+        let reading = self.read_or_refusal(timeout).await.map_err(|status| self.failed(&status))?;
+        Ok(PeerState { holds_log: reading.holds_log, restore_epoch: reading.restore_epoch })
+    }
+
+    fn failed(&self, status: &Status) -> String {
+        format!("node {} at {}: {}", self.peer.target, self.peer.addr, status.message())
     }
 
     /// Why the peer can never take this cluster's messages, when it refuses them for good: it
@@ -329,7 +348,7 @@ impl ClockProbe {
         Some(LastingRefusal::OtherNode(node_id))
     }
 
-    async fn read_or_refusal(&mut self, timeout: Duration) -> Result<(f64, u32), Status> {
+    async fn read_or_refusal(&mut self, timeout: Duration) -> Result<ClockReading, Status> {
         let mut client =
             self.peer.client().await.map_err(|error| Status::unavailable(error.to_string()))?;
         let request = self.peer.request(Empty {}, timeout);
@@ -337,10 +356,7 @@ impl ClockProbe {
             .await
             .unwrap_or_else(|_| Err(Status::deadline_exceeded("the peer did not answer in time")));
         match answer {
-            Ok(reading) => {
-                let reading = reading.into_inner();
-                Ok((reading.source_ms, reading.apply_rules))
-            }
+            Ok(reading) => Ok(reading.into_inner()),
             Err(status) => {
                 self.peer.connection = None;
                 Err(status)
@@ -803,9 +819,14 @@ impl raft_server::Raft for RaftService {
         self.check_target(&request)?;
         // A node of another cluster must neither report its rules nor set the rate here.
         self.check_cluster(&request)?;
+        let holds_log = crate::server::has_log(&self.log)
+            .await
+            .map_err(|error| Status::internal(format!("cannot read this node's log: {error}")))?;
         Ok(Response::new(ClockReading {
             source_ms: self.clock.source_ms(),
             apply_rules: crate::apply_rules::known_apply_rules(),
+            holds_log,
+            restore_epoch: self.node.read_local(|state| state.machine.restore_epoch()),
         }))
     }
 }

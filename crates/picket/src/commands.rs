@@ -576,6 +576,7 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
                 "applied_revision": info.applied_revision,
                 "cluster_id": named(&info.cluster_id),
                 "restored_from_cluster_id": named(&info.restored_from_cluster_id),
+                "waiting_for_peers": info.waiting_for_peers,
             })
         );
     } else {
@@ -607,6 +608,14 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
             ("", _) => println!("cluster id: none yet (its first leader names it)"),
             (cluster_id, "") => println!("cluster id: {cluster_id}"),
             (cluster_id, origin) => println!("cluster id: {cluster_id} (restored from {origin})"),
+        }
+        if !info.waiting_for_peers.is_empty() {
+            println!(
+                "this node has not formed the cluster yet: its data directory was empty, and it \
+                 waits for nodes {:?} to answer (it forms the cluster once every peer has \
+                 answered and none holds a log)",
+                info.waiting_for_peers
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -197,6 +197,71 @@ fn a_restored_three_node_cluster_grants_tokens_above_every_token_of_the_old_one(
     }
 }
 
+/// Regression (audit of 2026-12-07): a majority of a restored cluster started without
+/// `--restore` formed a cluster of its own from nothing, at restore epoch 0, beside the restored
+/// node, which could not elect a leader on its own. Nodes 1 and 2 start first without it: a node
+/// with an empty data directory forms no cluster until every peer has answered, so they wait,
+/// and say for whom; then node 3 starts restored, and they take its state instead of forming one.
+#[test]
+fn a_majority_started_without_restore_waits_for_the_restored_node_and_takes_its_state() {
+    let dir = temp_dir();
+    let backup = dir.path().join("picket.backup");
+    let (_old_dir, old) = ServerProcess::start_ready(Path::new(PICKET), &[]);
+    let (_, _, highest) = history_around_a_backup(std::slice::from_ref(&old.addr), &backup);
+    drop(old);
+
+    let ports: Vec<u16> = (0..3).map(|_| picket_testkit::free_port()).collect();
+    let peers = (1..=3)
+        .zip(&ports)
+        .map(|(id, port)| format!("{id}=127.0.0.1:{port}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let start = |id: usize, extra: &[String]| {
+        let mut args = vec!["--node-id".to_owned(), id.to_string(), "--peers".to_owned()];
+        args.push(peers.clone());
+        args.extend_from_slice(extra);
+        let listen = format!("127.0.0.1:{}", ports[id - 1]).parse().expect("an address");
+        ServerProcess::start(
+            Path::new(PICKET),
+            &dir.path().join(format!("node{id}")),
+            listen,
+            &args,
+        )
+    };
+    let view =
+        |addr: &str| http::try_request(addr, "GET", "/v1/cluster", None).ok().map(|r| r.body);
+    let fresh = [start(1, &[]), start(2, &[])];
+    // Each settles one way or the other: waiting for node 3, or a leader of its own.
+    let settled: Vec<Value> = fresh
+        .iter()
+        .map(|node| {
+            wait_until("the fresh node to wait or lead", Duration::from_secs(20), || {
+                let view = view(&node.addr)?;
+                let waiting = view["waiting_for_peers"] == json!([3]);
+                (waiting || !view["leader_id"].is_null()).then_some(view)
+            })
+        })
+        .collect();
+    for view in &settled {
+        assert_eq!(view["waiting_for_peers"], json!([3]), "it waits for node 3: {view}");
+        assert!(view["leader_id"].is_null(), "no cluster formed without node 3: {view}");
+    }
+
+    let restored = start(3, &["--restore".to_owned(), backup.display().to_string()]);
+    let addrs: Vec<String> =
+        fresh.iter().chain([&restored]).map(|node| node.addr.clone()).collect();
+    let session = open_session(&addrs);
+    let first = acquire(&addrs, session, "jobs/a");
+    assert!(first > highest && first >> 48 == 1, "granted in the restored epoch: {first}");
+    for addr in &addrs {
+        wait_until("every node to hold the restored state", Duration::from_secs(20), || {
+            let view = view(addr)?;
+            let caught_up = view["applied_revision"].as_u64()? >= first;
+            (caught_up && view["waiting_for_peers"] == json!([])).then_some(())
+        });
+    }
+}
+
 /// Regression: nodes restored from one backup with different options held different states at
 /// the same log position, which Raft cannot tell apart. Node 3 is given a `--restore-above` the
 /// others are not: its state starts restore epoch 6, theirs epoch 1, so one leader's entries

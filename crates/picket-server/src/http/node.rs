@@ -131,6 +131,7 @@ pub fn cluster_json(view: &ClusterView) -> Value {
         "cluster_id": view.cluster_id,
         "restored_from_cluster_id": view.restored_from_cluster_id,
         "other_cluster_refused_total": view.other_cluster_refused_total,
+        "waiting_for_peers": view.waiting_for_peers,
     })
 }
 

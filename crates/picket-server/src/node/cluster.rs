@@ -86,6 +86,9 @@ pub struct ClusterView {
     pub restored_from_cluster_id: Option<String>,
     /// Raft messages this node refused because their sender belongs to another cluster.
     pub other_cluster_refused_total: u64,
+    /// The peers this node waits to hear from before it forms a new cluster from `--peers`:
+    /// it forms none until every peer has answered and none holds a log.
+    pub waiting_for_peers: Vec<NodeId>,
 }
 
 /// Most members (voters and learners) a cluster may have.
@@ -165,6 +168,7 @@ impl Node {
             other_cluster_refused_total: self
                 .other_clusters_refused
                 .load(std::sync::atomic::Ordering::Relaxed),
+            waiting_for_peers: self.waiting_for_peers(),
         }
     }
 

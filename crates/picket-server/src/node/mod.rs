@@ -94,6 +94,9 @@ pub struct Node {
     limit_overrides: crate::limits::LimitOverrides,
     /// Why the state last refused this node's limits, while it does (shown in `cluster()`).
     limits_refused: std::sync::Mutex<Option<String>>,
+    /// The peers this node waits to hear from before it forms a new cluster (see
+    /// [`crate::server::formation`]); shown in `cluster()`.
+    waiting_for_peers: std::sync::Mutex<Vec<NodeId>>,
 }
 
 /// A one-node cluster started in this process in `dir`, returned once it is ready: for the
@@ -203,6 +206,7 @@ impl Node {
             other_restores_refused: std::sync::atomic::AtomicU64::new(0),
             cluster_id,
             other_clusters_refused: std::sync::atomic::AtomicU64::new(0),
+            waiting_for_peers: std::sync::Mutex::default(),
             renewals: Renewals::default(),
             watch_streams: Budget::new(ServerLimit::WatchStreams, limits.max_watch_streams),
             pending_acquires: Budget::new(
@@ -311,6 +315,17 @@ impl Node {
     /// The same, kept up to date, for clients of this node's peers.
     pub(crate) fn cluster_id_cell(&self) -> crate::state_machine::ClusterIdCell {
         self.cluster_id.clone()
+    }
+
+    /// Records the peers this node waits to hear from before it forms a new cluster.
+    pub(crate) fn set_waiting_for_peers(&self, peers: Vec<NodeId>) {
+        *self.waiting_for_peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = peers;
+    }
+
+    /// The peers this node waits to hear from before it forms a new cluster; empty once it
+    /// formed one or heard of one to join.
+    pub(crate) fn waiting_for_peers(&self) -> Vec<NodeId> {
+        self.waiting_for_peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Counts a Raft message refused from a node of another cluster; true for the first, and

@@ -2,6 +2,7 @@
 //! and HTTP/JSON to clients, and peers' Raft traffic on that port or on one of its own.
 
 mod config;
+pub(crate) mod formation;
 
 pub use config::{
     DEFAULT_CLUSTER_ID, DEFAULT_PORT, MAX_WAL_SEGMENT_BYTES, MIN_WAL_SEGMENT_BYTES, RaftTuning,
@@ -355,8 +356,11 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     )
     .await
     .map_err(|error| StartError::Raft(error.to_string()))?;
-    if !config.join {
-        bootstrap(&raft, &peers).await?;
+    // A single node forms its cluster at once; a node of several forms it once its peers have
+    // answered (see `formation`), after it serves them below.
+    let forming = !config.join && !has_log(&log_handle).await.map_err(data_error)?;
+    if forming && peers.len() == 1 {
+        formation::initialize(&raft, &peers).await;
     }
     if let Err(error) = check_stored_member(&raft, &config, peer_addr).await {
         let _ = raft.shutdown().await;
@@ -479,6 +483,10 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     // The client port serves the Raft service unless the node has a peer port.
     if peer_addr.is_none() {
         direct = direct.with_raft(raft_calls);
+    }
+    if forming && peers.len() > 1 {
+        let stop = shutdown_signal.clone();
+        tokio::spawn(formation::form(node.clone(), raft.clone(), peers, stop));
     }
     let serving = tokio::spawn(serve(listener, app, Some(direct), limits, tls, shutdown_signal));
     tracing::info!(node = config.node_id, %addr, peer_addr = ?peer_addr, "serving");
@@ -652,7 +660,7 @@ async fn check_stored_member(
 }
 
 /// Whether the node's log holds anything: an entry, a purge or a vote.
-async fn has_log(log: &LogStore) -> std::io::Result<bool> {
+pub(crate) async fn has_log(log: &LogStore) -> std::io::Result<bool> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
     let mut log = log.clone();
     let state = log.get_log_state().await?;
@@ -743,24 +751,6 @@ fn load_signer(path: &std::path::Path, cluster_id: &str) -> Result<SequencerSign
     let key =
         picket_proto::tls::read_pkcs8(path).map_err(|error| config_error(error.to_string()))?;
     SequencerSigner::from_pkcs8(cluster_id, &key).map_err(|error| config_error(error.to_string()))
-}
-
-/// Forms the cluster from the static peer list. Every initial voter does this with the same
-/// list, which openraft allows; a node that already has a log refuses, which is expected on
-/// every restart.
-async fn bootstrap(raft: &Raft, peers: &BTreeMap<NodeId, Member>) -> Result<(), StartError> {
-    let initialized =
-        raft.is_initialized().await.map_err(|error| StartError::Raft(error.to_string()))?;
-    if initialized {
-        return Ok(());
-    }
-    match raft.initialize(peers.clone()).await {
-        Ok(()) => Ok(()),
-        Err(openraft::error::RaftError::APIError(
-            openraft::error::InitializeError::NotAllowed(_),
-        )) => Ok(()),
-        Err(error) => Err(StartError::Raft(error.to_string())),
-    }
 }
 
 #[cfg(test)]
