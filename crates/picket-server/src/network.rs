@@ -47,6 +47,9 @@ use tonic::{Request, Response, Status};
 const TARGET_NODE_KEY: &str = "picket-target-node";
 /// The metadata key of the restore the sender holds ([`crate::backup::restore_identity`]).
 const RESTORE_KEY: &str = "picket-restore";
+/// The metadata key of the restore epoch of the sender's applied state (sent by every build
+/// since it was added, 0 included; absent from older builds' messages).
+const RESTORE_EPOCH_KEY: &str = "picket-restore-epoch";
 /// The metadata key of the sender's cluster id ([`picket_core::Command::NameCluster`]).
 pub(crate) const CLUSTER_KEY: &str = "picket-cluster";
 /// The metadata key of a refusal for another cluster's message: the refusing node's cluster id.
@@ -203,6 +206,7 @@ impl PeerClient {
         {
             request.metadata_mut().insert(CLUSTER_KEY, value);
         }
+        request.metadata_mut().insert(RESTORE_EPOCH_KEY, self.cluster_id.restore_epoch().into());
         request
     }
 
@@ -608,9 +612,10 @@ impl RaftService {
     }
 
     /// Refuses a Raft message from a peer restored otherwise than this node (see
-    /// [`crate::backup::same_restore`]): before openraft sees it, so that neither its entries
-    /// nor its term reach this node.
+    /// [`crate::backup::same_restore`]), or whose state is at an older restore epoch than this
+    /// node's: before openraft sees it, so that neither its entries nor its term reach this node.
     fn check_restore<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        self.check_restore_epoch(request)?;
         let sent = request.metadata().get(RESTORE_KEY).and_then(|value| value.to_str().ok());
         let (Some(own), Some(sent)) = (self.node.restore(), sent) else {
             return Ok(());
@@ -624,6 +629,36 @@ impl RaftService {
              different --restore-above or --restore-sessions, hold different states at the same \
              log position, and their tokens could go down across a failover. Restore every node \
              alike into empty data directories, or restore one and add the others with --join"
+        );
+        if self.node.other_restore_refused() {
+            tracing::error!("refusing Raft messages: {reason}");
+        }
+        Err(Status::failed_precondition(reason))
+    }
+
+    /// Refuses a Raft message whose sender's state is at an older restore epoch than this
+    /// node's: the sender leads, or stands for, a cluster formed before the restore this node
+    /// holds (or formed beside it from nothing), whose entries or snapshot would replace the
+    /// restored state with one whose tokens are below it. Within one cluster no sender is
+    /// behind: a node that joins or was started without `--restore` has epoch 0 until it is
+    /// sent the state, and sends no Raft request until then (it is a learner, or has formed
+    /// nothing: see [`crate::server::formation`]). A message without an epoch (an older build)
+    /// is let through, as before epochs were sent.
+    fn check_restore_epoch<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let sent = request.metadata().get(RESTORE_EPOCH_KEY).and_then(|value| value.to_str().ok());
+        let Some(sent) = sent.and_then(|sent| sent.parse::<u64>().ok()) else {
+            return Ok(());
+        };
+        let own = self.node.cluster_id_cell().restore_epoch();
+        if sent >= own {
+            return Ok(());
+        }
+        let reason = format!(
+            "this node's state is at restore epoch {own} and the sender's at epoch {sent}: the \
+             sender belongs to a cluster formed before this node's restore, or beside it, and \
+             its entries would replace the restored state with one whose tokens are lower. Stop \
+             the sender; to make it a member of the restored cluster, start it on an empty data \
+             directory with --join (or with the same --restore)"
         );
         if self.node.other_restore_refused() {
             tracing::error!("refusing Raft messages: {reason}");
@@ -819,14 +854,13 @@ impl raft_server::Raft for RaftService {
         self.check_target(&request)?;
         // A node of another cluster must neither report its rules nor set the rate here.
         self.check_cluster(&request)?;
-        let holds_log = crate::server::has_log(&self.log)
-            .await
-            .map_err(|error| Status::internal(format!("cannot read this node's log: {error}")))?;
+        // Read without a lock the apply or the log's writer holds: the leader's rate check
+        // drops a reading whose round trip was long.
         Ok(Response::new(ClockReading {
             source_ms: self.clock.source_ms(),
             apply_rules: crate::apply_rules::known_apply_rules(),
-            holds_log,
-            restore_epoch: self.node.read_local(|state| state.machine.restore_epoch()),
+            holds_log: crate::server::formation::holds_log(&self.raft),
+            restore_epoch: self.node.cluster_id_cell().restore_epoch(),
         }))
     }
 }

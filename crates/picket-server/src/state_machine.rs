@@ -61,23 +61,38 @@ struct Inner {
     metrics: Arc<Metrics>,
 }
 
-/// The cluster's id as the applied state holds it ([`picket_core::Command::NameCluster`]),
-/// shared with the Raft network: every Raft message carries it and is checked against it, so it
-/// is kept apart from the state's lock, which the apply holds.
+/// The cluster's id ([`picket_core::Command::NameCluster`]) and restore epoch as the applied
+/// state holds them, shared with the Raft network: every Raft message carries both and is
+/// checked against them, so they are kept apart from the state's lock, which the apply holds.
 #[derive(Clone, Debug, Default)]
-pub struct ClusterIdCell(Arc<std::sync::RwLock<Option<Arc<str>>>>);
+pub struct ClusterIdCell(Arc<CellInner>);
+
+#[derive(Debug, Default)]
+struct CellInner {
+    id: std::sync::RwLock<Option<Arc<str>>>,
+    restore_epoch: std::sync::atomic::AtomicU64,
+}
 
 impl ClusterIdCell {
     /// The id, once the cluster is named.
     #[must_use]
     pub fn get(&self) -> Option<Arc<str>> {
-        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.0.id.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// Takes the id `machine` holds: on opening, after a naming, and after a snapshot's install
-    /// (a node that joined gets its cluster's id so).
+    /// The applied state's restore epoch ([`StateMachine::restore_epoch`]).
+    #[must_use]
+    pub fn restore_epoch(&self) -> u64 {
+        self.0.restore_epoch.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes the id and restore epoch `machine` holds: on opening, after a naming, and after a
+    /// snapshot's install (a node that joined gets its cluster's id and epoch so). The epoch
+    /// changes no other way: the apply counts within it.
     fn follow(&self, machine: &StateMachine) {
-        let mut held = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let restore_epoch = machine.restore_epoch();
+        self.0.restore_epoch.store(restore_epoch, std::sync::atomic::Ordering::Relaxed);
+        let mut held = self.0.id.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.as_deref() != machine.cluster_id() {
             *held = machine.cluster_id().map(Arc::from);
         }

@@ -262,6 +262,48 @@ fn a_majority_started_without_restore_waits_for_the_restored_node_and_takes_its_
     }
 }
 
+/// Found in the audit of 2026-12-07: a restored node took Raft messages from any peer that
+/// was never restored, so a cluster formed at epoch 0 whose membership names the restored
+/// node's address (here the very cluster the backup came from, still running, with node 3
+/// restored in place) replicated to it as to its own member. Run so before the check, the old
+/// cluster's leader stopped on openraft's assertion that a follower's log never goes back
+/// ("follower log reversion is not allowed"), and the wait below timed out. A node now refuses
+/// Raft messages from a sender whose state is at an older restore epoch than its own.
+#[test]
+fn a_restored_node_refuses_a_cluster_of_an_older_epoch_at_its_address() {
+    let dir = temp_dir();
+    let backup = dir.path().join("picket.backup");
+    let mut old = Cluster::start(Path::new(PICKET), 3, &[]);
+    let _ = old.leader(Duration::from_secs(20));
+    let addrs = old.addrs();
+    history_around_a_backup(&addrs, &backup);
+    old.nodes[2].kill();
+    let peers =
+        (1..=3).zip(&addrs).map(|(id, addr)| format!("{id}={addr}")).collect::<Vec<_>>().join(",");
+    let args = ["--node-id", "3", "--peers", &peers, "--restore", &backup.display().to_string()]
+        .map(str::to_owned);
+    let listen = addrs[2].parse().expect("an address");
+    let restored = ServerProcess::start(Path::new(PICKET), &dir.path().join("r"), listen, &args);
+    let view =
+        || http::try_request(&restored.addr, "GET", "/v1/cluster", None).ok().map(|r| r.body);
+    // The old cluster's leader replicates to node 3's address, and is refused.
+    let settled =
+        wait_until("node 3 to refuse or take the old log", Duration::from_secs(30), || {
+            let view = view()?;
+            let refused = view["other_restore_refused_total"].as_u64()? > 0;
+            let replaced = view["applied_revision"].as_u64()? >> 48 == 0;
+            (refused || replaced).then_some(view)
+        });
+    assert!(settled["applied_revision"].as_u64().expect("a revision") >> 48 == 1, "{settled}");
+    // The old cluster goes on; node 3 keeps the restored state while it does.
+    let worker = open_session(&addrs[..2]);
+    let token = cycle(&addrs[..2], worker, "jobs/a", 5);
+    assert_eq!(token >> 48, 0, "the old cluster grants in its own epoch: {token}");
+    let after = view().expect("node 3 answers");
+    assert_eq!(after["applied_revision"], settled["applied_revision"], "{after}");
+    assert_eq!(after["applied_log_index"], 0, "nothing of the old log reached node 3: {after}");
+}
+
 /// Regression: nodes restored from one backup with different options held different states at
 /// the same log position, which Raft cannot tell apart. Node 3 is given a `--restore-above` the
 /// others are not: its state starts restore epoch 6, theirs epoch 1, so one leader's entries

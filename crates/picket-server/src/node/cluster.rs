@@ -76,7 +76,8 @@ pub struct ClusterView {
     pub limits_refused: Option<String>,
     /// The restore this node's data directory holds (`DIGEST.eEPOCH.keep|end`), if any.
     pub restore: Option<String>,
-    /// Raft messages this node refused because their sender was restored otherwise.
+    /// Raft messages this node refused because their sender was restored otherwise, or holds
+    /// a state of an older restore epoch.
     pub other_restore_refused_total: u64,
     /// The cluster's id (32 hexadecimal digits), once its first leader under apply rules 7 has
     /// named it; every node of one cluster shows the same.

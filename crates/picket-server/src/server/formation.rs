@@ -36,6 +36,12 @@ const WAITING: &str = "this node's data directory is empty: it forms the cluster
      in --peers has answered and none holds a log, and waits for the peers named. Start them, \
      or form the cluster from a peer list without them and add them later with --join";
 
+/// What the log says while a node waits to be sent the state of a cluster a peer holds.
+const JOINING: &str = "this node forms no cluster of its own beside a peer that holds a log, and \
+     waits to be sent the cluster's state by its leader. If nothing comes, check that the \
+     cluster's membership names this node at the address it serves peers on (`picket members` \
+     on a node of it), and that its leader reaches this node";
+
 /// What a node about to form a cluster does after a round of probes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Step {
@@ -60,9 +66,9 @@ fn step(answers: &[(NodeId, Option<PeerState>)]) -> Step {
     if silent.is_empty() { Step::Form } else { Step::Wait(silent) }
 }
 
-/// Forms the cluster from `peers` once every peer has answered and none holds a log, or
-/// returns without forming it when one holds a log, or when this node holds one meanwhile
-/// (a leader reached it), or on `stop`.
+/// Forms the cluster from `peers` once every peer has answered and none holds a log. Beside a
+/// peer that holds one it forms nothing, and says so until it holds the log it is sent. Returns
+/// once this node holds a log, after it tried to form the cluster, or on `stop`.
 pub(super) async fn form(
     node: Arc<Node>,
     raft: Raft,
@@ -81,54 +87,61 @@ pub(super) async fn form(
         })
         .collect();
     let mut reported: Option<tokio::time::Instant> = None;
-    loop {
-        match raft.is_initialized().await {
-            Ok(false) => {}
-            Ok(true) => break,
-            Err(error) => {
-                tracing::error!(%error, "cannot form the cluster: Raft stopped");
-                break;
+    let mut joining: Option<NodeId> = None;
+    while !holds_log(&raft) {
+        // Peers not up yet, or a leader that has not reached this node yet, are expected on a
+        // first start: said once at info, and as a warning only while it lasts.
+        let first = reported.is_none();
+        let due = reported.is_none_or(|at| at.elapsed() >= REPORT_EVERY);
+        if let Some(holder) = joining {
+            if due {
+                if first {
+                    tracing::info!(holder, "{JOINING}");
+                } else {
+                    tracing::warn!(holder, "{JOINING}");
+                }
+                reported = Some(tokio::time::Instant::now());
             }
-        }
-        let round = futures_util::future::join_all(
-            probes.iter_mut().map(|(_, probe)| probe.peer_state(PROBE_TIMEOUT)),
-        )
-        .await;
-        let answers: Vec<(NodeId, Option<PeerState>)> =
-            probes.iter().zip(&round).map(|((id, _), answer)| (*id, answer.clone().ok())).collect();
-        match step(&answers) {
-            Step::Form => {
-                initialize(&raft, &peers).await;
-                break;
-            }
-            Step::Join { holder, restore_epoch } => {
-                tracing::info!(
-                    holder,
-                    restore_epoch,
-                    "node {holder} holds a log (restore epoch {restore_epoch}): this node forms \
-                     no cluster of its own and waits to be sent the cluster's state by its leader"
-                );
-                break;
-            }
-            Step::Wait(silent) => {
-                // Peers not up yet are expected on a first start: said once at info, and as a
-                // warning only while they stay away.
-                let first = reported.is_none();
-                if reported.is_none_or(|at| at.elapsed() >= REPORT_EVERY) {
-                    let failures: Vec<&str> = round
-                        .iter()
-                        .filter_map(|answer| answer.as_ref().err())
-                        .map(String::as_str)
-                        .collect();
-                    let failures = failures.join("; ");
-                    if first {
-                        tracing::info!(waiting_for = ?silent, %failures, "{WAITING}");
-                    } else {
-                        tracing::warn!(waiting_for = ?silent, %failures, "{WAITING}");
+        } else {
+            let round = futures_util::future::join_all(
+                probes.iter_mut().map(|(_, probe)| probe.peer_state(PROBE_TIMEOUT)),
+            )
+            .await;
+            let answers: Vec<(NodeId, Option<PeerState>)> = probes
+                .iter()
+                .zip(&round)
+                .map(|((id, _), answer)| (*id, answer.clone().ok()))
+                .collect();
+            match step(&answers) {
+                Step::Form => {
+                    if let Err(error) = initialize(&raft, &peers).await {
+                        tracing::error!("{error}");
                     }
+                    break;
+                }
+                Step::Join { holder, restore_epoch } => {
+                    tracing::info!(holder, restore_epoch, "a peer holds a log: {JOINING}");
+                    node.set_waiting_for_peers(Vec::new());
+                    joining = Some(holder);
                     reported = Some(tokio::time::Instant::now());
                 }
-                node.set_waiting_for_peers(silent);
+                Step::Wait(silent) => {
+                    if due {
+                        let failures: Vec<&str> = round
+                            .iter()
+                            .filter_map(|answer| answer.as_ref().err())
+                            .map(String::as_str)
+                            .collect();
+                        let failures = failures.join("; ");
+                        if first {
+                            tracing::info!(waiting_for = ?silent, %failures, "{WAITING}");
+                        } else {
+                            tracing::warn!(waiting_for = ?silent, %failures, "{WAITING}");
+                        }
+                        reported = Some(tokio::time::Instant::now());
+                    }
+                    node.set_waiting_for_peers(silent);
+                }
             }
         }
         tokio::select! {
@@ -139,16 +152,29 @@ pub(super) async fn form(
     node.set_waiting_for_peers(Vec::new());
 }
 
+/// Whether this node holds a log: an entry, or a snapshot and a purge (a vote alone is not one:
+/// such a node holds no state, and may still form the cluster with its peers).
+pub(crate) fn holds_log(raft: &Raft) -> bool {
+    use openraft::async_runtime::WatchReceiver;
+    raft.metrics().borrow_watched().last_log_index.is_some()
+}
+
 /// Writes the first membership, `peers`. Every initial voter does this with the same list,
-/// which openraft allows; one that holds a log by now (a leader reached it) is refused, which
-/// is expected.
-pub(super) async fn initialize(raft: &Raft, peers: &BTreeMap<NodeId, Member>) {
+/// which openraft allows; one that holds a log or a vote by now (a leader or a candidate reached
+/// it) is refused, which is expected.
+///
+/// # Errors
+/// What openraft refuses otherwise, said for the log.
+pub(super) async fn initialize(
+    raft: &Raft,
+    peers: &BTreeMap<NodeId, Member>,
+) -> Result<(), String> {
     match raft.initialize(peers.clone()).await {
         Ok(())
         | Err(openraft::error::RaftError::APIError(
             openraft::error::InitializeError::NotAllowed(_),
-        )) => {}
-        Err(error) => tracing::error!(%error, "cannot form the cluster"),
+        )) => Ok(()),
+        Err(error) => Err(format!("cannot form the cluster: {error}")),
     }
 }
 

@@ -360,7 +360,7 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     // answered (see `formation`), after it serves them below.
     let forming = !config.join && !has_log(&log_handle).await.map_err(data_error)?;
     if forming && peers.len() == 1 {
-        formation::initialize(&raft, &peers).await;
+        formation::initialize(&raft, &peers).await.map_err(StartError::Raft)?;
     }
     if let Err(error) = check_stored_member(&raft, &config, peer_addr).await {
         let _ = raft.shutdown().await;
@@ -660,7 +660,7 @@ async fn check_stored_member(
 }
 
 /// Whether the node's log holds anything: an entry, a purge or a vote.
-pub(crate) async fn has_log(log: &LogStore) -> std::io::Result<bool> {
+async fn has_log(log: &LogStore) -> std::io::Result<bool> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
     let mut log = log.clone();
     let state = log.get_log_state().await?;
