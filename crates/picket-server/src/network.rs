@@ -285,6 +285,9 @@ pub(crate) enum LastingRefusal {
     OtherCluster(String),
     /// It is the node with this id, not the one the message was meant for.
     OtherNode(NodeId),
+    /// It holds a state of this restore epoch, newer than this node's: it was restored from a
+    /// backup, and refuses the messages of a cluster of an older epoch.
+    NewerEpoch(u64),
 }
 
 /// Reads a peer's clock (see [`crate::rate`]).
@@ -339,10 +342,17 @@ impl ClockProbe {
     }
 
     /// Why the peer can never take this cluster's messages, when it refuses them for good: it
-    /// holds another cluster's state, or it is another node. `None` when it answers, or fails
-    /// in any other way (it may not be up yet).
+    /// holds another cluster's state, or one of a newer restore epoch, or it is another node.
+    /// `None` when it answers otherwise, or fails in any other way (it may not be up yet).
     pub(crate) async fn lasting_refusal(&mut self, timeout: Duration) -> Option<LastingRefusal> {
-        let refusal = self.read_or_refusal(timeout).await.err()?;
+        let refusal = match self.read_or_refusal(timeout).await {
+            Ok(reading) => {
+                let newer = reading.holds_log
+                    && reading.restore_epoch > self.peer.cluster_id.restore_epoch();
+                return newer.then_some(LastingRefusal::NewerEpoch(reading.restore_epoch));
+            }
+            Err(refusal) => refusal,
+        };
         let metadata = refusal.metadata();
         let told = |key| metadata.get(key).and_then(|value| value.to_str().ok());
         if let Some(theirs) = told(OTHER_CLUSTER_KEY) {
@@ -646,21 +656,25 @@ impl RaftService {
     /// is let through, as before epochs were sent.
     fn check_restore_epoch<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let sent = request.metadata().get(RESTORE_EPOCH_KEY).and_then(|value| value.to_str().ok());
-        let Some(sent) = sent.and_then(|sent| sent.parse::<u64>().ok()) else {
-            return Ok(());
-        };
+        self.check_epoch(sent.and_then(|sent| sent.parse::<u64>().ok()), "the sender's state")
+    }
+
+    /// Refuses `what`, of restore epoch `sent`, when that is older than this node's state's
+    /// (see [`RaftService::check_restore_epoch`]); `None` (not told) is let through.
+    fn check_epoch(&self, sent: Option<u64>, what: &str) -> Result<(), Status> {
         let own = self.node.cluster_id_cell().restore_epoch();
-        if sent >= own {
+        if sent.is_none_or(|sent| sent >= own) {
             return Ok(());
         }
+        let sent = sent.unwrap_or_default();
         let reason = format!(
-            "this node's state is at restore epoch {own} and the sender's at epoch {sent}: the \
-             sender belongs to a cluster formed before this node's restore, or beside it, and \
-             its entries would replace the restored state with one whose tokens are lower. Stop \
-             the sender; to make it a member of the restored cluster, start it on an empty data \
+            "this node's state is at restore epoch {own} and {what} at epoch {sent}: the sender \
+             belongs to a cluster formed before this node's restore, or beside it, and its \
+             entries would replace the restored state with one whose tokens are lower. Stop the \
+             sender; to make it a member of the restored cluster, start it on an empty data \
              directory with --join (or with the same --restore)"
         );
-        if self.node.other_restore_refused() {
+        if self.node.older_epoch_refused() {
             tracing::error!("refusing Raft messages: {reason}");
         }
         Err(Status::failed_precondition(reason))
@@ -829,6 +843,8 @@ impl raft_server::Raft for RaftService {
         // Another cluster's snapshot is refused before the check that would halt this node on
         // it as a lost commit: the fault is the sender's, not this node's.
         self.check_snapshot_cluster(machine.cluster_id(), snapshot.meta.last_log_id.as_ref())?;
+        // The sender's header is not trusted alone: a sender of an older build tells no epoch.
+        self.check_epoch(Some(machine.restore_epoch()), "the snapshot's state")?;
         self.check_snapshot_agrees(&vote, snapshot.meta.last_log_id.as_ref())?;
         reply(self.raft.install_full_snapshot(vote, snapshot).await)
     }

@@ -87,8 +87,8 @@ impl ClusterIdCell {
     }
 
     /// Takes the id and restore epoch `machine` holds: on opening, after a naming, and after a
-    /// snapshot's install (a node that joined gets its cluster's id and epoch so). The epoch
-    /// changes no other way: the apply counts within it.
+    /// snapshot's install (a node that joined gets its cluster's id and epoch so), and when
+    /// the apply counted past an epoch's last revision.
     fn follow(&self, machine: &StateMachine) {
         let restore_epoch = machine.restore_epoch();
         self.0.restore_epoch.store(restore_epoch, std::sync::atomic::Ordering::Relaxed);
@@ -276,7 +276,10 @@ impl StateStore {
             EntryPayload::Normal(input) => {
                 let applied = state.machine.apply(&input);
                 self.inner.metrics.applied(&applied, &state.machine);
-                if matches!(input.command, Command::NameCluster { .. }) {
+                // The epoch moves on within the log only after 2^48 commands in one epoch.
+                let epoch_moved =
+                    state.machine.restore_epoch() != self.inner.cluster_id.restore_epoch();
+                if matches!(input.command, Command::NameCluster { .. }) || epoch_moved {
                     self.inner.cluster_id.follow(&state.machine);
                 }
                 Some(applied)

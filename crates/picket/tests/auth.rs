@@ -520,6 +520,12 @@ async fn handles_of_one_connection_are_each_authorized_with_their_own_token() {
     let mut rounds = 0;
     while rounds < 2 {
         let leader = admin.cluster().await.unwrap().leader_addr;
+        if leader.is_empty() {
+            // No leader yet: the cluster may still be forming, or electing.
+            assert!(std::time::Instant::now() < deadline, "no leader within 15 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
         let timeout = Duration::from_secs(2);
         let wire = picket_proto::connection::Protocol::Wire;
         let connection =

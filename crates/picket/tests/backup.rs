@@ -302,6 +302,15 @@ fn a_restored_node_refuses_a_cluster_of_an_older_epoch_at_its_address() {
     let after = view().expect("node 3 answers");
     assert_eq!(after["applied_revision"], settled["applied_revision"], "{after}");
     assert_eq!(after["applied_log_index"], 0, "nothing of the old log reached node 3: {after}");
+    // Nor is it added back: the add asks it first, and is refused at once.
+    let removed =
+        send(&addrs[..2], "DELETE", "/v1/cluster/members/3", None, Duration::from_secs(30))
+            .expect("the old cluster answers");
+    assert_eq!(removed.status, 200, "{}", removed.text);
+    let added =
+        post(&addrs[..2], "/v1/cluster/members", &json!({ "node_id": 3, "addr": addrs[2] }));
+    assert_eq!(added.status, 400, "{}", added.text);
+    assert!(added.text.contains("restore epoch 1"), "{}", added.text);
 }
 
 /// Regression: nodes restored from one backup with different options held different states at

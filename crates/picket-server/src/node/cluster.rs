@@ -161,9 +161,7 @@ impl Node {
             limits,
             limits_refused: (role == "leader").then(|| self.limits_refused()).flatten(),
             restore: self.restore.as_deref().map(str::to_owned),
-            other_restore_refused_total: self
-                .other_restores_refused
-                .load(std::sync::atomic::Ordering::Relaxed),
+            other_restore_refused_total: self.restore_refusals(),
             cluster_id: self.cluster_id().map(|cluster_id| cluster_id.to_string()),
             restored_from_cluster_id: restored_from,
             other_cluster_refused_total: self
@@ -402,6 +400,13 @@ impl Node {
                  an empty data directory), then add it again; if the id was mistyped, add it as \
                  node {theirs}"
             ))),
+            Some(LastingRefusal::NewerEpoch(theirs)) => Err(ServiceError::BadRequest(format!(
+                "node {node_id} at {peers} holds a state of restore epoch {theirs}, newer than \
+                 this cluster's ({}): it was restored from a backup, and refuses the messages of \
+                 a cluster of an older epoch. Start it on an empty data directory with --join, \
+                 then add it again",
+                self.cluster_id_cell().restore_epoch()
+            ))),
             None => Ok(()),
         }
     }
@@ -426,6 +431,7 @@ impl Node {
         // would leave it in the membership, replicated to and holding the apply rules back.
         let learner = member.is_some_and(|member| !member.voter);
         if !learner {
+            self.refuse_removing_the_only_voter(node_id)?;
             self.check_quorum_without(node_id)?;
         }
         let change = if learner {
@@ -435,6 +441,26 @@ impl Node {
         };
         self.change_membership(change, one_at_a_time).await?;
         Ok(self.cluster())
+    }
+
+    /// On the leader, refuses to remove `removed` when it is the only voter: no cluster is left
+    /// without one (openraft refused it with its own words, which did not say what to do).
+    fn refuse_removing_the_only_voter(&self, removed: NodeId) -> Result<(), ServiceError> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let voters: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow_watched();
+            metrics.membership_config.membership().voter_ids().collect()
+        };
+        if voters != [removed] {
+            return Ok(());
+        }
+        Err(ServiceError::BadRequest(format!(
+            "node {removed} is this cluster's only voter, and a cluster needs one: add another \
+             node (`picket members add`), wait until it is a voter, then remove this one"
+        )))
     }
 
     /// On the leader, refuses to remove voter `removed` when the voters left would have no
@@ -679,5 +705,25 @@ pub(super) fn role_name(state: ServerState) -> &'static str {
         ServerState::Candidate => "candidate",
         ServerState::Learner => "learner",
         ServerState::Shutdown => "shutdown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ServiceError;
+
+    /// Found in an audit: removing a single node's only voter was refused by openraft in its
+    /// own words, which did not say what to do.
+    #[tokio::test]
+    async fn removing_the_only_voter_is_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let handle = super::super::ready_single_node(dir.path()).await;
+        let refused = handle.node().remove_member(1).await.expect_err("refused");
+        assert!(
+            matches!(&refused, ServiceError::BadRequest(message) if message.contains("only voter")),
+            "{refused:?}"
+        );
+        assert_eq!(handle.node().cluster().members.len(), 1, "still a member");
+        handle.shutdown().await;
     }
 }

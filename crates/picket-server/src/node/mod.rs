@@ -58,6 +58,8 @@ pub struct Node {
     /// peers restored otherwise.
     restore: Option<Arc<str>>,
     other_restores_refused: std::sync::atomic::AtomicU64,
+    /// Raft messages refused from peers whose state is of an older restore epoch.
+    older_epochs_refused: std::sync::atomic::AtomicU64,
     /// The cluster id the applied state holds, for the Raft messages' check.
     cluster_id: crate::state_machine::ClusterIdCell,
     /// Raft messages refused from nodes of another cluster.
@@ -204,6 +206,7 @@ impl Node {
             gaps: GapWatch::default(),
             restore: None,
             other_restores_refused: std::sync::atomic::AtomicU64::new(0),
+            older_epochs_refused: std::sync::atomic::AtomicU64::new(0),
             cluster_id,
             other_clusters_refused: std::sync::atomic::AtomicU64::new(0),
             waiting_for_peers: std::sync::Mutex::default(),
@@ -338,6 +341,20 @@ impl Node {
     /// Counts a Raft message refused from a peer restored otherwise; true for the first.
     pub(crate) fn other_restore_refused(&self) -> bool {
         self.other_restores_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0
+    }
+
+    /// Counts a Raft message refused from a peer whose state is of an older restore epoch; true
+    /// for the first, and then for every 1,000th, so that the log says it again while it goes
+    /// on.
+    pub(crate) fn older_epoch_refused(&self) -> bool {
+        let before = self.older_epochs_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        before.is_multiple_of(1_000)
+    }
+
+    /// Raft messages refused from peers restored otherwise or of an older restore epoch.
+    pub(crate) fn restore_refusals(&self) -> u64 {
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.other_restores_refused.load(relaxed) + self.older_epochs_refused.load(relaxed)
     }
 
     /// TLS for this node's calls to its peers, when the cluster runs TLS.

@@ -89,6 +89,9 @@ pub(super) async fn form(
     let mut reported: Option<tokio::time::Instant> = None;
     let mut joining: Option<NodeId> = None;
     while !holds_log(&raft) {
+        if raft_stopped(&raft) {
+            break;
+        }
         // Peers not up yet, or a leader that has not reached this node yet, are expected on a
         // first start: said once at info, and as a warning only while it lasts.
         let first = reported.is_none();
@@ -157,6 +160,13 @@ pub(super) async fn form(
 pub(crate) fn holds_log(raft: &Raft) -> bool {
     use openraft::async_runtime::WatchReceiver;
     raft.metrics().borrow_watched().last_log_index.is_some()
+}
+
+/// Whether this node's Raft has stopped (a fatal error, or the node halted): nothing it forms
+/// or is sent would be taken any more.
+fn raft_stopped(raft: &Raft) -> bool {
+    use openraft::async_runtime::WatchReceiver;
+    raft.metrics().borrow_watched().running_state.is_err()
 }
 
 /// Writes the first membership, `peers`. Every initial voter does this with the same list,

@@ -359,8 +359,12 @@ pub async fn start(config: ServerConfig) -> Result<ServerHandle, StartError> {
     // A single node forms its cluster at once; a node of several forms it once its peers have
     // answered (see `formation`), after it serves them below.
     let forming = !config.join && !has_log(&log_handle).await.map_err(data_error)?;
-    if forming && peers.len() == 1 {
-        formation::initialize(&raft, &peers).await.map_err(StartError::Raft)?;
+    if forming
+        && peers.len() == 1
+        && let Err(error) = formation::initialize(&raft, &peers).await
+    {
+        let _ = raft.shutdown().await;
+        return Err(StartError::Raft(error));
     }
     if let Err(error) = check_stored_member(&raft, &config, peer_addr).await {
         let _ = raft.shutdown().await;
