@@ -115,6 +115,9 @@ pub enum ErrorCode {
     TooManyRequestBodies,
     /// The node is already taking a backup (one at a time).
     TooManyBackups,
+    /// A membership change was refused: the voters it needs have not all answered the leader
+    /// lately. Bring them back, then retry.
+    VotersNotAnswering,
 }
 
 /// Every code with its wire string, in one place, so the two directions cannot disagree; in the
@@ -168,6 +171,7 @@ const WIRE: &[(ErrorCode, &str)] = &[
     (ErrorCode::FenceRegistrationFailed, "fence_registration_failed"),
     (ErrorCode::TooManyRequestBodies, "too_many_request_bodies"),
     (ErrorCode::TooManyBackups, "too_many_backups"),
+    (ErrorCode::VotersNotAnswering, "voters_not_answering"),
 ];
 
 impl ErrorCode {
@@ -210,7 +214,7 @@ mod tests {
             assert_eq!(code.as_str(), *wire);
         }
         // The last variant's discriminant is the count of variants: the table must hold each.
-        let variants = ErrorCode::TooManyBackups as usize + 1;
+        let variants = ErrorCode::VotersNotAnswering as usize + 1;
         assert_eq!(WIRE.len(), variants, "a variant is missing from the table");
         assert_eq!(ErrorCode::from_wire("no_such_code"), None);
     }

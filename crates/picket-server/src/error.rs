@@ -72,6 +72,10 @@ pub enum ServiceError {
         /// The cluster the request expects.
         expected: String,
     },
+    /// A membership change refused because the voters it needs have not all answered the
+    /// leader lately: made, it would stop every write until they do.
+    #[error("the membership change was refused: {0}")]
+    VotersNotAnswering(String),
     /// One of this node's own bounds is full.
     #[error("this node already has {max} {}: retry later, or use another node", .limit.what())]
     Exhausted {
@@ -121,6 +125,7 @@ impl ServiceError {
             Self::PermissionDenied(_) => ErrorCode::PermissionDenied,
             Self::OtherCluster { .. } => ErrorCode::OtherCluster,
             Self::Exhausted { limit, .. } => limit.code(),
+            Self::VotersNotAnswering(_) => ErrorCode::VotersNotAnswering,
         }
     }
 
@@ -139,7 +144,8 @@ impl ServiceError {
             | Self::Unauthenticated(_)
             | Self::PermissionDenied(_)
             | Self::OtherCluster { .. }
-            | Self::Exhausted { .. } => "not_applied",
+            | Self::Exhausted { .. }
+            | Self::VotersNotAnswering(_) => "not_applied",
         }
     }
 
@@ -171,7 +177,7 @@ impl ServiceError {
                 | CommandError::TooManyWaiters { .. } => 429,
                 _ => 400,
             },
-            Self::WaitTimedOut { .. } | Self::WaitEnded { .. } => 409,
+            Self::WaitTimedOut { .. } | Self::WaitEnded { .. } | Self::VotersNotAnswering(_) => 409,
             Self::NotLeader { .. } => 421,
             Self::Unavailable(_)
             | Self::OutcomeUnknown(_)

@@ -492,7 +492,8 @@ fn a_removal_that_would_leave_no_answering_majority_is_refused() {
     });
     let path = format!("/v1/cluster/members/{}", removed + 1);
     let refused = try_request(&addrs[leader], "DELETE", &path, None).expect("an answer");
-    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(refused.status, 409, "{}", refused.text);
+    assert_eq!(refused.body["code"], "voters_not_answering", "{}", refused.text);
     let message = refused.body["message"].as_str().unwrap_or_default();
     assert!(message.contains(&format!("[{}] have not answered", silent + 1)), "{message}");
     let session = try_request(

@@ -31,6 +31,7 @@ from .errors import (
     Unauthenticated,
     Unavailable,
     UnknownSession,
+    VotersNotAnswering,
     WaitEnded,
     WaitTimedOut,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownSession",
+    "VotersNotAnswering",
     "WaitEnded",
     "WaitTimedOut",
     "fence",

@@ -122,6 +122,12 @@ class OtherCluster(PicketError):
     client's endpoints name nodes of two clusters; give it only the nodes of one."""
 
 
+class VotersNotAnswering(PicketError):
+    """A membership change was refused: the voters it needs have not all answered the leader
+    lately, and the change would stop every write until they did. Nothing was changed: bring the
+    voters named back, then retry."""
+
+
 class SessionLost(PicketError):
     """The session is gone: expired, revoked, closed, or silent past its TTL by this client's clock."""
 
@@ -192,6 +198,7 @@ _BY_CODE: Dict[str, Type[PicketError]] = {
     "stopped": OutcomeUnknown,
     "wait_untracked": OutcomeUnknown,
     "other_cluster": OtherCluster,
+    "voters_not_answering": VotersNotAnswering,
 }
 
 

@@ -489,7 +489,7 @@ impl Node {
             return Ok(());
         }
         let silent: Vec<NodeId> = now.iter().copied().filter(|id| !answers(id)).collect();
-        Err(ServiceError::Unavailable(format!(
+        Err(ServiceError::VotersNotAnswering(format!(
             "removing node {removed} needs a majority of the voters {now:?} and of those left, \
              {remaining:?}, to answer, and {silent:?} have not answered the leader within {} ms \
              (a leader elected a moment ago has heard from none yet): the change would stop \
