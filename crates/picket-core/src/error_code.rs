@@ -115,8 +115,8 @@ pub enum ErrorCode {
     TooManyRequestBodies,
     /// The node is already taking a backup (one at a time).
     TooManyBackups,
-    /// A membership change was refused: the voters it needs have not all answered the leader
-    /// lately. Bring them back, then retry.
+    /// A voter's removal was refused: a majority of the voters now, or of those left, has not
+    /// answered the leader within a leader lease. Bring them back, then retry.
     VotersNotAnswering,
 }
 

@@ -72,8 +72,8 @@ pub enum ServiceError {
         /// The cluster the request expects.
         expected: String,
     },
-    /// A membership change refused because the voters it needs have not all answered the
-    /// leader lately: made, it would stop every write until they do.
+    /// A voter's removal refused because a majority of the voters now, or of those left, has not
+    /// answered the leader within a leader lease: made, it would stop every write until they do.
     #[error("the membership change was refused: {0}")]
     VotersNotAnswering(String),
     /// One of this node's own bounds is full.

@@ -613,7 +613,9 @@ pub async fn members(args: MembersArgs, client: &Client) -> anyhow::Result<ExitC
             println!(
                 "this node has not formed the cluster yet: its data directory was empty, and it \
                  waits for nodes {:?} to answer (it forms the cluster once every peer has \
-                 answered and none holds a log)",
+                 answered and none holds a log). Start them, or check their addresses in \
+                 --peers; to form the cluster without one, restart the others with a peer list \
+                 without it and add it later with --join",
                 info.waiting_for_peers
             );
         }

@@ -123,9 +123,10 @@ class OtherCluster(PicketError):
 
 
 class VotersNotAnswering(PicketError):
-    """A membership change was refused: the voters it needs have not all answered the leader
-    lately, and the change would stop every write until they did. Nothing was changed: bring the
-    voters named back, then retry."""
+    """A voter's removal was refused: a majority of the voters now, or of those left, has not
+    answered the leader within a leader lease, and the change would stop every write until they
+    did. Nothing was changed: bring the voters named back, then retry. (This client makes no
+    membership changes; the class is here for the code's sake, as with any HTTP caller.)"""
 
 
 class SessionLost(PicketError):

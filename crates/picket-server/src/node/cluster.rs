@@ -489,11 +489,24 @@ impl Node {
             return Ok(());
         }
         let silent: Vec<NodeId> = now.iter().copied().filter(|id| !answers(id)).collect();
+        // A leader elected a moment ago has heard from no other voter yet: that is no sign of a
+        // voter down, and the caller retries it (clients retry `unavailable`).
+        let heard_from_none = now
+            .iter()
+            .filter(|id| **id != self.id)
+            .all(|id| heartbeat.get(id).is_none_or(Option::is_none));
+        if heard_from_none {
+            return Err(ServiceError::Unavailable(format!(
+                "removing node {removed} needs a majority of the voters {now:?} and of those \
+                 left, {remaining:?}, to answer, and this leader, elected a moment ago, has not \
+                 heard from any of them yet"
+            )));
+        }
         Err(ServiceError::VotersNotAnswering(format!(
             "removing node {removed} needs a majority of the voters {now:?} and of those left, \
-             {remaining:?}, to answer, and {silent:?} have not answered the leader within {} ms \
-             (a leader elected a moment ago has heard from none yet): the change would stop \
-             every write until they answer. Bring them back first, then retry",
+             {remaining:?}, to answer, and {silent:?} have not answered the leader within {} ms: \
+             the change would stop every write until they answer. Bring them back first, then \
+             retry",
             self.leader_lease.as_millis()
         )))
     }
