@@ -54,6 +54,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
                 (current.state, current.vote)
             };
             if state == ServerState::Leader {
+                node.note_leading(vote.leader_id().term);
                 break vote;
             }
             tokio::select! {

@@ -432,7 +432,7 @@ impl Node {
         let learner = member.is_some_and(|member| !member.voter);
         if !learner {
             self.refuse_removing_the_only_voter(node_id)?;
-            self.check_quorum_without(node_id)?;
+            self.check_quorum_without(node_id).await?;
         }
         let change = if learner {
             openraft::ChangeMembers::RemoveNodes(ids)
@@ -449,12 +449,14 @@ impl Node {
         if !self.is_leader() {
             return Ok(());
         }
-        let voters: Vec<NodeId> = {
+        // openraft makes the new voters from the last set of a joint configuration alone.
+        let last: Vec<NodeId> = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow_watched();
-            metrics.membership_config.membership().voter_ids().collect()
+            let joint = metrics.membership_config.membership().get_joint_config();
+            joint.last().map(|voters| voters.iter().copied().collect()).unwrap_or_default()
         };
-        if voters != [removed] {
+        if last.iter().any(|id| *id != removed) {
             return Ok(());
         }
         Err(ServiceError::BadRequest(format!(
@@ -463,13 +465,21 @@ impl Node {
         )))
     }
 
-    /// On the leader, refuses to remove voter `removed` when the voters left would have no
+    /// On the leader, refuses to remove voter `removed` when the voters would have no
     /// majority answering it: the change goes through a joint configuration that needs a
-    /// majority of them as well, so a removal while another voter is down stopped every write
-    /// until that voter came back, holding the membership lock meanwhile (found in an audit).
-    /// A voter answers when it acknowledged the leader within a leader lease. Not leading,
-    /// this node leaves the question to Raft, which names the leader.
-    fn check_quorum_without(&self, removed: NodeId) -> Result<(), ServiceError> {
+    /// majority of each set of voters now and of those left, so a removal while another voter
+    /// is down stopped every write until that voter came back, holding the membership lock
+    /// meanwhile (found in an audit). A voter answers when it acknowledged the leader within a
+    /// leader lease; a leader that has led for less than that has not had the time to hear from
+    /// every voter, and waits out the rest of the lease before it judges (review: judged at once,
+    /// a new leader refused for good a removal that a moment later would go through). Not
+    /// leading, this node leaves the question to Raft, which names the leader.
+    async fn check_quorum_without(&self, removed: NodeId) -> Result<(), ServiceError> {
+        if let Some(led_for) = self.led_for()
+            && let Some(rest) = self.leader_lease.checked_sub(led_for)
+        {
+            tokio::time::sleep(rest).await;
+        }
         let metrics = self.raft.metrics().borrow_watched().clone();
         let Some(heartbeat) = metrics.heartbeat.as_ref() else { return Ok(()) };
         let answers = |id: &NodeId| {
@@ -479,34 +489,27 @@ impl Node {
                     .and_then(Option::as_ref)
                     .is_some_and(|at| openraft::Instant::elapsed(&**at) <= self.leader_lease)
         };
-        // The joint configuration needs a majority of the voters now and of those left.
-        let now: Vec<NodeId> = metrics.membership_config.membership().voter_ids().collect();
-        let remaining: Vec<NodeId> = now.iter().copied().filter(|id| *id != removed).collect();
+        let joint = metrics.membership_config.membership().get_joint_config();
+        let sets: Vec<Vec<NodeId>> =
+            joint.iter().map(|voters| voters.iter().copied().collect()).collect();
+        let last = sets.last().cloned().unwrap_or_default();
+        let remaining: Vec<NodeId> = last.iter().copied().filter(|id| *id != removed).collect();
         let has_majority = |voters: &[NodeId]| {
             voters.is_empty() || voters.iter().filter(|id| answers(id)).count() * 2 > voters.len()
         };
-        if has_majority(&now) && has_majority(&remaining) {
+        if sets.iter().all(|voters| has_majority(voters)) && has_majority(&remaining) {
             return Ok(());
         }
-        let silent: Vec<NodeId> = now.iter().copied().filter(|id| !answers(id)).collect();
-        // A leader elected a moment ago has heard from no other voter yet: that is no sign of a
-        // voter down, and the caller retries it (clients retry `unavailable`).
-        let heard_from_none = now
-            .iter()
-            .filter(|id| **id != self.id)
-            .all(|id| heartbeat.get(id).is_none_or(Option::is_none));
-        if heard_from_none {
-            return Err(ServiceError::Unavailable(format!(
-                "removing node {removed} needs a majority of the voters {now:?} and of those \
-                 left, {remaining:?}, to answer, and this leader, elected a moment ago, has not \
-                 heard from any of them yet"
-            )));
-        }
+        let mut silent: Vec<NodeId> =
+            sets.iter().flatten().copied().filter(|id| !answers(id)).collect();
+        silent.sort_unstable();
+        silent.dedup();
         Err(ServiceError::VotersNotAnswering(format!(
-            "removing node {removed} needs a majority of the voters {now:?} and of those left, \
+            "removing node {removed} needs a majority of the voters {last:?} and of those left, \
              {remaining:?}, to answer, and {silent:?} have not answered the leader within {} ms: \
              the change would stop every write until they answer. Bring them back first, then \
-             retry",
+             retry; if they are gone for good and too few voters are left to make a majority, \
+             restore the cluster from a backup (README, \"Backup and restore\")",
             self.leader_lease.as_millis()
         )))
     }

@@ -72,6 +72,8 @@ pub struct Node {
     /// The term in which this node, as leader, last had its `Refresh` applied: from then on it
     /// has committed and applied an entry of its own term.
     refreshed_term: std::sync::atomic::AtomicU64,
+    /// The term in which this node last became leader, and when (see [`Node::led_for`]).
+    leading_since: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
     /// Woken when `refreshed_term` changes.
     settled: tokio::sync::Notify,
     /// Acquire requests handed to Raft and not yet seen applied.
@@ -220,6 +222,7 @@ impl Node {
             limits_refused: std::sync::Mutex::default(),
             log_stats,
             refreshed_term: std::sync::atomic::AtomicU64::new(0),
+            leading_since: std::sync::Mutex::new(None),
             settled: tokio::sync::Notify::new(),
             in_flight: in_flight::InFlight::default(),
             leader_lease,
@@ -459,6 +462,26 @@ impl Node {
     #[must_use]
     pub fn log_stats(&self) -> &Arc<WriterStats> {
         &self.log_stats
+    }
+
+    /// Records that this node leads in `term`, from now if it did not lead in that term before.
+    pub(crate) fn note_leading(&self, term: u64) {
+        let mut since =
+            self.leading_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if since.is_none_or(|(known, _)| known != term) {
+            *since = Some((term, std::time::Instant::now()));
+        }
+    }
+
+    /// How long this node has led, when it leads in the term it last noted.
+    pub(crate) fn led_for(&self) -> Option<std::time::Duration> {
+        let term = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow_watched();
+            (metrics.state == openraft::ServerState::Leader).then_some(metrics.current_term)?
+        };
+        let since = *self.leading_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        since.filter(|(known, _)| *known == term).map(|(_, at)| at.elapsed())
     }
 
     /// Records that this node, leading in `term`, had its `Refresh` applied.
