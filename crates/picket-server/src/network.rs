@@ -663,10 +663,9 @@ impl RaftService {
     /// (see [`RaftService::check_restore_epoch`]); `None` (not told) is let through.
     fn check_epoch(&self, sent: Option<u64>, what: &str) -> Result<(), Status> {
         let own = self.node.cluster_id_cell().restore_epoch();
-        if sent.is_none_or(|sent| sent >= own) {
+        let Some(sent) = sent.filter(|sent| *sent < own) else {
             return Ok(());
-        }
-        let sent = sent.unwrap_or_default();
+        };
         let reason = format!(
             "this node's state is at restore epoch {own} and {what} at epoch {sent}: the sender \
              belongs to a cluster formed before this node's restore, or beside it, and its \

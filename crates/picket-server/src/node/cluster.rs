@@ -431,7 +431,6 @@ impl Node {
         // would leave it in the membership, replicated to and holding the apply rules back.
         let learner = member.is_some_and(|member| !member.voter);
         if !learner {
-            self.refuse_removing_the_only_voter(node_id)?;
             self.check_quorum_without(node_id).await?;
         }
         let change = if learner {
@@ -443,30 +442,9 @@ impl Node {
         Ok(self.cluster())
     }
 
-    /// On the leader, refuses to remove `removed` when it is the only voter: no cluster is left
-    /// without one (openraft refused it with its own words, which did not say what to do).
-    fn refuse_removing_the_only_voter(&self, removed: NodeId) -> Result<(), ServiceError> {
-        if !self.is_leader() {
-            return Ok(());
-        }
-        // openraft makes the new voters from the last set of a joint configuration alone.
-        let last: Vec<NodeId> = {
-            let metrics = self.raft.metrics();
-            let metrics = metrics.borrow_watched();
-            let joint = metrics.membership_config.membership().get_joint_config();
-            joint.last().map(|voters| voters.iter().copied().collect()).unwrap_or_default()
-        };
-        if last.iter().any(|id| *id != removed) {
-            return Ok(());
-        }
-        Err(ServiceError::BadRequest(format!(
-            "node {removed} is this cluster's only voter, and a cluster needs one: add another \
-             node (`picket members add`), wait until it is a voter, then remove this one"
-        )))
-    }
-
-    /// On the leader, refuses to remove voter `removed` when the voters would have no
-    /// majority answering it: the change goes through a joint configuration that needs a
+    /// On the leader, refuses to remove voter `removed` when it is the only voter (openraft
+    /// refused that in its own words, which did not say what to do), or when the voters would
+    /// have no majority answering it: the change goes through a joint configuration that needs a
     /// majority of each set of voters now and of those left, so a removal while another voter
     /// is down stopped every write until that voter came back, holding the membership lock
     /// meanwhile (found in an audit). A voter answers when it acknowledged the leader within a
@@ -492,8 +470,16 @@ impl Node {
         let joint = metrics.membership_config.membership().get_joint_config();
         let sets: Vec<Vec<NodeId>> =
             joint.iter().map(|voters| voters.iter().copied().collect()).collect();
+        // openraft makes the new voters from the last set of a joint configuration alone.
         let last = sets.last().cloned().unwrap_or_default();
         let remaining: Vec<NodeId> = last.iter().copied().filter(|id| *id != removed).collect();
+        if remaining.is_empty() {
+            return Err(ServiceError::BadRequest(format!(
+                "node {removed} is this cluster's only voter, and a cluster needs one: add \
+                 another node (`picket members add`), wait until it is a voter, then remove \
+                 this one"
+            )));
+        }
         let has_majority = |voters: &[NodeId]| {
             voters.is_empty() || voters.iter().filter(|id| answers(id)).count() * 2 > voters.len()
         };
